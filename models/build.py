@@ -1,0 +1,113 @@
+"""Build the demo model repository: `python -m models.build --out build`.
+
+Writes, per model, `repository/<model>/model.yaml`, `repository/<model>/1/model.onnx` and golden
+validation cases, and the client-form test split under `data/`. Every run writes the same bytes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import zipfile
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import yaml
+
+from models import digits, tabular
+from models.common import BuiltModel
+from models.onnx_export import session
+
+BUILDERS: dict[str, Callable[[Path], BuiltModel]] = {
+    "digits": digits.build,
+    "tabular": tabular.build,
+}
+MAX_BATCH_SIZE = 64
+CASE_ROWS = (1, 4, 16)
+TOLERANCE = 1e-4
+# A fixed timestamp inside the npz archives keeps their bytes the same on every build.
+ZIP_DATE = (1980, 1, 1, 0, 0, 0)
+
+
+def write_npz(path: Path, arrays: dict[str, np.ndarray]) -> None:
+    """Write arrays as an npz that `np.load` reads, byte-identical for identical arrays."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as archive:
+        for name, array in arrays.items():
+            buffer = io.BytesIO()
+            np.lib.format.write_array(buffer, np.asanyarray(array), allow_pickle=False)
+            info = zipfile.ZipInfo(f"{name}.npy", date_time=ZIP_DATE)
+            info.compress_type = zipfile.ZIP_DEFLATED
+            archive.writestr(info, buffer.getvalue())
+
+
+def predict(model: BuiltModel, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Run the exported graph in ONNX Runtime; returns output name -> array."""
+    runner = session(model.graph)
+    names = [output.name for output in runner.get_outputs()]
+    return dict(zip(names, runner.run(names, inputs), strict=True))
+
+
+def check_agreement(model: BuiltModel) -> float:
+    """Fail unless ONNX and scikit-learn predict the same classes; return the test accuracy."""
+    logits = predict(model, model.test_inputs)["logits"]
+    predictions = logits.argmax(axis=1)
+    mismatches = int((predictions != model.sklearn_predictions).sum())
+    if mismatches:
+        raise AssertionError(f"{model.name}: ONNX disagrees with scikit-learn on {mismatches} rows")
+    return float((predictions == model.test_labels).mean())
+
+
+def write_cases(model: BuiltModel, directory: Path) -> None:
+    """Golden cases from consecutive, distinct rows of the test split."""
+    start = 0
+    for index, rows in enumerate(CASE_ROWS):
+        inputs = {name: value[start : start + rows] for name, value in model.test_inputs.items()}
+        outputs = predict(model, inputs)
+        arrays = {f"input.{name}": value for name, value in inputs.items()}
+        arrays |= {f"output.{name}": value for name, value in outputs.items()}
+        arrays |= {"atol": np.float64(TOLERANCE), "rtol": np.float64(TOLERANCE)}
+        write_npz(directory / f"case_{index:03d}.npz", arrays)
+        start += rows
+
+
+def write_model(model: BuiltModel, out: Path) -> None:
+    """The repository entry the inference service loads, and the client-form test data."""
+    root = out / "repository" / model.name
+    version = root / "1"
+    version.mkdir(parents=True, exist_ok=True)
+    (version / "model.onnx").write_bytes(model.graph.SerializeToString())
+    config = {
+        "platform": "onnxruntime_onnx",
+        "max_batch_size": MAX_BATCH_SIZE,
+        "labels": model.labels,
+        **model.config,
+    }
+    (root / "model.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
+    write_cases(model, version / "validation")
+    write_npz(out / "data" / f"{model.name}_test.npz", model.client_test)
+
+
+def build_all(out: Path) -> dict[str, float]:
+    """Build every demo model into `out`; returns each model's test accuracy in ONNX Runtime."""
+    accuracies = {}
+    for name, builder in BUILDERS.items():
+        model = builder(out / "repository")
+        accuracies[name] = check_agreement(model)
+        write_model(model, out)
+        print(
+            f"{name}: train {model.train_size}, test {len(model.test_labels)}, "
+            f"onnxruntime accuracy {accuracies[name]:.4f}"
+        )
+    return accuracies
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=Path("build"), help="output directory")
+    build_all(parser.parse_args().out)
+
+
+if __name__ == "__main__":
+    main()

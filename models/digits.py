@@ -1,0 +1,51 @@
+"""Handwritten digits: an MLP over 8x8 grayscale images sent as UINT8 0..255."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+from sklearn.datasets import load_digits
+from sklearn.model_selection import train_test_split
+from sklearn.neural_network import MLPClassifier
+
+from models.common import SEED, TEST_SIZE, BuiltModel, StepSpec, run_steps
+from models.onnx_export import dense_model
+
+NAME = "digits"
+# The same steps, with the same options, as the serving config's digits pipeline.
+STEPS: list[StepSpec] = [
+    ("resize", {"input": "images", "height": 8, "width": 8, "interpolation": "area"}),
+    ("scale", {"input": "images", "factor": 0.00392156862745098}),
+    ("flatten", {"input": "images", "output": "pixels"}),
+]
+
+
+def client_images() -> tuple[np.ndarray, np.ndarray]:
+    """The dataset as clients send it: UINT8 [N, 8, 8] in 0..255, with int64 labels."""
+    data = load_digits()
+    images = np.round(data.data.reshape(-1, 8, 8) * 255 / 16).astype(np.uint8)
+    return images, data.target.astype(np.int64)
+
+
+def build(repository: Path) -> BuiltModel:
+    """Train on the serving steps' features and export the MLP's raw logits."""
+    images, labels = client_images()
+    train_x, test_x, train_y, test_y = train_test_split(
+        images, labels, test_size=TEST_SIZE, stratify=labels, random_state=SEED
+    )
+    train_features = run_steps(STEPS, {"images": train_x}, repository)["pixels"]
+    test_features = run_steps(STEPS, {"images": test_x}, repository)["pixels"]
+    classifier = MLPClassifier(hidden_layer_sizes=(64,), max_iter=400, random_state=SEED)
+    classifier.fit(train_features, train_y)
+    layers = list(zip(classifier.coefs_, classifier.intercepts_, strict=True))
+    return BuiltModel(
+        name=NAME,
+        graph=dense_model(layers, "pixels", "logits"),
+        labels=[str(digit) for digit in range(10)],
+        train_size=len(train_y),
+        test_inputs={"pixels": test_features},
+        test_labels=test_y,
+        sklearn_predictions=classifier.predict(test_features),
+        client_test={"images": test_x, "labels": test_y},
+    )

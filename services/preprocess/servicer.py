@@ -1,0 +1,28 @@
+"""strata.v1.Preprocess: decode, run each request's pipeline, encode."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import grpc
+
+from services.preprocess.pipeline import Pipelines
+from strata.errors import grpc_errors
+from strata.process import Arrays, process_all
+from strata.proto.v1 import preprocess_pb2_grpc, tensor_pb2
+
+
+class PreprocessServicer(preprocess_pb2_grpc.PreprocessServicer):
+    def __init__(self, pipelines: Pipelines) -> None:
+        self._pipelines = pipelines
+
+    @grpc_errors
+    async def Process(
+        self, request: tensor_pb2.ProcessRequest, context: grpc.aio.ServicerContext
+    ) -> tensor_pb2.ProcessResponse:
+        return process_all(request, self._run)
+
+    def _run(
+        self, pipeline: str, tensors: Arrays, parameters: Mapping[str, str]
+    ) -> tuple[Arrays, dict[str, str]]:
+        return self._pipelines.get(pipeline).run(tensors), {}

@@ -1,0 +1,13 @@
+"""Preprocess steps: one interface, looked up by the name the config gives.
+
+A step takes the tensors of one request (name -> array, batch dimension first) and returns
+the tensors the next step sees. Stateless steps are pure numpy over the whole batch; stateful
+steps load their parameters once, when they are built, and only look them up per request.
+"""
+
+from services.preprocess.steps import image, numeric  # noqa: F401  (registers the steps)
+from services.preprocess.steps.base import STEPS, Step, StepError
+
+build_step = STEPS.build
+
+__all__ = ["STEPS", "Step", "StepError", "build_step"]

@@ -1,0 +1,23 @@
+"""The first step of every pipeline: the request must match the declared inputs."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from services.preprocess.steps.base import Tensors
+from strata.config import TensorSpec
+from strata.schema import validate_inputs
+
+
+@dataclass
+class Validate:
+    """Refuse tensors that do not match the pipeline's schema (raises InvalidArgument)."""
+
+    inputs: Sequence[TensorSpec]
+    max_batch_size: int
+    name: str = "validate"
+
+    def process(self, tensors: Tensors) -> Tensors:
+        validate_inputs(tensors, self.inputs, self.max_batch_size)
+        return tensors

@@ -1,0 +1,48 @@
+"""The entry point every service shares: `python -m services.<layer> --config FILE`."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import sys
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from strata.config import ConfigError, ServiceEndpoint, Settings, load_settings
+from strata.server import Registration, serve
+from strata.telemetry import setup_logging, setup_tracing
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Service:
+    """What a layer hands to the shared server routine."""
+
+    registrations: list[Registration]
+    endpoint: ServiceEndpoint
+    on_stop: Callable[[], Awaitable[None]] | None = field(default=None)
+
+
+Builder = Callable[[Settings], Awaitable[Service]]
+
+
+def run_service(name: str, build: Builder, argv: list[str] | None = None) -> None:
+    """Parse arguments, load the config, set up telemetry, build the service and serve it."""
+    parser = argparse.ArgumentParser(prog=f"python -m services.{name}")
+    parser.add_argument("--config", type=Path, required=True, help="deployment YAML file")
+    args = parser.parse_args(argv)
+    try:
+        settings = load_settings(args.config)
+    except ConfigError as exc:
+        sys.exit(str(exc))
+    setup_logging(name, settings.telemetry.log_level)
+    setup_tracing(f"strata-{name}", settings.telemetry)
+    asyncio.run(_main(build, settings))
+
+
+async def _main(build: Builder, settings: Settings) -> None:
+    service = await build(settings)
+    await serve(service.registrations, service.endpoint.listen, settings.server, service.on_stop)

@@ -1,0 +1,241 @@
+"""Tensors between numpy and the wire: KServe v2 messages and strata.v1 tensors.
+
+Straight from protobuf bytes to numpy with `np.frombuffer`; every size is checked, and a
+mismatch is INVALID_ARGUMENT naming the tensor. BYTES tensors use the v2 encoding (a 4-byte
+little-endian length before each element) and decode to numpy object arrays of `bytes`.
+"""
+
+from __future__ import annotations
+
+import math
+import struct
+from collections.abc import Iterable, Mapping, Sequence
+
+import numpy as np
+
+from strata.errors import InvalidArgument
+from strata.proto.inference import grpc_service_pb2 as v2
+from strata.proto.v1 import tensor_pb2 as v1
+
+DTYPES: dict[str, np.dtype] = {
+    "BOOL": np.dtype(np.bool_),
+    "UINT8": np.dtype("<u1"),
+    "UINT16": np.dtype("<u2"),
+    "UINT32": np.dtype("<u4"),
+    "UINT64": np.dtype("<u8"),
+    "INT8": np.dtype("<i1"),
+    "INT16": np.dtype("<i2"),
+    "INT32": np.dtype("<i4"),
+    "INT64": np.dtype("<i8"),
+    "FP16": np.dtype("<f2"),
+    "FP32": np.dtype("<f4"),
+    "FP64": np.dtype("<f8"),
+    "BYTES": np.dtype(object),
+}
+_BY_KIND = {(dt.kind, dt.itemsize): name for name, dt in DTYPES.items() if name != "BYTES"}
+
+# Which InferTensorContents field carries each datatype (FP16 has none: raw only).
+CONTENTS_FIELD = {
+    "BOOL": "bool_contents",
+    "UINT8": "uint_contents",
+    "UINT16": "uint_contents",
+    "UINT32": "uint_contents",
+    "UINT64": "uint64_contents",
+    "INT8": "int_contents",
+    "INT16": "int_contents",
+    "INT32": "int_contents",
+    "INT64": "int64_contents",
+    "FP32": "fp32_contents",
+    "FP64": "fp64_contents",
+    "BYTES": "bytes_contents",
+}
+_LENGTH = struct.Struct("<I")
+
+
+def datatype_of(array: np.ndarray) -> str:
+    """The v2 datatype name of a numpy array (object, str and bytes arrays are BYTES)."""
+    if array.dtype.kind in "OSU":
+        return "BYTES"
+    try:
+        return _BY_KIND[(array.dtype.kind, array.dtype.itemsize)]
+    except KeyError:
+        raise InvalidArgument(f"numpy dtype {array.dtype} has no KServe v2 datatype") from None
+
+
+def element_count(name: str, shape: Sequence[int]) -> int:
+    """Elements in `shape`, refusing negative dimensions."""
+    if any(d < 0 for d in shape):
+        raise InvalidArgument(f"input {name!r}: shape {list(shape)} has a negative dimension")
+    return math.prod(shape)
+
+
+def encode_bytes(items: Iterable[bytes | str]) -> bytes:
+    """v2 BYTES encoding of a flat sequence of elements."""
+    parts = []
+    for item in items:
+        data = item.encode() if isinstance(item, str) else bytes(item)
+        parts.append(_LENGTH.pack(len(data)))
+        parts.append(data)
+    return b"".join(parts)
+
+
+def decode_bytes(name: str, raw: bytes, count: int) -> np.ndarray:
+    """Split v2 BYTES encoding into exactly `count` elements (object array of bytes)."""
+    out = np.empty(count, dtype=object)
+    offset, view = 0, memoryview(raw)
+    for i in range(count):
+        if offset + 4 > len(raw):
+            raise InvalidArgument(f"input {name!r}: BYTES data ends after {i} of {count} elements")
+        (length,) = _LENGTH.unpack_from(raw, offset)
+        offset += 4
+        if offset + length > len(raw):
+            raise InvalidArgument(f"input {name!r}: BYTES element {i} runs past the data")
+        out[i] = bytes(view[offset : offset + length])
+        offset += length
+    if offset != len(raw):
+        extra = len(raw) - offset
+        raise InvalidArgument(f"input {name!r}: {extra} bytes left after {count} BYTES elements")
+    return out
+
+
+def from_raw(name: str, datatype: str, shape: Sequence[int], raw: bytes) -> np.ndarray:
+    """Decode raw little-endian bytes into an array of `shape`."""
+    dtype = _dtype(name, datatype)
+    count = element_count(name, shape)
+    if datatype == "BYTES":
+        return decode_bytes(name, raw, count).reshape(shape)
+    expected = count * dtype.itemsize
+    if len(raw) != expected:
+        raise InvalidArgument(
+            f"input {name!r}: shape {list(shape)} of {datatype} needs {expected} bytes, "
+            f"got {len(raw)}"
+        )
+    return np.frombuffer(raw, dtype=dtype).reshape(shape)
+
+
+def to_raw(array: np.ndarray) -> bytes:
+    """Raw little-endian bytes of an array (v2 BYTES encoding for BYTES)."""
+    datatype = datatype_of(array)
+    if datatype == "BYTES":
+        return encode_bytes(array.reshape(-1).tolist())
+    return np.ascontiguousarray(array, dtype=DTYPES[datatype]).tobytes()
+
+
+def from_contents(
+    name: str, datatype: str, shape: Sequence[int], contents: v2.InferTensorContents
+) -> np.ndarray:
+    """Decode typed `contents`, checking the element count and each value's range."""
+    dtype = _dtype(name, datatype)
+    field = CONTENTS_FIELD.get(datatype)
+    if field is None:
+        raise InvalidArgument(f"input {name!r}: {datatype} must be sent in raw_input_contents")
+    values = getattr(contents, field)
+    count = element_count(name, shape)
+    if len(values) != count:
+        raise InvalidArgument(
+            f"input {name!r}: shape {list(shape)} needs {count} values, "
+            f"got {len(values)} in {field}"
+        )
+    if datatype == "BYTES":
+        return np.array(list(values) or [], dtype=object).reshape(shape)
+    wide = np.array(values, dtype=np.float64 if dtype.kind == "f" else None)
+    if dtype.kind in "iu" and wide.size:
+        info = np.iinfo(dtype)
+        if wide.min() < info.min or wide.max() > info.max:
+            raise InvalidArgument(f"input {name!r}: a value is out of range for {datatype}")
+    return wide.astype(dtype).reshape(shape)
+
+
+def request_inputs(request: v2.ModelInferRequest) -> dict[str, np.ndarray]:
+    """All inputs of a v2 request by name, from raw_input_contents or typed contents."""
+    return _decode_all(request.inputs, request.raw_input_contents)
+
+
+def response_outputs(response: v2.ModelInferResponse) -> dict[str, np.ndarray]:
+    """All outputs of a v2 response by name, from raw_output_contents or typed contents."""
+    return _decode_all(response.outputs, response.raw_output_contents)
+
+
+def _decode_all(tensors: Sequence, raw: Sequence[bytes]) -> dict[str, np.ndarray]:
+    if raw and len(raw) != len(tensors):
+        raise InvalidArgument(
+            f"raw contents has {len(raw)} entries for {len(tensors)} tensors; "
+            "send every tensor raw or none"
+        )
+    arrays: dict[str, np.ndarray] = {}
+    for i, tensor in enumerate(tensors):
+        if tensor.name in arrays:
+            raise InvalidArgument(f"input {tensor.name!r} appears more than once")
+        if raw and _has_contents(tensor.contents):
+            raise InvalidArgument(
+                f"input {tensor.name!r}: both typed contents and raw contents given"
+            )
+        shape = list(tensor.shape)
+        if raw:
+            arrays[tensor.name] = from_raw(tensor.name, tensor.datatype, shape, raw[i])
+        else:
+            arrays[tensor.name] = from_contents(
+                tensor.name, tensor.datatype, shape, tensor.contents
+            )
+    return arrays
+
+
+def requested_outputs(request: v2.ModelInferRequest, available: Sequence[str]) -> list[str]:
+    """The outputs a request asks for (all when it names none); unknown names are refused."""
+    asked = [output.name for output in request.outputs]
+    unknown = sorted(set(asked) - set(available))
+    if unknown:
+        raise InvalidArgument(
+            f"model {request.model_name!r} has no output {unknown[0]!r}; outputs: {list(available)}"
+        )
+    return asked or list(available)
+
+
+def _has_contents(contents: v2.InferTensorContents) -> bool:
+    return any(len(getattr(contents, field)) for field in set(CONTENTS_FIELD.values()))
+
+
+def build_request(
+    model: str, arrays: Mapping[str, np.ndarray], version: str = "", request_id: str = ""
+) -> v2.ModelInferRequest:
+    """A v2 request carrying `arrays` as raw_input_contents."""
+    request = v2.ModelInferRequest(model_name=model, model_version=version, id=request_id)
+    for name, array in arrays.items():
+        request.inputs.add(name=name, datatype=datatype_of(array), shape=array.shape)
+        request.raw_input_contents.append(to_raw(array))
+    return request
+
+
+def add_outputs(response: v2.ModelInferResponse, arrays: Mapping[str, np.ndarray]) -> None:
+    """Append `arrays` to a v2 response as raw_output_contents."""
+    for name, array in arrays.items():
+        response.outputs.add(name=name, datatype=datatype_of(array), shape=array.shape)
+        response.raw_output_contents.append(to_raw(array))
+
+
+def to_tensor(name: str, array: np.ndarray) -> v1.Tensor:
+    """A strata.v1 tensor holding `array`."""
+    return v1.Tensor(name=name, datatype=datatype_of(array), shape=array.shape, data=to_raw(array))
+
+
+def from_tensor(tensor: v1.Tensor) -> np.ndarray:
+    """The array a strata.v1 tensor holds."""
+    return from_raw(tensor.name, tensor.datatype, list(tensor.shape), tensor.data)
+
+
+def tensors_to_arrays(tensors: Iterable[v1.Tensor]) -> dict[str, np.ndarray]:
+    return {t.name: from_tensor(t) for t in tensors}
+
+
+def arrays_to_tensors(arrays: Mapping[str, np.ndarray]) -> list[v1.Tensor]:
+    return [to_tensor(name, array) for name, array in arrays.items()]
+
+
+def _dtype(name: str, datatype: str) -> np.dtype:
+    try:
+        return DTYPES[datatype]
+    except KeyError:
+        known = ", ".join(DTYPES)
+        raise InvalidArgument(
+            f"input {name!r}: unknown datatype {datatype!r} (known: {known})"
+        ) from None

@@ -1,0 +1,1 @@
+"""Generated gRPC stubs (build output of `make proto`; never edited by hand)."""

@@ -1,0 +1,74 @@
+"""Checks a request's tensors against a pipeline's declared inputs.
+
+The gateway runs this before any upstream call, and preprocess runs it as its first step, so a
+bad request is refused with a message naming the input and the rule it broke.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+
+from strata.codec import datatype_of
+from strata.config import TensorSpec
+from strata.errors import InvalidArgument
+
+
+def validate_inputs(
+    arrays: Mapping[str, np.ndarray], specs: Sequence[TensorSpec], max_batch_size: int
+) -> int:
+    """Raise InvalidArgument unless `arrays` match `specs`; return the batch size."""
+    names = {spec.name for spec in specs}
+    unknown = sorted(set(arrays) - names)
+    if unknown:
+        raise InvalidArgument(f"unknown input {unknown[0]!r}; expected inputs: {sorted(names)}")
+    missing = sorted(names - set(arrays))
+    if missing:
+        raise InvalidArgument(f"missing input {missing[0]!r}; expected inputs: {sorted(names)}")
+    batches = set()
+    for spec in specs:
+        check_tensor(spec, arrays[spec.name])
+        batches.add(arrays[spec.name].shape[0])
+    if len(batches) > 1:
+        raise InvalidArgument(f"inputs disagree on the batch size: {sorted(batches)}")
+    batch = batches.pop()
+    if batch > max_batch_size:
+        raise InvalidArgument(f"batch of {batch} exceeds the pipeline's limit of {max_batch_size}")
+    return batch
+
+
+def check_tensor(spec: TensorSpec, array: np.ndarray) -> None:
+    """Datatype, rank, each dimension, and the values themselves where the spec asks."""
+    datatype = datatype_of(array)
+    if datatype != spec.datatype:
+        raise InvalidArgument(f"input {spec.name!r}: datatype {datatype}, expected {spec.datatype}")
+    if array.ndim != len(spec.shape):
+        raise InvalidArgument(
+            f"input {spec.name!r}: shape {list(array.shape)} has rank {array.ndim}, "
+            f"expected rank {len(spec.shape)} like {spec.shape}"
+        )
+    for axis, size in enumerate(array.shape):
+        declared = spec.shape[axis]
+        if declared != -1 and size != declared:
+            raise InvalidArgument(
+                f"input {spec.name!r}: dimension {axis} is {size}, expected {declared}"
+            )
+        if size < 1 or size > spec.limit(axis):
+            raise InvalidArgument(
+                f"input {spec.name!r}: dimension {axis} is {size}, allowed 1..{spec.limit(axis)}"
+            )
+    if array.dtype.kind == "f" and not spec.allow_nonfinite and not np.isfinite(array).all():
+        raise InvalidArgument(f"input {spec.name!r}: contains NaN or infinite values")
+    if spec.utf8:
+        _check_utf8(spec.name, array)
+
+
+def _check_utf8(name: str, array: np.ndarray) -> None:
+    for index, item in enumerate(array.reshape(-1)):
+        try:
+            item.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise InvalidArgument(
+                f"input {name!r}: element {index} is not valid UTF-8 (byte {exc.start})"
+            ) from None
