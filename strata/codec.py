@@ -49,6 +49,16 @@ CONTENTS_FIELD = {
     "FP64": "fp64_contents",
     "BYTES": "bytes_contents",
 }
+# The wire type of each contents field, before narrowing to the tensor's datatype.
+_FIELD_DTYPE = {
+    "bool_contents": np.bool_,
+    "int_contents": np.int32,
+    "int64_contents": np.int64,
+    "uint_contents": np.uint32,
+    "uint64_contents": np.uint64,
+    "fp32_contents": np.float32,
+    "fp64_contents": np.float64,
+}
 _LENGTH = struct.Struct("<I")
 
 
@@ -138,7 +148,7 @@ def from_contents(
         )
     if datatype == "BYTES":
         return np.array(list(values) or [], dtype=object).reshape(shape)
-    wide = np.array(values, dtype=np.float64 if dtype.kind == "f" else None)
+    wide = np.array(values, dtype=_FIELD_DTYPE[field])
     if dtype.kind in "iu" and wide.size:
         info = np.iinfo(dtype)
         if wide.min() < info.min or wide.max() > info.max:

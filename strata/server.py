@@ -11,6 +11,7 @@ import asyncio
 import logging
 import signal
 from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -35,13 +36,25 @@ def grpc_options(settings: ServerSettings) -> list[tuple[str, int]]:
     ]
 
 
-async def serve(
-    registrations: Iterable[Registration],
-    listen: str,
-    settings: ServerSettings,
-    on_stop: Callable[[], Awaitable[None]] | None = None,
-) -> None:
-    """Run a gRPC server on `listen` until SIGTERM or SIGINT, then drain and return."""
+@dataclass
+class Running:
+    """A started server and its health service."""
+
+    server: grpc.aio.Server
+    health: HealthServicer
+    names: list[str]
+    port: int
+
+    async def set_health(self, status: int) -> None:
+        await self.health.set("", status)
+        for name in self.names:
+            await self.health.set(name, status)
+
+
+async def start_server(
+    registrations: Iterable[Registration], listen: str, settings: ServerSettings
+) -> Running:
+    """Bind and start a server with health and reflection, and mark it SERVING."""
     server = grpc.aio.server(interceptors=server_interceptors(), options=grpc_options(settings))
     health = HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health, server)
@@ -50,12 +63,24 @@ async def serve(
         add(servicer, server)
         names.append(name)
     reflection.enable_server_reflection([*names, reflection.SERVICE_NAME], server)
-    if server.add_insecure_port(listen) == 0:
+    port = server.add_insecure_port(listen)
+    if port == 0:
         raise OSError(f"cannot bind {listen}")
     await server.start()
-    await _set_all(health, names, health_pb2.HealthCheckResponse.SERVING)
+    running = Running(server, health, names, port)
+    await running.set_health(health_pb2.HealthCheckResponse.SERVING)
     log.info("serving %s on %s", ", ".join(names[1:]), listen)
+    return running
 
+
+async def serve(
+    registrations: Iterable[Registration],
+    listen: str,
+    settings: ServerSettings,
+    on_stop: Callable[[], Awaitable[None]] | None = None,
+) -> None:
+    """Run a gRPC server on `listen` until SIGTERM or SIGINT, then drain and return."""
+    running = await start_server(registrations, listen, settings)
     stopping = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -63,17 +88,11 @@ async def serve(
     await stopping.wait()
 
     log.info("stopping: draining in-flight calls for up to %.1fs", settings.grace_seconds)
-    await _set_all(health, names, health_pb2.HealthCheckResponse.NOT_SERVING)
-    await server.stop(settings.grace_seconds)
+    await running.set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
+    await running.server.stop(settings.grace_seconds)
     if on_stop is not None:
         await on_stop()
     provider = trace.get_tracer_provider()
     if hasattr(provider, "shutdown"):
         provider.shutdown()
     log.info("stopped")
-
-
-async def _set_all(health: HealthServicer, names: list[str], status: int) -> None:
-    await health.set("", status)
-    for name in names:
-        await health.set(name, status)

@@ -1,0 +1,171 @@
+"""Run the whole system on one machine: `python -m strata.launch --config FILE` (`make run`).
+
+Starts each layer as its own process, waits until each one's health service says SERVING,
+and stays in the foreground.
+Ctrl-C or SIGTERM stops every service (front to back), each draining within its grace period.
+Services run as `python -m services.<layer>`; nothing here imports them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from strata.config import ConfigError, Settings, load_settings
+
+log = logging.getLogger("strata.launch")
+ORDER = ("inference", "postprocess", "preprocess", "gateway")
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def wait_serving(address: str, timeout: float) -> bool:
+    """Poll the gRPC health service at `address` until it answers SERVING."""
+    end = time.monotonic() + timeout
+    with grpc.insecure_channel(address) as channel:
+        stub = health_pb2_grpc.HealthStub(channel)
+        while time.monotonic() < end:
+            try:
+                reply = stub.Check(health_pb2.HealthCheckRequest(), timeout=1.0)
+                if reply.status == health_pb2.HealthCheckResponse.SERVING:
+                    return True
+            except grpc.RpcError:
+                pass
+            time.sleep(0.1)
+    return False
+
+
+class Supervisor:
+    """Starts, watches and stops the service processes of one deployment."""
+
+    def __init__(
+        self,
+        config: Path,
+        settings: Settings,
+        log_dir: Path | None = None,
+        env: dict[str, str] | None = None,
+    ) -> None:
+        self.config = config
+        self.settings = settings
+        self.log_dir = log_dir
+        self.env = env
+        self.processes: dict[str, subprocess.Popen] = {}
+
+    def address(self, service: str) -> str:
+        return getattr(self.settings.services, service).listen
+
+    def spawn(self, service: str) -> subprocess.Popen:
+        """Start one service process without waiting for it."""
+        command = [sys.executable, "-m", f"services.{service}", "--config", str(self.config)]
+        output = None
+        if self.log_dir is not None:
+            output = open(self.log_dir / f"{service}.log", "ab")  # noqa: SIM115  (child owns it)
+        env = {**os.environ, **self.env} if self.env else None
+        process = subprocess.Popen(command, cwd=ROOT, stdout=output, stderr=output, env=env)
+        self.processes[service] = process
+        return process
+
+    def await_serving(self, service: str, timeout: float = 60.0) -> None:
+        """Wait until `service` is SERVING; on failure stop everything and raise."""
+        if not wait_serving(self.address(service), timeout):
+            code = self.processes[service].poll()
+            self.stop_all()
+            state = f"exited with {code}" if code is not None else "never became SERVING"
+            raise RuntimeError(f"{service} {state} (config {self.config})")
+
+    def start(self, service: str, timeout: float = 60.0) -> subprocess.Popen:
+        """Start one service and wait until it is SERVING."""
+        process = self.spawn(service)
+        self.await_serving(service, timeout)
+        return process
+
+    def start_all(self, timeout: float = 60.0) -> None:
+        """Start every layer at once (start-up is mostly imports), then wait for each."""
+        for service in ORDER:
+            self.spawn(service)
+        for service in ORDER:
+            self.await_serving(service, timeout)
+
+    def stop(self, service: str) -> int:
+        """SIGTERM one service and wait for it to drain; kill it if it overstays."""
+        process = self.processes.pop(service)
+        if process.poll() is None:
+            process.send_signal(signal.SIGTERM)
+        try:
+            return process.wait(timeout=self.settings.server.grace_seconds + 10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+            return -signal.SIGKILL
+
+    def stop_all(self) -> dict[str, int]:
+        return {
+            service: self.stop(service) for service in reversed(ORDER) if service in self.processes
+        }
+
+    def failed(self) -> str | None:
+        """The name of a service that has exited on its own, if any."""
+        for service, process in self.processes.items():
+            if process.poll() is not None:
+                return service
+        return None
+
+
+def banner(settings: Settings) -> str:
+    gateway = settings.services.gateway.listen
+    pipelines = ", ".join(settings.pipelines)
+    return f"""
+Strata is up. Gateway (KServe v2 gRPC): {gateway}   pipelines: {pipelines}
+
+  grpcurl -plaintext {gateway} inference.GRPCInferenceService/ServerReady
+
+  python - <<'PY'
+  import numpy as np, tritonclient.grpc as tc
+  client = tc.InferenceServerClient("{gateway}")
+  image = np.zeros((1, 8, 8), np.uint8); image[0, 1:7, 3:5] = 255   # a "1"
+  inp = tc.InferInput("images", list(image.shape), "UINT8"); inp.set_data_from_numpy(image)
+  result = client.infer("digits", [inp])
+  print(result.as_numpy("labels"), result.as_numpy("scores"))
+  PY
+
+Ctrl-C stops every service.
+"""
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m strata.launch", description=__doc__)
+    parser.add_argument("--config", type=Path, required=True, help="deployment YAML file")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s launch %(message)s")
+    try:
+        settings = load_settings(args.config)
+    except ConfigError as exc:
+        sys.exit(str(exc))
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    supervisor = Supervisor(args.config.resolve(), settings)
+    supervisor.start_all()
+    print(banner(settings), flush=True)
+    failed = None
+    while not stop.wait(0.5) and failed is None:
+        failed = supervisor.failed()
+    if failed:
+        log.error("%s exited on its own; stopping the others", failed)
+    codes = supervisor.stop_all()
+    log.info("stopped: %s", ", ".join(f"{name} rc={code}" for name, code in codes.items()))
+    return 1 if failed or any(codes.values()) else 0
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    sys.exit(main())

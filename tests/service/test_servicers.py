@@ -1,0 +1,127 @@
+"""Each servicer in process over real loopback gRPC: answers, errors and their codes.
+
+grpcio-testing drives only synchronous servicers; ours are asyncio servicers, so they run on
+real aio servers inside the test process instead (tests/support/inprocess.py).
+"""
+
+from collections.abc import Iterator
+
+import grpc
+import numpy as np
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from strata import codec
+from strata.config import Settings
+from strata.process import raise_for_result
+from strata.proto.inference import grpc_service_pb2 as v2
+from strata.proto.inference import grpc_service_pb2_grpc as v2_grpc
+from strata.proto.v1 import postprocess_pb2_grpc, preprocess_pb2_grpc
+from strata.proto.v1 import tensor_pb2 as v1
+from tests.support.inprocess import servers_in_process
+
+DIGIT = np.zeros((1, 8, 8), np.uint8)
+
+
+@pytest.fixture(scope="module")
+def settings(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Settings]:
+    with servers_in_process(tmp_path_factory.mktemp("inproc")) as settings:
+        yield settings
+
+
+def channel(settings: Settings, service: str) -> grpc.Channel:
+    return grpc.insecure_channel(getattr(settings.services, service).listen)
+
+
+def request(pipeline: str, rid: str, **arrays: np.ndarray) -> v1.Request:
+    return v1.Request(id=rid, pipeline=pipeline, tensors=codec.arrays_to_tensors(arrays))
+
+
+@pytest.mark.parametrize("service", ["gateway", "preprocess", "inference", "postprocess"])
+def test_health_reports_serving(settings: Settings, service: str) -> None:
+    stub = health_pb2_grpc.HealthStub(channel(settings, service))
+    reply = stub.Check(health_pb2.HealthCheckRequest())
+    assert reply.status == health_pb2.HealthCheckResponse.SERVING
+
+
+def test_preprocess_keeps_each_request_apart(settings: Settings) -> None:
+    stub = preprocess_pb2_grpc.PreprocessStub(channel(settings, "preprocess"))
+    big = np.full((2, 32, 32), 255, np.uint8)
+    reply = stub.Process(
+        v1.ProcessRequest(
+            requests=[
+                request("digits", "ok", images=big),
+                request("digits", "bad", images=big.astype(np.float32)),
+                request("nope", "lost", images=big),
+            ]
+        )
+    )
+    assert [r.id for r in reply.results] == ["ok", "bad", "lost"]
+    pixels = raise_for_result(reply.results[0])["pixels"]
+    assert pixels.shape == (2, 64) and np.allclose(pixels, 1.0)
+    assert reply.results[1].error.code == grpc.StatusCode.INVALID_ARGUMENT.value[0]
+    assert "datatype FP32" in reply.results[1].error.message
+    assert reply.results[2].error.code == grpc.StatusCode.NOT_FOUND.value[0]
+
+
+def test_postprocess_turns_logits_into_labels(settings: Settings) -> None:
+    stub = postprocess_pb2_grpc.PostprocessStub(channel(settings, "postprocess"))
+    logits = np.array([[0, 0, 5, 0, 0, 0, 0, 0, 0, 1]], np.float32)
+    reply = stub.Process(v1.ProcessRequest(requests=[request("digits", "a", logits=logits)]))
+    outputs = raise_for_result(reply.results[0])
+    assert outputs["labels"].tolist() == [[b"2", b"9", b"0"]]
+    assert outputs["scores"][0, 0] > 0.9 and np.all(np.diff(outputs["scores"][0]) <= 0)
+    missing = stub.Process(v1.ProcessRequest(requests=[request("digits", "b", wrong=logits)]))
+    assert "needs tensor 'logits'" in missing.results[0].error.message
+
+
+def test_inference_describes_and_runs_models(settings: Settings) -> None:
+    stub = v2_grpc.GRPCInferenceServiceStub(channel(settings, "inference"))
+    meta = stub.ModelMetadata(v2.ModelMetadataRequest(name="digits"))
+    assert [(t.name, list(t.shape)) for t in meta.inputs] == [("pixels", [-1, 64])]
+    assert meta.versions == ["1"]
+    reply = stub.ModelInfer(codec.build_request("digits", {"pixels": np.zeros((3, 64), "f4")}))
+    assert codec.response_outputs(reply)["logits"].shape == (3, 10)
+    config = stub.ModelConfig(v2.ModelConfigRequest(name="tabular")).config
+    assert config.max_batch_size == 64 and list(config.input[0].dims) == [30]
+
+
+@pytest.mark.parametrize(
+    ("model", "arrays", "code", "words"),
+    [
+        ("nope", {"pixels": np.zeros((1, 64), "f4")}, "NOT_FOUND", ["'nope'"]),
+        ("digits", {"x": np.zeros((1, 64), "f4")}, "INVALID_ARGUMENT", ["pixels", "'x'"]),
+        ("digits", {"pixels": np.zeros((1, 63), "f4")}, "INVALID_ARGUMENT", ["[1, 63]"]),
+        ("digits", {"pixels": np.zeros((1, 64), "f8")}, "INVALID_ARGUMENT", ["FP64"]),
+        ("digits", {"pixels": np.zeros((65, 64), "f4")}, "INVALID_ARGUMENT", ["batch 65"]),
+    ],
+)
+def test_inference_errors(settings: Settings, model, arrays, code, words) -> None:
+    stub = v2_grpc.GRPCInferenceServiceStub(channel(settings, "inference"))
+    with pytest.raises(grpc.RpcError) as info:
+        stub.ModelInfer(codec.build_request(model, arrays))
+    assert info.value.code() == getattr(grpc.StatusCode, code)
+    for word in words:
+        assert word in info.value.details()
+
+
+def test_gateway_answers_and_refuses_before_any_upstream(settings: Settings) -> None:
+    stub = v2_grpc.GRPCInferenceServiceStub(channel(settings, "gateway"))
+    reply = stub.ModelInfer(codec.build_request("digits", {"images": DIGIT}, request_id="r1"))
+    assert reply.id == "r1" and reply.model_name == "digits"
+    assert [o.name for o in reply.outputs] == ["labels", "scores"]
+    asked = codec.build_request("digits", {"images": DIGIT})
+    asked.outputs.add(name="scores")
+    assert [o.name for o in stub.ModelInfer(asked).outputs] == ["scores"]
+    nan = np.full((1, 30), np.nan, np.float32)
+    with pytest.raises(grpc.RpcError) as info:
+        stub.ModelInfer(codec.build_request("tabular", {"features": nan}))
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "NaN" in info.value.details()
+
+
+def test_gateway_honours_an_expired_deadline(settings: Settings) -> None:
+    stub = v2_grpc.GRPCInferenceServiceStub(channel(settings, "gateway"))
+    with pytest.raises(grpc.RpcError) as info:
+        stub.ModelInfer(codec.build_request("digits", {"images": DIGIT}), timeout=0.0001)
+    assert info.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED

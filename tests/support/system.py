@@ -1,0 +1,81 @@
+"""Real service processes on free loopback ports, for service and end-to-end tests."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from strata.config import load_settings
+from strata.launch import ORDER, Supervisor
+
+ROOT = Path(__file__).resolve().parents[2]
+DEFAULT_CONFIG = ROOT / "configs" / "default.yaml"
+CLIENTS = ROOT / "tests" / "e2e" / "clients"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def merge(base: dict, changes: dict) -> dict:
+    """Deep-merge `changes` into a copy of `base` (mappings merge, other values replace)."""
+    out = dict(base)
+    for key, value in changes.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def make_config(folder: Path, changes: dict[str, Any] | None = None) -> Path:
+    """The default config on free ports, with `changes` merged in, written into `folder`."""
+    raw = yaml.safe_load(DEFAULT_CONFIG.read_text())
+    raw["repository"] = str((DEFAULT_CONFIG.parent / raw["repository"]).resolve())
+    raw["services"] = {name: {"listen": f"127.0.0.1:{free_port()}"} for name in ORDER}
+    raw["server"]["grace_seconds"] = 2
+    path = folder / "strata.yaml"
+    path.write_text(yaml.safe_dump(merge(raw, changes or {})))
+    return path
+
+
+@contextmanager
+def running_system(
+    folder: Path, changes: dict[str, Any] | None = None, env: dict[str, str] | None = None
+) -> Iterator[Supervisor]:
+    """All four services as processes; stopped (SIGTERM) when the block ends."""
+    config = make_config(folder, changes)
+    supervisor = Supervisor(config, load_settings(config), log_dir=folder, env=env)
+    supervisor.start_all()
+    try:
+        yield supervisor
+    finally:
+        supervisor.stop_all()
+
+
+def run_client(script: str, *args: str, timeout: float = 120) -> Any:
+    """Run tests/e2e/clients/<script>.py in its own interpreter and parse its JSON output.
+
+    tritonclient registers the same protobuf names as our stubs, so it never shares a
+    process with them.
+    """
+    done = subprocess.run(
+        [sys.executable, str(CLIENTS / f"{script}.py"), *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+    if done.returncode != 0:
+        raise AssertionError(f"{script} failed ({done.returncode}):\n{done.stderr}")
+    return json.loads(done.stdout)

@@ -1,0 +1,84 @@
+"""Config loading: the default file is valid, and mistakes fail with messages that say where."""
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from strata.config import ConfigError, load_settings
+from tests.support.system import DEFAULT_CONFIG, merge
+
+
+def write(tmp_path: Path, changes: dict) -> Path:
+    raw = merge(yaml.safe_load(DEFAULT_CONFIG.read_text()), changes)
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    return path
+
+
+def tabular_input(datatype: str, shape: list) -> dict:
+    spec = {"name": "f", "datatype": datatype, "shape": shape}
+    return {"pipelines": {"tabular": {"inputs": [spec]}}}
+
+
+def test_default_config_loads_with_paths_resolved() -> None:
+    settings = load_settings(DEFAULT_CONFIG)
+    assert set(settings.pipelines) == {"digits", "tabular"}
+    assert settings.services.gateway.listen.endswith(":8001")
+    assert settings.repository.is_absolute()
+    assert settings.pipelines["digits"].preprocess[0].kind == "resize"
+    assert settings.pipelines["digits"].preprocess[0].options["height"] == 8
+
+
+@pytest.mark.parametrize(
+    ("changes", "words"),
+    [
+        ({"services": {"gateway": {"listen": "8001"}}}, ["services.gateway.listen", "host:port"]),
+        ({"server": {"grace_seconds": -1}}, ["server.grace_seconds", "greater than 0"]),
+        ({"server": {"colour": "blue"}}, ["server.colour", "Extra inputs"]),
+        ({"inference": {"models": ["digits"]}}, ["tabular", "inference.models"]),
+        ({"pipelines": {"digits": {"inputs": []}}}, ["pipelines.digits.inputs"]),
+        (
+            {
+                "pipelines": {
+                    "tabular": {"inputs": [{"name": "f", "datatype": "FP8", "shape": [1]}]}
+                }
+            },
+            ["pipelines.tabular.inputs.0.datatype"],
+        ),
+        (
+            {
+                "pipelines": {
+                    "tabular": {"inputs": [{"name": "f", "datatype": "FP32", "shape": [0]}]}
+                }
+            },
+            ["positive or -1"],
+        ),
+    ],
+)
+def test_invalid_configs_name_the_field(tmp_path: Path, changes: dict, words: list) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_settings(write(tmp_path, changes))
+    for word in words:
+        assert word in str(info.value)
+
+
+def test_unreadable_and_malformed_files(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="cannot read config"):
+        load_settings(tmp_path / "missing.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("services: [unclosed")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_settings(bad)
+    bad.write_text("- a list")
+    with pytest.raises(ConfigError, match="mapping at the top level"):
+        load_settings(bad)
+
+
+def test_environment_overrides_the_file(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("STRATA_SERVICES__GATEWAY__LISTEN", "0.0.0.0:9001")
+    monkeypatch.setenv("STRATA_SERVER__GRACE_SECONDS", "7.5")
+    settings = load_settings(DEFAULT_CONFIG)
+    assert settings.services.gateway.listen == "0.0.0.0:9001"
+    assert settings.server.grace_seconds == 7.5
+    assert settings.services.preprocess.listen.endswith(":8101")
