@@ -30,14 +30,13 @@ $(STAMP_MODELS): $(STAMP_PROTO) $(shell find models -name '*.py') $(shell find s
 run: $(STAMP_MODELS)
 	$(PY) -m strata.launch --config $(CONFIG)
 
-test: $(STAMP_MODELS)
-	$(PY) -m ruff check .
-	$(PY) -m ruff format --check .
+test: $(STAMP_MODELS) lint
 	$(PY) -m pytest
 
-lint: $(STAMP_VENV)
+lint: $(STAMP_PROTO)
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
+	$(VENV)/bin/lint-imports
 
 fmt: $(STAMP_VENV)
 	$(PY) -m ruff check --fix .
