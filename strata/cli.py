@@ -33,6 +33,9 @@ def run_service(name: str, build: Builder, argv: list[str] | None = None) -> Non
     """Parse arguments, load the config, set up telemetry, build the service and serve it."""
     parser = argparse.ArgumentParser(prog=f"python -m services.{name}")
     parser.add_argument("--config", type=Path, required=True, help="deployment YAML file")
+    parser.add_argument(
+        "--listen", help="host:port to bind instead of the config's (a replica or deployment)"
+    )
     args = parser.parse_args(argv)
     try:
         settings = load_settings(args.config)
@@ -40,9 +43,10 @@ def run_service(name: str, build: Builder, argv: list[str] | None = None) -> Non
         sys.exit(str(exc))
     setup_logging(name, settings.telemetry.log_level)
     setup_tracing(f"strata-{name}", settings.telemetry)
-    asyncio.run(_main(build, settings))
+    asyncio.run(_main(build, settings, args.listen))
 
 
-async def _main(build: Builder, settings: Settings) -> None:
+async def _main(build: Builder, settings: Settings, listen: str | None) -> None:
     service = await build(settings)
-    await serve(service.registrations, service.endpoint.listen, settings.server, service.on_stop)
+    listen = listen or service.endpoint.listen
+    await serve(service.registrations, listen, settings.server, service.on_stop)

@@ -15,6 +15,8 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
+from strata.policies import GatewaySettings
+
 Datatype = Literal[
     "BOOL", "UINT8", "UINT16", "UINT32", "UINT64", "INT8", "INT16", "INT32", "INT64",
     "FP16", "FP32", "FP64", "BYTES",
@@ -35,7 +37,13 @@ class ServiceEndpoint(Strict):
     listen: str = Field(description="host:port the service binds, e.g. 127.0.0.1:8101.")
     target: str | None = Field(
         default=None,
-        description="gRPC target callers use (e.g. dns:///preprocess:8101); defaults to listen.",
+        description="gRPC target callers use (e.g. dns:///preprocess:8101); defaults to the "
+        "listen address, or to all local replicas' addresses.",
+    )
+    replicas: int = Field(
+        default=1,
+        ge=1,
+        description="Local processes `make run` starts, on consecutive ports from listen's.",
     )
 
     @field_validator("listen")
@@ -47,17 +55,36 @@ class ServiceEndpoint(Strict):
         return value
 
     @property
+    def listens(self) -> list[str]:
+        """The listen address of each local replica."""
+        host, _, port = self.listen.rpartition(":")
+        return [f"{host}:{int(port) + i}" for i in range(self.replicas)]
+
+    @property
     def address(self) -> str:
-        return self.target or self.listen
+        """What callers dial: gRPC balances over every address of an `ipv4:` target."""
+        if self.target:
+            return self.target
+        if self.replicas == 1:
+            return self.listen
+        return "ipv4:" + ",".join(self.listens)
 
 
 class Services(Strict):
-    """The four layers' endpoints."""
+    """The layers' endpoints."""
 
     gateway: ServiceEndpoint = Field(description="The public KServe v2 endpoint.")
     preprocess: ServiceEndpoint = Field(description="The preprocess service (or its replicas).")
-    inference: ServiceEndpoint = Field(description="The inference service.")
+    inference: dict[str, ServiceEndpoint] = Field(
+        min_length=1,
+        description="Inference deployments by name; pipeline routes (A/B arms) name them.",
+    )
     postprocess: ServiceEndpoint = Field(description="The postprocess rule engine.")
+
+    @property
+    def primary_inference(self) -> ServiceEndpoint:
+        """The first inference deployment: where a lone inference process listens."""
+        return next(iter(self.inference.values()))
 
 
 class ServerSettings(Strict):
@@ -118,11 +145,43 @@ class StageSpec(BaseModel):
         return dict(self.model_extra or {})
 
 
+class Route(Strict):
+    """One arm of a pipeline's A/B split: an inference deployment and model version."""
+
+    arm: str = Field(description="Arm name, reported in metrics and response parameters.")
+    deployment: str = Field(description="Inference deployment (a key of services.inference).")
+    version: str = Field(default="", description="Model version; empty means the model's.")
+    weight: float = Field(default=1.0, ge=0, description="Share of traffic, relative to others.")
+
+
+class Shadow(Strict):
+    """A mirror route: it gets copies of requests; its answers are compared, never returned."""
+
+    deployment: str = Field(description="Inference deployment the copies go to.")
+    version: str = Field(default="", description="Model version; empty means the model's.")
+    fraction: float = Field(default=1.0, gt=0, le=1, description="Share of requests mirrored.")
+
+
 class ModelRef(Strict):
-    """The model a pipeline runs on the inference service."""
+    """The model a pipeline runs, and how its traffic splits across deployments."""
 
     name: str = Field(description="Model name in the repository.")
     version: str = Field(default="", description="Version to call; empty means the latest.")
+    routes: list[Route] = Field(
+        default_factory=list,
+        description="A/B arms; none means one arm on the first inference deployment.",
+    )
+    shadow: Shadow | None = Field(default=None, description="Optional mirror route.")
+
+    @field_validator("routes")
+    @classmethod
+    def _arms_unique_and_weighted(cls, routes: list[Route]) -> list[Route]:
+        arms = [r.arm for r in routes]
+        if len(set(arms)) != len(arms):
+            raise ValueError(f"arm names repeat: {arms}")
+        if routes and sum(r.weight for r in routes) <= 0:
+            raise ValueError("at least one route needs a positive weight")
+        return routes
 
 
 class Pipeline(Strict):
@@ -132,7 +191,16 @@ class Pipeline(Strict):
     outputs: list[TensorSpec] = Field(min_length=1, description="Outputs clients receive.")
     max_batch_size: int = Field(default=64, gt=0, description="Largest batch a request may carry.")
     preprocess: list[StageSpec] = Field(default_factory=list, description="Steps after validation.")
-    model: ModelRef = Field(description="The model the inputs feed.")
+    model: ModelRef = Field(description="The model the inputs feed, and its routes.")
+    latency_objective_ms: float = Field(
+        default=250.0, gt=0, description="P95 latency the ladder defends for this pipeline."
+    )
+    cache: bool = Field(default=False, description="Answer repeated requests from the cache.")
+    default_answer: dict[str, list] | None = Field(
+        default=None,
+        description="One row of output values returned, marked degraded, when the ladder "
+        "is at level 3 and the cache has no answer.",
+    )
     postprocess: list[StageSpec] = Field(default_factory=list, description="Rules, in order.")
 
     @field_validator("inputs", "outputs")
@@ -151,14 +219,6 @@ class InferenceSettings(Strict):
     intra_op_threads: int = Field(default=1, ge=0, description="ONNX Runtime intra-op threads.")
     inter_op_threads: int = Field(default=1, ge=0, description="ONNX Runtime inter-op threads.")
     workers: int = Field(default=2, gt=0, description="Model runs allowed at once (threads).")
-
-
-class GatewaySettings(Strict):
-    """Gateway policies."""
-
-    default_timeout_seconds: float = Field(
-        default=30.0, gt=0, description="Budget of a request whose caller set no deadline."
-    )
 
 
 class Settings(BaseSettings):
@@ -199,7 +259,22 @@ class Settings(BaseSettings):
                     f"pipeline {name!r} uses model {pipeline.model.name!r}, "
                     f"which inference.models does not load"
                 )
+            routes = [*pipeline.model.routes, *filter(None, [pipeline.model.shadow])]
+            for route in routes:
+                if route.deployment not in self.services.inference:
+                    raise ValueError(
+                        f"pipeline {name!r} routes to deployment {route.deployment!r}, "
+                        f"not one of services.inference: {sorted(self.services.inference)}"
+                    )
         return self
+
+    def routes(self, pipeline: str) -> list[Route]:
+        """A pipeline's arms; with none configured, one arm on the first deployment."""
+        model = self.pipelines[pipeline].model
+        if model.routes:
+            return model.routes
+        first = next(iter(self.services.inference))
+        return [Route(arm=first, deployment=first, version=model.version)]
 
 
 def load_settings(path: Path) -> Settings:

@@ -16,6 +16,7 @@ import subprocess
 import sys
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
@@ -24,7 +25,6 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from strata.config import ConfigError, Settings, load_settings
 
 log = logging.getLogger("strata.launch")
-ORDER = ("inference", "postprocess", "preprocess", "gateway")
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -44,6 +44,32 @@ def wait_serving(address: str, timeout: float) -> bool:
     return False
 
 
+@dataclass(frozen=True)
+class Instance:
+    """One process: e.g. `preprocess-1` of service `preprocess` on its own port."""
+
+    name: str
+    service: str
+    listen: str
+
+
+def instances(settings: Settings) -> list[Instance]:
+    """Every process the deployment runs locally, back to front."""
+    services = settings.services
+    out = [
+        Instance(f"inference-{name}", "inference", endpoint.listen)
+        for name, endpoint in services.inference.items()
+    ]
+    for service in ("postprocess", "preprocess"):
+        endpoint = getattr(services, service)
+        listens = endpoint.listens
+        out += [
+            Instance(service if len(listens) == 1 else f"{service}-{i}", service, listen)
+            for i, listen in enumerate(listens)
+        ]
+    return [*out, Instance("gateway", "gateway", services.gateway.listen)]
+
+
 class Supervisor:
     """Starts, watches and stops the service processes of one deployment."""
 
@@ -58,48 +84,53 @@ class Supervisor:
         self.settings = settings
         self.log_dir = log_dir
         self.env = env
+        self.instances = {i.name: i for i in instances(settings)}
         self.processes: dict[str, subprocess.Popen] = {}
 
-    def address(self, service: str) -> str:
-        return getattr(self.settings.services, service).listen
+    def address(self, name: str) -> str:
+        return self.instances[name].listen
 
-    def spawn(self, service: str) -> subprocess.Popen:
-        """Start one service process without waiting for it."""
-        command = [sys.executable, "-m", f"services.{service}", "--config", str(self.config)]
+    def spawn(self, name: str) -> subprocess.Popen:
+        """Start one instance's process without waiting for it."""
+        instance = self.instances[name]
+        command = [
+            *(sys.executable, "-m", f"services.{instance.service}"),
+            *("--config", str(self.config), "--listen", instance.listen),
+        ]
         output = None
         if self.log_dir is not None:
-            output = open(self.log_dir / f"{service}.log", "ab")  # noqa: SIM115  (child owns it)
+            output = open(self.log_dir / f"{name}.log", "ab")  # noqa: SIM115  (child owns it)
         env = {**os.environ, **self.env} if self.env else None
         process = subprocess.Popen(command, cwd=ROOT, stdout=output, stderr=output, env=env)
-        self.processes[service] = process
+        self.processes[name] = process
         return process
 
-    def await_serving(self, service: str, timeout: float = 60.0) -> None:
-        """Wait until `service` is SERVING; on failure stop everything and raise."""
-        if not wait_serving(self.address(service), timeout):
-            code = self.processes[service].poll()
+    def await_serving(self, name: str, timeout: float = 60.0) -> None:
+        """Wait until `name` is SERVING; on failure stop everything and raise."""
+        if not wait_serving(self.address(name), timeout):
+            code = self.processes[name].poll()
             self.stop_all()
             state = f"exited with {code}" if code is not None else "never became SERVING"
-            raise RuntimeError(f"{service} {state} (config {self.config})")
+            raise RuntimeError(f"{name} {state} (config {self.config})")
 
-    def start(self, service: str, timeout: float = 60.0) -> subprocess.Popen:
-        """Start one service and wait until it is SERVING."""
-        process = self.spawn(service)
-        self.await_serving(service, timeout)
+    def start(self, name: str, timeout: float = 60.0) -> subprocess.Popen:
+        """Start one instance and wait until it is SERVING."""
+        process = self.spawn(name)
+        self.await_serving(name, timeout)
         return process
 
     def start_all(self, timeout: float = 60.0) -> None:
-        """Start every layer at once (start-up is mostly imports), then wait for each."""
-        for service in ORDER:
-            self.spawn(service)
-        for service in ORDER:
-            self.await_serving(service, timeout)
+        """Start every instance at once (start-up is mostly imports), then wait for each."""
+        for name in self.instances:
+            self.spawn(name)
+        for name in self.instances:
+            self.await_serving(name, timeout)
 
-    def stop(self, service: str) -> int:
-        """SIGTERM one service and wait for it to drain; kill it if it overstays."""
-        process = self.processes.pop(service)
+    def stop(self, name: str, sig: int = signal.SIGTERM) -> int:
+        """Signal one instance (SIGTERM drains) and wait; kill it if it overstays."""
+        process = self.processes.pop(name)
         if process.poll() is None:
-            process.send_signal(signal.SIGTERM)
+            process.send_signal(sig)
         try:
             return process.wait(timeout=self.settings.server.grace_seconds + 10)
         except subprocess.TimeoutExpired:
@@ -108,15 +139,15 @@ class Supervisor:
             return -signal.SIGKILL
 
     def stop_all(self) -> dict[str, int]:
-        return {
-            service: self.stop(service) for service in reversed(ORDER) if service in self.processes
-        }
+        """Stop front to back, so no layer loses its upstream while it still drains."""
+        running = [name for name in reversed(self.instances) if name in self.processes]
+        return {name: self.stop(name) for name in running}
 
     def failed(self) -> str | None:
-        """The name of a service that has exited on its own, if any."""
-        for service, process in self.processes.items():
+        """The name of an instance that has exited on its own, if any."""
+        for name, process in self.processes.items():
             if process.poll() is not None:
-                return service
+                return name
         return None
 
 

@@ -32,7 +32,9 @@ class Upstreams:
                 services.preprocess.address, settings.server, ["strata.v1.Preprocess"]
             ),
             "inference": open_channel(
-                services.inference.address, settings.server, ["inference.GRPCInferenceService"]
+                services.primary_inference.address,
+                settings.server,
+                ["inference.GRPCInferenceService"],
             ),
             "postprocess": open_channel(
                 services.postprocess.address, settings.server, ["strata.v1.Postprocess"]

@@ -33,6 +33,6 @@ async def build(settings: Settings) -> Service:
         registrations=[
             (servicer, grpc_service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server, name)
         ],
-        endpoint=settings.services.inference,
+        endpoint=settings.services.primary_inference,
         on_stop=on_stop,
     )

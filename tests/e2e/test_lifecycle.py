@@ -9,12 +9,12 @@ import numpy as np
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from strata import codec
-from strata.launch import ORDER
 from strata.proto.inference import grpc_service_pb2_grpc as v2_grpc
 from tests.support.collector import Collector
 from tests.support.system import running_system
 
 IMAGE = np.zeros((1, 8, 8), np.uint8)
+LAYERS = ("gateway", "preprocess", "inference", "postprocess")
 
 
 def infer_digits(address: str, metadata: tuple = ()) -> None:
@@ -34,7 +34,7 @@ def test_trace_context_follows_the_request_through_every_hop(tmp_path: Path) -> 
         }
         with running_system(tmp_path, env=env) as system:
             infer_digits(system.address("gateway"), (("traceparent", traceparent),))
-            services = {f"strata-{name}" for name in ORDER}
+            services = {f"strata-{name}" for name in LAYERS}
             spans = collector.wait_for(trace_id, services)
     assert {s.service for s in spans} == services
     ids = {s.span_id for s in spans}
@@ -66,6 +66,6 @@ def test_every_process_exits_cleanly_on_sigterm_while_busy(tmp_path: Path) -> No
         for worker in workers:
             worker.join()
     assert status == health_pb2.HealthCheckResponse.SERVING
-    assert codes == {name: 0 for name in reversed(ORDER)}
+    assert codes == dict.fromkeys(system.instances, 0)
     # Once the gateway stops, new calls are refused; nothing in flight fails otherwise.
     assert set(errors) <= {grpc.StatusCode.UNAVAILABLE}

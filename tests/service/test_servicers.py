@@ -30,6 +30,8 @@ def settings(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Settings]:
 
 
 def channel(settings: Settings, service: str) -> grpc.Channel:
+    if service == "inference":
+        return grpc.insecure_channel(settings.services.primary_inference.listen)
     return grpc.insecure_channel(getattr(settings.services, service).listen)
 
 

@@ -14,17 +14,38 @@ from typing import Any
 import yaml
 
 from strata.config import load_settings
-from strata.launch import ORDER, Supervisor
+from strata.launch import Supervisor
 
 ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_CONFIG = ROOT / "configs" / "default.yaml"
 CLIENTS = ROOT / "tests" / "e2e" / "clients"
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+def free_port(count: int = 1) -> int:
+    """The first of `count` consecutive loopback ports that are free now."""
+    while True:
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            base = probe.getsockname()[1]
+        if base + count > 65535:
+            continue
+        sockets = []
+        try:
+            for port in range(base, base + count):
+                sock = socket.socket()
+                sockets.append(sock)
+                sock.bind(("127.0.0.1", port))
+            return base
+        except OSError:
+            continue
+        finally:
+            for sock in sockets:
+                sock.close()
+
+
+def endpoint(replicas: int = 1) -> dict[str, Any]:
+    """A config endpoint on free loopback ports."""
+    return {"listen": f"127.0.0.1:{free_port(replicas)}", "replicas": replicas}
 
 
 def merge(base: dict, changes: dict) -> dict:
@@ -42,7 +63,12 @@ def make_config(folder: Path, changes: dict[str, Any] | None = None) -> Path:
     """The default config on free ports, with `changes` merged in, written into `folder`."""
     raw = yaml.safe_load(DEFAULT_CONFIG.read_text())
     raw["repository"] = str((DEFAULT_CONFIG.parent / raw["repository"]).resolve())
-    raw["services"] = {name: {"listen": f"127.0.0.1:{free_port()}"} for name in ORDER}
+    raw["services"] = {
+        "gateway": endpoint(),
+        "preprocess": endpoint(),
+        "postprocess": endpoint(),
+        "inference": {"a": endpoint()},
+    }
     raw["server"]["grace_seconds"] = 2
     path = folder / "strata.yaml"
     path.write_text(yaml.safe_dump(merge(raw, changes or {})))

@@ -1,0 +1,92 @@
+"""The gateway's policy settings: rate limits, the degradation ladder, cache, breaker, admin.
+
+These are the settings that are safe to change live: the admin API's reload applies them to a
+running gateway without a restart.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class TokenBucket(Strict):
+    """A token bucket: `rate` requests per second on average, bursts of up to `burst`."""
+
+    rate: float = Field(gt=0, description="Sustained requests per second.")
+    burst: float = Field(gt=0, description="Requests admitted at once after a quiet spell.")
+
+
+class RateLimits(Strict):
+    """Token buckets per client and for the whole gateway; unset means unlimited."""
+
+    per_client: TokenBucket | None = Field(default=None, description="Each client's bucket.")
+    total: TokenBucket | None = Field(default=None, description="One bucket for all clients.")
+    client_header: str = Field(
+        default="x-client-id", description="Metadata key naming the client (else the peer)."
+    )
+    api_key_header: str = Field(
+        default="x-api-key", description="Metadata key carrying an API key (wins over client id)."
+    )
+    max_clients: int = Field(
+        default=10_000, gt=0, description="Buckets kept; the least recently seen go first."
+    )
+
+
+class Ladder(Strict):
+    """When the gateway degrades: live signals against limits, with hysteresis."""
+
+    concurrency_limit: int = Field(
+        default=64, gt=0, description="In-flight requests at which pressure reaches 1."
+    )
+    error_rate_limit: float = Field(
+        default=0.2, gt=0, le=1, description="Upstream error share at which pressure reaches 1."
+    )
+    rejection_rate_limit: float = Field(
+        default=0.05, gt=0, le=1, description="Share of queue rejections at which pressure is 1."
+    )
+    window_seconds: float = Field(default=5.0, gt=0, description="Signals' look-back window.")
+    tick_seconds: float = Field(default=0.25, gt=0, description="How often levels are decided.")
+    up_after: int = Field(default=2, ge=1, description="Ticks of pressure ≥ 1 before a step up.")
+    down_after: int = Field(
+        default=8, ge=1, description="Ticks of pressure below `down_below` before a step down."
+    )
+    down_below: float = Field(default=0.6, gt=0, lt=1, description="Pressure that counts as calm.")
+    max_level: int = Field(default=4, ge=0, le=4, description="Highest level the ladder may reach.")
+    shed_retry_ms: int = Field(default=500, ge=0, description="Retry hint when shedding load.")
+
+
+class Cache(Strict):
+    """The result cache (bounded, with a time to live)."""
+
+    max_entries: int = Field(default=10_000, ge=0, description="Answers kept; 0 disables it.")
+    ttl_seconds: float = Field(default=60.0, gt=0, description="How long an answer stays fresh.")
+
+
+class Breaker(Strict):
+    """Circuit breaking of an upstream that keeps failing."""
+
+    failures: int = Field(default=5, ge=1, description="Consecutive failures that open it.")
+    open_seconds: float = Field(
+        default=2.0, gt=0, description="How long it stays open before one probe call."
+    )
+
+
+class GatewaySettings(Strict):
+    """Gateway policies."""
+
+    default_timeout_seconds: float = Field(
+        default=30.0, gt=0, description="Budget of a request whose caller set no deadline."
+    )
+    rate_limits: RateLimits = Field(default_factory=RateLimits, description="Token buckets.")
+    ladder: Ladder = Field(default_factory=Ladder, description="The degradation ladder.")
+    cache: Cache = Field(default_factory=Cache, description="The result cache.")
+    breaker: Breaker = Field(default_factory=Breaker, description="Upstream circuit breakers.")
+    admin_token: SecretStr | None = Field(
+        default=None,
+        description="Token the admin API requires (STRATA_GATEWAY__ADMIN_TOKEN); unset disables "
+        "the admin API.",
+    )
