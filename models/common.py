@@ -33,6 +33,7 @@ class BuiltModel:
     # The test split as clients send it, before preprocessing.
     client_test: dict[str, np.ndarray]
     config: dict[str, Any] = field(default_factory=dict)
+    version: str = "1"
 
 
 def run_steps(

@@ -29,6 +29,16 @@ def client_images() -> tuple[np.ndarray, np.ndarray]:
 
 
 def build(repository: Path) -> BuiltModel:
+    """Version 1: 64 hidden units."""
+    return train(repository, version="1", hidden=64, seed=SEED)
+
+
+def build_v2(repository: Path) -> BuiltModel:
+    """Version 2, the A/B canary: a wider hidden layer from another seed."""
+    return train(repository, version="2", hidden=128, seed=SEED + 1)
+
+
+def train(repository: Path, version: str, hidden: int, seed: int) -> BuiltModel:
     """Train on the serving steps' features and export the MLP's raw logits."""
     images, labels = client_images()
     train_x, test_x, train_y, test_y = train_test_split(
@@ -36,11 +46,12 @@ def build(repository: Path) -> BuiltModel:
     )
     train_features = run_steps(STEPS, {"images": train_x}, repository)["pixels"]
     test_features = run_steps(STEPS, {"images": test_x}, repository)["pixels"]
-    classifier = MLPClassifier(hidden_layer_sizes=(64,), max_iter=400, random_state=SEED)
+    classifier = MLPClassifier(hidden_layer_sizes=(hidden,), max_iter=400, random_state=seed)
     classifier.fit(train_features, train_y)
     layers = list(zip(classifier.coefs_, classifier.intercepts_, strict=True))
     return BuiltModel(
         name=NAME,
+        version=version,
         graph=dense_model(layers, "pixels", "logits"),
         labels=[str(digit) for digit in range(10)],
         train_size=len(train_y),
@@ -48,4 +59,6 @@ def build(repository: Path) -> BuiltModel:
         test_labels=test_y,
         sklearn_predictions=classifier.predict(test_features),
         client_test={"images": test_x, "labels": test_y},
+        # Both versions serve, so the A/B arms can each name one.
+        config={"version_policy": {"all": True}},
     )

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from strata.config import ConfigError, ServiceEndpoint, Settings, load_settings
+from strata.metrics import serve_metrics
 from strata.server import Registration, serve
 from strata.telemetry import setup_logging, setup_tracing
 
@@ -49,4 +50,6 @@ def run_service(name: str, build: Builder, argv: list[str] | None = None) -> Non
 async def _main(build: Builder, settings: Settings, listen: str | None) -> None:
     service = await build(settings)
     listen = listen or service.endpoint.listen
+    endpoint = settings.services.endpoint_of(listen) or service.endpoint
+    serve_metrics(endpoint.metrics_for(listen))
     await serve(service.registrations, listen, settings.server, service.on_stop)

@@ -12,7 +12,15 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from strata.policies import GatewaySettings
@@ -45,10 +53,16 @@ class ServiceEndpoint(Strict):
         ge=1,
         description="Local processes `make run` starts, on consecutive ports from listen's.",
     )
+    metrics: str | None = Field(
+        default=None,
+        description="host:port of the Prometheus /metrics page (replicas: consecutive ports).",
+    )
 
-    @field_validator("listen")
+    @field_validator("listen", "metrics")
     @classmethod
-    def _has_port(cls, value: str) -> str:
+    def _has_port(cls, value: str | None) -> str | None:
+        if value is None:
+            return value
         host, sep, port = value.rpartition(":")
         if not sep or not host or not port.isdigit():
             raise ValueError(f"listen address {value!r} must be host:port")
@@ -57,8 +71,14 @@ class ServiceEndpoint(Strict):
     @property
     def listens(self) -> list[str]:
         """The listen address of each local replica."""
-        host, _, port = self.listen.rpartition(":")
-        return [f"{host}:{int(port) + i}" for i in range(self.replicas)]
+        return _consecutive(self.listen, self.replicas)
+
+    def metrics_for(self, listen: str) -> str | None:
+        """The metrics address of the replica listening on `listen`."""
+        if self.metrics is None:
+            return None
+        index = self.listens.index(listen) if listen in self.listens else 0
+        return _consecutive(self.metrics, index + 1)[-1]
 
     @property
     def address(self) -> str:
@@ -68,6 +88,11 @@ class ServiceEndpoint(Strict):
         if self.replicas == 1:
             return self.listen
         return "ipv4:" + ",".join(self.listens)
+
+
+def _consecutive(address: str, count: int) -> list[str]:
+    host, _, port = address.rpartition(":")
+    return [f"{host}:{int(port) + i}" for i in range(count)]
 
 
 class Services(Strict):
@@ -86,6 +111,11 @@ class Services(Strict):
         """The first inference deployment: where a lone inference process listens."""
         return next(iter(self.inference.values()))
 
+    def endpoint_of(self, listen: str) -> ServiceEndpoint | None:
+        """The endpoint one of whose replicas listens on `listen`."""
+        endpoints = [self.gateway, self.preprocess, self.postprocess, *self.inference.values()]
+        return next((e for e in endpoints if listen in e.listens), None)
+
 
 class ServerSettings(Strict):
     """Behaviour every gRPC server shares."""
@@ -93,6 +123,12 @@ class ServerSettings(Strict):
     grace_seconds: float = Field(default=5.0, gt=0, description="Drain time after SIGTERM.")
     max_message_bytes: int = Field(
         default=16 * 1024 * 1024, gt=0, description="Largest gRPC message sent or received."
+    )
+    max_connection_age_seconds: float = Field(
+        default=60.0,
+        gt=0,
+        description="Clients are asked to reconnect after this long, so they re-resolve DNS "
+        "and spread over replicas added since (in-flight calls finish first).",
     )
 
 
@@ -103,7 +139,16 @@ class TelemetrySettings(Strict):
         default=None,
         description="OTLP/gRPC collector; OTEL_EXPORTER_OTLP_ENDPOINT also works.",
     )
-    log_level: str = Field(default="INFO", description="Python log level for every service.")
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field(
+        default="INFO", description="Log level for every service (JSON lines on stderr)."
+    )
+    sample_ratio: float = Field(
+        default=1.0,
+        ge=0,
+        le=1,
+        description="Share of new traces sampled (parent-based: a sampled caller's trace "
+        "is always kept); OTEL_TRACES_SAMPLER overrides.",
+    )
 
 
 class TensorSpec(Strict):
@@ -134,11 +179,60 @@ class TensorSpec(Strict):
 
 
 class StageSpec(BaseModel):
-    """One preprocess step or postprocess rule: its kind, then its own options."""
+    """One preprocess step or postprocess rule: its kind, a few shared keys, its own options.
+
+    `core`, `when` and `timeout_seconds` apply to postprocess rules only; the preprocess
+    service refuses them on a step.
+    """
 
     model_config = ConfigDict(extra="allow")
 
     kind: str = Field(description="Registered step or rule name, e.g. resize or softmax.")
+    name: str | None = Field(
+        default=None,
+        min_length=1,
+        description="Name in timings, logs and skipped_rules; defaults to kind; unique per list.",
+    )
+    core: bool = Field(
+        default=True,
+        description="Rules only: a core rule still runs when a request asks for core_only.",
+    )
+    when: dict[str, str | bool] | None = Field(
+        default=None,
+        description="Rules only: run only if {parameter: P} is sent (equals: V, that value) "
+        "or {tensor: T} exists at that point; negate: true inverts it.",
+    )
+    timeout_seconds: float | None = Field(
+        default=None,
+        gt=0,
+        description="Rules only: this rule's limit; postprocess.rule_timeout_seconds when unset.",
+    )
+
+    @field_validator("when")
+    @classmethod
+    def _condition(cls, when: dict[str, str | bool] | None) -> dict[str, str | bool] | None:
+        if when is None:
+            return None
+        unknown = sorted(set(when) - {"parameter", "equals", "tensor", "negate"})
+        if unknown:
+            raise ValueError(
+                f"when: unknown key {unknown[0]!r} (parameter, equals, tensor, negate)"
+            )
+        if ("parameter" in when) == ("tensor" in when):
+            raise ValueError("when: give exactly one of 'parameter' or 'tensor'")
+        if "equals" in when and "parameter" not in when:
+            raise ValueError("when: 'equals' goes with 'parameter'")
+        for key in ("parameter", "tensor", "equals"):
+            if key in when and not isinstance(when[key], str):
+                raise ValueError(f"when: {key!r} must be a string")
+        if not isinstance(when.get("negate", False), bool):
+            raise ValueError("when: 'negate' must be true or false")
+        return when
+
+    @property
+    def label(self) -> str:
+        """The stage's name in timings, logs and responses."""
+        return self.name or self.kind
 
     @property
     def options(self) -> dict[str, Any]:
@@ -213,12 +307,124 @@ class Pipeline(Strict):
 
 
 class InferenceSettings(Strict):
-    """What the inference service loads at start-up."""
+    """What the inference service loads at start-up, and the defaults model.yaml files override.
+
+    `session` and `batching` are defaults for every model; a model's `model.yaml` may override
+    any of their fields in sections of the same names.
+    """
+
+    class Session(Strict):
+        """ONNX Runtime session options."""
+
+        intra_op_threads: int = Field(
+            default=1, ge=0, description="Threads inside one operator (0: ONNX Runtime decides)."
+        )
+        inter_op_threads: int = Field(
+            default=1, ge=0, description="Threads across operators (0: ONNX Runtime decides)."
+        )
+        graph_optimization: Literal["disable", "basic", "extended", "all"] = Field(
+            default="all", description="ONNX Runtime graph optimisation level."
+        )
+        execution_providers: list[str] = Field(
+            default=["CUDAExecutionProvider", "CPUExecutionProvider"],
+            min_length=1,
+            description="Execution providers in order of preference; those not installed are "
+            "skipped and CPUExecutionProvider is always the last resort.",
+        )
+        allow_spinning: bool = Field(
+            default=False,
+            description="Let idle ONNX Runtime threads spin; off since processes share cores.",
+        )
+
+        @field_validator("execution_providers")
+        @classmethod
+        def _provider_names(cls, names: list[str]) -> list[str]:
+            for name in names:
+                if not name.endswith("ExecutionProvider"):
+                    raise ValueError(f"{name!r} is not an execution provider name")
+            if len(set(names)) != len(names):
+                raise ValueError(f"execution providers repeat: {names}")
+            return names
+
+    class Batching(Strict):
+        """How requests to one model version are queued and formed into batches."""
+
+        policy: Literal["adaptive", "fixed", "none"] = Field(
+            default="adaptive",
+            description="adaptive: run at once when idle, else wait a bound set by measured "
+            "execution time; fixed: wait up to max_queue_delay_ms for a fuller batch; "
+            "none: every request runs alone.",
+        )
+        max_queue_delay_ms: float = Field(
+            default=4.0,
+            ge=0,
+            description="Longest a request waits for others to join (fixed: the window; "
+            "adaptive: the upper bound of the adapted wait).",
+        )
+        wait_fraction: float = Field(
+            default=1.0,
+            gt=0,
+            le=4,
+            description="adaptive: the wait is at most this fraction of a batch's measured "
+            "execution time.",
+        )
+        max_queue_rows: int = Field(
+            default=1024,
+            gt=0,
+            description="Rows one version's queue holds; beyond it RESOURCE_EXHAUSTED at once.",
+        )
+        max_concurrent_batches: int | None = Field(
+            default=None,
+            gt=0,
+            description="Batches of one version running at once; default: inference.workers.",
+        )
+        priority_levels: int = Field(
+            default=3, gt=0, description="Request priorities 1 (first) to this number."
+        )
+        default_priority: int = Field(
+            default=2, gt=0, description="Priority of a request that sets none (or 0)."
+        )
+
+        @model_validator(mode="after")
+        def _default_is_a_level(self) -> InferenceSettings.Batching:
+            if self.default_priority > self.priority_levels:
+                raise ValueError(
+                    f"default_priority {self.default_priority} is above "
+                    f"priority_levels {self.priority_levels}"
+                )
+            return self
 
     models: list[str] = Field(min_length=1, description="Repository models to load and warm.")
-    intra_op_threads: int = Field(default=1, ge=0, description="ONNX Runtime intra-op threads.")
-    inter_op_threads: int = Field(default=1, ge=0, description="ONNX Runtime inter-op threads.")
     workers: int = Field(default=2, gt=0, description="Model runs allowed at once (threads).")
+    session: Session = Field(default_factory=Session, description="Session option defaults.")
+    batching: Batching = Field(default_factory=Batching, description="Batching defaults.")
+    poll_seconds: float = Field(
+        default=0.0,
+        ge=0,
+        description="Rescan the repository for new or changed versions this often (0: never; "
+        "RepositoryModelLoad still reloads on demand).",
+    )
+
+    @field_validator("models")
+    @classmethod
+    def _models_unique(cls, names: list[str]) -> list[str]:
+        if len(set(names)) != len(names):
+            raise ValueError(f"model names repeat: {names}")
+        return names
+
+
+class PostprocessSettings(Strict):
+    """The rule engine: time limits and the threads rule chains run on."""
+
+    rule_timeout_seconds: float = Field(
+        default=0.5, gt=0, description="Time limit of a rule that sets no timeout_seconds."
+    )
+    workers: int = Field(default=4, gt=0, description="Rule chains running at once (threads).")
+    spare_threads: int = Field(
+        default=4,
+        ge=0,
+        description="Extra threads that abandoned (overrunning) rules may hold until they end.",
+    )
 
 
 class Settings(BaseSettings):
@@ -227,6 +433,8 @@ class Settings(BaseSettings):
     model_config = SettingsConfigDict(
         env_prefix="STRATA_", env_nested_delimiter="__", extra="forbid"
     )
+    # The file these settings came from, so a running service can reload it.
+    _source: Path | None = PrivateAttr(default=None)
 
     services: Services = Field(description="Where each layer listens.")
     server: ServerSettings = Field(
@@ -238,6 +446,9 @@ class Settings(BaseSettings):
     repository: Path = Field(description="Model repository folder (relative to the config file).")
     gateway: GatewaySettings = Field(default_factory=GatewaySettings, description="Policies.")
     inference: InferenceSettings = Field(description="Models the inference service serves.")
+    postprocess: PostprocessSettings = Field(
+        default_factory=PostprocessSettings, description="Rule time limits and threads."
+    )
     pipelines: dict[str, Pipeline] = Field(min_length=1, description="Pipelines by name.")
 
     @classmethod
@@ -268,6 +479,11 @@ class Settings(BaseSettings):
                     )
         return self
 
+    @property
+    def source(self) -> Path | None:
+        """The config file these settings were loaded from."""
+        return self._source
+
     def routes(self, pipeline: str) -> list[Route]:
         """A pipeline's arms; with none configured, one arm on the first deployment."""
         model = self.pipelines[pipeline].model
@@ -293,6 +509,7 @@ def load_settings(path: Path) -> Settings:
         raise ConfigError(_describe(path, exc)) from None
     if not settings.repository.is_absolute():
         settings.repository = (Path(path).parent / settings.repository).resolve()
+    settings._source = Path(path)
     return settings
 
 

@@ -13,6 +13,8 @@ from typing import Any, TypeVar
 
 import grpc
 
+from strata.telemetry import record_error
+
 log = logging.getLogger(__name__)
 
 
@@ -20,6 +22,10 @@ class StrataError(Exception):
     """An error whose message is safe to show the caller."""
 
     code = grpc.StatusCode.INTERNAL
+
+    def trailers(self) -> tuple[tuple[str, str], ...]:
+        """Trailing metadata sent with the status (e.g. a retry hint)."""
+        return ()
 
 
 class InvalidArgument(StrataError):
@@ -41,9 +47,18 @@ class NotReady(StrataError):
 
 
 class Overloaded(StrataError):
-    """A rate limit or a full queue; the caller should back off."""
+    """A rate limit or a full queue; the caller should back off for `retry_after` seconds."""
 
     code = grpc.StatusCode.RESOURCE_EXHAUSTED
+
+    def __init__(self, message: str, retry_after: float = 0.0) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+    def trailers(self) -> tuple[tuple[str, str], ...]:
+        if self.retry_after <= 0:
+            return ()
+        return (("retry-after-ms", str(max(1, round(self.retry_after * 1000)))),)
 
 
 class Unavailable(StrataError):
@@ -56,6 +71,12 @@ class DeadlineExceeded(StrataError):
     """The caller's time budget ran out before the work could be done."""
 
     code = grpc.StatusCode.DEADLINE_EXCEEDED
+
+
+class Unauthenticated(StrataError):
+    """No valid credentials (API key or admin token)."""
+
+    code = grpc.StatusCode.UNAUTHENTICATED
 
 
 class Upstream(StrataError):
@@ -83,13 +104,40 @@ def _status_of(value: int) -> grpc.StatusCode:
     return grpc.StatusCode.UNKNOWN
 
 
+# How each failure is reported: its kind (for logs and span events) and log level.
+# Client mistakes are routine (INFO); overload is counted in metrics, not logged per request.
+_KINDS = {
+    grpc.StatusCode.INVALID_ARGUMENT: ("client", logging.INFO),
+    grpc.StatusCode.NOT_FOUND: ("client", logging.INFO),
+    grpc.StatusCode.FAILED_PRECONDITION: ("client", logging.INFO),
+    grpc.StatusCode.UNAUTHENTICATED: ("client", logging.INFO),
+    grpc.StatusCode.PERMISSION_DENIED: ("client", logging.INFO),
+    grpc.StatusCode.RESOURCE_EXHAUSTED: ("overload", logging.DEBUG),
+    grpc.StatusCode.UNAVAILABLE: ("retryable", logging.WARNING),
+    grpc.StatusCode.DEADLINE_EXCEEDED: ("deadline", logging.WARNING),
+    grpc.StatusCode.CANCELLED: ("cancelled", logging.DEBUG),
+}
+
+
+def error_kind(code: grpc.StatusCode) -> str:
+    """client, overload, retryable, deadline, cancelled or internal."""
+    return _KINDS.get(code, ("internal", logging.ERROR))[0]
+
+
+def log_failure(method: str, code: grpc.StatusCode, message: str) -> None:
+    """Log a failed call with its kind, and record it on the current span."""
+    kind, level = _KINDS.get(code, ("internal", logging.ERROR))
+    log.log(level, "%s failed: %s %s", method, code.name, message, extra={"error_kind": kind})
+    record_error(code.name, kind, message)
+
+
 def status_of(exc: BaseException) -> tuple[grpc.StatusCode, str]:
     """The status code and caller-safe message for any exception."""
     if isinstance(exc, StrataError):
         return exc.code, str(exc)
     if isinstance(exc, grpc.aio.AioRpcError):
         return exc.code(), exc.details() or exc.code().name
-    log.exception("unexpected error", exc_info=exc)
+    log.error("unexpected error", exc_info=exc, extra={"error_kind": "internal"})
     return grpc.StatusCode.INTERNAL, "internal error; the server log has the details"
 
 
@@ -108,7 +156,9 @@ def grpc_errors(method: Handler[T]) -> Handler[T]:
             raise
         except Exception as exc:  # every failure must reach the caller as a status
             code, message = status_of(exc)
-            await context.abort(code, message)
+            log_failure(method.__name__, code, message)
+            trailers = exc.trailers() if isinstance(exc, StrataError) else ()
+            await context.abort(code, message, trailing_metadata=trailers)
             raise AssertionError("unreachable") from exc
 
     return wrapper

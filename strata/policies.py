@@ -6,7 +6,7 @@ running gateway without a restart.
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
 
 
 class Strict(BaseModel):
@@ -57,6 +57,13 @@ class Ladder(Strict):
     down_below: float = Field(default=0.6, gt=0, lt=1, description="Pressure that counts as calm.")
     max_level: int = Field(default=4, ge=0, le=4, description="Highest level the ladder may reach.")
     shed_retry_ms: int = Field(default=500, ge=0, description="Retry hint when shedding load.")
+    shed_admit_fraction: float = Field(
+        default=0.25,
+        gt=0,
+        le=1,
+        description="At level 4, the share of concurrency_limit still admitted; the rest is "
+        "shed at once. Admitted requests keep the signals fresh, so the ladder can see recovery.",
+    )
 
 
 class Cache(Strict):
@@ -87,6 +94,11 @@ class GatewaySettings(Strict):
     breaker: Breaker = Field(default_factory=Breaker, description="Upstream circuit breakers.")
     admin_token: SecretStr | None = Field(
         default=None,
-        description="Token the admin API requires (STRATA_GATEWAY__ADMIN_TOKEN); unset disables "
-        "the admin API.",
+        description="Token the admin API requires (STRATA_GATEWAY__ADMIN_TOKEN); unset or "
+        "empty disables the admin API.",
     )
+
+    @field_validator("admin_token")
+    @classmethod
+    def _empty_is_unset(cls, token: SecretStr | None) -> SecretStr | None:
+        return token if token is not None and token.get_secret_value() else None

@@ -20,6 +20,7 @@ from grpc_reflection.v1alpha import reflection
 from opentelemetry import trace
 
 from strata.config import ServerSettings
+from strata.metrics import MetricsInterceptor
 from strata.telemetry import server_interceptors
 
 log = logging.getLogger(__name__)
@@ -55,7 +56,14 @@ async def start_server(
     registrations: Iterable[Registration], listen: str, settings: ServerSettings
 ) -> Running:
     """Bind and start a server with health and reflection, and mark it SERVING."""
-    server = grpc.aio.server(interceptors=server_interceptors(), options=grpc_options(settings))
+    interceptors = [*server_interceptors(), MetricsInterceptor()]
+    age_ms = int(settings.max_connection_age_seconds * 1000)
+    options = [
+        *grpc_options(settings),
+        ("grpc.max_connection_age_ms", age_ms),
+        ("grpc.max_connection_age_grace_ms", int(settings.grace_seconds * 1000)),
+    ]
+    server = grpc.aio.server(interceptors=interceptors, options=options)
     health = HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health, server)
     names = [health_pb2.DESCRIPTOR.services_by_name["Health"].full_name]

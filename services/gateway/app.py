@@ -1,22 +1,32 @@
-"""Builds the gateway: the public v2 endpoint in front of the three layers."""
+"""Builds the gateway: the public v2 endpoint in front of the layers, and its admin API."""
 
 from __future__ import annotations
 
+from services.gateway.admin import AdminServicer
+from services.gateway.runtime import Runtime
 from services.gateway.servicer import GatewayServicer
-from services.gateway.upstreams import Upstreams
 from strata.cli import Service
 from strata.config import Settings
 from strata.proto.inference import grpc_service_pb2, grpc_service_pb2_grpc
+from strata.proto.v1 import admin_pb2, admin_pb2_grpc
 
 
 async def build(settings: Settings) -> Service:
-    upstreams = Upstreams(settings)
-    servicer = GatewayServicer(settings, upstreams)
-    name = grpc_service_pb2.DESCRIPTOR.services_by_name["GRPCInferenceService"].full_name
+    runtime = Runtime(settings)
+    runtime.start()
+    v2_name = grpc_service_pb2.DESCRIPTOR.services_by_name["GRPCInferenceService"].full_name
+    registrations = [
+        (
+            GatewayServicer(runtime),
+            grpc_service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server,
+            v2_name,
+        )
+    ]
+    token = settings.gateway.admin_token
+    if token is not None:
+        admin_name = admin_pb2.DESCRIPTOR.services_by_name["Admin"].full_name
+        admin = AdminServicer(runtime, token.get_secret_value())
+        registrations.append((admin, admin_pb2_grpc.add_AdminServicer_to_server, admin_name))
     return Service(
-        registrations=[
-            (servicer, grpc_service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server, name)
-        ],
-        endpoint=settings.services.gateway,
-        on_stop=upstreams.close,
+        registrations=registrations, endpoint=settings.services.gateway, on_stop=runtime.close
     )

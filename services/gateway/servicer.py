@@ -2,29 +2,48 @@
 
 from __future__ import annotations
 
+import hashlib
+import time
+
 import grpc
 
-from services.gateway.orchestrator import Budget, Orchestrator
-from services.gateway.upstreams import Upstreams
+from services.gateway.metrics import LATENCY, RATE_LIMITED, REQUESTS
+from services.gateway.orchestrator import Answer, Budget, ClientRequest
+from services.gateway.runtime import Runtime
 from strata import codec
-from strata.config import Pipeline, Settings
-from strata.errors import NotFound, grpc_errors
+from strata.config import Pipeline
+from strata.errors import NotFound, Overloaded, grpc_errors, status_of
+from strata.policies import RateLimits
 from strata.proto.inference import grpc_service_pb2 as v2
 from strata.proto.inference import grpc_service_pb2_grpc as v2_grpc
+from strata.telemetry import annotate, shapes
 from strata.v2meta import Tensor, metadata_response, model_config
 
 PLATFORM = "strata_pipeline"
 SERVER_NAME = "strata"
 VERSION = "0.1.0"
 PIPELINE_VERSION = "1"
+ARM_PARAMETER = "strata.arm"
+
+
+def client_key(metadata: dict[str, str], peer: str, limits: RateLimits) -> str:
+    """Who is calling: an API key (hashed, never kept in clear), a client id, or the peer host."""
+    key = metadata.get(limits.api_key_header)
+    if key:
+        return "key:" + hashlib.sha256(key.encode()).hexdigest()[:16]
+    client = metadata.get(limits.client_header)
+    if client:
+        return f"id:{client}"
+    return "peer:" + peer.rsplit(":", 1)[0]
 
 
 class GatewayServicer(v2_grpc.GRPCInferenceServiceServicer):
-    def __init__(self, settings: Settings, upstreams: Upstreams) -> None:
-        self._pipelines = settings.pipelines
-        self._default_timeout = settings.gateway.default_timeout_seconds
-        self._upstreams = upstreams
-        self._orchestrator = Orchestrator(upstreams)
+    def __init__(self, runtime: Runtime) -> None:
+        self._runtime = runtime
+
+    @property
+    def _pipelines(self) -> dict[str, Pipeline]:
+        return self._runtime.settings.pipelines
 
     def _pipeline(self, name: str, version: str = "") -> Pipeline:
         pipeline = self._pipelines.get(name)
@@ -38,8 +57,10 @@ class GatewayServicer(v2_grpc.GRPCInferenceServiceServicer):
         return v2.ServerLiveResponse(live=True)
 
     async def ServerReady(self, request, context) -> v2.ServerReadyResponse:
-        states = await self._upstreams.healthy()
-        return v2.ServerReadyResponse(ready=all(states.values()))
+        states = await self._runtime.upstreams.healthy()
+        inference = [up for name, up in states.items() if name.startswith("inference-")]
+        ready = states["preprocess"] and states["postprocess"] and any(inference)
+        return v2.ServerReadyResponse(ready=ready)
 
     async def ServerMetadata(self, request, context) -> v2.ServerMetadataResponse:
         return v2.ServerMetadataResponse(name=SERVER_NAME, version=VERSION)
@@ -48,12 +69,16 @@ class GatewayServicer(v2_grpc.GRPCInferenceServiceServicer):
         pipeline = self._pipelines.get(request.name)
         if pipeline is None or request.version not in ("", PIPELINE_VERSION):
             return v2.ModelReadyResponse(ready=False)
-        probe = v2.ModelReadyRequest(name=pipeline.model.name, version=pipeline.model.version)
-        try:
-            reply = await self._upstreams.inference.ModelReady(probe, timeout=2.0)
-        except grpc.aio.AioRpcError:
-            return v2.ModelReadyResponse(ready=False)
-        return v2.ModelReadyResponse(ready=reply.ready)
+        for route in self._runtime.router(request.name).routes:
+            version = route.version or pipeline.model.version
+            probe = v2.ModelReadyRequest(name=pipeline.model.name, version=version)
+            hop = self._runtime.upstreams.inference[route.deployment]
+            try:
+                if (await hop.stub.ModelReady(probe, timeout=2.0)).ready:
+                    return v2.ModelReadyResponse(ready=True)
+            except grpc.aio.AioRpcError:
+                continue
+        return v2.ModelReadyResponse(ready=False)
 
     @grpc_errors
     async def ModelMetadata(self, request, context) -> v2.ModelMetadataResponse:
@@ -71,20 +96,73 @@ class GatewayServicer(v2_grpc.GRPCInferenceServiceServicer):
     async def ModelInfer(
         self, request: v2.ModelInferRequest, context: grpc.aio.ServicerContext
     ) -> v2.ModelInferResponse:
+        started = time.monotonic()
+        code = "OK"
+        try:
+            return await self._infer(request, context)
+        except Exception as exc:
+            code = status_of(exc)[0].name
+            raise
+        finally:
+            name = request.model_name if request.model_name in self._pipelines else "(unknown)"
+            REQUESTS.labels(name, code).inc()
+            LATENCY.labels(name).observe(time.monotonic() - started)
+
+    async def _infer(
+        self, request: v2.ModelInferRequest, context: grpc.aio.ServicerContext
+    ) -> v2.ModelInferResponse:
+        runtime = self._runtime
+        metadata = dict(context.invocation_metadata() or ())
+        client = client_key(metadata, context.peer(), runtime.limiter.limits)
+        admitted, wait, scope = runtime.limiter.admit(client)
+        if not admitted:
+            RATE_LIMITED.labels(scope).inc()
+            raise Overloaded(f"rate limit ({scope}) exceeded; retry in {wait:.3f}s", wait)
         pipeline = self._pipeline(request.model_name, request.model_version)
         wanted = codec.requested_outputs(request, [spec.name for spec in pipeline.outputs])
-        arrays = codec.request_inputs(request)
         remaining = context.time_remaining()
-        budget = Budget(self._default_timeout if remaining is None else remaining)
-        answer = await self._orchestrator.infer(
-            request.model_name, pipeline, arrays, request.id, budget
+        default = runtime.settings.gateway.default_timeout_seconds
+        forced = request.parameters.get(ARM_PARAMETER)
+        arrays = codec.request_inputs(request)
+        annotate(pipeline=request.model_name, input_shapes=shapes(arrays))
+        answer = await runtime.orchestrator.infer(
+            ClientRequest(
+                pipeline_name=request.model_name,
+                pipeline=pipeline,
+                arrays=arrays,
+                request_id=request.id,
+                client=client,
+                forced_arm=forced.string_param if forced is not None else "",
+                budget=Budget(default if remaining is None else remaining),
+            )
         )
-        response = v2.ModelInferResponse(
-            model_name=request.model_name, model_version=PIPELINE_VERSION, id=request.id
+        annotate(
+            arm=answer.arm,
+            model_version=answer.model_version,
+            level=answer.level,
+            degraded=answer.degraded or "no",
+            output_shapes=shapes(answer.outputs),
         )
-        response.parameters["model_version"].string_param = answer.model_version
-        codec.add_outputs(response, {name: answer.outputs[name] for name in wanted})
-        return response
+        return _response(request, answer, wanted)
+
+
+def _response(request: v2.ModelInferRequest, answer: Answer, wanted: list[str]):
+    response = v2.ModelInferResponse(
+        model_name=request.model_name, model_version=PIPELINE_VERSION, id=request.id
+    )
+    parameters = response.parameters
+    parameters["strata.arm"].string_param = answer.arm
+    parameters["strata.model_version"].string_param = answer.model_version
+    parameters["strata.level"].int64_param = answer.level
+    parameters["strata.degraded"].bool_param = bool(answer.degraded)
+    if answer.degraded:
+        parameters["strata.degraded_source"].string_param = answer.degraded
+    if answer.cached:
+        parameters["strata.cached"].bool_param = True
+    if answer.skipped_rules:
+        parameters["strata.skipped_rules"].string_param = answer.skipped_rules
+    codec.add_outputs(response, {name: answer.outputs[name] for name in wanted})
+    return response
 
 
 def _tensors(pipeline: Pipeline) -> tuple[list[Tensor], list[Tensor]]:

@@ -1,69 +1,108 @@
-"""The gateway's channels and stubs to the three layers behind it.
+"""The gateway's channels to the layers behind it, each guarded by a circuit breaker.
 
-Every call passes on what is left of the caller's deadline, and every failure comes back as
-the upstream's own status code with the hop named in the message.
+Every call passes on what is left of the caller's deadline; every failure comes back as the
+upstream's own status code with the hop named in the message. gRPC's retry policy (in the
+channel's service config) retries UNAVAILABLE on another replica; the breaker sees only what
+is left after those retries.
 """
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
-from typing import TypeVar
+import asyncio
+from collections.abc import Sequence
+from typing import Any
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from services.gateway.breaker import CircuitBreaker
+from services.gateway.metrics import BREAKER_OPEN, UPSTREAM_CALLS
 from strata.channels import open_channel
-from strata.config import Settings
-from strata.errors import Upstream
+from strata.config import ServiceEndpoint, Settings
+from strata.errors import Unavailable, Upstream
 from strata.proto.inference import grpc_service_pb2_grpc as v2_grpc
 from strata.proto.v1 import postprocess_pb2_grpc, preprocess_pb2_grpc
 
-R = TypeVar("R")
-HOPS = ("preprocess", "inference", "postprocess")
+INFERENCE_SERVICE = "inference.GRPCInferenceService"
+
+
+class Hop:
+    """One upstream: a traced channel with retries, a stub, and a circuit breaker."""
+
+    def __init__(
+        self, name: str, endpoint: ServiceEndpoint, stub: type, service: str, settings: Settings
+    ) -> None:
+        self.name = name
+        self.channel = open_channel(endpoint.address, settings.server, [service])
+        self.stub = stub(self.channel)
+        self.breaker = CircuitBreaker(name, settings.gateway.breaker)
+
+    async def call(self, method: str, request: Any, timeout: float, metadata: Sequence = ()) -> Any:
+        """Call `method` with the remaining budget; failures name this hop."""
+        if not self.breaker.allow():
+            UPSTREAM_CALLS.labels(self.name, "CIRCUIT_OPEN").inc()
+            raise Unavailable(f"{self.name}: circuit open after repeated failures")
+        code = grpc.StatusCode.CANCELLED
+        try:
+            reply = await getattr(self.stub, method)(request, timeout=timeout, metadata=metadata)
+            code = grpc.StatusCode.OK
+            return reply
+        except grpc.aio.AioRpcError as exc:
+            code = exc.code()
+            raise Upstream(code, f"{self.name}: {exc.details()}") from None
+        finally:
+            self.breaker.record(code)
+            UPSTREAM_CALLS.labels(self.name, code.name).inc()
+            BREAKER_OPEN.labels(self.name).set(self.breaker.state == "open")
+
+    async def healthy(self, timeout: float) -> bool:
+        stub = health_pb2_grpc.HealthStub(self.channel)
+        try:
+            reply = await stub.Check(health_pb2.HealthCheckRequest(), timeout=timeout)
+        except grpc.aio.AioRpcError:
+            return False
+        return reply.status == health_pb2.HealthCheckResponse.SERVING
 
 
 class Upstreams:
-    """Stubs to preprocess, inference and postprocess, over traced channels with retries."""
+    """Preprocess, every inference deployment, and postprocess."""
 
     def __init__(self, settings: Settings) -> None:
         services = settings.services
-        self._channels = {
-            "preprocess": open_channel(
-                services.preprocess.address, settings.server, ["strata.v1.Preprocess"]
-            ),
-            "inference": open_channel(
-                services.primary_inference.address,
-                settings.server,
-                ["inference.GRPCInferenceService"],
-            ),
-            "postprocess": open_channel(
-                services.postprocess.address, settings.server, ["strata.v1.Postprocess"]
-            ),
+        self.preprocess = Hop(
+            "preprocess",
+            services.preprocess,
+            preprocess_pb2_grpc.PreprocessStub,
+            "strata.v1.Preprocess",
+            settings,
+        )
+        self.postprocess = Hop(
+            "postprocess",
+            services.postprocess,
+            postprocess_pb2_grpc.PostprocessStub,
+            "strata.v1.Postprocess",
+            settings,
+        )
+        self.inference = {
+            name: Hop(
+                f"inference-{name}",
+                endpoint,
+                v2_grpc.GRPCInferenceServiceStub,
+                INFERENCE_SERVICE,
+                settings,
+            )
+            for name, endpoint in services.inference.items()
         }
-        self.preprocess = preprocess_pb2_grpc.PreprocessStub(self._channels["preprocess"])
-        self.inference = v2_grpc.GRPCInferenceServiceStub(self._channels["inference"])
-        self.postprocess = postprocess_pb2_grpc.PostprocessStub(self._channels["postprocess"])
+
+    @property
+    def hops(self) -> list[Hop]:
+        return [self.preprocess, *self.inference.values(), self.postprocess]
 
     async def healthy(self, timeout: float = 1.0) -> dict[str, bool]:
-        """Whether each layer's health service answers SERVING."""
-        states = {}
-        for hop, channel in self._channels.items():
-            stub = health_pb2_grpc.HealthStub(channel)
-            try:
-                reply = await stub.Check(health_pb2.HealthCheckRequest(), timeout=timeout)
-                states[hop] = reply.status == health_pb2.HealthCheckResponse.SERVING
-            except grpc.aio.AioRpcError:
-                states[hop] = False
-        return states
+        """Whether each upstream's health service answers SERVING."""
+        states = await asyncio.gather(*(hop.healthy(timeout) for hop in self.hops))
+        return {hop.name: state for hop, state in zip(self.hops, states, strict=True)}
 
     async def close(self) -> None:
-        for channel in self._channels.values():
-            await channel.close()
-
-
-async def call(hop: str, rpc: Callable[..., Awaitable[R]], request: object, timeout: float) -> R:
-    """Call one upstream RPC with the remaining budget; failures name the hop."""
-    try:
-        return await rpc(request, timeout=timeout)
-    except grpc.aio.AioRpcError as exc:
-        raise Upstream(exc.code(), f"{hop}: {exc.details()}") from None
+        for hop in self.hops:
+            await hop.channel.close()

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
 
-from services.inference.model import SessionOptions
-from services.inference.repository import load_model
+from services.inference.manager import ModelManager
 from services.inference.servicer import InferenceServicer
 from strata.cli import Service
 from strata.config import Settings
@@ -13,20 +12,21 @@ from strata.proto.inference import grpc_service_pb2, grpc_service_pb2_grpc
 
 
 async def build(settings: Settings) -> Service:
-    options = SessionOptions(
-        intra_op_threads=settings.inference.intra_op_threads,
-        inter_op_threads=settings.inference.inter_op_threads,
-    )
-    models = {
-        name: load_model(settings.repository, name, options) for name in settings.inference.models
-    }
     executor = ThreadPoolExecutor(
         max_workers=settings.inference.workers, thread_name_prefix="onnxruntime"
     )
-    servicer = InferenceServicer(models, executor)
+    models = ModelManager(settings.repository, settings.inference, executor)
+    try:
+        await models.start()
+    except BaseException:
+        await models.close()
+        executor.shutdown(wait=False)
+        raise
+    servicer = InferenceServicer(models)
     name = grpc_service_pb2.DESCRIPTOR.services_by_name["GRPCInferenceService"].full_name
 
     async def on_stop() -> None:
+        await models.close()
         executor.shutdown(wait=True)
 
     return Service(

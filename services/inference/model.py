@@ -1,113 +1,179 @@
-"""One served model version: its ONNX Runtime session and the tensors it takes and gives."""
+"""One served model version: its ONNX Runtime session, its signature and its batcher.
+
+A version is opened, checked against its validation cases and warmed before anything can
+reach it; a request never pays for a load. When it is replaced or unloaded, it stops taking
+requests, finishes those it holds, and only then lets go of its session.
+"""
 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from collections.abc import Sequence
+from concurrent.futures import Executor
 from pathlib import Path
 
 import numpy as np
 import onnxruntime as ort
 
-from strata.codec import DTYPES, datatype_of
-from strata.errors import InvalidArgument
+from services.inference import assemble, validation
+from services.inference.batcher import Batcher
+from services.inference.jobs import Request
+from services.inference.manifest import ModelSpec
+from services.inference.signature import Signature, TensorInfo
+from services.inference.stats import VersionStats
+from strata.config import InferenceSettings
+from strata.errors import InvalidArgument, NotReady
 
 log = logging.getLogger(__name__)
 
-_ORT_TYPES = {
-    "tensor(bool)": "BOOL",
-    "tensor(uint8)": "UINT8",
-    "tensor(uint16)": "UINT16",
-    "tensor(uint32)": "UINT32",
-    "tensor(uint64)": "UINT64",
-    "tensor(int8)": "INT8",
-    "tensor(int16)": "INT16",
-    "tensor(int32)": "INT32",
-    "tensor(int64)": "INT64",
-    "tensor(float16)": "FP16",
-    "tensor(float)": "FP32",
-    "tensor(double)": "FP64",
-    "tensor(string)": "BYTES",
+Arrays = dict[str, np.ndarray]
+CPU = "CPUExecutionProvider"
+_LEVELS = {
+    "disable": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
+    "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
+    "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
+    "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
 }
 
 
-@dataclass(frozen=True)
-class TensorInfo:
-    """A graph input or output; -1 marks a dimension the graph leaves open."""
-
-    name: str
-    datatype: str
-    shape: tuple[int, ...]
+def providers(preferred: Sequence[str]) -> list[str]:
+    """The preferred execution providers this ONNX Runtime build has, CPU always last."""
+    available = set(ort.get_available_providers())
+    chosen = [name for name in preferred if name in available and name != CPU]
+    return [*chosen, CPU]
 
 
-def _info(arg: ort.NodeArg) -> TensorInfo:
-    shape = tuple(d if isinstance(d, int) and d > 0 else -1 for d in arg.shape)
-    return TensorInfo(arg.name, _ORT_TYPES.get(arg.type, arg.type), shape)
+def session_options(settings: InferenceSettings.Session) -> ort.SessionOptions:
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = settings.intra_op_threads
+    options.inter_op_num_threads = settings.inter_op_threads
+    options.graph_optimization_level = _LEVELS[settings.graph_optimization]
+    spinning = "1" if settings.allow_spinning else "0"
+    options.add_session_config_entry("session.intra_op.allow_spinning", spinning)
+    options.add_session_config_entry("session.inter_op.allow_spinning", spinning)
+    return options
 
 
-@dataclass
-class SessionOptions:
-    intra_op_threads: int = 1
-    inter_op_threads: int = 1
+def open_session(path: Path, settings: InferenceSettings.Session) -> ort.InferenceSession:
+    """An ONNX Runtime session on `path`; NotReady says why when the file cannot be used."""
+    if not path.is_file():
+        raise NotReady(f"{path.name} is missing from {path.parent}")
+    try:
+        return ort.InferenceSession(
+            str(path),
+            sess_options=session_options(settings),
+            providers=providers(settings.execution_providers),
+        )
+    except Exception as exc:  # ONNX Runtime raises its own exception types for bad files
+        raise NotReady(f"cannot open {path.name}: {_first_line(exc)}") from None
 
 
-def open_session(path: Path, options: SessionOptions) -> ort.InferenceSession:
-    """An ONNX Runtime session; spinning is off since several processes share the cores."""
-    so = ort.SessionOptions()
-    so.intra_op_num_threads = options.intra_op_threads
-    so.inter_op_num_threads = options.inter_op_threads
-    so.add_session_config_entry("session.intra_op.allow_spinning", "0")
-    so.add_session_config_entry("session.inter_op.allow_spinning", "0")
-    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    return ort.InferenceSession(str(path), sess_options=so, providers=["CPUExecutionProvider"])
-
-
-class LoadedModel:
-    """A model version ready to run: one session, reused for every call."""
+class ModelVersion:
+    """A model version ready to serve: one session, reused for every batch."""
 
     def __init__(
-        self, name: str, version: str, session: ort.InferenceSession, max_batch_size: int
+        self,
+        name: str,
+        version: int,
+        spec: ModelSpec,
+        session: ort.InferenceSession,
+        executor: Executor,
+        fingerprint: str,
     ) -> None:
         self.name = name
         self.version = version
-        self.max_batch_size = max_batch_size
-        self._session = session
-        self.inputs = [_info(arg) for arg in session.get_inputs()]
-        self.outputs = [_info(arg) for arg in session.get_outputs()]
+        self.spec = spec
+        self.fingerprint = fingerprint
+        self._session: ort.InferenceSession | None = session
+        self.signature = Signature(
+            name,
+            [TensorInfo.of(arg) for arg in session.get_inputs()],
+            [TensorInfo.of(arg) for arg in session.get_outputs()],
+            spec.max_batch_size,
+            spec.padding,
+        )
+        self.providers = session.get_providers()
+        self.stats = VersionStats(name, str(version))
+        max_rows = spec.max_batch_size if self.signature.batchable else 1
+        self.batcher = Batcher(
+            f"model {name!r} version {version}",
+            self.run_requests,
+            executor,
+            spec.batching,
+            max_rows,
+            spec.concurrency,
+            self.stats,
+        )
 
-    def check(self, arrays: dict[str, np.ndarray]) -> None:
-        """Raise InvalidArgument unless `arrays` are exactly this model's inputs."""
-        expected = {info.name: info for info in self.inputs}
-        if set(arrays) != set(expected):
+    @property
+    def max_batch_size(self) -> int:
+        """Triton's convention: 0 for a model that does not batch."""
+        return self.spec.max_batch_size if self.signature.batchable else 0
+
+    async def infer(self, arrays: Arrays, request: Request) -> Arrays:
+        """Check the request, queue it, and return its outputs."""
+        rows, key = self.signature.check(arrays)
+        levels = self.spec.batching.priority_levels
+        if not 0 <= request.priority <= levels:
             raise InvalidArgument(
-                f"model {self.name!r} takes inputs {sorted(expected)}, got {sorted(arrays)}"
+                f"priority {request.priority} is outside 0..{levels} for model {self.name!r}"
             )
-        for name, array in arrays.items():
-            info = expected[name]
-            if datatype_of(array) != info.datatype:
-                raise InvalidArgument(
-                    f"input {name!r}: datatype {datatype_of(array)}, expected {info.datatype}"
-                )
-            if array.ndim != len(info.shape) or any(
-                d != -1 and d != s for d, s in zip(info.shape, array.shape, strict=True)
-            ):
-                raise InvalidArgument(
-                    f"input {name!r}: shape {list(array.shape)} does not fit {list(info.shape)}"
-                )
-            if array.shape and array.shape[0] > self.max_batch_size:
-                raise InvalidArgument(
-                    f"input {name!r}: batch {array.shape[0]} exceeds {self.max_batch_size}"
-                )
+        if not self.signature.batchable and not request.skip_batching:
+            request = Request(request.priority, request.deadline, skip_batching=True)
+        return await self.batcher.submit(arrays, rows, key, request)
 
-    def run(self, arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """Run the session (blocking: call it from a worker thread)."""
-        names = [info.name for info in self.outputs]
-        results = self._session.run(names, arrays)
+    def run(self, arrays: Arrays) -> Arrays:
+        """Run the session once (blocking: call it from a worker thread)."""
+        session = self._session
+        if session is None:
+            raise NotReady(f"model {self.name!r} version {self.version} is unloaded")
+        names = self.signature.output_names
+        try:
+            results = session.run(names, arrays)
+        except Exception as exc:  # ONNX Runtime's own exception types
+            raise InvalidArgument(
+                f"model {self.name!r} version {self.version} cannot run the request: "
+                f"{_first_line(exc)}"
+            ) from None
         return dict(zip(names, results, strict=True))
 
-    def zeros(self) -> dict[str, np.ndarray]:
-        """Inputs of batch 1 (open dimensions 1) filled with zeros, for warming."""
-        return {
-            info.name: np.zeros([max(d, 1) for d in info.shape], dtype=DTYPES[info.datatype])
-            for info in self.inputs
-        }
+    def run_requests(self, requests: Sequence[Arrays]) -> list[Arrays]:
+        """Run requests as one batch and split the answers (blocking)."""
+        if len(requests) == 1:
+            return [self.run(requests[0])]
+        batch, slots = assemble.merge(self.signature, requests)
+        return assemble.split(self.signature, self.run(batch), slots)
+
+    async def retire(self) -> None:
+        """Stop taking requests, finish the queued and running ones, release the session."""
+        self.batcher.close()
+        await self.batcher.drained()
+        self._session = None
+
+
+def load_version(
+    folder: Path, name: str, version: int, spec: ModelSpec, executor: Executor, fingerprint: str
+) -> ModelVersion:
+    """Open, validate and warm one version folder (blocking). NotReady if it must not serve."""
+    session = open_session(folder / "model.onnx", spec.session)
+    try:
+        model = ModelVersion(name, version, spec, session, executor, fingerprint)
+    except InvalidArgument as exc:
+        raise NotReady(str(exc)) from None
+    cases = validation.read_cases(folder / "validation")
+    validation.validate(model.signature, model.run_requests, cases)
+    for rows, seconds in validation.warm(model.signature, model.run_requests, cases):
+        model.batcher.execution.observe(rows, seconds)
+    log.info(
+        "model %s version %s ready on %s (%d validation cases)",
+        name,
+        version,
+        model.providers[0],
+        len(cases),
+    )
+    return model
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip() or type(exc).__name__
+    return text.splitlines()[0][:300]

@@ -1,91 +1,70 @@
-"""The model repository: `<root>/<model>/model.yaml` and `<root>/<model>/<version>/model.onnx`.
+"""The model repository on disk: `<root>/<model>/model.yaml`, `<root>/<model>/<version>/`.
 
-Each version folder may hold `validation/*.npz` golden cases (arrays `input.<name>` and
-`output.<name>`, scalars `atol` and `rtol`). A version is loaded, checked against its cases
-and warmed before it serves; one that fails its cases never serves.
+A version folder holds `model.onnx` and optionally `validation/*.npz` golden cases. Version
+folders are positive integers. A version's fingerprint changes whenever a file in its folder
+or the model's model.yaml changes, which is how a reload or a poll tells what is new.
 """
 
 from __future__ import annotations
 
-import logging
-from dataclasses import dataclass
+import hashlib
+import re
 from pathlib import Path
 
-import numpy as np
-import yaml
+from strata.errors import InvalidArgument
 
-from services.inference.model import LoadedModel, SessionOptions, open_session
-from strata.errors import NotFound, NotReady
-
-log = logging.getLogger(__name__)
+_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
 
 
-@dataclass
-class Case:
-    """A golden case: inputs, the outputs they must give, and the tolerance."""
-
-    name: str
-    inputs: dict[str, np.ndarray]
-    outputs: dict[str, np.ndarray]
-    atol: float
-    rtol: float
+def is_name(name: str) -> bool:
+    return bool(_NAME.fullmatch(name))
 
 
-def read_cases(folder: Path) -> list[Case]:
-    cases = []
-    for path in sorted(folder.glob("*.npz")):
-        with np.load(path) as data:
-            cases.append(
-                Case(
-                    name=path.stem,
-                    inputs=_prefixed(data, "input."),
-                    outputs=_prefixed(data, "output."),
-                    atol=float(data["atol"]),
-                    rtol=float(data["rtol"]),
-                )
-            )
-    return cases
+def check_name(name: str) -> str:
+    """A model name that is one plain folder name (never a path out of the repository)."""
+    if not _NAME.fullmatch(name):
+        raise InvalidArgument(
+            f"model name {name!r} must be letters, digits, '_', '.' or '-' "
+            "(and not start with '.' or '-')"
+        )
+    return name
 
 
-def _prefixed(data: np.lib.npyio.NpzFile, prefix: str) -> dict[str, np.ndarray]:
-    return {key[len(prefix) :]: data[key] for key in data.files if key.startswith(prefix)}
-
-
-def validate(model: LoadedModel, cases: list[Case]) -> None:
-    """Raise NotReady unless every case reproduces within its tolerance."""
-    for case in cases:
-        got = model.run(case.inputs)
-        for name, expected in case.outputs.items():
-            if not np.allclose(got[name], expected, atol=case.atol, rtol=case.rtol):
-                worst = float(np.max(np.abs(got[name] - expected)))
-                raise NotReady(
-                    f"model {model.name!r} version {model.version}: validation case "
-                    f"{case.name!r} output {name!r} differs by {worst:.3g}"
-                )
-
-
-def latest_version(root: Path, name: str) -> str:
-    folder = root / name
-    versions = sorted(int(p.name) for p in folder.glob("*") if p.name.isdigit() and p.is_dir())
-    if not versions:
-        raise NotFound(f"model {name!r}: no version folders under {folder}")
-    return str(versions[-1])
-
-
-def load_model(root: Path, name: str, options: SessionOptions) -> LoadedModel:
-    """Load the latest version of `name`: open, validate against its cases, warm."""
-    version = latest_version(root, name)
-    config = yaml.safe_load((root / name / "model.yaml").read_text()) or {}
-    folder = root / name / version
-    model = LoadedModel(
-        name=name,
-        version=version,
-        session=open_session(folder / "model.onnx", options),
-        max_batch_size=int(config.get("max_batch_size", 64)),
+def models(root: Path) -> list[str]:
+    """Every model folder in the repository, by name."""
+    if not root.is_dir():
+        return []
+    return sorted(
+        p.name for p in root.iterdir() if p.is_dir() and _NAME.fullmatch(p.name) and _is_model(p)
     )
-    cases = read_cases(folder / "validation")
-    validate(model, cases)  # running the cases also warms the session
-    if not cases:
-        model.run(model.zeros())
-    log.info("model %s version %s ready (%d validation cases)", name, version, len(cases))
-    return model
+
+
+def _is_model(folder: Path) -> bool:
+    return (folder / "model.yaml").is_file() or bool(versions(folder))
+
+
+def versions(folder: Path) -> dict[int, Path]:
+    """The model's version folders by number."""
+    if not folder.is_dir():
+        return {}
+    return {
+        int(p.name): p
+        for p in folder.iterdir()
+        if p.is_dir() and p.name.isdigit() and int(p.name) > 0
+    }
+
+
+def fingerprint(model_folder: Path, version_folder: Path) -> str:
+    """A digest of the size and modification time of every file a version is loaded from."""
+    digest = hashlib.sha256()
+    files = [model_folder / "model.yaml", *sorted(version_folder.rglob("*"))]
+    for path in files:
+        try:
+            stat = path.stat()
+        except FileNotFoundError:
+            continue
+        if path.is_file():
+            digest.update(
+                f"{path.relative_to(model_folder)}:{stat.st_size}:{stat.st_mtime_ns};".encode()
+            )
+    return digest.hexdigest()[:16]

@@ -1,15 +1,22 @@
-"""inference.GRPCInferenceService on the inference layer: thin decode -> run -> encode."""
+"""inference.GRPCInferenceService on the inference layer: thin decode -> domain -> encode.
+
+Serves v2 inference, metadata and statistics, and the repository extension (index, load,
+unload) that hot-swaps model versions.
+"""
 
 from __future__ import annotations
 
 import asyncio
-from concurrent.futures import Executor
 
 import grpc
 
-from services.inference.model import LoadedModel
+from services.inference import reports
+from services.inference.manager import ModelManager
+from services.inference.model import ModelVersion
+from services.inference.params import request_options
+from services.inference.signature import TensorInfo
 from strata import codec
-from strata.errors import NotFound, grpc_errors
+from strata.errors import grpc_errors
 from strata.proto.inference import grpc_service_pb2 as v2
 from strata.proto.inference import grpc_service_pb2_grpc as v2_grpc
 from strata.v2meta import Tensor, metadata_response, model_config
@@ -17,69 +24,84 @@ from strata.v2meta import Tensor, metadata_response, model_config
 PLATFORM = "onnxruntime_onnx"
 SERVER_NAME = "strata-inference"
 VERSION = "0.1.0"
+EXTENSIONS = ["model_repository", "statistics"]
 
 
 class InferenceServicer(v2_grpc.GRPCInferenceServiceServicer):
-    def __init__(self, models: dict[str, LoadedModel], executor: Executor) -> None:
+    def __init__(self, models: ModelManager) -> None:
         self._models = models
-        self._executor = executor
-
-    def _model(self, name: str, version: str) -> LoadedModel:
-        model = self._models.get(name)
-        if model is None:
-            raise NotFound(f"unknown model {name!r}; serving {sorted(self._models)}")
-        if version and version != model.version:
-            raise NotFound(f"model {name!r} has no version {version!r} (serving {model.version})")
-        return model
 
     async def ServerLive(self, request, context) -> v2.ServerLiveResponse:
         return v2.ServerLiveResponse(live=True)
 
     async def ServerReady(self, request, context) -> v2.ServerReadyResponse:
-        return v2.ServerReadyResponse(ready=True)
+        return v2.ServerReadyResponse(ready=self._models.all_ready())
 
     async def ModelReady(self, request, context) -> v2.ModelReadyResponse:
-        model = self._models.get(request.name)
-        ready = model is not None and request.version in ("", model.version)
-        return v2.ModelReadyResponse(ready=ready)
+        return v2.ModelReadyResponse(ready=self._models.ready(request.name, request.version))
 
     async def ServerMetadata(self, request, context) -> v2.ServerMetadataResponse:
-        return v2.ServerMetadataResponse(name=SERVER_NAME, version=VERSION)
+        return v2.ServerMetadataResponse(name=SERVER_NAME, version=VERSION, extensions=EXTENSIONS)
 
     @grpc_errors
     async def ModelMetadata(self, request, context) -> v2.ModelMetadataResponse:
-        model = self._model(request.name, request.version)
+        model = self._models.resolve(request.name, request.version)
+        versions = self._models.serving()[model.name] if not request.version else [request.version]
+        signature = model.signature
         return metadata_response(
-            model.name, [model.version], PLATFORM, _tensors(model.inputs), _tensors(model.outputs)
+            model.name, versions, PLATFORM, _tensors(signature.inputs), _tensors(signature.outputs)
         )
 
     @grpc_errors
     async def ModelConfig(self, request, context) -> v2.ModelConfigResponse:
-        model = self._model(request.name, request.version)
+        model = self._models.resolve(request.name, request.version)
+        signature = model.signature
         return model_config(
             model.name,
             PLATFORM,
             model.max_batch_size,
-            _tensors(model.inputs),
-            _tensors(model.outputs),
+            _tensors(signature.inputs),
+            _tensors(signature.outputs),
         )
 
     @grpc_errors
     async def ModelInfer(
         self, request: v2.ModelInferRequest, context: grpc.aio.ServicerContext
     ) -> v2.ModelInferResponse:
-        model = self._model(request.model_name, request.model_version)
+        model = self._models.resolve(request.model_name, request.model_version)
+        wanted = codec.requested_outputs(request, model.signature.output_names)
         arrays = codec.request_inputs(request)
-        model.check(arrays)
-        wanted = codec.requested_outputs(request, [info.name for info in model.outputs])
-        loop = asyncio.get_running_loop()
-        outputs = await loop.run_in_executor(self._executor, model.run, arrays)
-        response = v2.ModelInferResponse(
-            model_name=model.name, model_version=model.version, id=request.id
-        )
-        codec.add_outputs(response, {name: outputs[name] for name in wanted})
-        return response
+        now = asyncio.get_running_loop().time()
+        options = request_options(request.parameters, context.time_remaining(), now)
+        outputs = await model.infer(arrays, options)
+        return _response(model, request.id, {name: outputs[name] for name in wanted})
+
+    @grpc_errors
+    async def ModelStatistics(self, request, context) -> v2.ModelStatisticsResponse:
+        return reports.statistics_response(self._models.statistics(request.name, request.version))
+
+    @grpc_errors
+    async def RepositoryIndex(self, request, context) -> v2.RepositoryIndexResponse:
+        return reports.index_response(self._models.index(ready_only=request.ready))
+
+    @grpc_errors
+    async def RepositoryModelLoad(self, request, context) -> v2.RepositoryModelLoadResponse:
+        await self._models.load(request.model_name)
+        return v2.RepositoryModelLoadResponse()
+
+    @grpc_errors
+    async def RepositoryModelUnload(self, request, context) -> v2.RepositoryModelUnloadResponse:
+        await self._models.unload(request.model_name)
+        return v2.RepositoryModelUnloadResponse()
 
 
-def _tensors(infos) -> list[Tensor]:
+def _response(model: ModelVersion, request_id: str, outputs: dict) -> v2.ModelInferResponse:
+    response = v2.ModelInferResponse(
+        model_name=model.name, model_version=str(model.version), id=request_id
+    )
+    codec.add_outputs(response, outputs)
+    return response
+
+
+def _tensors(infos: list[TensorInfo]) -> list[Tensor]:
     return [Tensor(info.name, info.datatype, info.shape) for info in infos]

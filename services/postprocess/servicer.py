@@ -1,14 +1,17 @@
-"""strata.v1.Postprocess: decode, run each request's rules, encode."""
+"""strata.v1.Postprocess: decode, run each request's rules, encode.
+
+The requests of one call run concurrently, each failing or succeeding on its own.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import asyncio
 
 import grpc
 
 from services.postprocess.engine import RuleEngine
-from strata.errors import grpc_errors
-from strata.process import Arrays, process_all
+from strata.codec import arrays_to_tensors, tensors_to_arrays
+from strata.errors import grpc_errors, status_of
 from strata.proto.v1 import postprocess_pb2_grpc, tensor_pb2
 
 
@@ -20,9 +23,15 @@ class PostprocessServicer(postprocess_pb2_grpc.PostprocessServicer):
     async def Process(
         self, request: tensor_pb2.ProcessRequest, context: grpc.aio.ServicerContext
     ) -> tensor_pb2.ProcessResponse:
-        return process_all(request, self._run)
+        results = await asyncio.gather(*(self._one(item) for item in request.requests))
+        return tensor_pb2.ProcessResponse(results=results)
 
-    def _run(
-        self, pipeline: str, tensors: Arrays, parameters: Mapping[str, str]
-    ) -> tuple[Arrays, dict[str, str]]:
-        return self._engine.get(pipeline).run(tensors), {}
+    async def _one(self, item: tensor_pb2.Request) -> tensor_pb2.Result:
+        try:
+            tensors = tensors_to_arrays(item.tensors)
+            outputs, info = await self._engine.run(item.pipeline, tensors, item.parameters)
+        except Exception as exc:  # each request answers for itself, bug or not
+            code, message = status_of(exc)
+            error = tensor_pb2.Error(code=code.value[0], message=message)
+            return tensor_pb2.Result(id=item.id, error=error)
+        return tensor_pb2.Result(id=item.id, tensors=arrays_to_tensors(outputs), info=info)

@@ -4,20 +4,26 @@ from __future__ import annotations
 
 from services.preprocess.pipeline import Pipelines, build_pipeline
 from services.preprocess.servicer import PreprocessServicer
+from services.preprocess.timings import StepTimings
 from strata.cli import Service
 from strata.config import Settings
 from strata.proto.v1 import preprocess_pb2, preprocess_pb2_grpc
 
 
-async def build(settings: Settings) -> Service:
-    pipelines = Pipelines(
+def build_pipelines(settings: Settings, timings: StepTimings) -> Pipelines:
+    """Every pipeline's steps, built once; a config mistake raises ValueError naming it."""
+    return Pipelines(
         {
-            name: build_pipeline(name, spec, settings.repository)
+            name: build_pipeline(name, spec, settings.repository, timings)
             for name, spec in settings.pipelines.items()
         }
     )
+
+
+async def build(settings: Settings) -> Service:
+    timings = StepTimings()
+    servicer = PreprocessServicer(build_pipelines(settings, timings))
     name = preprocess_pb2.DESCRIPTOR.services_by_name["Preprocess"].full_name
-    servicer = PreprocessServicer(pipelines)
     return Service(
         registrations=[(servicer, preprocess_pb2_grpc.add_PreprocessServicer_to_server, name)],
         endpoint=settings.services.preprocess,

@@ -2,39 +2,60 @@
 
 from __future__ import annotations
 
-import logging
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from services.preprocess.steps import Step, build_step
 from services.preprocess.steps.base import Tensors
 from services.preprocess.steps.validate import Validate
-from strata.config import Pipeline
+from services.preprocess.timings import StepTimings
+from strata.config import Pipeline, StageSpec
 from strata.errors import NotFound
 
-log = logging.getLogger(__name__)
+# StageSpec keys that only mean something to postprocess rules.
+_RULE_ONLY = ("core", "when", "timeout_seconds")
 
 
 @dataclass
 class PreprocessPipeline:
+    """Named steps run in order, each one timed."""
+
     name: str
-    steps: list[Step]
+    steps: list[tuple[str, Step]]
+    timings: StepTimings = field(default_factory=StepTimings)
 
     def run(self, tensors: Tensors) -> Tensors:
-        for step in self.steps:
-            tensors = step.process(tensors)
+        for label, step in self.steps:
+            start = time.perf_counter()
+            try:
+                tensors = step.process(tensors)
+            finally:
+                self.timings.record(self.name, label, time.perf_counter() - start)
         return tensors
 
 
-def build_pipeline(name: str, spec: Pipeline, repository: Path) -> PreprocessPipeline:
+def build_pipeline(
+    name: str, spec: Pipeline, repository: Path, timings: StepTimings | None = None
+) -> PreprocessPipeline:
     """Build every step once; stateful steps load their files here, not per request."""
-    steps: list[Step] = [Validate(spec.inputs, spec.max_batch_size)]
+    steps: list[tuple[str, Step]] = [("validate", Validate(spec.inputs, spec.max_batch_size))]
     for stage in spec.preprocess:
+        where = f"pipeline {name!r}: preprocess step {stage.label!r}"
+        _check_stage(stage, [label for label, _ in steps], where)
         try:
-            steps.append(build_step(stage.kind, stage.options, repository))
+            steps.append((stage.label, build_step(stage.kind, stage.options, repository)))
         except (KeyError, ValueError, OSError) as exc:
-            raise ValueError(f"pipeline {name!r}: preprocess step {stage.kind!r}: {exc}") from exc
-    return PreprocessPipeline(name=name, steps=steps)
+            raise ValueError(f"{where}: {exc}") from exc
+    return PreprocessPipeline(name=name, steps=steps, timings=timings or StepTimings())
+
+
+def _check_stage(stage: StageSpec, taken: list[str], where: str) -> None:
+    misplaced = [key for key in _RULE_ONLY if key in stage.model_fields_set]
+    if misplaced:
+        raise ValueError(f"{where}: {misplaced[0]!r} applies to postprocess rules only")
+    if stage.label in taken:
+        raise ValueError(f"{where}: the name is taken; give the step a distinct 'name'")
 
 
 class Pipelines:

@@ -1,7 +1,12 @@
-"""strata.v1.Preprocess: decode, run each request's pipeline, encode."""
+"""strata.v1.Preprocess: decode, run each request's pipeline, encode.
+
+The work runs on a worker thread: decoding a large image or tokenising a long batch must not
+hold up the event loop, and with it every other call and the health checks.
+"""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Mapping
 
 import grpc
@@ -20,7 +25,7 @@ class PreprocessServicer(preprocess_pb2_grpc.PreprocessServicer):
     async def Process(
         self, request: tensor_pb2.ProcessRequest, context: grpc.aio.ServicerContext
     ) -> tensor_pb2.ProcessResponse:
-        return process_all(request, self._run)
+        return await asyncio.to_thread(process_all, request, self._run)
 
     def _run(
         self, pipeline: str, tensors: Arrays, parameters: Mapping[str, str]

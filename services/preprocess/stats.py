@@ -30,14 +30,27 @@ class Stats:
 
 
 def fit_stats(data: np.ndarray) -> Stats:
-    """Mean and std per column of `data` [rows, features]; a constant column keeps std 1."""
-    mean = data.mean(axis=0).astype(np.float32)
-    std = data.std(axis=0).astype(np.float32)
+    """Mean and std per column of `data` [rows, features]; a constant column keeps std 1.
+
+    Sums run in float64 whatever the input type, so a float32 copy of the same data gives
+    the same statistics (and fingerprint).
+    """
+    if data.ndim != 2 or data.shape[0] == 0 or data.shape[1] == 0:
+        raise ValueError(f"data must be [rows, features] with both above 0, got {list(data.shape)}")
+    if data.dtype.kind not in "biuf":
+        raise ValueError(f"data must be numeric, got {data.dtype}")
+    wide = data.astype(np.float64)
+    if not np.isfinite(wide).all():
+        row, column = np.argwhere(~np.isfinite(wide))[0]
+        raise ValueError(f"data has NaN or infinity (row {row}, column {column})")
+    mean = wide.mean(axis=0).astype(np.float32)
+    std = wide.std(axis=0).astype(np.float32)
     std[std == 0] = 1.0
     return Stats(mean=mean, std=std)
 
 
 def save_stats(stats: Stats, path: Path) -> None:
+    """Write the stats file (JSON: mean, std, fingerprint), creating its folder."""
     path.parent.mkdir(parents=True, exist_ok=True)
     body = {
         "mean": stats.mean.tolist(),

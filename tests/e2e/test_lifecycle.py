@@ -10,7 +10,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from strata import codec
 from strata.proto.inference import grpc_service_pb2_grpc as v2_grpc
-from tests.support.collector import Collector
+from strata.traces import Receiver
 from tests.support.system import running_system
 
 IMAGE = np.zeros((1, 8, 8), np.uint8)
@@ -26,7 +26,7 @@ def infer_digits(address: str, metadata: tuple = ()) -> None:
 def test_trace_context_follows_the_request_through_every_hop(tmp_path: Path) -> None:
     trace_id = secrets.token_hex(16)
     traceparent = f"00-{trace_id}-{secrets.token_hex(8)}-01"
-    with Collector() as collector:
+    with Receiver() as collector:
         env = {
             "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{collector.port}",
             "OTEL_EXPORTER_OTLP_INSECURE": "true",

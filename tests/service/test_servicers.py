@@ -25,8 +25,8 @@ DIGIT = np.zeros((1, 8, 8), np.uint8)
 
 @pytest.fixture(scope="module")
 def settings(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Settings]:
-    with servers_in_process(tmp_path_factory.mktemp("inproc")) as settings:
-        yield settings
+    with servers_in_process(tmp_path_factory.mktemp("inproc")) as world:
+        yield world.settings
 
 
 def channel(settings: Settings, service: str) -> grpc.Channel:
@@ -81,7 +81,7 @@ def test_inference_describes_and_runs_models(settings: Settings) -> None:
     stub = v2_grpc.GRPCInferenceServiceStub(channel(settings, "inference"))
     meta = stub.ModelMetadata(v2.ModelMetadataRequest(name="digits"))
     assert [(t.name, list(t.shape)) for t in meta.inputs] == [("pixels", [-1, 64])]
-    assert meta.versions == ["1"]
+    assert meta.versions == ["1", "2"]
     reply = stub.ModelInfer(codec.build_request("digits", {"pixels": np.zeros((3, 64), "f4")}))
     assert codec.response_outputs(reply)["logits"].shape == (3, 10)
     config = stub.ModelConfig(v2.ModelConfigRequest(name="tabular")).config

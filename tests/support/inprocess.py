@@ -1,7 +1,9 @@
-"""All four servicers on real aio servers inside the test process, on a background loop.
+"""All layers' servicers on real aio servers inside the test process, on a background loop.
 
-For servicer tests: real gRPC over loopback, our own stubs, no child processes. Built with the
-same `build(settings)` functions the services' entry points use.
+For servicer and gateway tests: real gRPC over loopback, our own stubs, no child processes.
+Built with the same `build(settings)` functions the services' entry points use; each
+inference deployment gets its own server. Extra servers (e.g. a fault-injecting hop) can be
+added on the same loop.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ import asyncio
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from services.gateway.app import build as build_gateway
@@ -17,46 +20,62 @@ from services.inference.app import build as build_inference
 from services.postprocess.app import build as build_postprocess
 from services.preprocess.app import build as build_preprocess
 from strata.config import Settings, load_settings
-from strata.server import start_server
+from strata.server import Registration, Running, start_server
 from tests.support.system import make_config
 
-BUILDERS = {
-    "inference": build_inference,
-    "preprocess": build_preprocess,
-    "postprocess": build_postprocess,
-    "gateway": build_gateway,
-}
+
+@dataclass
+class InProcess:
+    settings: Settings
+    loop: asyncio.AbstractEventLoop
+    gateway: object = None
+    running: list = field(default_factory=list)
+
+    def run(self, coroutine, timeout: float = 60):
+        return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result(timeout)
+
+    def add_server(self, registrations: list[Registration], listen: str) -> Running:
+        running = self.run(start_server(registrations, listen, self.settings.server))
+        self.running.append((running, None))
+        return running
 
 
 @contextmanager
-def servers_in_process(folder: Path, changes: dict | None = None) -> Iterator[Settings]:
-    """Start every layer's server in this process; yields the settings with their addresses."""
+def servers_in_process(
+    folder: Path, changes: dict | None = None, before_gateway=None
+) -> Iterator[InProcess]:
+    """Start every layer's server in this process; `before_gateway(world)` may add servers."""
     settings = load_settings(make_config(folder, changes))
     loop = asyncio.new_event_loop()
     thread = threading.Thread(target=loop.run_forever, daemon=True)
     thread.start()
+    world = InProcess(settings, loop)
 
-    async def start() -> list:
-        started = []
-        for builder in BUILDERS.values():
-            service = await builder(settings)
-            running = await start_server(
-                service.registrations, service.endpoint.listen, settings.server
-            )
-            started.append((running, service))
-        return started
+    async def start(builder, listen: str | None = None):
+        service = await builder(settings)
+        running = await start_server(
+            service.registrations, listen or service.endpoint.listen, settings.server
+        )
+        world.running.append((running, service))
+        return service
 
-    started = asyncio.run_coroutine_threadsafe(start(), loop).result(timeout=60)
+    for endpoint in settings.services.inference.values():
+        world.run(start(build_inference, endpoint.listen))
+    world.run(start(build_preprocess))
+    world.run(start(build_postprocess))
+    if before_gateway is not None:
+        before_gateway(world)
+    world.gateway = world.run(start(build_gateway))
     try:
-        yield settings
+        yield world
     finally:
 
         async def stop() -> None:
-            for running, service in reversed(started):
+            for running, service in reversed(world.running):
                 await running.server.stop(0)
-                if service.on_stop is not None:
+                if service is not None and service.on_stop is not None:
                     await service.on_stop()
 
-        asyncio.run_coroutine_threadsafe(stop(), loop).result(timeout=30)
+        world.run(stop(), timeout=30)
         loop.call_soon_threadsafe(loop.stop)
         thread.join(timeout=10)

@@ -63,11 +63,12 @@ def make_config(folder: Path, changes: dict[str, Any] | None = None) -> Path:
     """The default config on free ports, with `changes` merged in, written into `folder`."""
     raw = yaml.safe_load(DEFAULT_CONFIG.read_text())
     raw["repository"] = str((DEFAULT_CONFIG.parent / raw["repository"]).resolve())
+    services = raw["services"]
     raw["services"] = {
         "gateway": endpoint(),
-        "preprocess": endpoint(),
+        "preprocess": endpoint(services["preprocess"].get("replicas", 1)),
         "postprocess": endpoint(),
-        "inference": {"a": endpoint()},
+        "inference": {name: endpoint() for name in services["inference"]},
     }
     raw["server"]["grace_seconds"] = 2
     path = folder / "strata.yaml"

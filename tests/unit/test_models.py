@@ -100,3 +100,12 @@ def test_validation_cases_reproduce(built: tuple[Path, dict[str, float]], name: 
                 rtol=float(case["rtol"]),
                 err_msg=str(path),
             )
+
+
+def test_digits_has_a_second_version_for_ab_routing(built: tuple[Path, dict[str, float]]) -> None:
+    out, accuracies = built
+    folder = out / "repository" / "digits"
+    assert (folder / "2" / "model.onnx").exists() and (folder / "2" / "validation").is_dir()
+    assert yaml.safe_load((folder / "model.yaml").read_text())["version_policy"] == {"all": True}
+    assert accuracies["digits@2"] >= MIN_ACCURACY["digits"]
+    assert (folder / "1" / "model.onnx").read_bytes() != (folder / "2" / "model.onnx").read_bytes()

@@ -1,8 +1,9 @@
 """Postprocess rules: small named functions from tensors to tensors, built from config."""
 
-from services.postprocess.rules import classify  # noqa: F401  (registers the rules)
-from services.postprocess.rules.base import RULES, Rule
+# Importing each module registers its rules.
+from services.postprocess.rules import classify, embed, filters, format  # noqa: F401
+from services.postprocess.rules.base import RULES, Rule, RuleContext, RuleTimeout
 
 build_rule = RULES.build
 
-__all__ = ["RULES", "Rule", "build_rule"]
+__all__ = ["RULES", "Rule", "RuleContext", "RuleTimeout", "build_rule"]

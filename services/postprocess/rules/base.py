@@ -1,12 +1,60 @@
-"""The rule interface and its registry."""
+"""The rule interface, its registry, and the checks rules share.
+
+A rule is a small named function from tensors to tensors. It runs on a worker thread with a
+time limit; a rule that loops over many elements (a regex filter) checks `context.remaining()`
+and passes it on as its own timeout, so it stops soon after its limit instead of running on.
+Rules must never modify the arrays they are given: an abandoned rule may still be running
+while the chain carries on with the same arrays.
+"""
 
 from __future__ import annotations
 
-from typing import Protocol
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
 
-from strata.stages import Registry, Tensors
+import numpy as np
+import yaml
 
-__all__ = ["RULES", "Rule", "Tensors"]
+from strata.errors import InvalidArgument, NotReady
+from strata.stages import Registry, Tensors, take
+
+__all__ = [
+    "RULES",
+    "Misconfigured",
+    "Rule",
+    "RuleContext",
+    "RuleTimeout",
+    "Tensors",
+    "load_list",
+    "numbers",
+    "take",
+    "texts",
+]
+
+
+class RuleTimeout(TimeoutError):
+    """A rule saw its time limit pass and stopped; the engine skips it."""
+
+
+class Misconfigured(NotReady):
+    """The pipeline's rules do not fit what the model returned; the message says how."""
+
+
+@dataclass(frozen=True)
+class RuleContext:
+    """What a running rule may ask of the engine: how long it has left."""
+
+    deadline: float  # time.monotonic() by which the rule must be done
+
+    def remaining(self) -> float:
+        """Seconds left before the limit; raises RuleTimeout once it has passed."""
+        left = self.deadline - time.monotonic()
+        if left <= 0:
+            raise RuleTimeout("the rule's time limit passed")
+        return left
 
 
 class Rule(Protocol):
@@ -14,9 +62,63 @@ class Rule(Protocol):
 
     name: str
 
-    def apply(self, tensors: Tensors) -> Tensors:
-        """Return the tensors after this rule."""
+    @property
+    def inputs(self) -> tuple[str, ...]:
+        """The tensors the rule reads (the engine skips it when an earlier skip left them out)."""
+        ...
+
+    def apply(self, tensors: Tensors, context: RuleContext) -> Tensors:
+        """Return the tensors after this rule, leaving the given arrays untouched."""
         ...
 
 
 RULES: Registry[Rule] = Registry("postprocess rule")
+
+
+def numbers(tensors: Tensors, name: str, rule: str) -> np.ndarray:
+    """A numeric tensor as FP32 (bool and integer tensors are widened)."""
+    values = take(tensors, name, rule)
+    if values.dtype.kind not in "biuf":
+        raise InvalidArgument(f"{rule} needs a numeric tensor {name!r}, got {values.dtype}")
+    return values.astype(np.float32, copy=False)
+
+
+def texts(values: np.ndarray, name: str) -> list[str]:
+    """The elements of a BYTES tensor as text, in flat order; non-UTF-8 is refused."""
+    if values.dtype != object:
+        raise InvalidArgument(f"tensor {name!r} must be BYTES, got {values.dtype}")
+    out = []
+    for index, item in enumerate(values.reshape(-1)):
+        try:
+            out.append(item if isinstance(item, str) else bytes(item).decode("utf-8"))
+        except UnicodeDecodeError as exc:
+            raise InvalidArgument(
+                f"tensor {name!r}: element {index} is not valid UTF-8 (byte {exc.start})"
+            ) from None
+    return out
+
+
+def load_list(path: Path, what: str, key: str | None = None) -> list[str]:
+    """A list of strings from .txt (one a line), .json or .yaml (a list, or a mapping's `key`)."""
+    if not path.is_file():
+        raise ValueError(f"{what} file {path} not found")
+    text = path.read_text(encoding="utf-8")
+    if path.suffix == ".txt":
+        body: Any = text.splitlines()
+    elif path.suffix == ".json":
+        body = json.loads(text)
+    elif path.suffix in (".yaml", ".yml"):
+        try:
+            body = yaml.safe_load(text)
+        except yaml.YAMLError as exc:
+            raise ValueError(f"{what} file {path.name} is not valid YAML: {exc}") from None
+    else:
+        raise ValueError(f"{what} file {path.name}: use .txt, .json or .yaml")
+    if isinstance(body, dict) and key is not None:
+        body = body.get(key)
+    if not isinstance(body, list) or not body or not all(isinstance(v, str) for v in body):
+        where = f" (or a mapping with {key!r})" if key else ""
+        raise ValueError(f"{what} file {path.name} must hold a non-empty list of strings{where}")
+    if "" in body:
+        raise ValueError(f"{what} file {path.name}: entry {body.index('')} is empty")
+    return body

@@ -5,7 +5,8 @@ the tensors the next step sees. Stateless steps are pure numpy over the whole ba
 steps load their parameters once, when they are built, and only look them up per request.
 """
 
-from services.preprocess.steps import image, numeric  # noqa: F401  (registers the steps)
+# Importing each module registers its steps.
+from services.preprocess.steps import color, decode, image, numeric, text, vocab  # noqa: F401
 from services.preprocess.steps.base import STEPS, Step, StepError
 
 build_step = STEPS.build

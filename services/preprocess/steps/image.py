@@ -1,4 +1,4 @@
-"""Image steps: resize a batch of grayscale or colour images with a stated interpolation."""
+"""Resize a batch of grayscale or colour images with a stated interpolation."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from services.preprocess.steps.base import STEPS, StepError, Tensors, take
+from services.preprocess.steps.base import STEPS, StepError, Tensors, positive_int, take
 
 
 def _source_coords(out_size: int, in_size: int) -> np.ndarray:
@@ -47,7 +47,7 @@ def _nearest_matrix(out_size: int, in_size: int) -> np.ndarray:
     return weights
 
 
-_INTERPOLATIONS = {"area": _area_matrix, "bilinear": _linear_matrix, "nearest": _nearest_matrix}
+INTERPOLATIONS = {"area": _area_matrix, "bilinear": _linear_matrix, "nearest": _nearest_matrix}
 
 
 def resize_images(images: np.ndarray, height: int, width: int, interpolation: str) -> np.ndarray:
@@ -55,7 +55,7 @@ def resize_images(images: np.ndarray, height: int, width: int, interpolation: st
 
     Separable interpolation as two matrix products over the whole batch at once.
     """
-    make = _INTERPOLATIONS[interpolation]
+    make = INTERPOLATIONS[interpolation]
     rows = make(height, images.shape[1])
     cols = make(width, images.shape[2])
     data = images.astype(np.float64)
@@ -76,6 +76,8 @@ class Resize:
 
     def process(self, tensors: Tensors) -> Tensors:
         images = take(tensors, self.input, self.name)
+        if images.dtype.kind not in "biuf":
+            raise StepError(f"input {self.input!r}: resize needs pixel numbers, got {images.dtype}")
         if images.ndim not in (3, 4) or min(images.shape[1:3]) < 1:
             raise StepError(
                 f"input {self.input!r}: expected images [batch, height, width(, channels)] "
@@ -88,13 +90,13 @@ class Resize:
 @STEPS.register("resize")
 def _build_resize(options: Mapping[str, Any], base_dir: Path) -> Resize:
     interpolation = options.get("interpolation", "area")
-    if interpolation not in _INTERPOLATIONS:
+    if interpolation not in INTERPOLATIONS:
         raise ValueError(
-            f"resize: interpolation {interpolation!r} unknown (known: {sorted(_INTERPOLATIONS)})"
+            f"resize: interpolation {interpolation!r} unknown (known: {sorted(INTERPOLATIONS)})"
         )
     return Resize(
         input=options["input"],
-        height=int(options["height"]),
-        width=int(options["width"]),
+        height=positive_int(options, "height"),
+        width=positive_int(options, "width"),
         interpolation=interpolation,
     )

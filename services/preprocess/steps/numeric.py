@@ -1,7 +1,8 @@
-"""Numeric steps: scale and cast, clip, flatten, standardise by dataset statistics."""
+"""Numeric steps: scale, clip, cast, flatten, standardise by dataset statistics."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -12,6 +13,7 @@ import yaml
 
 from services.preprocess.stats import Stats, load_stats
 from services.preprocess.steps.base import STEPS, StepError, Tensors, take
+from strata.codec import DTYPES
 
 
 @dataclass
@@ -30,16 +32,103 @@ class Scale:
 
 @dataclass
 class Clip:
-    """Clamp values into [low, high]."""
+    """Clamp values into [low, high] (either may be open); infinities go to the bounds.
+
+    NaN has no place in a range: it becomes `nan` when that is set, and is refused otherwise.
+    """
 
     input: str
-    low: float
-    high: float
+    low: float | None
+    high: float | None
+    nan: float | None = None
     name: str = "clip"
 
     def process(self, tensors: Tensors) -> Tensors:
         values = take(tensors, self.input, self.name)
-        return {**tensors, self.input: np.clip(values, self.low, self.high)}
+        if values.dtype.kind == "f":
+            clipped = self._clip_floats(values)
+        elif values.dtype.kind in "iu":
+            clipped = np.clip(values, *_integer_bounds(values.dtype, self.low, self.high))
+        else:
+            raise StepError(f"input {self.input!r}: clip needs numbers, got {values.dtype}")
+        return {**tensors, self.input: clipped}
+
+    def _clip_floats(self, values: np.ndarray) -> np.ndarray:
+        low = -np.inf if self.low is None else self.low
+        high = np.inf if self.high is None else self.high
+        clipped = np.clip(values, low, high).astype(values.dtype, copy=False)
+        holes = np.isnan(clipped)
+        if holes.any():
+            if self.nan is None:
+                raise StepError(
+                    f"input {self.input!r}: contains NaN (clip replaces NaN only if 'nan' is set)"
+                )
+            clipped[holes] = self.nan
+        return clipped
+
+
+def _integer_bounds(dtype: np.dtype, low: float | None, high: float | None) -> tuple[int, int]:
+    """Float bounds as the integers of `dtype` inside them."""
+    info = np.iinfo(dtype)
+    lo = info.min if low is None else max(info.min, min(info.max, math.ceil(low)))
+    hi = info.max if high is None else min(info.max, max(info.min, math.floor(high)))
+    return lo, hi
+
+
+@dataclass
+class Cast:
+    """Convert to another numeric datatype, refusing values the new type cannot hold."""
+
+    input: str
+    output: str
+    datatype: str
+    round: bool = False
+    name: str = "cast"
+
+    def process(self, tensors: Tensors) -> Tensors:
+        values = take(tensors, self.input, self.name)
+        if values.dtype.kind not in "biuf":
+            raise StepError(f"input {self.input!r}: cast needs numbers, got {values.dtype}")
+        target = DTYPES[self.datatype]
+        if self.round and values.dtype.kind == "f" and target.kind in "iu":
+            values = np.rint(values)
+        self._check_range(values, target)
+        rest = {k: v for k, v in tensors.items() if k != self.input}
+        return {**rest, self.output: values.astype(target)}
+
+    def _check_range(self, values: np.ndarray, target: np.dtype) -> None:
+        if target.kind == "b" or values.size == 0:
+            return
+        if target.kind == "f":
+            problem = _float_overflow(values, target)
+        else:
+            problem = _int_misfit(values, target)
+        if problem:
+            raise StepError(f"input {self.input!r}: {problem} for {self.datatype}")
+
+
+def _float_overflow(values: np.ndarray, target: np.dtype) -> str | None:
+    """Finite values that would become infinite in a narrower float type."""
+    finite = np.isfinite(values) if values.dtype.kind == "f" else True
+    with np.errstate(over="ignore"):
+        overflow = finite & ~np.isfinite(values.astype(target))
+    return "a value is too large" if np.any(overflow) else None
+
+
+def _int_misfit(values: np.ndarray, target: np.dtype) -> str | None:
+    """Why `values` cannot become the integer type `target`, or None if they can."""
+    info = np.iinfo(target)
+    if values.dtype.kind == "f":
+        if not np.isfinite(values).all():
+            return "NaN or infinity has no value"
+        # Casting truncates; float(info.max) + 1 is an exact power of two, info.max is not.
+        whole = np.trunc(values)
+        low, high = whole.min(), whole.max()
+        outside = low < info.min or high >= float(info.max) + 1
+    else:
+        low, high = values.min(), values.max()
+        outside = int(low) < info.min or int(high) > info.max
+    return f"values {low}..{high} are outside {info.min}..{info.max}" if outside else None
 
 
 @dataclass
@@ -53,7 +142,9 @@ class Flatten:
     def process(self, tensors: Tensors) -> Tensors:
         values = take(tensors, self.input, self.name)
         rest = {k: v for k, v in tensors.items() if k != self.input}
-        return {**rest, self.output: values.reshape(values.shape[0], -1)}
+        # An explicit width, since reshape cannot infer -1 for an empty batch.
+        width = math.prod(values.shape[1:])
+        return {**rest, self.output: values.reshape(values.shape[0], width)}
 
 
 @dataclass
@@ -87,7 +178,35 @@ def _build_scale(options: Mapping[str, Any], base_dir: Path) -> Scale:
 
 @STEPS.register("clip")
 def _build_clip(options: Mapping[str, Any], base_dir: Path) -> Clip:
-    return Clip(input=options["input"], low=float(options["low"]), high=float(options["high"]))
+    low, high, nan = (_number(options, key) for key in ("low", "high", "nan"))
+    if low is None and high is None:
+        raise ValueError("clip needs 'low', 'high' or both")
+    if low is not None and high is not None and low > high:
+        raise ValueError(f"clip: low {low} is above high {high}")
+    return Clip(input=options["input"], low=low, high=high, nan=nan)
+
+
+@STEPS.register("cast")
+def _build_cast(options: Mapping[str, Any], base_dir: Path) -> Cast:
+    datatype = options["datatype"]
+    if datatype not in DTYPES or datatype == "BYTES":
+        known = ", ".join(name for name in DTYPES if name != "BYTES")
+        raise ValueError(f"cast: datatype {datatype!r} unknown (known: {known})")
+    return Cast(
+        input=options["input"],
+        output=options.get("output", options["input"]),
+        datatype=datatype,
+        round=bool(options.get("round", False)),
+    )
+
+
+def _number(options: Mapping[str, Any], key: str) -> float | None:
+    value = options.get(key)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ValueError(f"{key!r} must be a number, got {value!r}")
+    return float(value)
 
 
 @STEPS.register("flatten")

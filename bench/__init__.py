@@ -1,0 +1,1 @@
+"""Benchmarks: `python -m bench --config FILE` runs them all (`make bench`)."""

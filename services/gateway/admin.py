@@ -1,0 +1,124 @@
+"""strata.v1.Admin on the gateway: status, route weights, forced levels, config reload.
+
+Registered only when an admin token is configured; every call must carry it as
+`authorization: Bearer <token>`. The token is compared in constant time and never logged.
+"""
+
+from __future__ import annotations
+
+import hmac
+
+import grpc
+import numpy as np
+
+from services.gateway.metrics import RATE_LIMITED, SHED, UPSTREAM_CALLS
+from services.gateway.runtime import Runtime
+from strata.errors import InvalidArgument, Unauthenticated, grpc_errors
+from strata.proto.v1 import admin_pb2, admin_pb2_grpc
+
+
+class AdminServicer(admin_pb2_grpc.AdminServicer):
+    def __init__(self, runtime: Runtime, token: str) -> None:
+        self._runtime = runtime
+        self._token = token.encode()
+
+    def _authorize(self, context: grpc.aio.ServicerContext) -> None:
+        metadata = dict(context.invocation_metadata() or ())
+        scheme, _, token = metadata.get("authorization", "").partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(token.encode(), self._token):
+            raise Unauthenticated("admin API: missing or wrong admin token")
+
+    @grpc_errors
+    async def Status(self, request, context) -> admin_pb2.StatusResponse:
+        self._authorize(context)
+        return await self._status()
+
+    @grpc_errors
+    async def SetWeights(self, request, context) -> admin_pb2.StatusResponse:
+        self._authorize(context)
+        self._runtime.router(request.pipeline).set_weights(dict(request.weights))
+        return await self._status()
+
+    @grpc_errors
+    async def ForceLevel(self, request, context) -> admin_pb2.StatusResponse:
+        self._authorize(context)
+        if request.release:
+            self._runtime.ladder.force(None)
+        elif not 0 <= request.level <= 4:
+            raise InvalidArgument(f"level must be 0..4, got {request.level}")
+        else:
+            self._runtime.ladder.force(request.level)
+        return await self._status()
+
+    @grpc_errors
+    async def Reload(self, request, context) -> admin_pb2.ReloadResponse:
+        self._authorize(context)
+        applied, restart = self._runtime.reload()
+        return admin_pb2.ReloadResponse(applied=applied, needs_restart=restart)
+
+    async def _status(self) -> admin_pb2.StatusResponse:
+        runtime = self._runtime
+        return admin_pb2.StatusResponse(
+            level=runtime.ladder.level,
+            level_name=runtime.level_name(),
+            forced=runtime.ladder.forced is not None,
+            pressure=runtime.ladder.last_pressure,
+            pipelines={name: self._pipeline(name) for name in runtime.routers},
+            upstreams=await runtime.upstreams.healthy(),
+            inflight=runtime.ladder.signals.inflight,
+            cache_entries=len(runtime.cache),
+            counters=_counters(),
+        )
+
+    def _pipeline(self, name: str) -> admin_pb2.PipelineStatus:
+        runtime = self._runtime
+        router = runtime.router(name)
+        arms = []
+        for route in router.routes:
+            figures = runtime.arms.get(name, route.arm)
+            p50, p95, p99 = figures.percentiles_ms()
+            breaker = runtime.upstreams.inference[route.deployment].breaker.state
+            arms.append(
+                admin_pb2.ArmStatus(
+                    arm=route.arm,
+                    deployment=route.deployment,
+                    version=route.version,
+                    weight=route.weight,
+                    requests=figures.requests,
+                    errors=figures.errors,
+                    p50_ms=p50,
+                    p95_ms=p95,
+                    p99_ms=p99,
+                    breaker=breaker,
+                )
+            )
+        status = admin_pb2.PipelineStatus(arms=arms)
+        if router.shadow is not None:
+            stats = runtime.shadow.stats.get(name)
+            status.shadow.deployment = router.shadow.deployment
+            status.shadow.version = router.shadow.version
+            if stats is not None:
+                status.shadow.compared = stats.compared
+                status.shadow.agreed = stats.agreed
+                status.shadow.errors = stats.errors
+                status.shadow.dropped = stats.dropped
+                if stats.latencies:
+                    status.shadow.p50_ms = float(np.median(stats.latencies) * 1000)
+        return status
+
+
+def _counters() -> dict[str, float]:
+    """Sums of a few counters by their first label: upstream calls, limits, sheds."""
+    out: dict[str, float] = {}
+    for prefix, metric in (
+        ("upstream_calls", UPSTREAM_CALLS),
+        ("rate_limited", RATE_LIMITED),
+        ("shed", SHED),
+    ):
+        for family in metric.collect():
+            for sample in family.samples:
+                if sample.name.endswith("_total"):
+                    label = next(iter(sample.labels.values()))
+                    key = f"{prefix}.{label}"
+                    out[key] = out.get(key, 0.0) + sample.value
+    return out

@@ -1,0 +1,71 @@
+"""The result cache: bounded, with a time to live, keyed by what determines an answer.
+
+The key is the pipeline, the model version that would answer, and the request's input
+tensors (name, datatype, shape and bytes), hashed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+import numpy as np
+
+from strata.codec import datatype_of, to_raw
+from strata.policies import Cache
+
+
+def cache_key(pipeline: str, version: str, arrays: Mapping[str, np.ndarray]) -> str:
+    digest = hashlib.blake2b(digest_size=20)
+    digest.update(f"{pipeline}\0{version}\0".encode())
+    for name in sorted(arrays):
+        array = arrays[name]
+        digest.update(f"{name}\0{datatype_of(array)}\0{array.shape}\0".encode())
+        digest.update(to_raw(array))
+    return digest.hexdigest()
+
+
+@dataclass(frozen=True)
+class Cached:
+    outputs: dict[str, np.ndarray]
+    arm: str
+    model_version: str
+
+
+class ResultCache:
+    """Least recently used answers, each fresh for `ttl_seconds`."""
+
+    def __init__(self, settings: Cache, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self._entries: OrderedDict[str, tuple[float, Cached]] = OrderedDict()
+        self.configure(settings)
+
+    def configure(self, settings: Cache) -> None:
+        self.settings = settings
+        while len(self._entries) > settings.max_entries:
+            self._entries.popitem(last=False)
+
+    def get(self, key: str) -> Cached | None:
+        entry = self._entries.get(key)
+        if entry is None:
+            return None
+        expires, value = entry
+        if expires < self._clock():
+            del self._entries[key]
+            return None
+        self._entries.move_to_end(key)
+        return value
+
+    def put(self, key: str, value: Cached) -> None:
+        if self.settings.max_entries == 0:
+            return
+        self._entries[key] = (self._clock() + self.settings.ttl_seconds, value)
+        self._entries.move_to_end(key)
+        if len(self._entries) > self.settings.max_entries:
+            self._entries.popitem(last=False)
+
+    def __len__(self) -> int:
+        return len(self._entries)

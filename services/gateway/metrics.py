@@ -1,0 +1,46 @@
+"""The gateway's Prometheus metrics."""
+
+from prometheus_client import Counter, Gauge, Histogram
+
+from strata.metrics import LATENCY_BUCKETS
+
+REQUESTS = Counter(
+    "strata_gateway_requests", "Client requests answered, by pipeline and status code.",
+    ["pipeline", "code"],
+)  # fmt: skip
+LATENCY = Histogram(
+    "strata_gateway_request_duration_seconds", "Time to answer a client request.",
+    ["pipeline"], buckets=LATENCY_BUCKETS,
+)  # fmt: skip
+UPSTREAM_CALLS = Counter(
+    "strata_gateway_upstream_calls", "Calls to the layers behind the gateway, by hop and code.",
+    ["hop", "code"],
+)  # fmt: skip
+RATE_LIMITED = Counter(
+    "strata_gateway_rate_limited", "Requests refused by a token bucket.", ["scope"]
+)
+SHED = Counter("strata_gateway_shed", "Requests shed under overload, by reason.", ["reason"])
+LEVEL = Gauge("strata_gateway_degradation_level", "Current degradation level (0 = normal).")
+LEVEL_CHANGES = Counter(
+    "strata_gateway_degradation_changes", "Moves between degradation levels.", ["direction"]
+)
+DEGRADED = Counter(
+    "strata_gateway_degraded_answers", "Answers marked degraded, by source.", ["source"]
+)
+CACHE = Counter("strata_gateway_cache_lookups", "Result cache lookups.", ["result"])
+ARM_REQUESTS = Counter(
+    "strata_gateway_arm_requests", "Requests per A/B arm, by status code.",
+    ["pipeline", "arm", "code"],
+)  # fmt: skip
+ARM_LATENCY = Histogram(
+    "strata_gateway_arm_duration_seconds", "Inference time per A/B arm.",
+    ["pipeline", "arm"], buckets=LATENCY_BUCKETS,
+)  # fmt: skip
+SHADOW = Counter(
+    "strata_gateway_shadow_comparisons", "Shadow answers compared with the primary's.",
+    ["pipeline", "result"],
+)  # fmt: skip
+BREAKER_OPEN = Gauge(
+    "strata_gateway_breaker_open", "1 while an upstream's circuit breaker is open.", ["upstream"]
+)
+INFLIGHT = Gauge("strata_gateway_inflight_requests", "Client requests being worked on.")

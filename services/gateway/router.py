@@ -1,0 +1,81 @@
+"""A/B routing: weighted arms, sticky per client, overridable per request, with a shadow.
+
+A client's arm is a pure function of its key and the weights (a hash into the cumulative
+weights), so the same client lands on the same arm on every gateway replica with no shared
+state. Weights change at run time by swapping one tuple, so a request sees old or new weights,
+never a mix.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable, Mapping, Sequence
+
+from strata.config import Route, Shadow
+from strata.errors import InvalidArgument, Unavailable
+
+
+def unit_hash(*parts: str) -> float:
+    """A uniform number in [0, 1) determined by `parts`."""
+    digest = hashlib.blake2b("\0".join(parts).encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") / 2**64
+
+
+class Router:
+    def __init__(self, pipeline: str, routes: Sequence[Route], shadow: Shadow | None) -> None:
+        self.pipeline = pipeline
+        self.shadow = shadow
+        self._routes: tuple[Route, ...] = tuple(routes)
+
+    @property
+    def routes(self) -> tuple[Route, ...]:
+        return self._routes
+
+    def set_weights(self, weights: Mapping[str, float]) -> None:
+        """Change arms' weights; unknown arms or no positive weight left are refused."""
+        arms = {route.arm for route in self._routes}
+        unknown = sorted(set(weights) - arms)
+        if unknown:
+            raise InvalidArgument(f"pipeline {self.pipeline!r} has no arm {unknown[0]!r}")
+        if any(w < 0 for w in weights.values()):
+            raise InvalidArgument("weights must not be negative")
+        routes = tuple(
+            route.model_copy(update={"weight": weights.get(route.arm, route.weight)})
+            for route in self._routes
+        )
+        if sum(r.weight for r in routes) <= 0:
+            raise InvalidArgument("at least one arm needs a positive weight")
+        self._routes = routes
+
+    def choose(
+        self, client: str, forced: str = "", usable: Callable[[Route], bool] = lambda r: True
+    ) -> Route:
+        """The arm for `client`: the forced one, else its sticky arm, else a usable fallback."""
+        routes = self._routes
+        if forced:
+            for route in routes:
+                if route.arm == forced:
+                    return route
+            arms = [r.arm for r in routes]
+            raise InvalidArgument(f"pipeline {self.pipeline!r} has no arm {forced!r}; arms: {arms}")
+        sticky = _pick(routes, unit_hash(self.pipeline, client))
+        if usable(sticky):
+            return sticky
+        healthy = [r for r in routes if r is not sticky and usable(r) and r.weight > 0]
+        if not healthy:
+            raise Unavailable(f"pipeline {self.pipeline!r}: no arm is available")
+        return _pick(tuple(healthy), unit_hash(self.pipeline, client, "fallback"))
+
+    def mirrors(self, request_key: str) -> bool:
+        """Whether this request also goes to the shadow route."""
+        return self.shadow is not None and unit_hash("shadow", request_key) < self.shadow.fraction
+
+
+def _pick(routes: tuple[Route, ...], point: float) -> Route:
+    total = sum(route.weight for route in routes)
+    edge = 0.0
+    for route in routes:
+        edge += route.weight / total
+        if point < edge:
+            return route
+    return next(r for r in reversed(routes) if r.weight > 0)

@@ -1,0 +1,153 @@
+"""The gateway's live state: its policies, routes and ladder, and how a reload changes them.
+
+Settings that are safe to change live (rate limits, ladder thresholds, cache, breakers,
+route weights, latency objectives, default answers) are applied to the running objects;
+anything else that changed is reported as needing a restart.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+
+from services.gateway.arms import ArmBook
+from services.gateway.cache import ResultCache
+from services.gateway.ladder import LEVELS, LadderController
+from services.gateway.limiter import RateLimiter
+from services.gateway.metrics import LEVEL, LEVEL_CHANGES
+from services.gateway.orchestrator import Orchestrator
+from services.gateway.router import Router
+from services.gateway.shadow import ShadowRunner
+from services.gateway.upstreams import Upstreams
+from strata.config import Settings, load_settings
+from strata.errors import NotFound
+
+log = logging.getLogger(__name__)
+LIVE_GATEWAY = ("rate_limits", "ladder", "cache", "breaker", "default_timeout_seconds")
+LIVE_PIPELINE = ("latency_objective_ms", "cache", "default_answer")
+
+
+def _on_level_change(old: int, new: int, why: str) -> None:
+    LEVEL.set(new)
+    LEVEL_CHANGES.labels("up" if new > old else "down").inc()
+
+
+class Runtime:
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.upstreams = Upstreams(settings)
+        self.limiter = RateLimiter(settings.gateway.rate_limits)
+        self.ladder = LadderController(
+            settings.gateway.ladder, _objectives(settings), _on_level_change
+        )
+        self.cache = ResultCache(settings.gateway.cache)
+        self.routers = {
+            name: Router(name, settings.routes(name), pipeline.model.shadow)
+            for name, pipeline in settings.pipelines.items()
+        }
+        self.shadow = ShadowRunner(self.upstreams)
+        self.arms = ArmBook()
+        self.orchestrator = Orchestrator(
+            self.upstreams, self.ladder, self.cache, self.routers, self.shadow, self.arms
+        )
+        self._ticker: asyncio.Task | None = None
+
+    def router(self, pipeline: str) -> Router:
+        try:
+            return self.routers[pipeline]
+        except KeyError:
+            raise NotFound(f"unknown pipeline {pipeline!r}") from None
+
+    def start(self) -> None:
+        """Start deciding the degradation level once per tick."""
+        self._ticker = asyncio.create_task(self._tick_forever())
+
+    async def _tick_forever(self) -> None:
+        while True:
+            await asyncio.sleep(self.ladder.settings.tick_seconds)
+            self.ladder.tick()
+
+    async def close(self) -> None:
+        if self._ticker is not None:
+            self._ticker.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._ticker
+        await self.shadow.close()
+        await self.upstreams.close()
+
+    def level_name(self) -> str:
+        return LEVELS[self.ladder.level]
+
+    def reload(self) -> tuple[list[str], list[str]]:
+        """Re-read the config file; apply what is safe live, report the rest."""
+        if self.settings.source is None:
+            raise NotFound("these settings were not loaded from a file")
+        new = load_settings(self.settings.source)
+        applied = self._apply_gateway(new) + self._apply_pipelines(new)
+        restart = _needs_restart(self.settings, new)
+        self.settings = new
+        log.info("config reloaded: applied %s; needs restart: %s", applied, restart)
+        return applied, restart
+
+    def _apply_gateway(self, new: Settings) -> list[str]:
+        old, gateway = self.settings.gateway, new.gateway
+        changed = [key for key in LIVE_GATEWAY if getattr(old, key) != getattr(gateway, key)]
+        self.limiter.configure(gateway.rate_limits)
+        self.ladder.settings = gateway.ladder
+        self.ladder.objectives = _objectives(new)
+        self.cache.configure(gateway.cache)
+        for hop in self.upstreams.hops:
+            hop.breaker.settings = gateway.breaker
+        return [f"gateway.{key}" for key in changed]
+
+    def _apply_pipelines(self, new: Settings) -> list[str]:
+        applied = []
+        for name, router in self.routers.items():
+            if name not in new.pipelines:
+                continue
+            weights = {route.arm: route.weight for route in new.routes(name)}
+            if weights != {route.arm: route.weight for route in router.routes}:
+                router.set_weights(weights)
+                applied.append(f"pipelines.{name}.routes.weight")
+            old, fresh = self.settings.pipelines[name], new.pipelines[name]
+            applied += [
+                f"pipelines.{name}.{key}"
+                for key in LIVE_PIPELINE
+                if getattr(old, key) != getattr(fresh, key)
+            ]
+        return applied
+
+
+def _objectives(settings: Settings) -> dict[str, float]:
+    return {name: p.latency_objective_ms / 1000 for name, p in settings.pipelines.items()}
+
+
+def _needs_restart(old: Settings, new: Settings) -> list[str]:
+    """Top-level sections and pipeline parts that changed beyond what applies live."""
+    changed = [
+        key
+        for key in ("services", "server", "telemetry", "repository", "inference")
+        if getattr(old, key) != getattr(new, key)
+    ]
+    if old.gateway.admin_token != new.gateway.admin_token:
+        changed.append("gateway.admin_token")
+    for name in sorted(set(old.pipelines) | set(new.pipelines)):
+        before, after = old.pipelines.get(name), new.pipelines.get(name)
+        if before is None or after is None:
+            changed.append(f"pipelines.{name}")
+            continue
+        skip = set(LIVE_PIPELINE) | {"model"}
+        for key in type(before).model_fields:
+            if key not in skip and getattr(before, key) != getattr(after, key):
+                changed.append(f"pipelines.{name}.{key}")
+        if _routing(before) != _routing(after):
+            changed.append(f"pipelines.{name}.model")
+    return changed
+
+
+def _routing(pipeline) -> tuple:
+    """What a live reload cannot change about a pipeline's model: all but the weights."""
+    model = pipeline.model
+    routes = tuple((r.arm, r.deployment, r.version) for r in model.routes)
+    return model.name, model.version, routes, model.shadow

@@ -1,0 +1,55 @@
+"""The batcher's spans: each batch is a span of its own, linked to the spans of its requests.
+
+A batch span starts a trace of its own, so no request's trace grows with other requests'
+work; each request's span (the server span of its ModelInfer call) records how long it
+queued and which batch it joined.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from opentelemetry import trace
+from opentelemetry.context import Context
+from opentelemetry.trace import Link, Span, SpanContext, Status, StatusCode
+
+_tracer = trace.get_tracer("strata.inference.batcher")
+
+
+def current() -> SpanContext | None:
+    """The caller's span, for a batch to link to."""
+    context = trace.get_current_span().get_span_context()
+    return context if context.is_valid else None
+
+
+def start_batch(model: str, version: str, links: Sequence[SpanContext | None], rows: int) -> Span:
+    return _tracer.start_span(
+        "inference batch",
+        context=Context(),
+        links=[Link(link) for link in links if link is not None],
+        attributes={
+            "strata.model": model,
+            "strata.model_version": version,
+            "batch.requests": len(links),
+            "batch.rows": rows,
+        },
+    )
+
+
+def end_batch(span: Span, compute: float, failures: int) -> None:
+    span.set_attribute("batch.compute_ms", compute * 1e3)
+    if failures:
+        span.set_attribute("batch.failed_requests", failures)
+        span.set_status(Status(StatusCode.ERROR, f"{failures} requests failed"))
+    span.end()
+
+
+def note_request(queued: float, rows: int, batch: Span | None) -> None:
+    """On the request's own span: its queue wait and the batch it joined."""
+    span = trace.get_current_span()
+    if not span.is_recording():
+        return
+    span.set_attribute("strata.queue_ms", queued * 1e3)
+    if batch is not None:
+        span.set_attribute("strata.batch_rows", rows)
+        span.set_attribute("strata.batch_span_id", f"{batch.get_span_context().span_id:016x}")

@@ -1,0 +1,163 @@
+"""Image decode: PNG and JPEG bytes (a BYTES tensor) or raw UINT8 arrays to one pixel batch.
+
+Each encoded image's header is read before its pixels: an image over `max_pixels`, or one that
+takes the request over `max_batch_pixels`, is refused before it is decompressed, so small files
+that unpack into gigabytes (decompression bombs) cost nothing. Pixels end in one colour mode
+(see color.py for the layouts); images of different sizes need `height` and `width`, to which
+each is resized.
+"""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from PIL import Image, ImageOps, UnidentifiedImageError
+
+from services.preprocess.steps.base import STEPS, StepError, Tensors, positive_int, strings, take
+from services.preprocess.steps.color import convert_pixels, mode_of, parse_background, parse_mode
+from services.preprocess.steps.image import INTERPOLATIONS, resize_images
+
+FORMATS = ("PNG", "JPEG")
+# Pillow modes that map to ours without losing anything; 16-bit gray is shifted to 8 bits.
+_NATIVE = {"L": "L", "RGB": "RGB", "RGBA": "RGBA"}
+_SIXTEEN_BIT = ("I;16", "I;16B", "I;16L", "I")
+DEFAULT_MAX_PIXELS = 4096 * 4096
+DEFAULT_MAX_BYTES = 16 * 1024 * 1024
+DEFAULT_MAX_BATCH_PIXELS = 4 * DEFAULT_MAX_PIXELS
+
+
+@dataclass
+class Decode:
+    """PNG/JPEG bytes or UINT8 arrays to UINT8 images in `mode`, checked against limits."""
+
+    input: str
+    output: str
+    mode: str = "RGB"
+    max_pixels: int = DEFAULT_MAX_PIXELS
+    max_bytes: int = DEFAULT_MAX_BYTES
+    max_batch_pixels: int = DEFAULT_MAX_BATCH_PIXELS
+    size: tuple[int, int] | None = None
+    interpolation: str = "area"
+    background: tuple[int, int, int] | None = None
+    exif_orientation: bool = True
+    name: str = "decode"
+
+    def process(self, tensors: Tensors) -> Tensors:
+        values = take(tensors, self.input, self.name)
+        if values.dtype == object:
+            images = self._decode_all(strings(tensors, self.input, self.name))
+        else:
+            images = self._from_array(values)
+        rest = {k: v for k, v in tensors.items() if k != self.input}
+        return {**rest, self.output: images}
+
+    def _from_array(self, values: np.ndarray) -> np.ndarray:
+        mode_of(values, self.input)
+        self._check_pixels(values.shape[1], values.shape[2], f"input {self.input!r}")
+        pixels = convert_pixels(values, self.mode, self.input, self.background)
+        return self._fit(pixels)
+
+    def _decode_all(self, flat: np.ndarray) -> np.ndarray:
+        images, total = [], 0
+        for index, item in enumerate(flat):
+            where = f"input {self.input!r}: element {index}"
+            image = self._open(item, where)
+            # Many small files can each unpack to max_pixels; bound the whole request too.
+            total += image.width * image.height
+            if total > self.max_batch_pixels:
+                raise StepError(
+                    f"{where} brings the request to {total} pixels, more than the "
+                    f"{self.max_batch_pixels} allowed in all"
+                )
+            images.append(self._fit(self._pixels(image, where)[None]))
+        if not images:
+            height, width = self.size or (0, 0)
+            channels = () if self.mode == "L" else (len(self.mode),)
+            return np.zeros((0, height, width, *channels), dtype=np.uint8)
+        sizes = {image.shape[1:3] for image in images}
+        if len(sizes) > 1:
+            raise StepError(
+                f"input {self.input!r}: images have different sizes {sorted(sizes)}; "
+                "set the decode step's height and width to resize them"
+            )
+        return np.concatenate(images)
+
+    def _open(self, item: object, where: str) -> Image.Image:
+        """An encoded image with only its header read, checked against the limits."""
+        data = bytes(item)  # type: ignore[call-overload]
+        if len(data) > self.max_bytes:
+            raise StepError(f"{where} is {len(data)} bytes, more than {self.max_bytes}")
+        try:
+            image = Image.open(io.BytesIO(data), formats=FORMATS)
+        except UnidentifiedImageError:
+            raise StepError(f"{where} is not a PNG or JPEG image") from None
+        except Image.DecompressionBombError as exc:
+            # Pillow's own guard fires first for the most extreme sizes.
+            raise StepError(f"{where}: {exc}; at most {self.max_pixels} are allowed") from None
+        except Exception as exc:  # Pillow's parsers raise many types on hostile headers
+            raise StepError(f"{where} has a corrupt header ({exc})") from None
+        self._check_pixels(image.height, image.width, where)
+        return image
+
+    def _pixels(self, image: Image.Image, where: str) -> np.ndarray:
+        """Decompress an opened image to [H, W(, C)] pixels in `mode`."""
+        try:
+            image.load()
+            if self.exif_orientation:
+                image = ImageOps.exif_transpose(image)
+            pixels = _native_pixels(image)
+        except Exception as exc:  # likewise for the decoders (OSError, SyntaxError, zlib...)
+            raise StepError(f"{where} is truncated or corrupt ({exc})") from None
+        return convert_pixels(pixels[None], self.mode, self.input, self.background)[0]
+
+    def _check_pixels(self, height: int, width: int, where: str) -> None:
+        if height * width > self.max_pixels:
+            raise StepError(
+                f"{where}: {width}x{height} is {height * width} pixels, more than the "
+                f"{self.max_pixels} allowed"
+            )
+
+    def _fit(self, pixels: np.ndarray) -> np.ndarray:
+        """Resize a batch to `size` if one is set, back to rounded UINT8."""
+        if self.size is None or pixels.shape[1:3] == self.size:
+            return pixels
+        resized = resize_images(pixels, *self.size, self.interpolation)
+        return np.clip(np.rint(resized), 0, 255).astype(np.uint8)
+
+
+def _native_pixels(image: Image.Image) -> np.ndarray:
+    """Pixels as L, RGB or RGBA without losing transparency; Pillow converts other modes."""
+    if image.mode in _NATIVE:
+        return np.asarray(image)
+    if image.mode in _SIXTEEN_BIT:
+        wide = np.asarray(image).astype(np.int64)
+        return (np.clip(wide, 0, 65535) >> 8).astype(np.uint8)
+    transparent = "A" in image.mode or "transparency" in image.info
+    return np.asarray(image.convert("RGBA" if transparent else "RGB"))
+
+
+@STEPS.register("decode")
+def _build_decode(options: Mapping[str, Any], base_dir: Path) -> Decode:
+    size = None
+    if "height" in options or "width" in options:
+        size = (positive_int(options, "height"), positive_int(options, "width"))
+    interpolation = options.get("interpolation", "area")
+    if interpolation not in INTERPOLATIONS:
+        raise ValueError(f"interpolation {interpolation!r} unknown (known: {list(INTERPOLATIONS)})")
+    return Decode(
+        input=options["input"],
+        output=options.get("output", options["input"]),
+        mode=parse_mode(options, default="RGB"),
+        max_pixels=positive_int(options, "max_pixels", DEFAULT_MAX_PIXELS),
+        max_bytes=positive_int(options, "max_bytes", DEFAULT_MAX_BYTES),
+        max_batch_pixels=positive_int(options, "max_batch_pixels", DEFAULT_MAX_BATCH_PIXELS),
+        size=size,
+        interpolation=interpolation,
+        background=parse_background(options),
+        exif_orientation=bool(options.get("exif_orientation", True)),
+    )

@@ -1,0 +1,182 @@
+"""Text steps: normalise strings, and tokenise them with a `tokenizer.json`.
+
+Both take BYTES tensors of shape [batch] or [batch, 1] whose elements must be UTF-8.
+"""
+
+from __future__ import annotations
+
+import unicodedata
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+from tokenizers import Encoding, Tokenizer
+
+from services.preprocess.steps.base import (
+    STEPS,
+    StepError,
+    Tensors,
+    positive_int,
+    resolve,
+    strings,
+    utf8,
+)
+
+UNICODE_FORMS = ("NFC", "NFKC", "NFD", "NFKD", "none")
+
+
+@dataclass
+class NormalizeText:
+    """Strip, lowercase and Unicode-normalise every string; the shape is kept."""
+
+    input: str
+    output: str
+    strip: bool = True
+    lowercase: bool = False
+    unicode: str = "NFC"
+    name: str = "normalize_text"
+
+    def process(self, tensors: Tensors) -> Tensors:
+        flat = strings(tensors, self.input, self.name)
+        out = np.empty(flat.shape[0], dtype=object)
+        for index, item in enumerate(flat):
+            out[index] = self.normalize(utf8(item, self.input, index)).encode("utf-8")
+        return {**tensors, self.output: out.reshape(tensors[self.input].shape)}
+
+    def normalize(self, text: str) -> str:
+        if self.unicode != "none":
+            text = unicodedata.normalize(self.unicode, text)  # type: ignore[arg-type]
+        if self.lowercase:
+            text = text.lower()
+        return text.strip() if self.strip else text
+
+
+@dataclass
+class Tokenize:
+    """Token ids, attention mask and token type ids (INT64 [batch, length]) for each string.
+
+    Truncation and padding are set once on the tokenizer when the step is built, so requests
+    only encode. Without truncation, a text longer than `max_length` tokens is refused.
+    """
+
+    input: str
+    tokenizer: Tokenizer
+    max_length: int
+    truncation: bool
+    padding: Literal["longest", "max_length"]
+    outputs: dict[str, str]
+    pair: str | None = None
+    add_special_tokens: bool = True
+    name: str = "tokenize"
+
+    def process(self, tensors: Tensors) -> Tensors:
+        texts = self._texts(tensors, self.input)
+        inputs: list[Any] = texts
+        if self.pair is not None:
+            second = self._texts(tensors, self.pair)
+            if len(second) != len(texts):
+                raise StepError(
+                    f"inputs {self.input!r} and {self.pair!r} disagree on the batch size: "
+                    f"{len(texts)} and {len(second)}"
+                )
+            inputs = list(zip(texts, second, strict=True))
+        encodings = self.tokenizer.encode_batch_fast(
+            inputs, add_special_tokens=self.add_special_tokens
+        )
+        if not self.truncation:
+            self._check_lengths(encodings)
+        length = self.max_length if self.padding == "max_length" else 0
+        if encodings:
+            length = len(encodings[0].ids)
+        rest = {k: v for k, v in tensors.items() if k not in (self.input, self.pair)}
+        for attribute, output in self.outputs.items():
+            rows = [getattr(encoding, attribute) for encoding in encodings]
+            rest[output] = np.array(rows, dtype=np.int64).reshape(len(encodings), length)
+        return rest
+
+    def _texts(self, tensors: Tensors, name: str) -> list[str]:
+        flat = strings(tensors, name, self.name)
+        return [utf8(item, name, index) for index, item in enumerate(flat)]
+
+    def _check_lengths(self, encodings: list[Encoding]) -> None:
+        for index, encoding in enumerate(encodings):
+            tokens = sum(encoding.attention_mask)
+            if tokens > self.max_length:
+                raise StepError(
+                    f"input {self.input!r}: element {index} has {tokens} tokens, "
+                    f"more than max_length {self.max_length}"
+                )
+
+
+@STEPS.register("normalize_text")
+def _build_normalize_text(options: Mapping[str, Any], base_dir: Path) -> NormalizeText:
+    unicode = options.get("unicode", "NFC")
+    if unicode not in UNICODE_FORMS:
+        raise ValueError(f"unicode must be one of {list(UNICODE_FORMS)}, got {unicode!r}")
+    return NormalizeText(
+        input=options["input"],
+        output=options.get("output", options["input"]),
+        strip=bool(options.get("strip", True)),
+        lowercase=bool(options.get("lowercase", False)),
+        unicode=unicode,
+    )
+
+
+# Encoding attribute -> option naming the output tensor, and its default name.
+_OUTPUTS = {
+    "ids": ("input_ids", "input_ids"),
+    "attention_mask": ("attention_mask", "attention_mask"),
+    "type_ids": ("token_type_ids", "token_type_ids"),
+}
+
+
+@STEPS.register("tokenize")
+def _build_tokenize(options: Mapping[str, Any], base_dir: Path) -> Tokenize:
+    max_length = positive_int(options, "max_length")
+    padding = options.get("padding", "longest")
+    if padding not in ("longest", "max_length"):
+        raise ValueError(f"padding must be 'longest' or 'max_length', got {padding!r}")
+    truncation = bool(options.get("truncation", True))
+    tokenizer = _load_tokenizer(resolve(base_dir, options["tokenizer"]), options)
+    if truncation:
+        tokenizer.enable_truncation(max_length)
+    else:
+        # Encode in full so over-long texts can be refused, not silently cut.
+        tokenizer.no_truncation()
+    _set_padding(tokenizer, options, max_length if padding == "max_length" else None)
+    outputs = {}
+    for attribute, (key, default) in _OUTPUTS.items():
+        name = options.get(key, default)
+        if name is not None:
+            outputs[attribute] = name
+    if not outputs:
+        raise ValueError("every output is switched off; keep at least input_ids")
+    return Tokenize(
+        input=options["input"],
+        tokenizer=tokenizer,
+        max_length=max_length,
+        truncation=truncation,
+        padding=padding,
+        outputs=outputs,
+        pair=options.get("pair"),
+        add_special_tokens=bool(options.get("add_special_tokens", True)),
+    )
+
+
+def _load_tokenizer(path: Path, options: Mapping[str, Any]) -> Tokenizer:
+    try:
+        return Tokenizer.from_file(str(path))
+    except Exception as exc:  # the library raises a bare Exception for a bad file
+        raise ValueError(f"cannot load tokenizer {options['tokenizer']!r}: {exc}") from None
+
+
+def _set_padding(tokenizer: Tokenizer, options: Mapping[str, Any], length: int | None) -> None:
+    """Pad with the file's own pad token unless the config names one."""
+    configured = tokenizer.padding or {}
+    pad_token = options.get("pad_token", configured.get("pad_token", "[PAD]"))
+    pad_id = tokenizer.token_to_id(pad_token)
+    if pad_id is None:
+        raise ValueError(f"pad token {pad_token!r} is not in the tokenizer's vocabulary")
+    tokenizer.enable_padding(pad_id=pad_id, pad_token=pad_token, length=length)

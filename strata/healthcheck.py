@@ -1,0 +1,48 @@
+"""A health check over the gRPC health protocol: `python -m strata.healthcheck ADDRESS`.
+
+Asks `grpc.health.v1.Health/Check` at ADDRESS (for the whole server, or one `--service`) and
+exits 0 only when the answer is SERVING. NOT_SERVING, an unknown service, no answer within
+`--timeout` or any other error exits 1, with the reason on stderr. Container health checks
+(the compose file's) run it; Kubernetes asks the same RPC with its native `grpc:` probes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+
+def check(address: str, service: str = "", timeout: float = 2.0) -> str:
+    """The status name (e.g. SERVING) the server at `address` reports for `service`.
+
+    Raises grpc.RpcError when the server cannot be reached in time or does not know `service`.
+    """
+    with grpc.insecure_channel(address) as channel:
+        stub = health_pb2_grpc.HealthStub(channel)
+        reply = stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=timeout)
+    return health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m strata.healthcheck", description=__doc__)
+    parser.add_argument("address", help="host:port of the gRPC server, e.g. 127.0.0.1:8001")
+    parser.add_argument("--service", default="", help="service name to ask about (default: all)")
+    parser.add_argument("--timeout", type=float, default=2.0, help="seconds to wait for an answer")
+    args = parser.parse_args(argv)
+    try:
+        status = check(args.address, args.service, args.timeout)
+    except grpc.RpcError as exc:
+        print(f"{args.address}: {exc.code().name}: {exc.details()}", file=sys.stderr)
+        return 1
+    if status != "SERVING":
+        print(f"{args.address}: {status}", file=sys.stderr)
+        return 1
+    print(f"{args.address}: {status}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

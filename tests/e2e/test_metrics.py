@@ -1,0 +1,107 @@
+"""Every process serves Prometheus metrics that tell the same story as the requests sent."""
+
+import itertools
+import urllib.request
+from pathlib import Path
+
+import grpc
+import numpy as np
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from strata import codec
+from strata.proto.inference import grpc_service_pb2_grpc as v2_grpc
+from tests.support.system import free_port, running_system
+
+
+def metrics_address(count: int = 1) -> str:
+    return f"127.0.0.1:{free_port(count)}"
+
+
+def scrape(address: str) -> dict[str, list]:
+    """Samples by metric family name."""
+    with urllib.request.urlopen(f"http://{address}/metrics", timeout=5) as page:
+        text = page.read().decode()
+    return {f.name: f.samples for f in text_string_to_metric_families(text)}
+
+
+@pytest.fixture(scope="module")
+def scraped(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, list]]:
+    changes = {
+        "services": {
+            "gateway": {"metrics": metrics_address()},
+            "preprocess": {"metrics": metrics_address(2)},
+            "postprocess": {"metrics": metrics_address()},
+            "inference": {"a": {"metrics": metrics_address()}, "b": {"metrics": metrics_address()}},
+        }
+    }
+    folder: Path = tmp_path_factory.mktemp("metrics")
+    with running_system(folder, changes) as system:
+        stub = v2_grpc.GRPCInferenceServiceStub(grpc.insecure_channel(system.address("gateway")))
+        for i in range(20):
+            stub.ModelInfer(
+                codec.build_request("digits", {"images": np.full((2, 8, 8), i, np.uint8)}),
+                metadata=(("x-client-id", f"c{i}"),),
+            )
+        with pytest.raises(grpc.RpcError):
+            stub.ModelInfer(codec.build_request("digits", {"images": np.zeros((1, 8), "u1")}))
+        services = system.settings.services
+        addresses = {
+            "gateway": services.gateway.metrics,
+            "postprocess": services.postprocess.metrics,
+            "inference-a": services.inference["a"].metrics,
+            "inference-b": services.inference["b"].metrics,
+            **{
+                f"preprocess-{i}": services.preprocess.metrics_for(listen)
+                for i, listen in enumerate(services.preprocess.listens)
+            },
+        }
+        return {name: scrape(address) for name, address in addresses.items()}
+
+
+def total(samples: list, name: str, **labels: str) -> float:
+    return sum(
+        s.value
+        for s in samples
+        if s.name == name and all(s.labels.get(k) == v for k, v in labels.items())
+    )
+
+
+def test_every_process_counts_its_rpcs_and_reports_rss_and_cpu(scraped) -> None:
+    for name, families in scraped.items():
+        assert total(families["process_resident_memory_bytes"], "process_resident_memory_bytes")
+        assert "process_cpu_seconds" in families, name
+        assert families["strata_rpc_server_requests"], name
+    gateway = scraped["gateway"]["strata_rpc_server_requests"]
+    method = "/inference.GRPCInferenceService/ModelInfer"
+    assert total(gateway, "strata_rpc_server_requests_total", method=method, code="OK") == 20
+    bad = total(gateway, "strata_rpc_server_requests_total", method=method, code="INVALID_ARGUMENT")
+    assert bad == 1
+
+
+def test_replicas_share_the_preprocess_work(scraped) -> None:
+    calls = [
+        total(
+            scraped[f"preprocess-{i}"]["strata_rpc_server_requests"],
+            "strata_rpc_server_requests_total",
+            method="/strata.v1.Preprocess/Process",
+        )
+        for i in range(2)
+    ]
+    assert sum(calls) == 20 and min(calls) > 0
+
+
+def test_gateway_histograms_and_arm_figures_parse(scraped) -> None:
+    gateway = scraped["gateway"]
+    buckets = [
+        s
+        for s in gateway["strata_gateway_request_duration_seconds"]
+        if s.name.endswith("_bucket") and s.labels["pipeline"] == "digits"
+    ]
+    assert buckets[-1].labels["le"] == "+Inf" and buckets[-1].value == 21
+    assert all(a.value <= b.value for a, b in itertools.pairwise(buckets))
+    arms = gateway["strata_gateway_arm_requests"]
+    assert total(arms, "strata_gateway_arm_requests_total", pipeline="digits") == 20
+    assert (
+        total(gateway["strata_gateway_degradation_level"], "strata_gateway_degradation_level") == 0
+    )

@@ -1,0 +1,264 @@
+"""The inference service on a real gRPC server in process, over a toy repository: batching
+under load, limits and their codes, failure isolation, statistics, and hot swap under load."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import grpc
+import numpy as np
+import pytest
+import yaml
+
+from services.inference.app import build
+from strata import codec
+from strata.config import load_settings
+from strata.proto.inference import grpc_service_pb2 as v2
+from strata.proto.inference import grpc_service_pb2_grpc as v2_grpc
+from strata.server import start_server
+from tests.support.system import endpoint
+from tests.unit.test_inference_toymodels import (
+    dense,
+    pooling_model,
+    run,
+    tokens,
+    write_case,
+    write_version,
+)
+
+X = {"x": np.ones((1, 4), np.float32)}
+HEAVY = {"x": np.ones((1, 512), np.float32)}
+TOY_PIPELINE = {
+    "inputs": [{"name": "x", "datatype": "FP32", "shape": [-1, 4]}],
+    "outputs": [{"name": "y", "datatype": "FP32", "shape": [-1, 3]}],
+}
+
+
+@contextmanager
+def inference_server(folder: Path, models: list[str], **inference: Any) -> Iterator[Any]:
+    """The inference service alone, on a free port, serving `models` from `folder/repo`."""
+    raw = {
+        "services": {
+            "gateway": endpoint(),
+            "preprocess": endpoint(),
+            "postprocess": endpoint(),
+            "inference": {"a": endpoint()},
+        },
+        "repository": str(folder / "repo"),
+        "inference": {"models": models, **inference},
+        "pipelines": {"toy": {**TOY_PIPELINE, "model": {"name": models[0]}}},
+    }
+    path = folder / "strata.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    settings = load_settings(path)
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+
+    async def start() -> tuple:
+        service = await build(settings)
+        listen = service.endpoint.listen
+        return await start_server(service.registrations, listen, settings.server), service
+
+    running, service = asyncio.run_coroutine_threadsafe(start(), loop).result(timeout=60)
+    channel = grpc.insecure_channel(settings.services.primary_inference.listen)
+    try:
+        yield v2_grpc.GRPCInferenceServiceStub(channel)
+    finally:
+        channel.close()
+
+        async def stop() -> None:
+            await running.server.stop(0)
+            await service.on_stop()
+
+        asyncio.run_coroutine_threadsafe(stop(), loop).result(timeout=30)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(timeout=10)
+
+
+def infer(stub: Any, model: str, arrays: dict, **parameters: Any) -> v2.ModelInferResponse:
+    request = codec.build_request(model, arrays)
+    for key, value in parameters.items():
+        field = "bool_param" if isinstance(value, bool) else "int64_param"
+        field = "string_param" if isinstance(value, str) else field
+        setattr(request.parameters[key], field, value)
+    return stub.ModelInfer(request, timeout=30)
+
+
+def statistics(stub: Any, model: str) -> v2.ModelStatistics:
+    (stats,) = stub.ModelStatistics(v2.ModelStatisticsRequest(name=model)).model_stats
+    return stats
+
+
+def batch_sizes(stub: Any, model: str) -> set[int]:
+    return {b.batch_size for b in statistics(stub, model).batch_stats}
+
+
+def code_of(call: Any) -> grpc.StatusCode:
+    try:
+        call()
+    except grpc.RpcError as exc:
+        return exc.code()
+    return grpc.StatusCode.OK
+
+
+def test_batches_form_under_concurrent_load_and_not_one_at_a_time(tmp_path: Path) -> None:
+    heavy = dense(1, features=512, classes=3, hidden=2048)
+    write_version(tmp_path / "repo", "heavy", 1, heavy, [HEAVY], {"max_batch_size": 8})
+    expected = run(heavy, HEAVY)["y"]
+    with inference_server(tmp_path, ["heavy"], workers=1) as stub:
+        warm = statistics(stub, "heavy").execution_count
+        for _ in range(10):
+            infer(stub, "heavy", HEAVY)
+        assert batch_sizes(stub, "heavy") == {1}
+        with ThreadPoolExecutor(16) as pool:
+            replies = list(pool.map(lambda _: infer(stub, "heavy", HEAVY), range(160)))
+        for reply in replies:
+            np.testing.assert_allclose(codec.response_outputs(reply)["y"], expected, rtol=1e-4)
+        sizes = batch_sizes(stub, "heavy")
+        stats = statistics(stub, "heavy")
+    assert max(sizes) > 1 and max(sizes) <= 8
+    assert stats.inference_count == 170
+    assert warm == 0 and stats.execution_count < 170
+    assert stats.inference_stats.queue.count == 170
+    assert sum(b.compute_infer.count for b in stats.batch_stats) == stats.execution_count
+    assert stats.response_stats["strata.queue"].success.count == 0
+
+
+def test_limits_answer_with_their_codes(tmp_path: Path) -> None:
+    heavy = dense(1, features=512, classes=3, hidden=2048)
+    manifest = {"batching": {"max_queue_rows": 2, "policy": "none"}}
+    write_version(tmp_path / "repo", "heavy", 1, heavy, [HEAVY], manifest)
+    with inference_server(tmp_path, ["heavy"], workers=1) as stub:
+        expired = code_of(lambda: infer(stub, "heavy", HEAVY, timeout=1))
+        bad = code_of(lambda: infer(stub, "heavy", HEAVY, priority="high"))
+        too_high = code_of(lambda: infer(stub, "heavy", HEAVY, priority=9))
+        with ThreadPoolExecutor(24) as pool:
+            calls = [lambda: infer(stub, "heavy", HEAVY)] * 96
+            codes = list(pool.map(code_of, calls))
+        stats = statistics(stub, "heavy")
+    assert expired == grpc.StatusCode.DEADLINE_EXCEEDED
+    assert bad == too_high == grpc.StatusCode.INVALID_ARGUMENT
+    assert set(codes) == {grpc.StatusCode.OK, grpc.StatusCode.RESOURCE_EXHAUSTED}
+    refused = codes.count(grpc.StatusCode.RESOURCE_EXHAUSTED)
+    assert stats.response_stats["strata.rejected.queue_full"].fail.count == refused
+    assert stats.response_stats["strata.rejected.deadline"].fail.count == 1
+
+
+def test_a_poisoned_request_in_a_batch_fails_alone(tmp_path: Path) -> None:
+    manifest = {
+        "padding": {"ids": 0, "mask": 0},
+        "batching": {"policy": "fixed", "max_queue_delay_ms": 100},
+    }
+    write_version(tmp_path / "repo", "pool", 1, pooling_model(), tokens([2, 4]), manifest)
+    requests = tokens([3, 5, 2, 6, 4, 1], seed=3)
+    requests[2] = {"ids": np.array([[1, 99]], np.int64), "mask": np.ones((1, 2), np.float32)}
+    with inference_server(tmp_path, ["pool"]) as stub:
+        before = statistics(stub, "pool").execution_count
+        with ThreadPoolExecutor(6) as pool:
+            futures = [pool.submit(infer, stub, "pool", r) for r in requests]
+            outcomes = [f.exception() or f.result() for f in futures]
+        sizes = batch_sizes(stub, "pool")
+        after = statistics(stub, "pool").execution_count
+    assert isinstance(outcomes[2], grpc.RpcError)
+    assert outcomes[2].code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "cannot run the request" in outcomes[2].details()
+    for i, outcome in enumerate(outcomes):
+        if i != 2:
+            pooled = codec.response_outputs(outcome)["pooled"]
+            np.testing.assert_allclose(pooled, run(pooling_model(), requests[i])["pooled"], 1e-5)
+    assert max(sizes) >= 2 and after - before < len(requests)
+
+
+def test_skip_batching_does_not_wait_for_the_window(tmp_path: Path) -> None:
+    manifest = {"batching": {"policy": "fixed", "max_queue_delay_ms": 400}}
+    write_version(tmp_path / "repo", "toy", 1, dense(1), [X], manifest)
+    with inference_server(tmp_path, ["toy"]) as stub:
+        start = time.perf_counter()
+        infer(stub, "toy", X, skip_batching=True)
+        skipped = time.perf_counter() - start
+        start = time.perf_counter()
+        infer(stub, "toy", X)
+        windowed = time.perf_counter() - start
+        bad = code_of(lambda: infer(stub, "toy", X, skip_batching=1))
+    assert skipped < 0.2 <= 0.4 <= windowed
+    assert bad == grpc.StatusCode.INVALID_ARGUMENT
+
+
+def test_a_swap_under_load_loses_nothing_and_changes_the_answers(tmp_path: Path) -> None:
+    repo = tmp_path / "repo"
+    write_version(repo, "toy", 1, dense(1), [X])
+    answers = {v: run(dense(v), X)["y"] for v in (1, 2)}
+    seen: list[tuple[float, str, np.ndarray]] = []
+    errors: list[str] = []
+    stop = threading.Event()
+    with inference_server(tmp_path, ["toy"]) as stub:
+
+        def load() -> None:
+            while not stop.is_set():
+                start = time.monotonic()
+                try:
+                    reply = infer(stub, "toy", X)
+                except grpc.RpcError as exc:
+                    errors.append(f"{exc.code()}: {exc.details()}")
+                    continue
+                seen.append((start, reply.model_version, codec.response_outputs(reply)["y"]))
+
+        threads = [threading.Thread(target=load) for _ in range(4)]
+        for thread in threads:
+            thread.start()
+        time.sleep(0.3)
+        write_version(repo, "toy", 2, dense(2), [X])
+        stub.RepositoryModelLoad(v2.RepositoryModelLoadRequest(model_name="toy"))
+        swapped = time.monotonic()
+        time.sleep(0.3)
+        stop.set()
+        for thread in threads:
+            thread.join()
+        index = stub.RepositoryIndex(v2.RepositoryIndexRequest()).models
+    assert errors == []
+    assert {version for _, version, _ in seen} == {"1", "2"}
+    for start, version, y in seen:
+        np.testing.assert_allclose(y, answers[int(version)], rtol=1e-5)
+        if start > swapped:
+            assert version == "2"
+    assert [(m.version, m.state) for m in index] == [("1", "UNAVAILABLE"), ("2", "READY")]
+
+
+def test_broken_versions_are_refused_while_the_old_keeps_serving(tmp_path: Path) -> None:
+    repo = tmp_path / "repo"
+    write_version(repo, "toy", 1, dense(1), [X])
+    with inference_server(tmp_path, ["toy"]) as stub:
+        corrupt = write_version(repo, "toy", 2, dense(2), [X])
+        (corrupt / "model.onnx").write_bytes(b"not an onnx model")
+        with pytest.raises(grpc.RpcError) as info:
+            stub.RepositoryModelLoad(v2.RepositoryModelLoadRequest(model_name="toy"))
+        assert info.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        assert "version 2 refused: cannot open model.onnx" in info.value.details()
+        assert infer(stub, "toy", X).model_version == "1"
+
+        failing = write_version(repo, "toy", 3, dense(3), [X])
+        write_case(failing / "validation" / "case_000.npz", X, run(dense(4), X))
+        with pytest.raises(grpc.RpcError) as info:
+            stub.RepositoryModelLoad(v2.RepositoryModelLoadRequest(model_name="toy"))
+        assert "validation case 'case_000' output 'y' differs" in info.value.details()
+        assert "version 1 keeps serving" in info.value.details()
+        assert infer(stub, "toy", X).model_version == "1"
+        index = {m.version: m for m in stub.RepositoryIndex(v2.RepositoryIndexRequest()).models}
+        ready = stub.RepositoryIndex(v2.RepositoryIndexRequest(ready=True)).models
+
+        stub.RepositoryModelUnload(v2.RepositoryModelUnloadRequest(model_name="toy"))
+        unloaded = code_of(lambda: infer(stub, "toy", X))
+        not_ready = stub.ModelReady(v2.ModelReadyRequest(name="toy")).ready
+    assert index["1"].state == "READY"
+    assert index["2"].state == "UNAVAILABLE" and "cannot open" in index["2"].reason
+    assert index["3"].state == "UNAVAILABLE" and "case_000" in index["3"].reason
+    assert [m.version for m in ready] == ["1"]
+    assert unloaded == grpc.StatusCode.FAILED_PRECONDITION and not not_ready

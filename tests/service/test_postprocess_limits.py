@@ -1,0 +1,164 @@
+"""The postprocess servicer on a real aio server: time limits and requests kept apart.
+
+Rules registered here exist only in this process, so the server runs in process too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Mapping
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import grpc
+import numpy as np
+import pytest
+
+from services.postprocess.chain import build_chain
+from services.postprocess.engine import RuleEngine
+from services.postprocess.rules import RULES, RuleContext
+from services.postprocess.rules.base import Tensors
+from services.postprocess.servicer import PostprocessServicer
+from strata import codec
+from strata.config import Pipeline, PostprocessSettings, ServerSettings
+from strata.process import raise_for_result
+from strata.proto.v1 import postprocess_pb2_grpc
+from strata.proto.v1 import tensor_pb2 as v1
+from strata.server import start_server
+
+LIMIT = 0.2
+MARGIN = 0.15
+LOGITS = np.array([[0.0, 3.0, 1.0]], np.float32)
+
+
+@dataclass
+class Nap:
+    """Test-only: sleeps well past any limit."""
+
+    input: str
+    name: str = "test_nap"
+
+    @property
+    def inputs(self) -> tuple[str, ...]:
+        return (self.input,)
+
+    def apply(self, tensors: Tensors, context: RuleContext) -> Tensors:
+        time.sleep(1.0)
+        return tensors
+
+
+@RULES.register("test_nap")
+def _nap(options: Mapping[str, Any], base_dir: Path) -> Nap:
+    return Nap(options["input"])
+
+
+PIPELINE = Pipeline.model_validate(
+    {
+        "inputs": [{"name": "x", "datatype": "FP32", "shape": [-1, 3]}],
+        "outputs": [
+            {"name": "label", "datatype": "BYTES", "shape": [-1, 1]},
+            {"name": "score", "datatype": "FP32", "shape": [-1, 1]},
+        ],
+        "model": {"name": "m"},
+        "postprocess": [
+            {"kind": "softmax", "input": "logits", "output": "probabilities"},
+            {"kind": "test_nap", "input": "logits", "when": {"parameter": "slow"}},
+            {
+                "kind": "topk",
+                "input": "probabilities",
+                "k": 1,
+                "values": "score",
+                "indices": "classes",
+            },
+            {
+                "kind": "labels",
+                "input": "classes",
+                "output": "label",
+                "labels": ["a", "b", "c"],
+                "core": False,
+            },
+        ],
+    }
+)
+
+
+@asynccontextmanager
+async def postprocess() -> AsyncIterator[postprocess_pb2_grpc.PostprocessStub]:
+    settings = PostprocessSettings(rule_timeout_seconds=LIMIT)
+    engine = RuleEngine({"p": build_chain("p", PIPELINE, Path("."), settings)}, settings)
+    registration = (
+        PostprocessServicer(engine),
+        postprocess_pb2_grpc.add_PostprocessServicer_to_server,
+        "strata.v1.Postprocess",
+    )
+    running = await start_server([registration], "127.0.0.1:0", ServerSettings())
+    channel = grpc.aio.insecure_channel(f"127.0.0.1:{running.port}")
+    try:
+        yield postprocess_pb2_grpc.PostprocessStub(channel)
+    finally:
+        await channel.close()
+        await running.server.stop(0)
+        await engine.close()
+
+
+def item(rid: str, pipeline: str = "p", **parameters: str) -> v1.Request:
+    tensors = codec.arrays_to_tensors({"logits": LOGITS})
+    return v1.Request(id=rid, pipeline=pipeline, tensors=tensors, parameters=parameters)
+
+
+def test_one_call_mixing_slow_fast_and_bad_requests() -> None:
+    broken = v1.Request(id="broken", pipeline="p")
+    broken.tensors.add(name="logits", datatype="FP32", shape=[1, 3], data=b"\x00")
+
+    async def go():
+        async with postprocess() as stub:
+            started = time.monotonic()
+            requests = [item("slow", slow="1"), item("fast"), item("lost", "nope"), broken]
+            reply = await stub.Process(v1.ProcessRequest(requests=requests))
+            return reply, time.monotonic() - started
+
+    reply, elapsed = asyncio.run(go())
+    assert elapsed < LIMIT + MARGIN
+    slow, fast, lost, bad = reply.results
+    assert [r.id for r in reply.results] == ["slow", "fast", "lost", "broken"]
+    assert dict(slow.info) == {"skipped_rules": "test_nap"}
+    assert raise_for_result(slow)["label"].tolist() == [[b"b"]]
+    assert dict(fast.info) == {} and raise_for_result(fast)["label"].tolist() == [[b"b"]]
+    assert lost.error.code == grpc.StatusCode.NOT_FOUND.value[0]
+    assert bad.error.code == grpc.StatusCode.INVALID_ARGUMENT.value[0]
+    assert "'logits'" in bad.error.message
+
+
+def test_sleeping_rules_do_not_hold_up_other_calls() -> None:
+    async def timed(stub, request: v1.Request) -> tuple[float, v1.Result]:
+        started = time.monotonic()
+        reply = await stub.Process(v1.ProcessRequest(requests=[request]))
+        return time.monotonic() - started, reply.results[0]
+
+    async def go():
+        async with postprocess() as stub:
+            await timed(stub, item("warm"))
+            # Two of the four workers asleep; the other two serve everyone else.
+            slow = [asyncio.create_task(timed(stub, item(f"s{i}", slow="1"))) for i in range(2)]
+            await asyncio.sleep(0.03)
+            fast = [await timed(stub, item(f"f{i}")) for i in range(10)]
+            return await asyncio.gather(*slow), fast
+
+    slow, fast = asyncio.run(go())
+    assert all(dict(r.info) == {"skipped_rules": "test_nap"} for _, r in slow)
+    assert max(seconds for seconds, _ in slow) < LIMIT + MARGIN
+    assert all(not r.HasField("error") and not r.info for _, r in fast)
+    assert max(seconds for seconds, _ in fast) < LIMIT  # never waited for a limit
+
+
+@pytest.mark.parametrize(("flag", "outputs"), [("true", {"score"}), ("false", {"label", "score"})])
+def test_core_only_over_the_wire(flag: str, outputs: set) -> None:
+    async def go():
+        async with postprocess() as stub:
+            return await stub.Process(v1.ProcessRequest(requests=[item("r", core_only=flag)]))
+
+    result = asyncio.run(go()).results[0]
+    assert set(raise_for_result(result)) == outputs and not result.info

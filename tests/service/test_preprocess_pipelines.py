@@ -1,0 +1,189 @@
+"""The preprocess servicer on a real aio server: image and text pipelines over the wire,
+bad requests failing alone, per-step timings, and slow requests not blocking others."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import time
+from collections.abc import AsyncIterator, Mapping
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import grpc
+import numpy as np
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from PIL import Image
+from tokenizers import Tokenizer, models, pre_tokenizers
+
+from services.preprocess.pipeline import Pipelines, build_pipeline
+from services.preprocess.servicer import PreprocessServicer
+from services.preprocess.steps import STEPS
+from services.preprocess.steps.base import Tensors
+from services.preprocess.timings import StepTimings
+from strata import codec
+from strata.config import Pipeline, ServerSettings
+from strata.process import raise_for_result
+from strata.proto.v1 import preprocess_pb2_grpc
+from strata.proto.v1 import tensor_pb2 as v1
+from strata.server import start_server
+
+
+@dataclass
+class Pause:
+    """Test-only: a step that takes a while."""
+
+    seconds: float
+    name: str = "test_pause"
+
+    def process(self, tensors: Tensors) -> Tensors:
+        time.sleep(self.seconds)
+        return tensors
+
+
+@STEPS.register("test_pause")
+def _pause(options: Mapping[str, Any], base_dir: Path) -> Pause:
+    return Pause(float(options["seconds"]))
+
+
+def pipeline(inputs: list[dict], steps: list[dict]) -> Pipeline:
+    return Pipeline.model_validate(
+        {
+            "inputs": inputs,
+            "outputs": [{"name": "out", "datatype": "FP32", "shape": [-1]}],
+            "model": {"name": "m"},
+            "preprocess": steps,
+        }
+    )
+
+
+BYTES_INPUT = {"datatype": "BYTES", "shape": [-1], "max_shape": [8]}
+SPECS = {
+    "images": pipeline(
+        [{"name": "image", **BYTES_INPUT}],
+        [
+            {"kind": "decode", "input": "image", "mode": "L", "max_pixels": 4096},
+            {"kind": "resize", "input": "image", "height": 4, "width": 4},
+            {"kind": "scale", "input": "image", "factor": 0.00392156862745098},
+        ],
+    ),
+    "text": pipeline(
+        [{"name": "text", **BYTES_INPUT, "utf8": True}],
+        [
+            {"kind": "normalize_text", "input": "text", "lowercase": True, "unicode": "NFKC"},
+            {"kind": "tokenize", "input": "text", "tokenizer": "tokenizer.json", "max_length": 6},
+        ],
+    ),
+    "slow": pipeline(
+        [{"name": "x", "datatype": "FP32", "shape": [-1, 1]}],
+        [{"kind": "test_pause", "seconds": 0.5}],
+    ),
+}
+
+
+@pytest.fixture(scope="module")
+def repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    folder = tmp_path_factory.mktemp("repo")
+    vocab = {"[PAD]": 0, "[UNK]": 1, "red": 2, "fox": 3}
+    tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    tokenizer.save(str(folder / "tokenizer.json"))
+    return folder
+
+
+@asynccontextmanager
+async def preprocess(repository: Path, timings: StepTimings) -> AsyncIterator[grpc.aio.Channel]:
+    pipelines = Pipelines(
+        {name: build_pipeline(name, spec, repository, timings) for name, spec in SPECS.items()}
+    )
+    registration = (
+        PreprocessServicer(pipelines),
+        preprocess_pb2_grpc.add_PreprocessServicer_to_server,
+        "strata.v1.Preprocess",
+    )
+    running = await start_server([registration], "127.0.0.1:0", ServerSettings())
+    channel = grpc.aio.insecure_channel(f"127.0.0.1:{running.port}")
+    try:
+        yield channel
+    finally:
+        await channel.close()
+        await running.server.stop(0)
+
+
+def request(rid: str, pipeline: str, **arrays: np.ndarray) -> v1.Request:
+    return v1.Request(id=rid, pipeline=pipeline, tensors=codec.arrays_to_tensors(arrays))
+
+
+def strings(*items: bytes) -> np.ndarray:
+    out = np.empty(len(items), dtype=object)
+    out[:] = list(items)
+    return out
+
+
+def png(pixels: np.ndarray) -> bytes:
+    buffer = io.BytesIO()
+    Image.fromarray(pixels).save(buffer, "PNG")
+    return buffer.getvalue()
+
+
+def call(repository: Path, timings: StepTimings, *requests: v1.Request) -> list[v1.Result]:
+    async def go():
+        async with preprocess(repository, timings) as channel:
+            stub = preprocess_pb2_grpc.PreprocessStub(channel)
+            return list((await stub.Process(v1.ProcessRequest(requests=requests))).results)
+
+    return asyncio.run(go())
+
+
+def test_images_and_text_over_the_wire_with_bad_requests_failing_alone(repository: Path) -> None:
+    timings = StepTimings()
+    white = png(np.full((8, 8), 255, np.uint8))
+    results = call(
+        repository,
+        timings,
+        request("ok", "images", image=strings(white, png(np.zeros((8, 8, 3), np.uint8)))),
+        request("cut", "images", image=strings(white[:30])),
+        request("huge", "images", image=strings(png(np.zeros((100, 100), np.uint8)))),
+        request("words", "text", text=strings(b"  Red FOX ", b"\xef\xbc\xb2ed")),
+        request("latin1", "text", text=strings(b"caf\xe9")),
+    )
+    ok, cut, huge, words, latin1 = results
+    pixels = raise_for_result(ok)["image"]
+    assert pixels.shape == (2, 4, 4) and np.allclose(pixels[0], 1) and np.allclose(pixels[1], 0)
+    invalid = grpc.StatusCode.INVALID_ARGUMENT.value[0]
+    assert cut.error.code == invalid and "input 'image': element 0" in cut.error.message
+    assert huge.error.code == invalid and "10000 pixels, more than the 4096" in huge.error.message
+    tokens = raise_for_result(words)
+    # Lowercased, stripped, and NFKC folds the full-width R: "red fox" and "red", padded.
+    assert tokens["input_ids"].tolist() == [[2, 3], [2, 0]]
+    assert tokens["attention_mask"].tolist() == [[1, 1], [1, 0]]
+    assert latin1.error.code == invalid and "not valid UTF-8" in latin1.error.message
+    steps = {step for pipeline, step in timings.snapshot() if pipeline == "images"}
+    assert steps == {"validate", "decode", "resize", "scale"}
+    assert timings.snapshot()[("images", "validate")].count == 3
+
+
+def test_a_slow_request_blocks_neither_other_calls_nor_health(repository: Path) -> None:
+    async def timed(coroutine) -> float:
+        started = time.monotonic()
+        await coroutine
+        return time.monotonic() - started
+
+    async def go():
+        async with preprocess(repository, StepTimings()) as channel:
+            stub = preprocess_pb2_grpc.PreprocessStub(channel)
+            health = health_pb2_grpc.HealthStub(channel)
+            slow_call = v1.ProcessRequest(requests=[request("s", "slow", x=np.zeros((1, 1), "f4"))])
+            fast_call = v1.ProcessRequest(requests=[request("f", "text", text=strings(b"fox"))])
+            await stub.Process(fast_call)
+            slow = asyncio.create_task(timed(stub.Process(slow_call)))
+            await asyncio.sleep(0.05)
+            fast = await timed(stub.Process(fast_call))
+            check = await timed(health.Check(health_pb2.HealthCheckRequest()))
+            return await slow, fast, check
+
+    slow, fast, check = asyncio.run(go())
+    assert slow >= 0.5 and fast < 0.2 and check < 0.2

@@ -1,0 +1,314 @@
+"""The batcher with a stand-in model: batch forming, rows, shapes, limits, deadlines, failures."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pytest
+
+from services.inference.batcher import Batcher
+from services.inference.jobs import Request
+from services.inference.stats import VersionStats
+from strata.config import InferenceSettings
+from strata.errors import DeadlineExceeded, InvalidArgument, Overloaded
+
+Arrays = dict[str, np.ndarray]
+
+
+class Doubler:
+    """Doubles `x`; records every batch; refuses negative inputs like a model that fails."""
+
+    def __init__(self, delay: float = 0.0, gate: threading.Event | None = None) -> None:
+        self.delay = delay
+        self.gate = gate
+        self.batches: list[list[tuple[int, ...]]] = []
+
+    def __call__(self, requests: Sequence[Arrays]) -> list[Arrays]:
+        self.batches.append([r["x"].shape for r in requests])
+        if self.gate is not None:
+            self.gate.wait(5)
+        time.sleep(self.delay)
+        if len({r["x"].shape[1:] for r in requests}) > 1:
+            raise AssertionError("requests of different shapes shared a batch")
+        if any((r["x"] < 0).any() for r in requests):
+            raise InvalidArgument("negative input")
+        return [{"y": r["x"] * 2} for r in requests]
+
+    @property
+    def sizes(self) -> list[int]:
+        return [sum(shape[0] for shape in batch) for batch in self.batches]
+
+
+def batcher(
+    runner: Doubler, max_rows: int = 8, concurrency: int = 1, **settings: object
+) -> Batcher:
+    options = InferenceSettings.Batching(**{"max_queue_delay_ms": 5.0, **settings})
+    pool = ThreadPoolExecutor(max_workers=concurrency)
+    stats = VersionStats("toy", "1")
+    return Batcher("model 'toy' version 1", runner, pool, options, max_rows, concurrency, stats)
+
+
+def x(rows: int = 1, width: int = 2, value: float = 1.0) -> Arrays:
+    return {"x": np.full((rows, width), value, np.float32)}
+
+
+async def submit(b: Batcher, arrays: Arrays, request: Request | None = None) -> Arrays:
+    rows, width = arrays["x"].shape
+    return await b.submit(arrays, rows, (width,), request or Request())
+
+
+async def deadline_in(seconds: float) -> float:
+    return asyncio.get_running_loop().time() + seconds
+
+
+def test_a_lone_request_runs_at_once_when_idle() -> None:
+    runner = Doubler()
+    b = batcher(runner, max_queue_delay_ms=500)
+
+    async def go() -> float:
+        start = time.perf_counter()
+        answer = await submit(b, x(value=3))
+        assert answer["y"].tolist() == [[6, 6]]
+        return time.perf_counter() - start
+
+    assert asyncio.run(go()) < 0.1  # far below the 500 ms bound
+    assert runner.sizes == [1]
+
+
+def test_one_request_at_a_time_never_batches() -> None:
+    runner = Doubler(delay=0.002)
+    b = batcher(runner)
+
+    async def go() -> None:
+        for i in range(10):
+            assert (await submit(b, x(value=i)))["y"][0, 0] == 2 * i
+
+    asyncio.run(go())
+    assert runner.sizes == [1] * 10
+
+
+@pytest.mark.parametrize("policy", ["adaptive", "fixed"])
+def test_batches_form_under_concurrent_load_and_answers_stay_apart(policy: str) -> None:
+    runner = Doubler(delay=0.005)
+    b = batcher(runner, max_rows=8, concurrency=2, policy=policy)
+
+    async def go() -> list[Arrays]:
+        return await asyncio.gather(*(submit(b, x(value=i)) for i in range(40)))
+
+    answers = asyncio.run(go())
+    assert [a["y"][0, 0] for a in answers] == [2 * i for i in range(40)]
+    assert max(runner.sizes) > 1
+    assert max(runner.sizes) <= 8
+    assert b._stats.batch_sizes.total() == len(runner.batches)
+
+
+def test_no_batching_policy_runs_every_request_alone() -> None:
+    runner = Doubler(delay=0.002)
+    b = batcher(runner, policy="none")
+
+    async def go() -> None:
+        await asyncio.gather(*(submit(b, x()) for _ in range(12)))
+
+    asyncio.run(go())
+    assert runner.sizes == [1] * 12
+
+
+def test_rows_count_and_never_exceed_the_max_batch_size() -> None:
+    gate = threading.Event()
+    runner = Doubler(gate=gate)
+    b = batcher(runner, max_rows=8)
+
+    async def go() -> None:
+        first = asyncio.ensure_future(submit(b, x(rows=1)))
+        await asyncio.sleep(0.01)  # the first holds the only slot; the rest queue
+        rest = [asyncio.ensure_future(submit(b, x(rows=r))) for r in (5, 3, 2, 6, 1)]
+        await asyncio.sleep(0.01)
+        gate.set()
+        await asyncio.gather(first, *rest)
+
+    asyncio.run(go())
+    # 5+3 fill a batch of 8; 2+6 fill the next; the 1 row left runs last.
+    assert runner.sizes == [1, 8, 8, 1]
+    assert b._stats.inference_count == 18
+
+
+def test_requests_of_different_shapes_never_share_a_batch() -> None:
+    gate = threading.Event()
+    runner = Doubler(gate=gate)
+    b = batcher(runner, max_rows=16)
+
+    async def go() -> None:
+        first = asyncio.ensure_future(submit(b, x(width=2)))
+        await asyncio.sleep(0.01)
+        rest = [asyncio.ensure_future(submit(b, x(width=2 + i % 3))) for i in range(9)]
+        await asyncio.sleep(0.01)
+        gate.set()
+        await asyncio.gather(first, *rest)
+
+    asyncio.run(go())  # Doubler raises if two shapes ever shared a batch
+    assert sorted(runner.sizes[1:]) == [3, 3, 3]
+
+
+def test_a_full_queue_refuses_at_once() -> None:
+    gate = threading.Event()
+    runner = Doubler(gate=gate)
+    b = batcher(runner, max_queue_rows=4)
+
+    async def go() -> list[object]:
+        first = asyncio.ensure_future(submit(b, x()))
+        await asyncio.sleep(0.01)
+        queued = [asyncio.ensure_future(submit(b, x(rows=2))) for _ in range(2)]
+        await asyncio.sleep(0.01)
+        start = time.perf_counter()
+        with pytest.raises(Overloaded, match="queue full"):
+            await submit(b, x())
+        assert time.perf_counter() - start < 0.05
+        gate.set()
+        return await asyncio.gather(first, *queued)
+
+    assert len(asyncio.run(go())) == 3
+    assert b._stats.rejected["queue_full"] == 1
+
+
+def test_a_passed_deadline_is_refused_without_running() -> None:
+    runner = Doubler()
+    b = batcher(runner)
+
+    async def go() -> None:
+        with pytest.raises(DeadlineExceeded, match="deadline passed"):
+            await submit(b, x(), Request(deadline=await deadline_in(-0.001)))
+
+    asyncio.run(go())
+    assert runner.batches == []
+    assert b._stats.rejected["deadline"] == 1
+
+
+def test_a_deadline_the_queue_cannot_meet_is_refused_at_once() -> None:
+    gate = threading.Event()
+    runner = Doubler(gate=gate)
+    b = batcher(runner, max_rows=2)
+    for _ in range(5):
+        b.execution.observe(2, 0.05)  # a batch takes 50 ms
+
+    async def go() -> None:
+        first = asyncio.ensure_future(submit(b, x()))
+        await asyncio.sleep(0.01)
+        queued = [asyncio.ensure_future(submit(b, x(rows=2))) for _ in range(3)]
+        await asyncio.sleep(0.01)
+        start = time.perf_counter()
+        with pytest.raises(DeadlineExceeded, match="6 rows queued ahead"):
+            await submit(b, x(), Request(deadline=await deadline_in(0.1)))
+        assert time.perf_counter() - start < 0.05
+        roomy = asyncio.ensure_future(submit(b, x(), Request(deadline=await deadline_in(5))))
+        gate.set()
+        await asyncio.gather(first, *queued, roomy)
+
+    asyncio.run(go())
+    assert sum(runner.sizes) == 8  # the refused request never ran
+
+
+def test_a_queued_request_whose_deadline_passes_is_dropped_before_running() -> None:
+    gate = threading.Event()
+    runner = Doubler(gate=gate)
+    b = batcher(runner)
+
+    async def go() -> None:
+        first = asyncio.ensure_future(submit(b, x()))
+        await asyncio.sleep(0.01)
+        late = asyncio.ensure_future(submit(b, x(), Request(deadline=await deadline_in(0.02))))
+        await asyncio.sleep(0.05)
+        gate.set()
+        await first
+        with pytest.raises(DeadlineExceeded, match="waited"):
+            await late
+
+    asyncio.run(go())
+    assert runner.sizes == [1]
+
+
+def test_higher_priority_goes_first() -> None:
+    gate = threading.Event()
+    runner = Doubler(gate=gate)
+    b = batcher(runner, policy="none")
+
+    async def go() -> None:
+        first = asyncio.ensure_future(submit(b, x(value=0)))
+        await asyncio.sleep(0.01)
+        low = [asyncio.ensure_future(submit(b, x(value=3), Request(priority=3)))]
+        normal = [asyncio.ensure_future(submit(b, x(value=2)))]
+        high = [asyncio.ensure_future(submit(b, x(value=1), Request(priority=1)))]
+        await asyncio.sleep(0.01)
+        gate.set()
+        await asyncio.gather(first, *low, *normal, *high)
+
+    order: list[float] = []
+    original = runner.__call__
+
+    def recording(requests: Sequence[Arrays]) -> list[Arrays]:
+        order.extend(float(r["x"][0, 0]) for r in requests)
+        return original(requests)
+
+    b._runner = recording
+    asyncio.run(go())
+    assert order == [0, 1, 2, 3]
+
+
+def test_a_poisoned_request_fails_alone() -> None:
+    gate = threading.Event()
+    runner = Doubler(gate=gate)
+    b = batcher(runner, max_rows=8)
+
+    async def go() -> list[object]:
+        first = asyncio.ensure_future(submit(b, x(value=1)))
+        await asyncio.sleep(0.01)
+        batch = [submit(b, x(value=-1 if i == 3 else i)) for i in range(6)]
+        tasks = [asyncio.ensure_future(c) for c in batch]
+        await asyncio.sleep(0.01)
+        gate.set()
+        await first
+        return await asyncio.gather(*tasks, return_exceptions=True)
+
+    outcomes = asyncio.run(go())
+    assert isinstance(outcomes[3], InvalidArgument)
+    assert [o["y"][0, 0] for i, o in enumerate(outcomes) if i != 3] == [0, 2, 4, 8, 10]
+    assert runner.sizes[1] == 6  # they did run as one batch before the retry
+    assert b._stats.fail.count == 1 and b._stats.success.count == 6
+
+
+def test_skip_batching_runs_alone_without_waiting() -> None:
+    runner = Doubler()
+    b = batcher(runner, max_rows=8, concurrency=2, policy="fixed", max_queue_delay_ms=1000)
+
+    async def go() -> float:
+        waiting = asyncio.ensure_future(submit(b, x()))  # waits for the 1 s window
+        await asyncio.sleep(0.01)
+        start = time.perf_counter()
+        answer = await submit(b, x(value=5), Request(skip_batching=True))
+        took = time.perf_counter() - start
+        assert answer["y"][0, 0] == 10 and not waiting.done()
+        await waiting
+        return took
+
+    assert asyncio.run(go()) < 0.5
+    assert runner.sizes == [1, 1]
+
+
+def test_close_runs_what_is_queued_then_drains() -> None:
+    gate = threading.Event()
+    runner = Doubler(gate=gate)
+    b = batcher(runner, max_rows=4)
+
+    async def go() -> None:
+        tasks = [asyncio.ensure_future(submit(b, x(value=i))) for i in range(6)]
+        await asyncio.sleep(0.01)
+        b.close()
+        gate.set()
+        await asyncio.wait_for(b.drained(), 5)
+        assert [t.result()["y"][0, 0] for t in tasks] == [0, 2, 4, 6, 8, 10]
+
+    asyncio.run(go())

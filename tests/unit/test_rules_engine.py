@@ -1,0 +1,337 @@
+"""The rule engine: order, conditions, core-only, time limits, and requests kept apart."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from opentelemetry.sdk.trace import TracerProvider
+
+from services.postprocess.chain import build_chain
+from services.postprocess.engine import RuleEngine
+from services.postprocess.rules import RULES, RuleContext
+from services.postprocess.rules.base import Misconfigured, Tensors
+from strata.config import Pipeline, PostprocessSettings, StageSpec
+from strata.errors import InvalidArgument, NotFound
+
+LIMIT = 0.2
+MARGIN = 0.15
+LOGITS = np.array([[0.0, 2.0, 1.0]], np.float32)
+
+
+@dataclass
+class Sleep:
+    """Test-only: sleeps, then writes `output`; records whether it finished."""
+
+    input: str
+    output: str
+    seconds: float
+    finished: threading.Event
+    name: str = "test_sleep"
+
+    @property
+    def inputs(self) -> tuple[str, ...]:
+        return (self.input,)
+
+    def apply(self, tensors: Tensors, context: RuleContext) -> Tensors:
+        time.sleep(self.seconds)
+        self.finished.set()
+        return {**tensors, self.output: np.ones(1, np.float32)}
+
+
+@dataclass
+class Record:
+    """Test-only: notes that it ran."""
+
+    input: str
+    calls: list
+    name: str = "test_record"
+
+    @property
+    def inputs(self) -> tuple[str, ...]:
+        return (self.input,)
+
+    def apply(self, tensors: Tensors, context: RuleContext) -> Tensors:
+        self.calls.append(time.monotonic())
+        return tensors
+
+
+FINISHED = threading.Event()
+CALLS: list = []
+
+
+@RULES.register("test_sleep")
+def _sleep(options: Mapping[str, Any], base_dir: Path) -> Sleep:
+    return Sleep(options["input"], options["output"], float(options["seconds"]), FINISHED)
+
+
+@RULES.register("test_record")
+def _record(options: Mapping[str, Any], base_dir: Path) -> Record:
+    return Record(options["input"], CALLS)
+
+
+SOFTMAX = {"kind": "softmax", "input": "logits", "output": "probabilities"}
+TOPK = {"kind": "topk", "input": "probabilities", "k": 2, "values": "scores", "indices": "classes"}
+LABELS = {"kind": "labels", "input": "classes", "output": "labels", "labels": ["a", "b", "c"]}
+CLASSIFY = ("labels", "scores", "probabilities")
+
+
+def engine_for(
+    *rules: dict, outputs: tuple[str, ...] = CLASSIFY, workers: int = 4, **settings: Any
+) -> RuleEngine:
+    spec = Pipeline.model_validate(
+        {
+            "inputs": [{"name": "x", "datatype": "FP32", "shape": [-1, 3]}],
+            "outputs": [{"name": n, "datatype": "FP32", "shape": [-1]} for n in outputs],
+            "model": {"name": "m"},
+            "postprocess": list(rules),
+        }
+    )
+    config = PostprocessSettings(rule_timeout_seconds=LIMIT, workers=workers, **settings)
+    return RuleEngine({"p": build_chain("p", spec, Path("."), config)}, config)
+
+
+def sleep(seconds: float, **extra: Any) -> dict:
+    return {"kind": "test_sleep", "input": "logits", "output": "slept", "seconds": seconds, **extra}
+
+
+def run(engine: RuleEngine, parameters: dict | None = None, tensors: dict | None = None):
+    async def go():
+        return await engine.run("p", tensors or {"logits": LOGITS}, parameters or {})
+
+    return asyncio.run(go())
+
+
+@pytest.fixture(autouse=True)
+def _reset() -> None:
+    FINISHED.clear()
+    CALLS.clear()
+
+
+# order, outputs and errors
+
+
+def test_rules_run_in_order_and_only_declared_outputs_return() -> None:
+    outputs, info = run(engine_for(SOFTMAX, TOPK, LABELS))
+    assert info == {}
+    assert set(outputs) == {"labels", "scores", "probabilities"}  # classes is not declared
+    assert outputs["labels"].tolist() == [[b"b", b"c"]]
+
+
+def test_a_missing_input_with_nothing_skipped_is_a_clear_error() -> None:
+    with pytest.raises(InvalidArgument, match="softmax needs tensor 'logits'"):
+        run(engine_for(SOFTMAX), tensors={"wrong": LOGITS})
+    with pytest.raises(NotFound, match="unknown pipeline 'q'"):
+        asyncio.run(engine_for(SOFTMAX).run("q", {}, {}))
+
+
+def test_a_failing_rule_fails_its_request() -> None:
+    short = {**LABELS, "labels": ["a"]}
+    with pytest.raises(Misconfigured, match="class index 2 has no label"):
+        run(engine_for(SOFTMAX, TOPK, short))
+
+
+# conditions and core_only
+
+
+@pytest.mark.parametrize(
+    ("when", "parameters", "runs"),
+    [
+        ({"parameter": "explain"}, {"explain": "yes"}, True),
+        ({"parameter": "explain"}, {}, False),
+        ({"parameter": "mode", "equals": "full"}, {"mode": "full"}, True),
+        ({"parameter": "mode", "equals": "full"}, {"mode": "short"}, False),
+        ({"parameter": "mode", "equals": "full", "negate": True}, {"mode": "short"}, True),
+        ({"tensor": "logits"}, {}, True),
+        ({"tensor": "attention_mask"}, {}, False),
+        ({"tensor": "attention_mask", "negate": True}, {}, True),
+    ],
+)
+def test_when_conditions(when: dict, parameters: dict, runs: bool) -> None:
+    record = {"kind": "test_record", "input": "logits", "when": when}
+    outputs, info = run(engine_for(SOFTMAX, record, outputs=("probabilities",)), parameters)
+    assert bool(CALLS) is runs and info == {} and "probabilities" in outputs
+
+
+def test_a_tensor_condition_sees_what_earlier_rules_made() -> None:
+    record = {"kind": "test_record", "input": "logits", "when": {"tensor": "probabilities"}}
+    run(engine_for(record, SOFTMAX, outputs=("probabilities",)))
+    assert not CALLS
+    run(engine_for(SOFTMAX, record, outputs=("probabilities",)))
+    assert len(CALLS) == 1
+
+
+def test_core_only_skips_optional_rules_and_what_depends_on_them_quietly() -> None:
+    optional_topk = {**TOPK, "core": False}
+    engine = engine_for(SOFTMAX, optional_topk, LABELS)
+    outputs, info = run(engine, {"core_only": "true"})
+    assert set(outputs) == {"probabilities"} and info == {}
+    outputs, _ = run(engine, {"core_only": "FALSE"})
+    assert set(outputs) == {"labels", "scores", "probabilities"}
+    with pytest.raises(InvalidArgument, match="'core_only' must be 'true' or 'false', got 'yes'"):
+        run(engine, {"core_only": "yes"})
+
+
+def test_bad_conditions_and_names_fail_at_start_up() -> None:
+    with pytest.raises(ValueError, match="exactly one of 'parameter' or 'tensor'"):
+        StageSpec(kind="softmax", when={"equals": "x"})
+    with pytest.raises(ValueError, match="unknown key 'value'"):
+        StageSpec(kind="softmax", when={"parameter": "a", "value": "x"})
+    with pytest.raises(ValueError, match="postprocess rule 'softmax': the name is taken"):
+        engine_for(SOFTMAX, SOFTMAX)
+    engine_for(SOFTMAX, {**SOFTMAX, "name": "again"})
+    with pytest.raises(ValueError, match="pipeline 'p': postprocess rule 'glow'"):
+        engine_for({"kind": "glow"})
+
+
+# time limits
+
+
+def test_an_overrunning_rule_is_skipped_within_its_limit(caplog: pytest.LogCaptureFixture) -> None:
+    engine = engine_for(SOFTMAX, sleep(2), TOPK, LABELS)
+    tracer = TracerProvider().get_tracer("test")
+    started = time.monotonic()
+    with caplog.at_level(logging.WARNING), tracer.start_as_current_span("request") as span:
+        outputs, info = run(engine)
+    elapsed = time.monotonic() - started
+    assert LIMIT <= elapsed < LIMIT + MARGIN
+    assert info == {"skipped_rules": "test_sleep"}
+    # The rules after the skipped one still ran, on the tensors from before it.
+    assert set(outputs) == {"labels", "scores", "probabilities"}
+    assert engine.metrics.overruns() == {("p", "test_sleep"): 1}
+    trace_id = format(span.get_span_context().trace_id, "032x")
+    assert any(
+        trace_id in r.getMessage() and "test_sleep" in r.getMessage() for r in caplog.records
+    )
+
+
+def test_rules_that_need_a_skipped_rules_output_are_skipped_and_named() -> None:
+    engine = engine_for(sleep(2, output="probabilities", name="slow"), TOPK, LABELS)
+    outputs, info = run(engine)
+    assert info == {"skipped_rules": "slow,topk,labels"}
+    assert outputs == {}
+
+
+def test_an_abandoned_rule_never_changes_the_answer_and_frees_its_thread() -> None:
+    engine = engine_for(sleep(0.5), SOFTMAX, outputs=("probabilities", "slept"))
+    outputs, info = run(engine)
+    assert "slept" not in outputs and info == {"skipped_rules": "test_sleep"}
+    assert FINISHED.wait(2)
+    time.sleep(0.05)
+    assert engine.metrics.stuck_threads == 0
+    assert engine.metrics.durations()[("p", "test_sleep")].max_seconds >= 0.5
+
+
+def test_a_rule_limit_overrides_the_default() -> None:
+    engine = engine_for(sleep(0.3, timeout_seconds=1.0), SOFTMAX, outputs=("slept",))
+    outputs, info = run(engine)
+    assert info == {} and "slept" in outputs
+    quick = engine_for(sleep(2, timeout_seconds=0.05), SOFTMAX, outputs=("slept",))
+    started = time.monotonic()
+    assert run(quick)[1] == {"skipped_rules": "test_sleep"}
+    assert time.monotonic() - started < 0.05 + MARGIN
+
+
+def test_a_rule_waiting_for_a_thread_is_not_timed_until_it_starts() -> None:
+    engine = engine_for(
+        sleep(0.1, timeout_seconds=0.15), outputs=("slept",), workers=1, spare_threads=0
+    )
+
+    async def go():
+        return await asyncio.gather(*(engine.run("p", {"logits": LOGITS}, {}) for _ in range(3)))
+
+    results = asyncio.run(go())
+    assert all(info == {} for _, info in results)  # each waited its turn, none overran
+
+
+def test_a_sleeping_rule_does_not_hold_up_concurrent_requests() -> None:
+    engine = engine_for(SOFTMAX, sleep(1.0, when={"parameter": "slow"}), TOPK, LABELS)
+
+    async def timed(parameters: dict) -> tuple[float, dict]:
+        started = time.monotonic()
+        _, info = await engine.run("p", {"logits": LOGITS}, parameters)
+        return time.monotonic() - started, info
+
+    async def go():
+        slow = [asyncio.create_task(timed({"slow": "1"})) for _ in range(3)]
+        await asyncio.sleep(0.02)  # the slow ones are asleep in their rule now
+        fast = [await timed({}) for _ in range(20)]
+        return await asyncio.gather(*slow), fast
+
+    slow, fast = asyncio.run(go())
+    assert all(info == {"skipped_rules": "test_sleep"} for _, info in slow)
+    assert all(seconds < LIMIT + MARGIN for seconds, _ in slow)
+    assert all(info == {} for _, info in fast)
+    assert max(seconds for seconds, _ in fast) < 0.1
+
+
+def test_with_every_worker_in_an_overrun_a_request_waits_at_most_one_limit() -> None:
+    engine = engine_for(
+        sleep(1.0, when={"parameter": "slow"}), SOFTMAX, outputs=("probabilities",), workers=1
+    )
+
+    async def go():
+        slow = asyncio.create_task(engine.run("p", {"logits": LOGITS}, {"slow": "1"}))
+        await asyncio.sleep(0.02)
+        started = time.monotonic()
+        _, info = await engine.run("p", {"logits": LOGITS}, {})
+        waited = time.monotonic() - started
+        await slow
+        return waited, info
+
+    waited, info = asyncio.run(go())
+    # The abandoned rule gives up its worker slot at its limit, not when it ends.
+    assert info == {} and waited < LIMIT + MARGIN
+
+
+def test_a_catastrophic_regex_is_skipped_and_stalls_nothing() -> None:
+    regex = {
+        "kind": "regex_filter",
+        "input": "text",
+        "output": "flagged",
+        "pattern": r"(\w|\w\w)*\d",
+    }
+    engine = engine_for(regex, SOFTMAX, outputs=("probabilities", "flagged"))
+    text = np.array([b"a" * 5000], dtype=object)
+
+    async def go():
+        started = time.monotonic()
+        stalled = asyncio.create_task(engine.run("p", {"text": text, "logits": LOGITS}, {}))
+        await asyncio.sleep(0.02)
+        fast_started = time.monotonic()
+        fast = await engine.run(
+            "p", {"text": np.array([b"a1"], dtype=object), "logits": LOGITS}, {}
+        )
+        fast_seconds = time.monotonic() - fast_started
+        outputs, info = await stalled
+        return time.monotonic() - started, outputs, info, fast, fast_seconds
+
+    elapsed, outputs, info, fast, fast_seconds = asyncio.run(go())
+    assert info == {"skipped_rules": "regex_filter"} and "probabilities" in outputs
+    assert elapsed < LIMIT + MARGIN
+    assert fast[0]["flagged"].tolist() == [True] and fast_seconds < 0.1
+
+
+def test_a_cancelled_request_stops_at_the_next_rule() -> None:
+    record = {"kind": "test_record", "input": "logits"}
+    engine = engine_for(sleep(0.3, timeout_seconds=5), record, outputs=("slept",))
+
+    async def go():
+        task = asyncio.create_task(engine.run("p", {"logits": LOGITS}, {}))
+        await asyncio.sleep(0.05)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    asyncio.run(go())
+    assert FINISHED.wait(2)
+    time.sleep(0.05)
+    assert not CALLS  # the rule after the cancelled one never ran
