@@ -9,6 +9,7 @@ STAMP_PROTO := strata/proto/.generated
 STAMP_MODELS := build/.models
 STAMP_MODELS_TEXT := build/.models-text
 
+.PHONY: certs
 .PHONY: venv proto models models-text run test lint fmt bench trace clean compose-up compose-down
 
 # The Compose specification's JSON schema, as the docker-compose package on PyPI ships it.
@@ -54,6 +55,10 @@ lint: $(STAMP_PROTO)
 fmt: $(STAMP_VENV)
 	$(PY) -m ruff check --fix .
 	$(PY) -m ruff format .
+
+# A development CA and certificates for TLS on every hop (see README, Security).
+certs: $(STAMP_VENV)
+	$(PY) scripts/make_certs.py --out build/certs
 
 # Print span trees: run this, then `STRATA_TELEMETRY__OTLP_ENDPOINT=http://127.0.0.1:4317 make run`.
 trace: $(STAMP_PROTO)

@@ -11,6 +11,7 @@ import json
 import grpc
 
 from strata.config import ServerSettings
+from strata.security import TlsSettings, channel_credentials, channel_options
 from strata.server import grpc_options
 from strata.telemetry import client_interceptors
 
@@ -36,11 +37,29 @@ def service_config(services: list[str], max_attempts: int = 3) -> str:
     )
 
 
-def open_channel(target: str, settings: ServerSettings, services: list[str]) -> grpc.aio.Channel:
-    """An insecure traced channel to `target` with retries for the given service names."""
+def open_channel(
+    target: str, settings: ServerSettings, services: list[str], tls: TlsSettings
+) -> grpc.aio.Channel:
+    """A traced channel to `target` (mutual TLS when on) with retries for `services`."""
     options = [
         *grpc_options(settings),
+        *channel_options(tls),
         ("grpc.service_config", service_config(services)),
         ("grpc.enable_retries", 1),
     ]
-    return grpc.aio.insecure_channel(target, options=options, interceptors=client_interceptors())
+    credentials = channel_credentials(tls)
+    if credentials is None:
+        return grpc.aio.insecure_channel(
+            target, options=options, interceptors=client_interceptors()
+        )
+    return grpc.aio.secure_channel(
+        target, credentials, options=options, interceptors=client_interceptors()
+    )
+
+
+def blocking_channel(target: str, tls: TlsSettings) -> grpc.Channel:
+    """A plain synchronous channel (health probes, tools), with TLS when on."""
+    credentials = channel_credentials(tls)
+    if credentials is None:
+        return grpc.insecure_channel(target)
+    return grpc.secure_channel(target, credentials, options=channel_options(tls))

@@ -25,6 +25,8 @@ class Service:
     registrations: list[Registration]
     endpoint: ServiceEndpoint
     on_stop: Callable[[], Awaitable[None]] | None = field(default=None)
+    # Public: faces clients (TLS without client certificates); internal: mutual TLS.
+    public: bool = False
 
 
 Builder = Callable[[Settings], Awaitable[Service]]
@@ -48,8 +50,19 @@ def run_service(name: str, build: Builder, argv: list[str] | None = None) -> Non
 
 
 async def _main(build: Builder, settings: Settings, listen: str | None) -> None:
-    service = await build(settings)
+    try:
+        service = await build(settings)
+    except (ValueError, OSError) as exc:  # a step, rule or model the config names is unusable
+        log.error("cannot start: %s", exc)
+        sys.exit(f"cannot start: {exc}")
     listen = listen or service.endpoint.listen
     endpoint = settings.services.endpoint_of(listen) or service.endpoint
     serve_metrics(endpoint.metrics_for(listen))
-    await serve(service.registrations, listen, settings.server, service.on_stop)
+    await serve(
+        service.registrations,
+        listen,
+        settings.server,
+        service.on_stop,
+        settings.tls,
+        service.public,
+    )

@@ -24,6 +24,7 @@ from pydantic import (
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from strata.policies import GatewaySettings
+from strata.security import TlsSettings
 
 Datatype = Literal[
     "BOOL", "UINT8", "UINT16", "UINT32", "UINT64", "INT8", "INT16", "INT32", "INT64",
@@ -124,6 +125,9 @@ class ServerSettings(Strict):
     max_message_bytes: int = Field(
         default=16 * 1024 * 1024, gt=0, description="Largest gRPC message sent or received."
     )
+    max_concurrent_streams: int = Field(
+        default=256, gt=0, description="Calls one client connection may have open at once."
+    )
     max_connection_age_seconds: float = Field(
         default=60.0,
         gt=0,
@@ -162,6 +166,9 @@ class TensorSpec(Strict):
     )
     allow_nonfinite: bool = Field(default=False, description="Accept NaN and infinities.")
     utf8: bool = Field(default=False, description="BYTES elements must be valid UTF-8 text.")
+    max_element_bytes: int = Field(
+        default=1 << 20, gt=0, description="Largest BYTES element (a string or an image)."
+    )
 
     @model_validator(mode="after")
     def _shapes_agree(self) -> TensorSpec:
@@ -290,6 +297,11 @@ class Pipeline(Strict):
         default=250.0, gt=0, description="P95 latency the ladder defends for this pipeline."
     )
     cache: bool = Field(default=False, description="Answer repeated requests from the cache.")
+    forward_to_postprocess: list[str] = Field(
+        default_factory=list,
+        description="Preprocess outputs (e.g. attention_mask) postprocess receives beside the "
+        "model's outputs.",
+    )
     default_answer: dict[str, list] | None = Field(
         default=None,
         description="One row of output values returned, marked degraded, when the ladder "
@@ -440,6 +452,7 @@ class Settings(BaseSettings):
     server: ServerSettings = Field(
         default_factory=ServerSettings, description="Shared server behaviour."
     )
+    tls: TlsSettings = Field(default_factory=TlsSettings, description="TLS on every hop.")
     telemetry: TelemetrySettings = Field(
         default_factory=TelemetrySettings, description="Tracing and logs."
     )
@@ -509,6 +522,7 @@ def load_settings(path: Path) -> Settings:
         raise ConfigError(_describe(path, exc)) from None
     if not settings.repository.is_absolute():
         settings.repository = (Path(path).parent / settings.repository).resolve()
+    settings.tls = settings.tls.resolved(Path(path).parent)
     settings._source = Path(path)
     return settings
 

@@ -10,17 +10,24 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from strata.channels import blocking_channel
+from strata.config import load_settings
+from strata.security import TlsSettings
 
-def check(address: str, service: str = "", timeout: float = 2.0) -> str:
+
+def check(
+    address: str, service: str = "", timeout: float = 2.0, tls: TlsSettings | None = None
+) -> str:
     """The status name (e.g. SERVING) the server at `address` reports for `service`.
 
     Raises grpc.RpcError when the server cannot be reached in time or does not know `service`.
     """
-    with grpc.insecure_channel(address) as channel:
+    with blocking_channel(address, tls or TlsSettings()) as channel:
         stub = health_pb2_grpc.HealthStub(channel)
         reply = stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=timeout)
     return health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)
@@ -31,9 +38,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("address", help="host:port of the gRPC server, e.g. 127.0.0.1:8001")
     parser.add_argument("--service", default="", help="service name to ask about (default: all)")
     parser.add_argument("--timeout", type=float, default=2.0, help="seconds to wait for an answer")
+    parser.add_argument("--config", type=Path, help="deployment config, for its TLS settings")
     args = parser.parse_args(argv)
+    tls = load_settings(args.config).tls if args.config else None
     try:
-        status = check(args.address, args.service, args.timeout)
+        status = check(args.address, args.service, args.timeout, tls)
     except grpc.RpcError as exc:
         print(f"{args.address}: {exc.code().name}: {exc.details()}", file=sys.stderr)
         return 1

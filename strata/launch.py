@@ -20,27 +20,25 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
-from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from strata.config import ConfigError, Settings, load_settings
+from strata.healthcheck import check
+from strata.security import TlsSettings
 
 log = logging.getLogger("strata.launch")
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def wait_serving(address: str, timeout: float) -> bool:
+def wait_serving(address: str, timeout: float, tls: TlsSettings) -> bool:
     """Poll the gRPC health service at `address` until it answers SERVING."""
     end = time.monotonic() + timeout
-    with grpc.insecure_channel(address) as channel:
-        stub = health_pb2_grpc.HealthStub(channel)
-        while time.monotonic() < end:
-            try:
-                reply = stub.Check(health_pb2.HealthCheckRequest(), timeout=1.0)
-                if reply.status == health_pb2.HealthCheckResponse.SERVING:
-                    return True
-            except grpc.RpcError:
-                pass
-            time.sleep(0.1)
+    while time.monotonic() < end:
+        try:
+            if check(address, timeout=1.0, tls=tls) == "SERVING":
+                return True
+        except grpc.RpcError:
+            pass
+        time.sleep(0.1)
     return False
 
 
@@ -107,7 +105,7 @@ class Supervisor:
 
     def await_serving(self, name: str, timeout: float = 60.0) -> None:
         """Wait until `name` is SERVING; on failure stop everything and raise."""
-        if not wait_serving(self.address(name), timeout):
+        if not wait_serving(self.address(name), timeout, self.settings.tls):
             code = self.processes[name].poll()
             self.stop_all()
             state = f"exited with {code}" if code is not None else "never became SERVING"

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
 
+from strata.security import ApiKey
+
 
 class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
@@ -92,6 +94,11 @@ class GatewaySettings(Strict):
     ladder: Ladder = Field(default_factory=Ladder, description="The degradation ladder.")
     cache: Cache = Field(default_factory=Cache, description="The result cache.")
     breaker: Breaker = Field(default_factory=Breaker, description="Upstream circuit breakers.")
+    api_keys: list[ApiKey] = Field(
+        default_factory=list,
+        description="Clients' API keys (hashed); when any are set, requests without a valid "
+        "key in the api_key_header are refused UNAUTHENTICATED.",
+    )
     admin_token: SecretStr | None = Field(
         default=None,
         description="Token the admin API requires (STRATA_GATEWAY__ADMIN_TOKEN); unset or "

@@ -60,8 +60,19 @@ def check_tensor(spec: TensorSpec, array: np.ndarray) -> None:
             )
     if array.dtype.kind == "f" and not spec.allow_nonfinite and not np.isfinite(array).all():
         raise InvalidArgument(f"input {spec.name!r}: contains NaN or infinite values")
+    if array.dtype == object:
+        _check_sizes(spec, array)
     if spec.utf8:
         _check_utf8(spec.name, array)
+
+
+def _check_sizes(spec: TensorSpec, array: np.ndarray) -> None:
+    for index, item in enumerate(array.reshape(-1)):
+        if len(item) > spec.max_element_bytes:
+            raise InvalidArgument(
+                f"input {spec.name!r}: element {index} has {len(item)} bytes, "
+                f"more than the limit of {spec.max_element_bytes}"
+            )
 
 
 def _check_utf8(name: str, array: np.ndarray) -> None:

@@ -21,6 +21,7 @@ from opentelemetry import trace
 
 from strata.config import ServerSettings
 from strata.metrics import MetricsInterceptor
+from strata.security import TlsSettings, server_credentials
 from strata.telemetry import server_interceptors
 
 log = logging.getLogger(__name__)
@@ -53,15 +54,24 @@ class Running:
 
 
 async def start_server(
-    registrations: Iterable[Registration], listen: str, settings: ServerSettings
+    registrations: Iterable[Registration],
+    listen: str,
+    settings: ServerSettings,
+    tls: TlsSettings | None = None,
+    public: bool = False,
 ) -> Running:
-    """Bind and start a server with health and reflection, and mark it SERVING."""
+    """Bind and start a server with health and reflection, and mark it SERVING.
+
+    With TLS on, a public server (the gateway) presents its certificate; any other requires
+    callers to present one signed by the deployment's CA.
+    """
     interceptors = [*server_interceptors(), MetricsInterceptor()]
     age_ms = int(settings.max_connection_age_seconds * 1000)
     options = [
         *grpc_options(settings),
         ("grpc.max_connection_age_ms", age_ms),
         ("grpc.max_connection_age_grace_ms", int(settings.grace_seconds * 1000)),
+        ("grpc.max_concurrent_streams", settings.max_concurrent_streams),
     ]
     server = grpc.aio.server(interceptors=interceptors, options=options)
     health = HealthServicer()
@@ -71,7 +81,11 @@ async def start_server(
         add(servicer, server)
         names.append(name)
     reflection.enable_server_reflection([*names, reflection.SERVICE_NAME], server)
-    port = server.add_insecure_port(listen)
+    credentials = server_credentials(tls, public) if tls is not None else None
+    if credentials is None:
+        port = server.add_insecure_port(listen)
+    else:
+        port = server.add_secure_port(listen, credentials)
     if port == 0:
         raise OSError(f"cannot bind {listen}")
     await server.start()
@@ -86,9 +100,11 @@ async def serve(
     listen: str,
     settings: ServerSettings,
     on_stop: Callable[[], Awaitable[None]] | None = None,
+    tls: TlsSettings | None = None,
+    public: bool = False,
 ) -> None:
     """Run a gRPC server on `listen` until SIGTERM or SIGINT, then drain and return."""
-    running = await start_server(registrations, listen, settings)
+    running = await start_server(registrations, listen, settings, tls, public)
     stopping = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

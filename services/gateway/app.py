@@ -28,5 +28,8 @@ async def build(settings: Settings) -> Service:
         admin = AdminServicer(runtime, token.get_secret_value())
         registrations.append((admin, admin_pb2_grpc.add_AdminServicer_to_server, admin_name))
     return Service(
-        registrations=registrations, endpoint=settings.services.gateway, on_stop=runtime.close
+        registrations=registrations,
+        endpoint=settings.services.gateway,
+        on_stop=runtime.close,
+        public=True,
     )

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -54,6 +54,8 @@ class ClientRequest:
     client: str
     forced_arm: str
     budget: Budget
+    # The client's string parameters, passed to postprocess rules' `when:` conditions.
+    parameters: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -153,9 +155,10 @@ class Orchestrator:
         scores, served_version = await self._infer(route, req, features, version, level >= 2)
         if self.routers[name].mirrors(req.request_id or req.client):
             self._shadow.submit(name, req.pipeline, features, scores, budget)
-        flags = {"core_only": "true"} if level >= 1 else {}
+        flags = {**req.parameters, "core_only": "true" if level >= 1 else "false"}
+        forwarded = _forwarded(req.pipeline, features)
         outputs, info = await self._process(
-            self._up.postprocess, name, req.request_id, scores, budget, flags
+            self._up.postprocess, name, req.request_id, {**scores, **forwarded}, budget, flags
         )
         skipped = info.get("skipped_rules", "")
         return Answer(outputs, route.arm, served_version, level, skipped_rules=skipped)
@@ -193,6 +196,14 @@ class Orchestrator:
             raise RuntimeError(f"{hop.name} answered {len(reply.results)} results for 1 request")
         result = reply.results[0]
         return raise_for_result(result), dict(result.info)
+
+
+def _forwarded(pipeline: Pipeline, features: Arrays) -> Arrays:
+    """The preprocess outputs the pipeline passes on to postprocess."""
+    missing = sorted(set(pipeline.forward_to_postprocess) - set(features))
+    if missing:
+        raise RuntimeError(f"forward_to_postprocess names {missing}, not preprocess outputs")
+    return {key: features[key] for key in pipeline.forward_to_postprocess}
 
 
 def default_outputs(pipeline: Pipeline, batch: int) -> Arrays:

@@ -22,9 +22,12 @@ from services.gateway.shadow import ShadowRunner
 from services.gateway.upstreams import Upstreams
 from strata.config import Settings, load_settings
 from strata.errors import NotFound
+from strata.security import KeyRing
 
 log = logging.getLogger(__name__)
-LIVE_GATEWAY = ("rate_limits", "ladder", "cache", "breaker", "default_timeout_seconds")
+LIVE_GATEWAY = (
+    "rate_limits", "ladder", "cache", "breaker", "default_timeout_seconds", "api_keys",
+)  # fmt: skip
 LIVE_PIPELINE = ("latency_objective_ms", "cache", "default_answer")
 
 
@@ -38,6 +41,7 @@ class Runtime:
         self.settings = settings
         self.upstreams = Upstreams(settings)
         self.limiter = RateLimiter(settings.gateway.rate_limits)
+        self.keys = KeyRing(settings.gateway.api_keys)
         self.ladder = LadderController(
             settings.gateway.ladder, _objectives(settings), _on_level_change
         )
@@ -94,6 +98,7 @@ class Runtime:
         old, gateway = self.settings.gateway, new.gateway
         changed = [key for key in LIVE_GATEWAY if getattr(old, key) != getattr(gateway, key)]
         self.limiter.configure(gateway.rate_limits)
+        self.keys = KeyRing(gateway.api_keys)
         self.ladder.settings = gateway.ladder
         self.ladder.objectives = _objectives(new)
         self.cache.configure(gateway.cache)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import time
 
 import grpc
@@ -12,10 +11,11 @@ from services.gateway.orchestrator import Answer, Budget, ClientRequest
 from services.gateway.runtime import Runtime
 from strata import codec
 from strata.config import Pipeline
-from strata.errors import NotFound, Overloaded, grpc_errors, status_of
+from strata.errors import NotFound, Overloaded, Unauthenticated, grpc_errors, status_of
 from strata.policies import RateLimits
 from strata.proto.inference import grpc_service_pb2 as v2
 from strata.proto.inference import grpc_service_pb2_grpc as v2_grpc
+from strata.security import KeyRing, key_hash
 from strata.telemetry import annotate, shapes
 from strata.v2meta import Tensor, metadata_response, model_config
 
@@ -26,11 +26,19 @@ PIPELINE_VERSION = "1"
 ARM_PARAMETER = "strata.arm"
 
 
-def client_key(metadata: dict[str, str], peer: str, limits: RateLimits) -> str:
-    """Who is calling: an API key (hashed, never kept in clear), a client id, or the peer host."""
+def client_key(metadata: dict[str, str], peer: str, limits: RateLimits, keys: KeyRing) -> str:
+    """Who is calling: the client id of a valid API key (required when keys are configured),
+    else a hash of an unregistered key, a client id header, or the peer host."""
     key = metadata.get(limits.api_key_header)
+    if keys:
+        client = keys.client(key)
+        if client is None:
+            raise Unauthenticated(
+                f"a valid API key is required in the {limits.api_key_header!r} metadata"
+            )
+        return f"id:{client}"
     if key:
-        return "key:" + hashlib.sha256(key.encode()).hexdigest()[:16]
+        return "key:" + key_hash(key)[:16]
     client = metadata.get(limits.client_header)
     if client:
         return f"id:{client}"
@@ -53,6 +61,11 @@ class GatewayServicer(v2_grpc.GRPCInferenceServiceServicer):
             raise NotFound(f"model {name!r} has no version {version!r}")
         return pipeline
 
+    def _client(self, context: grpc.aio.ServicerContext) -> str:
+        runtime = self._runtime
+        metadata = dict(context.invocation_metadata() or ())
+        return client_key(metadata, context.peer(), runtime.limiter.limits, runtime.keys)
+
     async def ServerLive(self, request, context) -> v2.ServerLiveResponse:
         return v2.ServerLiveResponse(live=True)
 
@@ -65,7 +78,9 @@ class GatewayServicer(v2_grpc.GRPCInferenceServiceServicer):
     async def ServerMetadata(self, request, context) -> v2.ServerMetadataResponse:
         return v2.ServerMetadataResponse(name=SERVER_NAME, version=VERSION)
 
+    @grpc_errors
     async def ModelReady(self, request, context) -> v2.ModelReadyResponse:
+        self._client(context)
         pipeline = self._pipelines.get(request.name)
         if pipeline is None or request.version not in ("", PIPELINE_VERSION):
             return v2.ModelReadyResponse(ready=False)
@@ -82,12 +97,14 @@ class GatewayServicer(v2_grpc.GRPCInferenceServiceServicer):
 
     @grpc_errors
     async def ModelMetadata(self, request, context) -> v2.ModelMetadataResponse:
+        self._client(context)
         pipeline = self._pipeline(request.name, request.version)
         inputs, outputs = _tensors(pipeline)
         return metadata_response(request.name, [PIPELINE_VERSION], PLATFORM, inputs, outputs)
 
     @grpc_errors
     async def ModelConfig(self, request, context) -> v2.ModelConfigResponse:
+        self._client(context)
         pipeline = self._pipeline(request.name, request.version)
         inputs, outputs = _tensors(pipeline)
         return model_config(request.name, PLATFORM, pipeline.max_batch_size, inputs, outputs)
@@ -112,8 +129,7 @@ class GatewayServicer(v2_grpc.GRPCInferenceServiceServicer):
         self, request: v2.ModelInferRequest, context: grpc.aio.ServicerContext
     ) -> v2.ModelInferResponse:
         runtime = self._runtime
-        metadata = dict(context.invocation_metadata() or ())
-        client = client_key(metadata, context.peer(), runtime.limiter.limits)
+        client = self._client(context)
         admitted, wait, scope = runtime.limiter.admit(client)
         if not admitted:
             RATE_LIMITED.labels(scope).inc()
@@ -134,6 +150,7 @@ class GatewayServicer(v2_grpc.GRPCInferenceServiceServicer):
                 client=client,
                 forced_arm=forced.string_param if forced is not None else "",
                 budget=Budget(default if remaining is None else remaining),
+                parameters=_string_parameters(request),
             )
         )
         annotate(
@@ -144,6 +161,17 @@ class GatewayServicer(v2_grpc.GRPCInferenceServiceServicer):
             output_shapes=shapes(answer.outputs),
         )
         return _response(request, answer, wanted)
+
+
+def _string_parameters(request: v2.ModelInferRequest) -> dict[str, str]:
+    """The client's string parameters, except the gateway's own (strata.*) and core_only."""
+    return {
+        key: value.string_param
+        for key, value in request.parameters.items()
+        if value.WhichOneof("parameter_choice") == "string_param"
+        and not key.startswith("strata.")
+        and key != "core_only"
+    }
 
 
 def _response(request: v2.ModelInferRequest, answer: Answer, wanted: list[str]):

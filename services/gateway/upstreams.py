@@ -33,7 +33,7 @@ class Hop:
         self, name: str, endpoint: ServiceEndpoint, stub: type, service: str, settings: Settings
     ) -> None:
         self.name = name
-        self.channel = open_channel(endpoint.address, settings.server, [service])
+        self.channel = open_channel(endpoint.address, settings.server, [service], settings.tls)
         self.stub = stub(self.channel)
         self.breaker = CircuitBreaker(name, settings.gateway.breaker)
 

@@ -54,7 +54,11 @@ def servers_in_process(
     async def start(builder, listen: str | None = None):
         service = await builder(settings)
         running = await start_server(
-            service.registrations, listen or service.endpoint.listen, settings.server
+            service.registrations,
+            listen or service.endpoint.listen,
+            settings.server,
+            settings.tls,
+            service.public,
         )
         world.running.append((running, service))
         return service
