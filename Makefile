@@ -9,7 +9,7 @@ STAMP_PROTO := strata/proto/.generated
 STAMP_MODELS := build/.models
 STAMP_MODELS_TEXT := build/.models-text
 
-.PHONY: certs
+.PHONY: certs fuzz
 .PHONY: venv proto models models-text run test lint fmt bench trace clean compose-up compose-down
 
 # The Compose specification's JSON schema, as the docker-compose package on PyPI ships it.
@@ -55,6 +55,10 @@ lint: $(STAMP_PROTO)
 fmt: $(STAMP_VENV)
 	$(PY) -m ruff check --fix .
 	$(PY) -m ruff format .
+
+# A long property-based fuzzing run against the running system (make test runs a short one).
+fuzz: $(STAMP_MODELS)
+	HYPOTHESIS_PROFILE=long $(PY) -m pytest tests/fuzz -q
 
 # A development CA and certificates for TLS on every hop (see README, Security).
 certs: $(STAMP_VENV)
