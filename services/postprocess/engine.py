@@ -27,8 +27,10 @@ from services.postprocess.rules import RuleContext
 from services.postprocess.rules.base import Tensors
 from strata.config import PostprocessSettings
 from strata.errors import InvalidArgument, NotFound
+from strata.telemetry import annotate
 
 log = logging.getLogger(__name__)
+TRACER = trace.get_tracer("strata.postprocess")
 
 CORE_ONLY = "core_only"
 
@@ -114,12 +116,15 @@ class RuleEngine:
         while (claimed := state.claim(generation)) is not None:
             index, entry, tensors, deadline = claimed
             started = time.perf_counter()
-            try:
-                result = entry.rule.apply(tensors, RuleContext(deadline))
-            except TimeoutError:
-                result = None  # the rule stopped itself at its limit (a regex timeout)
-            finally:
-                self.metrics.record(state.chain.name, entry.name, time.perf_counter() - started)
+            attributes = {"strata.pipeline": state.chain.name, "strata.rule": entry.name}
+            with TRACER.start_as_current_span(f"rule {entry.name}", attributes=attributes):
+                try:
+                    result = entry.rule.apply(tensors, RuleContext(deadline))
+                except TimeoutError:
+                    result = None  # the rule stopped itself at its limit (a regex timeout)
+                finally:
+                    seconds = time.perf_counter() - started
+                    self.metrics.record(state.chain.name, entry.name, seconds)
             state.finish(generation, index, result)
 
     def _hold(self, work: Future) -> None:
@@ -146,6 +151,7 @@ class RuleEngine:
             return
         for name in state.overran:
             self.metrics.overrun(state.chain.name, name)
+        annotate(skipped_rules=",".join(state.skipped))
         limits = ", ".join(f"{name} ({state.timeout_of(name):g}s)" for name in state.overran)
         log.warning(
             "pipeline %s: rules overran their time limits: %s; skipped_rules=%s trace_id=%s",

@@ -1,65 +1,60 @@
 """Rule durations and overruns: small in-memory counts, and hooks that see every event.
 
 The engine calls `record(pipeline, rule, seconds)` after every rule (from its worker thread)
-and `overrun(pipeline, rule)` for every rule skipped at its time limit. Exporters (Prometheus
-counters and histograms, span events) subscribe with `add_hook` / `add_overrun_hook`.
+and `overrun(pipeline, rule)` for every rule skipped at its time limit; both feed Prometheus
+(`strata_postprocess_rule_duration_seconds`, `strata_postprocess_rule_overruns_total`), and
+other exporters subscribe with `add_hook` / `add_overrun_hook`.
 """
 
 from __future__ import annotations
 
-import threading
-from collections import Counter
+from collections import Counter as CountOf
 from collections.abc import Callable
-from dataclasses import dataclass
 
-DurationHook = Callable[[str, str, float], None]  # (pipeline, rule, seconds)
+from prometheus_client import Counter, Gauge
+
+from strata.timings import Timings, stage_histogram
+
 OverrunHook = Callable[[str, str], None]  # (pipeline, rule)
 
 
-@dataclass
-class Summary:
-    """What one rule of one pipeline has cost so far."""
+RULE_SECONDS = stage_histogram("postprocess", "rule")
+OVERRUNS = Counter(
+    "strata_postprocess_rule_overruns",
+    "Rules abandoned at their time limit, by pipeline and rule.",
+    ["pipeline", "rule"],
+)
+STUCK = Gauge("strata_postprocess_stuck_threads", "Worker threads still held by abandoned rules.")
 
-    count: int = 0
-    total_seconds: float = 0.0
-    max_seconds: float = 0.0
 
-
-class RuleMetrics:
-    """Thread-safe per-(pipeline, rule) durations and overrun counts, plus hooks."""
+class RuleMetrics(Timings):
+    """Rule durations (see strata.timings) plus overrun counts and their hooks."""
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._durations: dict[tuple[str, str], Summary] = {}
-        self._overruns: Counter[tuple[str, str]] = Counter()
-        self._duration_hooks: list[DurationHook] = []
+        super().__init__(RULE_SECONDS)
+        self._overruns: CountOf[tuple[str, str]] = CountOf()
         self._overrun_hooks: list[OverrunHook] = []
-        self.stuck_threads = 0  # threads still held by abandoned rules (engine updates it)
+        self._stuck = 0
 
-    def add_hook(self, hook: DurationHook) -> None:
-        self._duration_hooks.append(hook)
+    @property
+    def stuck_threads(self) -> int:
+        """Threads still held by abandoned rules (the engine updates it)."""
+        return self._stuck
+
+    @stuck_threads.setter
+    def stuck_threads(self, value: int) -> None:
+        self._stuck = value
+        STUCK.set(value)
 
     def add_overrun_hook(self, hook: OverrunHook) -> None:
         self._overrun_hooks.append(hook)
 
-    def record(self, pipeline: str, rule: str, seconds: float) -> None:
-        with self._lock:
-            summary = self._durations.setdefault((pipeline, rule), Summary())
-            summary.count += 1
-            summary.total_seconds += seconds
-            summary.max_seconds = max(summary.max_seconds, seconds)
-        for hook in self._duration_hooks:
-            hook(pipeline, rule, seconds)
-
     def overrun(self, pipeline: str, rule: str) -> None:
         with self._lock:
             self._overruns[(pipeline, rule)] += 1
+        OVERRUNS.labels(pipeline, rule).inc()
         for hook in self._overrun_hooks:
             hook(pipeline, rule)
-
-    def durations(self) -> dict[tuple[str, str], Summary]:
-        with self._lock:
-            return {key: Summary(**vars(value)) for key, value in self._durations.items()}
 
     def overruns(self) -> dict[tuple[str, str], int]:
         with self._lock:

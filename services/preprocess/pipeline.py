@@ -6,12 +6,17 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from opentelemetry import trace
+
 from services.preprocess.steps import Step, build_step
 from services.preprocess.steps.base import Tensors
 from services.preprocess.steps.validate import Validate
 from services.preprocess.timings import StepTimings
 from strata.config import Pipeline, StageSpec
 from strata.errors import NotFound
+from strata.telemetry import shapes
+
+TRACER = trace.get_tracer("strata.preprocess")
 
 # StageSpec keys that only mean something to postprocess rules.
 _RULE_ONLY = ("core", "when", "timeout_seconds")
@@ -28,10 +33,13 @@ class PreprocessPipeline:
     def run(self, tensors: Tensors) -> Tensors:
         for label, step in self.steps:
             start = time.perf_counter()
-            try:
-                tensors = step.process(tensors)
-            finally:
-                self.timings.record(self.name, label, time.perf_counter() - start)
+            attributes = {"strata.pipeline": self.name, "strata.step": label}
+            with TRACER.start_as_current_span(f"step {label}", attributes=attributes) as span:
+                try:
+                    tensors = step.process(tensors)
+                finally:
+                    self.timings.record(self.name, label, time.perf_counter() - start)
+                span.set_attribute("strata.output_shapes", shapes(tensors))
         return tensors
 
 

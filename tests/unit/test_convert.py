@@ -14,7 +14,7 @@ torch = pytest.importorskip(
     "torch", reason="conversion needs PyTorch: install the convert extra (.[convert])"
 )
 
-from convert.cli import EXIT_PARITY, convert_main  # noqa: E402
+from convert.cli import EXIT_FAILED, EXIT_PARITY, convert_main, main  # noqa: E402
 from convert.factory import parse_decl  # noqa: E402
 from convert.pipeline import Options, convert  # noqa: E402
 from convert.source import (  # noqa: E402
@@ -24,6 +24,7 @@ from convert.source import (  # noqa: E402
     TensorDecl,
     random_samples,
 )
+from convert.text import read_topics  # noqa: E402
 from services.inference.validation import read_cases  # noqa: E402
 
 FEATURES = [TensorDecl("features", "float32", ("batch", 6))]
@@ -215,3 +216,24 @@ def test_tensor_declarations_parse() -> None:
         parse_decl("x:float32:4,batch")
     with pytest.raises(ConversionError, match="unknown dtype"):
         parse_decl("x:float99:batch")
+
+
+def test_the_strata_command_has_a_convert_subcommand(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    argv = ["convert", "tiny", "--repository", str(tmp_path), "--module", "nowhere:build"]
+    assert main(argv) == EXIT_FAILED
+    assert "cannot load 'nowhere:build'" in capsys.readouterr().err
+
+
+def test_topic_files_are_checked(tmp_path: Path) -> None:
+    path = tmp_path / "topics.yaml"
+    path.write_text("temperature: 0.1\nlabels:\n  - {name: a, description: about a}\n")
+    topics = read_topics(path)
+    assert (topics.labels, topics.descriptions, topics.temperature) == (["a"], ["about a"], 0.1)
+    path.write_text("labels:\n  - {name: a}\n")
+    with pytest.raises(ConversionError, match="needs a 'name' and a 'description'"):
+        read_topics(path)
+    path.write_text("temperature: 0\nlabels:\n  - {name: a, description: x}\n")
+    with pytest.raises(ConversionError, match="temperature must be a positive number"):
+        read_topics(path)

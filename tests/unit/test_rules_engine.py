@@ -227,7 +227,7 @@ def test_an_abandoned_rule_never_changes_the_answer_and_frees_its_thread() -> No
     assert FINISHED.wait(2)
     time.sleep(0.05)
     assert engine.metrics.stuck_threads == 0
-    assert engine.metrics.durations()[("p", "test_sleep")].max_seconds >= 0.5
+    assert engine.metrics.snapshot()[("p", "test_sleep")].max_seconds >= 0.5
 
 
 def test_a_rule_limit_overrides_the_default() -> None:
