@@ -90,6 +90,12 @@ class GatewaySettings(Strict):
     default_timeout_seconds: float = Field(
         default=30.0, gt=0, description="Budget of a request whose caller set no deadline."
     )
+    upstream_timeout_seconds: float = Field(
+        default=10.0,
+        gt=0,
+        description="Longest one upstream call may take, however much of the client's budget "
+        "is left; an upstream that misses it counts as failing (UNAVAILABLE, breaker).",
+    )
     rate_limits: RateLimits = Field(default_factory=RateLimits, description="Token buckets.")
     ladder: Ladder = Field(default_factory=Ladder, description="The degradation ladder.")
     cache: Cache = Field(default_factory=Cache, description="The result cache.")

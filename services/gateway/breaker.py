@@ -39,6 +39,12 @@ class CircuitBreaker:
             return "closed"
         return "half_open" if self._clock() >= self._open_until else "open"
 
+    @property
+    def available(self) -> bool:
+        """Whether a call could go now, without taking the half-open probe."""
+        state = self.state
+        return state == "closed" or (state == "half_open" and not self._probing)
+
     def allow(self) -> bool:
         """Whether a call may go now (in half-open state, only the one probe)."""
         state = self.state

@@ -43,4 +43,8 @@ SHADOW = Counter(
 BREAKER_OPEN = Gauge(
     "strata_gateway_breaker_open", "1 while an upstream's circuit breaker is open.", ["upstream"]
 )
+FAILOVERS = Counter(
+    "strata_gateway_failovers", "Requests moved to another arm after theirs failed.",
+    ["pipeline", "from_arm", "to_arm"],
+)  # fmt: skip
 INFLIGHT = Gauge("strata_gateway_inflight_requests", "Client requests being worked on.")

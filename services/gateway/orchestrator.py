@@ -16,13 +16,13 @@ import numpy as np
 from services.gateway.arms import ArmBook
 from services.gateway.cache import Cached, ResultCache, cache_key
 from services.gateway.ladder import LadderController
-from services.gateway.metrics import CACHE, DEGRADED, INFLIGHT, SHED
+from services.gateway.metrics import CACHE, DEGRADED, FAILOVERS, INFLIGHT, SHED
 from services.gateway.router import Router
 from services.gateway.shadow import ShadowRunner
 from services.gateway.upstreams import Upstreams
 from strata import codec
 from strata.config import Pipeline, Route
-from strata.errors import DeadlineExceeded, Overloaded, StrataError
+from strata.errors import DeadlineExceeded, Overloaded, StrataError, Unavailable
 from strata.process import raise_for_result
 from strata.proto.v1 import tensor_pb2 as v1
 from strata.schema import validate_inputs
@@ -115,7 +115,7 @@ class Orchestrator:
         return answer
 
     def _usable(self, route: Route) -> bool:
-        return self._up.inference[route.deployment].breaker.state != "open"
+        return self._up.inference[route.deployment].breaker.available
 
     def _answer_without_chain(
         self, req: ClientRequest, route: Route, key: str, level: int, batch: int
@@ -152,7 +152,12 @@ class Orchestrator:
         features, _ = await self._process(
             self._up.preprocess, name, req.request_id, req.arrays, budget, {}
         )
-        scores, served_version = await self._infer(route, req, features, version, level >= 2)
+        try:
+            scores, served_version = await self._infer(route, req, features, version, level >= 2)
+        except Unavailable as exc:
+            route = self._failover(req, route, exc)
+            version = route.version or req.pipeline.model.version
+            scores, served_version = await self._infer(route, req, features, version, level >= 2)
         if self.routers[name].mirrors(req.request_id or req.client):
             self._shadow.submit(name, req.pipeline, features, scores, budget)
         flags = {**req.parameters, "core_only": "true" if level >= 1 else "false"}
@@ -162,6 +167,16 @@ class Orchestrator:
         )
         skipped = info.get("skipped_rules", "")
         return Answer(outputs, route.arm, served_version, level, skipped_rules=skipped)
+
+    def _failover(self, req: ClientRequest, failed: Route, exc: Unavailable) -> Route:
+        """The arm to try when `failed` could not answer; the error if there is none."""
+        if req.forced_arm:
+            raise exc
+        other = self.routers[req.pipeline_name].fallback(req.client, failed, self._usable)
+        if other is None:
+            raise exc
+        FAILOVERS.labels(req.pipeline_name, failed.arm, other.arm).inc()
+        return other
 
     async def _infer(
         self, route: Route, req: ClientRequest, features: Arrays, version: str, skip: bool

@@ -61,9 +61,16 @@ class Router:
         sticky = _pick(routes, unit_hash(self.pipeline, client))
         if usable(sticky):
             return sticky
-        healthy = [r for r in routes if r is not sticky and usable(r) and r.weight > 0]
-        if not healthy:
+        fallback = self.fallback(client, sticky, usable)
+        if fallback is None:
             raise Unavailable(f"pipeline {self.pipeline!r}: no arm is available")
+        return fallback
+
+    def fallback(self, client: str, failed: Route, usable: Callable[[Route], bool]) -> Route | None:
+        """Another usable arm for `client` (by weight), or None."""
+        healthy = [r for r in self._routes if r.arm != failed.arm and usable(r) and r.weight > 0]
+        if not healthy:
+            return None
         return _pick(tuple(healthy), unit_hash(self.pipeline, client, "fallback"))
 
     def mirrors(self, request_key: str) -> bool:

@@ -19,7 +19,7 @@ from services.gateway.breaker import CircuitBreaker
 from services.gateway.metrics import BREAKER_OPEN, UPSTREAM_CALLS
 from strata.channels import open_channel
 from strata.config import ServiceEndpoint, Settings
-from strata.errors import Unavailable, Upstream
+from strata.errors import Unavailable, from_code
 from strata.proto.inference import grpc_service_pb2_grpc as v2_grpc
 from strata.proto.v1 import postprocess_pb2_grpc, preprocess_pb2_grpc
 
@@ -36,20 +36,31 @@ class Hop:
         self.channel = open_channel(endpoint.address, settings.server, [service], settings.tls)
         self.stub = stub(self.channel)
         self.breaker = CircuitBreaker(name, settings.gateway.breaker)
+        self.timeout = settings.gateway.upstream_timeout_seconds
 
-    async def call(self, method: str, request: Any, timeout: float, metadata: Sequence = ()) -> Any:
-        """Call `method` with the remaining budget; failures name this hop."""
+    async def call(self, method: str, request: Any, budget: float, metadata: Sequence = ()) -> Any:
+        """Call `method` within the caller's remaining budget and this hop's own timeout.
+
+        Running out of the caller's budget says nothing about the upstream; missing the hop's
+        own timeout does: it counts against the breaker and is UNAVAILABLE (retry elsewhere).
+        """
         if not self.breaker.allow():
             UPSTREAM_CALLS.labels(self.name, "CIRCUIT_OPEN").inc()
             raise Unavailable(f"{self.name}: circuit open after repeated failures")
+        hop_bound = self.timeout < budget
         code = grpc.StatusCode.CANCELLED
         try:
-            reply = await getattr(self.stub, method)(request, timeout=timeout, metadata=metadata)
+            reply = await getattr(self.stub, method)(
+                request, timeout=min(budget, self.timeout), metadata=metadata
+            )
             code = grpc.StatusCode.OK
             return reply
         except grpc.aio.AioRpcError as exc:
             code = exc.code()
-            raise Upstream(code, f"{self.name}: {exc.details()}") from None
+            if code == grpc.StatusCode.DEADLINE_EXCEEDED and hop_bound:
+                code = grpc.StatusCode.UNAVAILABLE
+                raise Unavailable(f"{self.name}: no answer within {self.timeout:g}s") from None
+            raise from_code(code, f"{self.name}: {exc.details()}") from None
         finally:
             self.breaker.record(code)
             UPSTREAM_CALLS.labels(self.name, code.name).inc()

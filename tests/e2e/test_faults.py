@@ -1,0 +1,135 @@
+"""Fault injection under steady load: what clients see when a neighbour breaks.
+
+Each scenario prints requests sent, answered OK, failed by code, and the worst latency.
+"""
+
+import shutil
+import signal
+import time
+from pathlib import Path
+
+import grpc
+import pytest
+
+from strata.launch import Supervisor
+from strata.proto.inference import grpc_service_pb2 as v2
+from strata.proto.inference import grpc_service_pb2_grpc as v2_grpc
+from tests.support.load import SteadyLoad
+from tests.support.system import ROOT, running_system
+
+DEADLINE = 3.0
+CHANGES = {
+    "gateway": {
+        "upstream_timeout_seconds": 1.0,
+        "breaker": {"failures": 3, "open_seconds": 1.0},
+    },
+}
+
+
+def wait_until_ok(load: SteadyLoad, seconds: float) -> float | None:
+    """When the clients' answers were all OK again for half a second, or None."""
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        time.sleep(0.25)
+        since = time.monotonic() - 0.5
+        recent = load.tally.codes(since)
+        if recent and set(recent) == {"OK"}:
+            return since
+    return None
+
+
+def test_killing_one_preprocess_replica_fails_no_request(tmp_path: Path) -> None:
+    with running_system(tmp_path, CHANGES) as system, SteadyLoad(system.address("gateway")) as load:
+        time.sleep(1.0)
+        before = load.tally.sent
+        system.stop("preprocess-0", signal.SIGKILL)
+        time.sleep(2.0)
+    print(load.tally.report("kill a preprocess replica"))
+    assert load.tally.codes() == {"OK": load.tally.sent}
+    assert load.tally.sent - before > 20, "load kept flowing after the kill"
+
+
+def test_losing_postprocess_fails_cleanly_and_recovers(tmp_path: Path) -> None:
+    with running_system(tmp_path, CHANGES) as system, SteadyLoad(system.address("gateway")) as load:
+        time.sleep(1.0)
+        system.stop("postprocess", signal.SIGKILL)
+        time.sleep(2.0)
+        outage = load.tally.codes(time.monotonic() - 1.5)
+        system.start("postprocess")
+        recovered = wait_until_ok(load, 15)
+    print(load.tally.report("kill the only postprocess, then restart it"))
+    assert set(load.tally.codes()) <= {"OK", "UNAVAILABLE"}
+    assert outage["UNAVAILABLE"] > 0
+    assert load.tally.worst() <= DEADLINE + 0.5
+    assert recovered is not None, "the system did not recover on its own"
+
+
+def test_a_hanging_deployment_fails_over_and_opens_its_circuit(tmp_path: Path) -> None:
+    changes = {**CHANGES, "pipelines": {"digits": {"model": {"name": "digits", "routes": [
+        {"arm": "control", "deployment": "a", "version": "1", "weight": 50},
+        {"arm": "canary", "deployment": "b", "version": "2", "weight": 50},
+    ]}}}}  # fmt: skip
+    with running_system(tmp_path, changes) as system:
+        hung = system.processes["inference-b"]
+        with SteadyLoad(system.address("gateway"), threads=6) as load:
+            time.sleep(1.0)
+            hung.send_signal(signal.SIGSTOP)
+            try:
+                time.sleep(2.5)  # calls to b time out (1 s) and open its circuit (3 failures)
+                moved = time.monotonic()
+                time.sleep(2.0)
+            finally:
+                hung.send_signal(signal.SIGCONT)
+    print(load.tally.report("hang one inference deployment"))
+    # Calls to the hung arm time out after upstream_timeout_seconds and fail over to the
+    # other arm within the client's deadline; once the circuit is open, none go there.
+    assert load.tally.codes() == {"OK": load.tally.sent}
+    assert 1.0 <= load.tally.worst() <= DEADLINE
+    tail = [o for o in load.tally.outcomes if o.at >= moved and not o.cached]
+    assert tail and {o.arm for o in tail} == {"control"}, "traffic moved to the healthy arm"
+
+
+def test_a_corrupt_model_in_a_hot_swap_leaves_the_old_version_serving(tmp_path: Path) -> None:
+    repository = tmp_path / "repository"
+    shutil.copytree(ROOT / "build" / "repository", repository)
+    with running_system(tmp_path, {**CHANGES, "repository": str(repository)}) as system:
+        inference = v2_grpc.GRPCInferenceServiceStub(
+            grpc.insecure_channel(system.address("inference-a"))
+        )
+        with SteadyLoad(system.address("gateway")) as load:
+            time.sleep(0.5)
+            (repository / "digits" / "3").mkdir()
+            (repository / "digits" / "3" / "model.onnx").write_bytes(b"\x08\x07not a model")
+            with pytest.raises(grpc.RpcError) as info:
+                inference.RepositoryModelLoad(
+                    v2.RepositoryModelLoadRequest(model_name="digits"), timeout=30
+                )
+            time.sleep(0.5)
+        versions = inference.ModelMetadata(v2.ModelMetadataRequest(name="digits")).versions
+    print(load.tally.report("corrupt model file in a hot swap"))
+    assert "3" in info.value.details() and info.value.code() != grpc.StatusCode.INTERNAL
+    assert load.tally.codes() == {"OK": load.tally.sent}
+    assert list(versions) == ["1", "2"]
+
+
+def sigterm_each(system: Supervisor, load: SteadyLoad) -> dict[str, int]:
+    codes = {}
+    for name in ("preprocess-0", "inference-b", "postprocess", "gateway"):
+        time.sleep(1.0)
+        codes[name] = system.stop(name)
+    time.sleep(0.5)
+    return codes
+
+
+def test_sigterm_to_each_service_loses_nothing_silently(tmp_path: Path) -> None:
+    with (
+        running_system(tmp_path, CHANGES) as system,
+        SteadyLoad(system.address("gateway"), deadline=DEADLINE) as load,
+    ):
+        exits = sigterm_each(system, load)
+    print(load.tally.report("SIGTERM each service in turn"))
+    assert exits == dict.fromkeys(exits, 0)
+    codes = load.tally.codes()
+    assert sum(codes.values()) == load.tally.sent
+    assert set(codes) <= {"OK", "UNAVAILABLE"}, codes
+    assert load.tally.worst() <= DEADLINE + 0.5
