@@ -131,8 +131,8 @@ class ServerSettings(Strict):
     max_connection_age_seconds: float = Field(
         default=60.0,
         gt=0,
-        description="Clients are asked to reconnect after this long, so they re-resolve DNS "
-        "and spread over replicas added since (in-flight calls finish first).",
+        description="Internal services ask callers to reconnect after this long, so they "
+        "re-resolve DNS and spread over replicas added since (in-flight calls finish first).",
     )
 
 

@@ -66,13 +66,17 @@ async def start_server(
     callers to present one signed by the deployment's CA.
     """
     interceptors = [*server_interceptors(), MetricsInterceptor()]
-    age_ms = int(settings.max_connection_age_seconds * 1000)
     options = [
         *grpc_options(settings),
-        ("grpc.max_connection_age_ms", age_ms),
-        ("grpc.max_connection_age_grace_ms", int(settings.grace_seconds * 1000)),
         ("grpc.max_concurrent_streams", settings.max_concurrent_streams),
     ]
+    if not public:
+        # Internal callers (the gateway) retry UNAVAILABLE, so ageing their connections out to
+        # make them re-resolve DNS costs nothing; public clients may not retry, so theirs stay.
+        options += [
+            ("grpc.max_connection_age_ms", int(settings.max_connection_age_seconds * 1000)),
+            ("grpc.max_connection_age_grace_ms", int(settings.grace_seconds * 1000)),
+        ]
     server = grpc.aio.server(interceptors=interceptors, options=options)
     health = HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health, server)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
 
+from services.inference import exporter
 from services.inference.manager import ModelManager
 from services.inference.servicer import InferenceServicer
 from strata.cli import Service
@@ -12,6 +13,7 @@ from strata.proto.inference import grpc_service_pb2, grpc_service_pb2_grpc
 
 
 async def build(settings: Settings) -> Service:
+    """The servicer over a model manager that has loaded every configured model."""
     executor = ThreadPoolExecutor(
         max_workers=settings.inference.workers, thread_name_prefix="onnxruntime"
     )
@@ -23,9 +25,11 @@ async def build(settings: Settings) -> Service:
         executor.shutdown(wait=False)
         raise
     servicer = InferenceServicer(models)
+    unwatch = exporter.watch(models.statistics)
     name = grpc_service_pb2.DESCRIPTOR.services_by_name["GRPCInferenceService"].full_name
 
     async def on_stop() -> None:
+        unwatch()
         await models.close()
         executor.shutdown(wait=True)
 

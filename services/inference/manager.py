@@ -42,6 +42,8 @@ class Served:
 
 @dataclass(frozen=True)
 class IndexEntry:
+    """One line of the repository index."""
+
     name: str
     version: str  # "" for the model as a whole
     state: str
@@ -72,6 +74,7 @@ class ModelManager:
             self._poller = asyncio.create_task(self._poll(self._settings.poll_seconds))
 
     async def close(self) -> None:
+        """Stop polling; every version finishes what it holds and is released."""
         if self._poller is not None:
             self._poller.cancel()
         served, self._served = self._served, {}
@@ -111,6 +114,7 @@ class ModelManager:
         )
 
     def statistics(self, name: str = "", version: str = "") -> list[VersionStats]:
+        """The numbers of the serving versions: all, one model's, or one version's."""
         if not name:
             return [v.stats for s in self._served.values() for v in s.versions.values()]
         if version:
@@ -236,18 +240,20 @@ class ModelManager:
         )
 
     async def _retire(self, name: str, versions: list[ModelVersion]) -> None:
-        for m in versions:
+        """Let `versions` finish their queues and release them; a version number that serves
+        again (its files changed and it reloaded) keeps its READY entry."""
+        serving = self._served.get(name)
+        gone = [m for m in versions if serving is None or m.version not in serving.versions]
+        for m in gone:
             self._entries[name][str(m.version)] = IndexEntry(name, str(m.version), UNLOADING)
         await asyncio.gather(*(m.retire() for m in versions))
-        serving = self._served.get(name)
-        for m in versions:
-            if serving is None or m.version not in serving.versions:
-                self._entries[name][str(m.version)] = IndexEntry(
-                    name, str(m.version), UNAVAILABLE, "unloaded"
-                )
+        for m in gone:
+            self._entries[name][str(m.version)] = IndexEntry(
+                name, str(m.version), UNAVAILABLE, "unloaded"
+            )
 
     def _forget_missing(self, name: str, available: dict[int, Path]) -> None:
-        """Index entries of version folders that are gone and not serving."""
+        """Forget the index entries of version folders that are gone and not serving."""
         serving = self._served.get(name)
         for key in list(self._entries[name]):
             if (

@@ -44,6 +44,7 @@ def providers(preferred: Sequence[str]) -> list[str]:
 
 
 def session_options(settings: InferenceSettings.Session) -> ort.SessionOptions:
+    """ONNX Runtime session options from the model's session settings."""
     options = ort.SessionOptions()
     options.intra_op_num_threads = settings.intra_op_threads
     options.inter_op_num_threads = settings.inter_op_threads

@@ -23,6 +23,7 @@ class ExecutionModel:
         self._w = self._n = self._nn = self._t = self._nt = 0.0
 
     def observe(self, rows: int, seconds: float) -> None:
+        """A batch of `rows` rows took `seconds`."""
         d = self._decay
         self._w = self._w * d + 1.0
         self._n = self._n * d + rows
@@ -52,6 +53,7 @@ class ExecutionModel:
         return fixed, per_row
 
     def estimate(self, rows: int) -> float:
+        """Seconds a batch of `rows` rows is expected to take (0 before any is measured)."""
         fixed, per_row = self.coefficients()
         return fixed + per_row * rows
 
@@ -66,6 +68,7 @@ class ArrivalRate:
         self._rows = 1.0
 
     def observe(self, now: float, rows: int) -> None:
+        """A request of `rows` rows arrived at `now`."""
         if self._last is not None:
             gap = max(now - self._last, 1e-7)
             self._gap = (

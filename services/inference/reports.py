@@ -25,6 +25,7 @@ def _count(n: int) -> v2.StatisticDuration:
 
 
 def model_statistics(stats: VersionStats) -> v2.ModelStatistics:
+    """One version's numbers as v2 `ModelStatistics`."""
     message = v2.ModelStatistics(
         name=stats.name,
         version=stats.version,

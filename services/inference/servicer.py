@@ -28,6 +28,8 @@ EXTENSIONS = ["model_repository", "statistics"]
 
 
 class InferenceServicer(v2_grpc.GRPCInferenceServiceServicer):
+    """The v2 protocol over the model manager."""
+
     def __init__(self, models: ModelManager) -> None:
         self._models = models
 

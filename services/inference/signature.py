@@ -44,6 +44,7 @@ class TensorInfo:
 
     @classmethod
     def of(cls, arg: ort.NodeArg) -> TensorInfo:
+        """From an ONNX Runtime graph input or output."""
         shape = tuple(d if isinstance(d, int) and d > 0 else -1 for d in arg.shape)
         dims = tuple(d if isinstance(d, str) and d else None for d in arg.shape)
         return cls(arg.name, _ORT_TYPES.get(arg.type, arg.type), shape, dims)

@@ -94,6 +94,7 @@ class VersionStats:
     queued_rows: int = 0
 
     def record_batch(self, rows: int, seconds: float) -> None:
+        """A batch of `rows` rows ran for `seconds` in ONNX Runtime."""
         self.batch_sizes[rows] += 1
         self.batch_compute.setdefault(rows, Duration()).add(seconds)
         self.execution_seconds.observe(seconds)
@@ -101,10 +102,12 @@ class VersionStats:
         self.last_inference_ms = int(time.time() * 1000)
 
     def record_queued(self, seconds: float) -> None:
+        """A request waited `seconds` before its batch started."""
         self.queue.add(seconds)
         self.queue_seconds.observe(seconds)
 
     def record_answer(self, rows: int, seconds: float, compute: float, ok: bool) -> None:
+        """A request was answered `seconds` after it queued; its batch ran `compute`."""
         self.compute.add(compute)
         if ok:
             self.success.add(seconds)
@@ -113,6 +116,7 @@ class VersionStats:
             self.fail.add(seconds)
 
     def reject(self, reason: str) -> None:
+        """A request was answered without running, for `reason` (one of REASONS)."""
         self.rejected[reason] += 1
 
     def mean_batch_rows(self) -> float:

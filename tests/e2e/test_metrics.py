@@ -105,3 +105,24 @@ def test_gateway_histograms_and_arm_figures_parse(scraped) -> None:
     assert (
         total(gateway["strata_gateway_degradation_level"], "strata_gateway_degradation_level") == 0
     )
+
+
+def test_inference_exports_batch_sizes_queue_and_execution_time(scraped) -> None:
+    families = scraped["inference-a"]
+    batches = [
+        s
+        for s in families["strata_inference_batch_rows"]
+        if s.name.endswith("_count") and s.labels["model"] == "digits"
+    ]
+    assert sum(s.value for s in batches) > 0
+    for name in ("strata_inference_queue_seconds", "strata_inference_execution_seconds"):
+        counts = [s for s in families[name] if s.name.endswith("_count")]
+        assert counts and all(s.value >= 0 for s in counts)
+    assert "strata_inference_rejections" in families and "strata_inference_queue_rows" in families
+
+
+def test_preprocess_and_postprocess_time_each_step_and_rule(scraped) -> None:
+    steps = scraped["preprocess-0"]["strata_preprocess_step_duration_seconds"]
+    assert {s.labels["step"] for s in steps if s.name.endswith("_count")} >= {"validate", "resize"}
+    rules = scraped["postprocess"]["strata_postprocess_rule_duration_seconds"]
+    assert {s.labels["rule"] for s in rules if s.name.endswith("_count")} >= {"softmax", "topk"}

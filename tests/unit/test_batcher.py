@@ -1,4 +1,5 @@
-"""The batcher with a stand-in model: batch forming, rows, shapes, limits, deadlines, failures."""
+"""The batcher with a stand-in model: batch forming, rows, shapes, limits, deadlines,
+failures, and its spans."""
 
 from __future__ import annotations
 
@@ -10,7 +11,11 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
+from services.inference import spans
 from services.inference.batcher import Batcher
 from services.inference.jobs import Request
 from services.inference.stats import VersionStats
@@ -312,3 +317,40 @@ def test_close_runs_what_is_queued_then_drains() -> None:
         assert [t.result()["y"][0, 0] for t in tasks] == [0, 2, 4, 6, 8, 10]
 
     asyncio.run(go())
+
+
+def test_a_batch_is_a_span_of_its_own_linked_to_its_requests(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    tracer = provider.get_tracer("test")
+    monkeypatch.setattr(spans, "_tracer", tracer)
+    gate = threading.Event()
+    b = batcher(Doubler(gate=gate), max_rows=8)
+
+    async def traced(i: int) -> None:
+        with tracer.start_as_current_span(f"request {i}"):
+            await submit(b, x(value=i))
+
+    async def go() -> None:
+        first = asyncio.ensure_future(traced(0))
+        await asyncio.sleep(0.01)
+        rest = [asyncio.ensure_future(traced(i)) for i in (1, 2, 3)]
+        await asyncio.sleep(0.01)
+        gate.set()
+        await asyncio.gather(first, *rest)
+
+    asyncio.run(go())
+    finished = {s.name: s for s in exporter.get_finished_spans()}
+    batches = [s for s in exporter.get_finished_spans() if s.name == "inference batch"]
+    (batch,) = [s for s in batches if s.attributes["batch.requests"] == 3]
+    requests = [finished[f"request {i}"] for i in (1, 2, 3)]
+    assert batch.parent is None
+    assert batch.context.trace_id not in {r.context.trace_id for r in requests}
+    assert {link.context.span_id for link in batch.links} == {r.context.span_id for r in requests}
+    for request in requests:
+        assert request.attributes["strata.batch_span_id"] == f"{batch.context.span_id:016x}"
+        assert request.attributes["strata.batch_rows"] == 3
+        assert request.attributes["strata.queue_ms"] > 0

@@ -110,6 +110,21 @@ def test_loads_serve_the_latest_and_pick_up_a_new_version(tmp_path: Path) -> Non
     with_manager(tmp_path, body)
 
 
+def test_a_version_whose_files_change_reloads_in_place(tmp_path: Path) -> None:
+    folder = write_version(tmp_path, "toy", 1, dense(1), [X])
+
+    async def body(manager: ModelManager) -> None:
+        write_version(tmp_path, "toy", 1, dense(2), [X])
+        os.utime(folder / "model.onnx", ns=(1, 1))  # a different stamp, whatever the clock
+        await manager.load("toy")
+        version, y = await answer(manager)
+        assert version == 1
+        np.testing.assert_allclose(y, run(dense(2), X)["y"], rtol=1e-5)
+        assert [(e.version, e.state) for e in manager.index()] == [("1", "READY")]
+
+    with_manager(tmp_path, body)
+
+
 def test_policy_all_serves_every_version_and_answers_with_the_highest(tmp_path: Path) -> None:
     write_version(tmp_path, "toy", 1, dense(1), [X], {"version_policy": {"all": True}})
     write_version(tmp_path, "toy", 2, dense(2), [X])

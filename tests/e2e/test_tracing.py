@@ -1,0 +1,112 @@
+"""What the four services export to an OTLP receiver: one trace per request, well formed."""
+
+import secrets
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import numpy as np
+import pytest
+
+from strata import codec
+from strata.launch import Supervisor
+from strata.proto.inference import grpc_service_pb2_grpc as v2_grpc
+from strata.traces import Receiver, Span
+from tests.support.system import running_system
+
+LAYERS = {f"strata-{name}" for name in ("gateway", "preprocess", "inference", "postprocess")}
+
+
+@pytest.fixture(scope="module")
+def traced(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Supervisor, Receiver]]:
+    with Receiver() as receiver:
+        env = {
+            "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{receiver.port}",
+            "OTEL_EXPORTER_OTLP_INSECURE": "true",
+            "OTEL_BSP_SCHEDULE_DELAY": "100",
+        }
+        folder: Path = tmp_path_factory.mktemp("traced")
+        with running_system(folder, env=env) as system:
+            yield system, receiver
+
+
+def send(system: Supervisor, arrays: dict, trace_id: str, **params: str) -> grpc.RpcError | None:
+    stub = v2_grpc.GRPCInferenceServiceStub(grpc.insecure_channel(system.address("gateway")))
+    request = codec.build_request("digits", arrays)
+    for key, value in params.items():
+        request.parameters[key].string_param = value
+    traceparent = f"00-{trace_id}-{secrets.token_hex(8)}-01"
+    try:
+        stub.ModelInfer(request, metadata=(("traceparent", traceparent),), timeout=10)
+    except grpc.RpcError as exc:
+        return exc
+    return None
+
+
+def root_of(spans: list[Span]) -> Span:
+    ids = {s.span_id for s in spans}
+    roots = [s for s in spans if s.parent_id not in ids]
+    assert len(roots) == 1, [(s.service, s.name) for s in roots]
+    return roots[0]
+
+
+def test_one_trace_through_all_layers_with_steps_and_rules(traced) -> None:
+    system, receiver = traced
+    trace_id = secrets.token_hex(16)
+    assert send(system, {"images": np.zeros((2, 16, 16), np.uint8)}, trace_id) is None
+    spans = receiver.wait_for(trace_id, LAYERS)
+    assert {s.service for s in spans} == LAYERS
+    root = root_of(spans)
+    assert root.service == "strata-gateway"
+    attributes = root.attributes
+    assert attributes["strata.pipeline"] == "digits"
+    assert attributes["strata.arm"] in {"control", "canary"}
+    assert attributes["strata.level"] == 0
+    assert attributes["strata.input_shapes"] == ["images:2x16x16"]
+    names = {(s.service, s.name) for s in spans}
+    for step in ("step validate", "step resize", "step scale", "step flatten"):
+        assert ("strata-preprocess", step) in names
+    for rule in ("rule softmax", "rule topk", "rule labels"):
+        assert ("strata-postprocess", rule) in names
+    by_id = {s.span_id: s for s in spans}
+    for span in spans:
+        if span is not root:
+            parent = by_id[span.parent_id]
+            assert parent.start_ns <= span.start_ns, (span.name, parent.name)
+
+
+def test_a_batch_span_links_the_requests_it_carried(traced) -> None:
+    system, receiver = traced
+    trace_ids = [secrets.token_hex(16) for _ in range(12)]
+    images = {"images": np.zeros((1, 8, 8), np.uint8)}
+    threads = [
+        threading.Thread(target=send, args=(system, images, t), kwargs={"strata.arm": "control"})
+        for t in trace_ids
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    ours = {}
+    for trace_id in trace_ids:
+        for span in receiver.wait_for(trace_id, LAYERS):
+            ours[span.span_id] = trace_id
+    batches = [s for s in receiver.all_spans() if s.name == "inference batch"]
+    linked = [b for b in batches if len({ours[i] for i in b.links if i in ours}) >= 2]
+    assert linked, "no batch carried two of the concurrent requests"
+    batch = linked[0]
+    assert batch.trace_id not in trace_ids, "a batch is a trace of its own"
+    assert batch.attributes["batch.requests"] >= 2
+
+
+def test_a_bad_request_leaves_an_error_span_with_its_kind(traced) -> None:
+    system, receiver = traced
+    trace_id = secrets.token_hex(16)
+    error = send(system, {"images": np.zeros((1, 8, 8), np.float32)}, trace_id)
+    assert error is not None and error.code() == grpc.StatusCode.INVALID_ARGUMENT
+    spans = receiver.wait_for(trace_id, {"strata-gateway"})
+    root = root_of(spans)
+    assert root.status_code == 2  # ERROR
+    assert "error" in root.events
+    assert {s.service for s in spans} == {"strata-gateway"}, "no upstream was called"
