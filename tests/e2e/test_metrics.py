@@ -1,6 +1,7 @@
 """Every process serves Prometheus metrics that tell the same story as the requests sent."""
 
 import itertools
+import re
 import urllib.request
 from pathlib import Path
 
@@ -11,7 +12,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from strata import codec
 from strata.proto.inference import grpc_service_pb2_grpc as v2_grpc
-from tests.support.system import free_port, running_system
+from tests.support.system import ROOT, free_port, running_system
 
 
 def metrics_address(count: int = 1) -> str:
@@ -126,3 +127,12 @@ def test_preprocess_and_postprocess_time_each_step_and_rule(scraped) -> None:
     assert {s.labels["step"] for s in steps if s.name.endswith("_count")} >= {"validate", "resize"}
     rules = scraped["postprocess"]["strata_postprocess_rule_duration_seconds"]
     assert {s.labels["rule"] for s in rules if s.name.endswith("_count")} >= {"softmax", "topk"}
+
+
+@pytest.mark.parametrize("page", ["docs/troubleshooting.md", "README.md", "docs/gateway.md"])
+def test_every_metric_the_docs_name_is_exported(scraped, page: str) -> None:
+    text = (ROOT / page).read_text()
+    named = {n for n in re.findall(r"`((?:strata|process)_[a-z_]+)", text) if not n.endswith("_")}
+    exported = {name for families in scraped.values() for name in families}
+    families = {n.removesuffix("_total") for n in named}
+    assert named and families <= exported, sorted(families - exported)
