@@ -1,9 +1,14 @@
 """The batching benchmark: `python -m bench.batching --config configs/default.yaml [--quick]`.
 
+For the configured model (the first of `inference.models` unless `--model`) and a synthetic
+compute-bound MLP (bench/synthetic.py; `--no-synthetic` leaves it out):
+
 1. The ceiling: the model in ONNX Runtime in this process, at every batch size.
-2. The inference service as its own process, once per policy (no batching, a fixed window
-   per `--windows`, adaptive), each at the same open-loop offered loads, from light to past
-   what the service can answer (fractions of a capacity probed first, closed loop).
+2. The inference service as its own process, one per policy (no batching, a fixed window per
+   `--windows`, adaptive), all started side by side; at each open-loop offered load, from
+   light to past what the service answers (fractions of a capacity probed first, closed
+   loop), every policy runs in turn, the order rotating from load to load, so that a noisy
+   neighbour on the machine hits them all alike.
 3. A table of throughput, P50/P95/P99 latency, mean batch size and the ratio to the ceiling,
    printed and saved with a latency-against-throughput plot under `--out`.
 """
@@ -13,62 +18,61 @@ from __future__ import annotations
 import argparse
 import asyncio
 import tempfile
-from dataclasses import dataclass
+from contextlib import AsyncExitStack, ExitStack
 from pathlib import Path
 
 import grpc
-import numpy as np
 import yaml
 
 from bench import ceiling as ceilings
-from bench.openloop import ServiceProcess, open_loop, saturate, settle
-from bench.report import Row, summary, table, write
-from services.inference import repository, validation
-from services.inference.manifest import ModelSpec, read_spec
-from strata import codec
+from bench import synthetic
+from bench.openloop import Run, ServiceProcess, open_loop, saturate, settle
+from bench.report import Measured, Plan, Row, digest, table, write
+from services.inference import validation
+from services.inference.manifest import read_spec
+from strata import codec, repository
 from strata.config import Settings, load_settings
 from strata.proto.inference import grpc_service_pb2 as v2
 from strata.proto.inference import grpc_service_pb2_grpc as v2_grpc
 
 RESULTS = Path(__file__).resolve().parent / "results"
-
-
-@dataclass(frozen=True)
-class Plan:
-    seconds: float  # per offered load
-    fractions: tuple[float, ...]  # offered loads, as fractions of the probed capacity
-    ceiling_seconds: float  # per batch size
-    probe_seconds: float
-
-
 FULL = Plan(3.0, (0.1, 0.3, 0.6, 0.9, 1.2, 1.6), 0.5, 2.0)
 QUICK = Plan(0.3, (0.2, 1.3), 0.03, 0.3)
 
 
 def main(argv: list[str] | None = None) -> None:
+    """Run the batching benchmark and write its results."""
     args = _parser().parse_args(argv)
     settings = load_settings(args.config)
-    model = args.model or settings.inference.models[0]
     plan = QUICK if args.quick else FULL
-    folder, spec, sample = _model(settings, model)
-    workers = settings.inference.workers
-    ceiling = ceilings.measure(folder, spec, sample, workers, plan.ceiling_seconds)
-    print(summary(model, ceiling, settings.inference.workers), flush=True)
-    request = codec.build_request(model, sample)
     bound = args.bound if args.bound is not None else max(args.windows)
     policies = [("none", 0.0), *(("fixed", w) for w in args.windows), ("adaptive", bound)]
     policies = [p for p in policies if p[0] in args.policies]
-    with tempfile.TemporaryDirectory(prefix="strata-bench-") as scratch:
-        rows = _run_all(Path(scratch), args.config, request, policies, plan, ceiling.best)
-    print(table(rows), flush=True)
-    for path in write(args.out, model, ceiling, settings.inference.workers, rows):
+    names = [args.model or settings.inference.models[0]]
+    names += [] if args.no_synthetic else [synthetic.NAME]
+    with tempfile.TemporaryDirectory(prefix="strata-bench-") as folder:
+        scratch = Path(folder)
+        root = synthetic.write_repository(scratch, settings.repository, settings.inference.models)
+        results = [_ceiling(settings, root, name, plan) for name in names]
+        configs = [_config(scratch, args.config, root, p, w) for p, w in policies]
+        with ExitStack() as stack:
+            services = _start(stack, scratch, configs)
+            for result in results:
+                asyncio.run(_measure(services, result, plan))
+                print(f"{table(result.rows)}\n\n{digest(result.rows)}\n", flush=True)
+    for path in write(args.out, results, plan):
         print(f"wrote {path}")
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m bench.batching", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.batching",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("--config", type=Path, required=True, help="deployment YAML file")
     parser.add_argument("--model", help="model to measure (default: the first configured)")
+    parser.add_argument("--no-synthetic", action="store_true", help="leave out the MLP")
     parser.add_argument("--quick", action="store_true", help="a short smoke run")
     parser.add_argument(
         "--windows",
@@ -91,76 +95,87 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _model(settings: Settings, name: str) -> tuple[Path, ModelSpec, dict[str, np.ndarray]]:
-    """The version the service would serve, its spec, and a one-row request from its cases."""
-    root = settings.repository / repository.check_name(name)
-    spec = read_spec(root / "model.yaml", settings.inference)
-    available = repository.versions(root)
-    folder = available[spec.version_policy.select(list(available))[-1]]
-    cases = validation.read_cases(folder / "validation")
+def _ceiling(settings: Settings, root: Path, name: str, plan: Plan) -> Measured:
+    """The model as the service would serve it, a one-row request, and its ceiling."""
+    folder = root / repository.check_name(name)
+    spec = read_spec(folder / "model.yaml", settings.inference)
+    available = repository.versions(folder)
+    version = available[spec.version_policy.select(list(available))[-1]]
+    cases = validation.read_cases(version / "validation")
     if not cases:
         raise SystemExit(f"model {name!r} has no validation cases to take a request from")
     sample = {k: v[:1] for k, v in cases[0].inputs.items()}
-    return folder, spec, sample
+    workers = settings.inference.workers
+    found = ceilings.measure(version, spec, sample, workers, plan.ceiling_seconds)
+    print(f"{name}: in-process ceiling {found.best:,.0f} rows/s at batch {found.best_batch}")
+    return Measured(name, found, workers, codec.build_request(name, sample))
 
 
-def _run_all(
-    scratch: Path,
-    config: Path,
-    request: v2.ModelInferRequest,
-    policies: list[tuple[str, float]],
-    plan: Plan,
-    ceiling: float,
-) -> list[Row]:
-    capacity = None
-    rows: list[Row] = []
-    # The first service measured probes the capacity every policy is then offered fractions
-    # of; the adaptive policy (the default) goes first when it is measured.
-    for policy, window in sorted(policies, key=lambda p: p[0] != "adaptive"):
-        label = policy if policy != "fixed" else f"fixed {window:g} ms"
-        path = _config(scratch, config, policy, window, label)
-        with ServiceProcess(path, scratch / f"{label.replace(' ', '_')}.log") as service:
-            found, runs = asyncio.run(_measure(service.address, request, plan, capacity))
-        capacity = capacity or found
-        rows += [_row(label, run, batch, ceiling) for run, batch in runs]
-        print(f"{label}: done", flush=True)
-    order = {label: i for i, label in enumerate(_labels(policies))}
-    return sorted(rows, key=lambda r: (order[r.policy], r.offered))
-
-
-def _labels(policies: list[tuple[str, float]]) -> list[str]:
-    return [p if p != "fixed" else f"fixed {w:g} ms" for p, w in policies]
-
-
-def _config(scratch: Path, config: Path, policy: str, window: float, label: str) -> Path:
-    """The deployment config with this policy as every model's batching default."""
-    settings = load_settings(config)
+def _config(scratch: Path, config: Path, root: Path, policy: str, window: float) -> Path:
+    """The deployment config on the scratch repository, with this policy as the default."""
     raw = yaml.safe_load(config.read_text())
-    raw["repository"] = str(settings.repository)
-    batching = raw.setdefault("inference", {}).setdefault("batching", {})
-    batching["policy"] = policy
-    batching["max_queue_delay_ms"] = window
-    path = scratch / f"{label.replace(' ', '_')}.yaml"
+    raw["repository"] = str(root)
+    for endpoint in raw["services"]["inference"].values():
+        endpoint.pop("metrics", None)  # the services run side by side: no shared metrics port
+    # One long-lived connection per service, however many calls are in flight past capacity:
+    # the benchmark measures the batcher, not reconnects or the stream limit.
+    raw.setdefault("server", {}).update(
+        max_connection_age_seconds=24 * 3600, max_concurrent_streams=1 << 20
+    )
+    inference = raw.setdefault("inference", {})
+    inference["models"] = [*inference["models"], synthetic.NAME]
+    inference.setdefault("batching", {}).update(policy=policy, max_queue_delay_ms=window)
+    path = scratch / f"{_label(policy, window).replace(' ', '_')}.yaml"
     path.write_text(yaml.safe_dump(raw))
     return path
 
 
-async def _measure(
-    address: str, request: v2.ModelInferRequest, plan: Plan, capacity: float | None
-) -> tuple[float, list[tuple]]:
-    async with grpc.aio.insecure_channel(address) as channel:
-        stub = v2_grpc.GRPCInferenceServiceStub(channel)
-        found = await saturate(stub, request, concurrency=64, duration=plan.probe_seconds)
-        capacity = capacity or found
-        runs = []
-        for fraction in plan.fractions:
-            before = await _counts(stub, request.model_name)
-            run = await open_loop(stub, request, fraction * capacity, plan.seconds, timeout=10)
-            after = await _counts(stub, request.model_name)
-            batches = after[1] - before[1]
-            runs.append((run, (after[0] - before[0]) / batches if batches else 0.0))
-            settle()
-        return found, runs
+def _label(policy: str, window: float) -> str:
+    return f"fixed {window:g} ms" if policy == "fixed" else policy
+
+
+def _start(stack: ExitStack, scratch: Path, configs: list[Path]) -> dict[str, ServiceProcess]:
+    """Every policy's service, started together."""
+    services = {}
+    for path in configs:
+        raw = yaml.safe_load(path.read_text())["inference"]["batching"]
+        label = _label(raw["policy"], raw["max_queue_delay_ms"])
+        services[label] = ServiceProcess(path, scratch / f"{path.stem}.log")
+        services[label].start()
+        stack.callback(services[label].stop)
+    for service in services.values():
+        service.ready()
+    return services
+
+
+async def _measure(services: dict[str, ServiceProcess], result: Measured, plan: Plan) -> None:
+    async with AsyncExitStack() as stack:
+        stubs = {}
+        for label, service in services.items():
+            channel = await stack.enter_async_context(grpc.aio.insecure_channel(service.address))
+            stubs[label] = v2_grpc.GRPCInferenceServiceStub(channel)
+        labels = list(stubs)
+        probe = "adaptive" if "adaptive" in stubs else labels[0]
+        for label in labels:  # warms every service; the probe's capacity sets the loads
+            found = await saturate(stubs[label], result.request, 64, plan.probe_seconds)
+            result.capacity = found if label == probe else result.capacity
+        for i, fraction in enumerate(plan.fractions):
+            for label in labels[i % len(labels) :] + labels[: i % len(labels)]:
+                row = await _one(stubs[label], label, result, fraction * result.capacity, plan)
+                result.rows.append(row)
+                settle()
+        order = {label: i for i, label in enumerate(labels)}
+        result.rows.sort(key=lambda r: (order[r.policy], r.offered))
+
+
+async def _one(
+    stub: v2_grpc.GRPCInferenceServiceStub, label: str, result: Measured, rate: float, plan: Plan
+) -> Row:
+    before = await _counts(stub, result.model)
+    run = await open_loop(stub, result.request, rate, plan.seconds, timeout=10)
+    after = await _counts(stub, result.model)
+    batches = after[1] - before[1]
+    return _row(label, run, (after[0] - before[0]) / batches if batches else 0.0, result)
 
 
 async def _counts(stub: v2_grpc.GRPCInferenceServiceStub, model: str) -> tuple[int, int]:
@@ -172,9 +187,9 @@ async def _counts(stub: v2_grpc.GRPCInferenceServiceStub, model: str) -> tuple[i
     )
 
 
-def _row(label: str, run, batch: float, ceiling: float) -> Row:
-    refused = {code: n for code, n in run.codes.items() if code != "OK"}
+def _row(label: str, run: Run, batch: float, result: Measured) -> Row:
     return Row(
+        model=result.model,
         policy=label,
         offered=run.offered,
         throughput=run.throughput,
@@ -182,9 +197,9 @@ def _row(label: str, run, batch: float, ceiling: float) -> Row:
         p95_ms=run.percentile(95) * 1e3,
         p99_ms=run.percentile(99) * 1e3,
         answered=len(run.latencies),
-        refused=refused,
+        refused={code: n for code, n in run.codes.items() if code != "OK"},
         mean_batch=batch,
-        ceiling_ratio=run.throughput / ceiling if ceiling else 0.0,
+        ceiling_ratio=run.throughput / result.ceiling.best if result.ceiling.best else 0.0,
     )
 
 

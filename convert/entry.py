@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import io
 import os
-import re
 import shutil
 import zipfile
 from collections.abc import Sequence
@@ -28,26 +27,23 @@ import numpy as np
 import yaml
 
 from convert.source import Arrays, ConversionError
+from strata import repository
+from strata.errors import InvalidArgument
 
-# The inference service's rule for model folder names (services/inference/repository.py).
-_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
 # A fixed timestamp inside the npz archives keeps their bytes the same on every build.
 _ZIP_DATE = (1980, 1, 1, 0, 0, 0)
 
 
 def check_name(name: str) -> str:
-    if not _NAME.fullmatch(name):
-        raise ConversionError(
-            f"model name {name!r} must be letters, digits, '_', '.' or '-' "
-            "(and not start with '.' or '-')"
-        )
-    return name
+    """A model name the inference service accepts as a repository folder."""
+    try:
+        return repository.check_name(name)
+    except InvalidArgument as exc:
+        raise ConversionError(str(exc)) from None
 
 
 def versions(model_folder: Path) -> list[int]:
-    if not model_folder.is_dir():
-        return []
-    return sorted(int(p.name) for p in model_folder.iterdir() if p.is_dir() and p.name.isdigit())
+    return sorted(repository.versions(model_folder))
 
 
 def choose_version(model_folder: Path, version: int | None, overwrite: bool) -> int:

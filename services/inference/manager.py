@@ -17,10 +17,10 @@ from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from services.inference import repository
 from services.inference.manifest import ModelSpec, read_spec
 from services.inference.model import ModelVersion, load_version
 from services.inference.stats import VersionStats
+from strata import repository
 from strata.config import InferenceSettings
 from strata.errors import NotFound, NotReady, StrataError
 

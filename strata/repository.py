@@ -1,5 +1,8 @@
 """The model repository on disk: `<root>/<model>/model.yaml`, `<root>/<model>/<version>/`.
 
+Shared by what writes entries (the converter, the demo-model builds) and what reads them
+(the inference service).
+
 A version folder holds `model.onnx` and optionally `validation/*.npz` golden cases. Version
 folders are positive integers. A version's fingerprint changes whenever a file in its folder
 or the model's model.yaml changes, which is how a reload or a poll tells what is new.
