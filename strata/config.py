@@ -25,6 +25,7 @@ from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, Settings
 
 from strata.policies import GatewaySettings
 from strata.security import TlsSettings
+from strata.strict import Strict
 
 Datatype = Literal[
     "BOOL", "UINT8", "UINT16", "UINT32", "UINT64", "INT8", "INT16", "INT32", "INT64",
@@ -34,10 +35,6 @@ Datatype = Literal[
 
 class ConfigError(ValueError):
     """The config file is missing, unreadable or invalid; the message says where."""
-
-
-class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
 
 
 class ServiceEndpoint(Strict):

@@ -6,13 +6,10 @@ running gateway without a restart.
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
+from pydantic import Field, SecretStr, field_validator
 
 from strata.security import ApiKey
-
-
-class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+from strata.strict import Strict
 
 
 class TokenBucket(Strict):

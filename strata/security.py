@@ -14,11 +14,9 @@ import sys
 from pathlib import Path
 
 import grpc
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
 
-
-class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+from strata.strict import Strict
 
 
 class TlsSettings(Strict):
