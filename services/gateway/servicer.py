@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
+from collections.abc import AsyncIterator
 
 import grpc
 
@@ -11,7 +13,14 @@ from services.gateway.orchestrator import Answer, Budget, ClientRequest
 from services.gateway.runtime import Runtime
 from strata import codec
 from strata.config import Pipeline
-from strata.errors import NotFound, Overloaded, Unauthenticated, grpc_errors, status_of
+from strata.errors import (
+    NotFound,
+    Overloaded,
+    Unauthenticated,
+    grpc_errors,
+    log_failure,
+    status_of,
+)
 from strata.policies import RateLimits
 from strata.proto.inference import grpc_service_pb2 as v2
 from strata.proto.inference import grpc_service_pb2_grpc as v2_grpc
@@ -113,6 +122,48 @@ class GatewayServicer(v2_grpc.GRPCInferenceServiceServicer):
     async def ModelInfer(
         self, request: v2.ModelInferRequest, context: grpc.aio.ServicerContext
     ) -> v2.ModelInferResponse:
+        return await self._counted(request, context)
+
+    async def ModelStreamInfer(
+        self, requests: AsyncIterator[v2.ModelInferRequest], context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[v2.ModelStreamInferResponse]:
+        """Each request of the stream answered on its own, in the order answers are ready.
+
+        A failed request gets `error_message` and the stream goes on, as Triton's does; the
+        `id` a client sets tells its answers apart.
+        """
+        answers: asyncio.Queue = asyncio.Queue()
+
+        async def answer(request: v2.ModelInferRequest) -> None:
+            try:
+                reply = await self._counted(request, context)
+                await answers.put(v2.ModelStreamInferResponse(infer_response=reply))
+            except Exception as exc:  # one request's failure, reported in the stream
+                code, detail = status_of(exc)
+                log_failure("ModelStreamInfer", code, detail)
+                message = f"{code.name}: {detail}"
+                failed = v2.ModelInferResponse(model_name=request.model_name, id=request.id)
+                await answers.put(
+                    v2.ModelStreamInferResponse(error_message=message, infer_response=failed)
+                )
+
+        async def read() -> None:
+            async with asyncio.TaskGroup() as group:
+                async for request in requests:
+                    group.create_task(answer(request))
+            await answers.put(None)
+
+        reader = asyncio.create_task(read())
+        try:
+            while (item := await answers.get()) is not None:
+                yield item
+        finally:
+            reader.cancel()
+
+    async def _counted(
+        self, request: v2.ModelInferRequest, context: grpc.aio.ServicerContext
+    ) -> v2.ModelInferResponse:
+        """One inference, counted and timed by pipeline and status code."""
         started = time.monotonic()
         code = "OK"
         try:

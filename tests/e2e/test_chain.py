@@ -78,3 +78,11 @@ def test_tabular_predictions_through_the_chain(gateway: str) -> None:
     names = ["malignant", "benign"]
     accuracy = np.mean([names.index(p) == y for p, y in zip(predicted, labels, strict=True)])
     assert accuracy > 0.93
+
+
+def test_the_stream_answers_each_request_and_reports_bad_ones_in_it(gateway: str) -> None:
+    answers = run_client("triton_stream", gateway, "6")
+    good = sorted(a["id"] for a in answers if "id" in a)
+    bad = [a["error"] for a in answers if "error" in a]
+    assert good == ["0", "2", "4"]
+    assert len(bad) == 3 and all("INVALID_ARGUMENT" in e and "FP32" in e for e in bad)
