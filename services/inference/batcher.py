@@ -75,6 +75,7 @@ class Batcher:
         """Queue one request and wait for its answer."""
         loop = asyncio.get_running_loop()
         now = loop.time()
+        enqueued_ns = time.time_ns()
         level = request.priority or self._settings.default_priority
         self._admit(rows, level, request.deadline, now)
         future: asyncio.Future[Arrays] = loop.create_future()
@@ -91,7 +92,7 @@ class Batcher:
                 self._check_drained()
             raise
         finally:
-            spans.note_request(job.queued, job.batch_rows, job.batch)
+            spans.note_request(job.queued, job.batch_rows, job.batch, enqueued_ns)
 
     def close(self) -> None:
         """Take no new requests; those queued still run, without waiting for company."""

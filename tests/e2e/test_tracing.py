@@ -1,5 +1,6 @@
 """What the four services export to an OTLP receiver: one trace per request, well formed."""
 
+import json
 import secrets
 import threading
 from collections.abc import Iterator
@@ -69,6 +70,7 @@ def test_one_trace_through_all_layers_with_steps_and_rules(traced) -> None:
         assert ("strata-preprocess", step) in names
     for rule in ("rule softmax", "rule topk", "rule labels"):
         assert ("strata-postprocess", rule) in names
+    assert ("strata-inference", "queue wait") in names
     by_id = {s.span_id: s for s in spans}
     for span in spans:
         if span is not root:
@@ -110,3 +112,15 @@ def test_a_bad_request_leaves_an_error_span_with_its_kind(traced) -> None:
     assert root.status_code == 2  # ERROR
     assert "error" in root.events
     assert {s.service for s in spans} == {"strata-gateway"}, "no upstream was called"
+
+
+def test_the_log_of_a_failing_request_carries_its_trace_id(traced) -> None:
+    system, receiver = traced
+    trace_id = secrets.token_hex(16)
+    error = send(system, {"images": np.zeros((1, 3), np.uint8)}, trace_id)
+    assert error is not None and error.code() == grpc.StatusCode.INVALID_ARGUMENT
+    receiver.wait_for(trace_id, {"strata-gateway"})
+    lines = (system.log_dir / "gateway.log").read_text().splitlines()
+    events = [json.loads(line) for line in lines if line.startswith("{")]
+    ours = [e for e in events if e.get("trace_id") == trace_id]
+    assert ours and ours[0]["error_kind"] == "client" and "rank" in ours[0]["msg"]
