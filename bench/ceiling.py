@@ -21,6 +21,8 @@ Arrays = dict[str, np.ndarray]
 
 @dataclass(frozen=True)
 class Ceiling:
+    """Rows per second at each batch size, in process."""
+
     rows_per_second: dict[int, float]  # batch size -> rows per second
 
     @property
@@ -33,6 +35,7 @@ class Ceiling:
 
 
 def batch_sizes(max_batch_size: int) -> list[int]:
+    """Powers of two up to the max batch size, and the max itself."""
     sizes, size = [], 1
     while size < max_batch_size:
         sizes.append(size)
@@ -41,6 +44,7 @@ def batch_sizes(max_batch_size: int) -> list[int]:
 
 
 def tile(sample: Arrays, rows: int) -> Arrays:
+    """`sample` repeated along the batch dimension to `rows` rows."""
     return {k: np.take(v, np.arange(rows) % len(v), axis=0) for k, v in sample.items()}
 
 

@@ -20,8 +20,8 @@ from pathlib import Path
 
 import grpc
 import numpy as np
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from strata.launch import wait_serving
 from strata.proto.inference import grpc_service_pb2 as v2
 from strata.proto.inference import grpc_service_pb2_grpc as v2_grpc
 
@@ -106,6 +106,22 @@ async def saturate(
     return done / (loop.time() - start)
 
 
+def serving(address: str, timeout: float) -> bool:
+    """Whether the gRPC health service at `address` says SERVING within `timeout` seconds."""
+    end = time.monotonic() + timeout
+    with grpc.insecure_channel(address) as channel:
+        stub = health_pb2_grpc.HealthStub(channel)
+        while time.monotonic() < end:
+            try:
+                reply = stub.Check(health_pb2.HealthCheckRequest(), timeout=1.0)
+                if reply.status == health_pb2.HealthCheckResponse.SERVING:
+                    return True
+            except grpc.RpcError:
+                pass
+            time.sleep(0.1)
+    return False
+
+
 def free_address() -> str:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -113,7 +129,8 @@ def free_address() -> str:
 
 
 class ServiceProcess:
-    """`python -m services.inference` on a free port, for as long as the block lasts."""
+    """`python -m services.inference` on a free port: `start()` it, wait until `ready()`, and
+    `stop()` it (SIGTERM, so it drains). As a context manager it does all three."""
 
     def __init__(self, config: Path, log: Path) -> None:
         self.address = free_address()
@@ -121,7 +138,7 @@ class ServiceProcess:
         self._log = log
         self._process: subprocess.Popen | None = None
 
-    def __enter__(self) -> ServiceProcess:
+    def start(self) -> None:
         command = [
             *(sys.executable, "-m", "services.inference"),
             *("--config", str(self._config), "--listen", self.address),
@@ -130,12 +147,13 @@ class ServiceProcess:
             self._process = subprocess.Popen(
                 command, cwd=ROOT, stdout=log, stderr=log, env=dict(os.environ)
             )
-        if not wait_serving(self.address, timeout=60):
-            self.__exit__()
-            raise RuntimeError(f"the inference service did not start; see {self._log}")
-        return self
 
-    def __exit__(self, *exc: object) -> None:
+    def ready(self, timeout: float = 120) -> None:
+        if not serving(self.address, timeout):
+            self.stop()
+            raise RuntimeError(f"the inference service did not start; see {self._log}")
+
+    def stop(self) -> None:
         if self._process is None:
             return
         self._process.send_signal(signal.SIGTERM)
@@ -145,6 +163,14 @@ class ServiceProcess:
             self._process.kill()
             self._process.wait()
         self._process = None
+
+    def __enter__(self) -> ServiceProcess:
+        self.start()
+        self.ready()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
 
 
 def settle(seconds: float = 0.2) -> None:
