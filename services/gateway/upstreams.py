@@ -60,6 +60,11 @@ class Hop:
             if code == grpc.StatusCode.DEADLINE_EXCEEDED and hop_bound:
                 code = grpc.StatusCode.UNAVAILABLE
                 raise Unavailable(f"{self.name}: no answer within {self.timeout:g}s") from None
+            if code == grpc.StatusCode.CANCELLED:
+                # Our caller did not cancel (that would cancel this task instead): the upstream
+                # dropped the call, e.g. while shutting down. Another replica or arm may answer.
+                code = grpc.StatusCode.UNAVAILABLE
+                raise Unavailable(f"{self.name}: the call was dropped ({exc.details()})") from None
             raise from_code(code, f"{self.name}: {exc.details()}") from None
         finally:
             self.breaker.record(code)

@@ -141,5 +141,5 @@ def test_sigterm_to_each_service_loses_nothing_silently(tmp_path: Path) -> None:
     assert set(codes) <= {"OK", "UNAVAILABLE", "CANCELLED"}, codes
     # A call racing the gateway's own shutdown may be cancelled by gRPC; none other may be.
     cancelled = [o for o in load.tally.outcomes if o.code == "CANCELLED"]
-    assert all(o.at + o.seconds >= gateway_stopped for o in cancelled)
+    assert all(o.at + o.seconds >= gateway_stopped for o in cancelled), cancelled
     assert load.tally.worst() <= DEADLINE + 0.5
