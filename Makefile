@@ -10,7 +10,7 @@ STAMP_MODELS := build/.models
 STAMP_MODELS_TEXT := build/.models-text
 
 .PHONY: venv proto models models-text run test lint fmt bench trace fuzz certs clean
-.PHONY: compose-up compose-down
+.PHONY: compose-up compose-down soak
 
 # The Compose specification's JSON schema, as the docker-compose package on PyPI ships it.
 COMPOSE_SCHEMA := build/schema/compose_spec.json
@@ -74,8 +74,13 @@ certs: $(STAMP_VENV)
 trace: $(STAMP_PROTO)
 	$(PY) -m strata.traces --follow
 
-bench: $(STAMP_MODELS)
+bench: $(STAMP_MODELS) $(STAMP_MODELS_TEXT)
 	$(PY) -m bench --config $(CONFIG)
+
+# Steady load while every service's RSS and open descriptors are watched (bench/soak.py).
+SOAK_MINUTES ?= 10
+soak: $(STAMP_MODELS)
+	$(PY) -m bench.soak --config $(CONFIG) --minutes $(SOAK_MINUTES)
 
 # Containers (deploy/docker-compose.yml): the models are built here and mounted read-only.
 COMPOSE := docker compose -p strata -f deploy/docker-compose.yml

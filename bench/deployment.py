@@ -1,0 +1,117 @@
+"""The system under test: a deployment config on free loopback ports, run by strata.launch.
+
+The benchmarks measure the config they are given, changed only where one machine and a
+benchmark need it: every service on a free port (replica counts kept), no metrics ports, an
+admin token so the benchmark can read the gateway's status, and trace export on or off.
+"""
+
+from __future__ import annotations
+
+import secrets
+import socket
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from strata.config import Settings, load_settings
+from strata.launch import Supervisor
+from strata.traces import Receiver
+
+START_TIMEOUT = 120.0  # seconds for every service to say SERVING (model loading, warm-up)
+
+
+def free_port(count: int = 1) -> int:
+    """The first of `count` consecutive loopback ports that are free now."""
+    while True:
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            base = probe.getsockname()[1]
+        if base + count <= 65535 and all(_free(p) for p in range(base + 1, base + count)):
+            return base
+
+
+def _free(port: int) -> bool:
+    with socket.socket() as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+        return True
+
+
+def _endpoint(replicas: int = 1) -> dict[str, Any]:
+    return {"listen": f"127.0.0.1:{free_port(replicas)}", "replicas": replicas}
+
+
+def bench_config(
+    config: Path, folder: Path, admin_token: str, otlp_endpoint: str | None = None
+) -> Path:
+    """`config` on free ports with an admin token and tracing as asked, written into `folder`."""
+    settings = load_settings(config)
+    raw = yaml.safe_load(Path(config).read_text())
+    raw["repository"] = str(settings.repository)
+    services = settings.services
+    raw["services"] = {
+        "gateway": _endpoint(),
+        "preprocess": _endpoint(services.preprocess.replicas),
+        "postprocess": _endpoint(services.postprocess.replicas),
+        "inference": {name: _endpoint(e.replicas) for name, e in services.inference.items()},
+    }
+    raw.setdefault("gateway", {})["admin_token"] = admin_token
+    telemetry = raw.setdefault("telemetry", {})
+    telemetry["otlp_endpoint"] = otlp_endpoint
+    telemetry["log_level"] = "WARNING"  # the benchmark's cost, not the logs', is measured
+    # Stopping fast matters to a benchmark; draining behaviour is not what it measures.
+    raw.setdefault("server", {})["grace_seconds"] = min(settings.server.grace_seconds, 2.0)
+    path = folder / "bench.yaml"
+    path.write_text(yaml.safe_dump(raw, allow_unicode=True))
+    return path
+
+
+@contextmanager
+def running(
+    config: Path, folder: Path, otlp_endpoint: str | None = None
+) -> Iterator[tuple[Supervisor, str]]:
+    """Every service of `config` as processes on free ports: (supervisor, admin token)."""
+    token = secrets.token_hex(16)
+    path = bench_config(config, folder, token, otlp_endpoint)
+    # Without a collector configured nothing is exported, so the variable must not leak in.
+    env = {
+        "OTEL_EXPORTER_OTLP_ENDPOINT": otlp_endpoint or "",
+        "OTEL_EXPORTER_OTLP_INSECURE": "true",
+    }
+    supervisor = Supervisor(path, load_settings(path), log_dir=folder, env=env)
+    try:
+        supervisor.start_all(timeout=START_TIMEOUT)
+        yield supervisor, token
+    finally:
+        supervisor.stop_all()
+
+
+def inference_address(settings: Settings, deployment: str) -> str:
+    """Where one inference deployment's first replica listens."""
+    return settings.services.inference[deployment].listens[0]
+
+
+def service_pids(supervisor: Supervisor) -> dict[str, int]:
+    """Each running instance's process id, by instance name."""
+    return {name: process.pid for name, process in supervisor.processes.items()}
+
+
+class CountingReceiver(Receiver):
+    """The in-process OTLP receiver that tracing-on runs export to, counting every span."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.spans = 0
+        self._count_lock = threading.Lock()  # Export runs on several server threads
+
+    def Export(self, request, context):
+        spans = sum(len(s.spans) for r in request.resource_spans for s in r.scope_spans)
+        with self._count_lock:
+            self.spans += spans
+        return super().Export(request, context)

@@ -1,0 +1,188 @@
+"""The messages a run sends: from JSON (ghz's `-d`/`-D`), a binary message, or a data set.
+
+JSON is the method's request message in protobuf's JSON mapping (a list of them is sent in
+turn). Arrays (an .npz file, or a demo data set under build/data) are cut into requests of
+`--batch` rows, each input named and typed as the model's metadata declares.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from pathlib import Path
+
+import grpc
+import numpy as np
+from google.protobuf import json_format, message_factory
+from google.protobuf.descriptor import MethodDescriptor
+from google.protobuf.message import DecodeError, Message
+
+from bench.load.options import Options, UsageError
+from strata import codec
+from strata.proto.inference import grpc_service_pb2 as v2
+from strata.proto.inference import grpc_service_pb2_grpc as v2_grpc
+
+DATASETS = Path(__file__).resolve().parents[2] / "build" / "data"
+MAX_MESSAGES = 4096  # distinct requests prepared from a data set; they are sent in turn
+
+
+def method(path: str) -> MethodDescriptor:
+    """The unary v2 method a gRPC path names."""
+    service_name, _, method_name = path.strip("/").partition("/")
+    package, _, service = service_name.rpartition(".")
+    descriptor = v2.DESCRIPTOR.services_by_name.get(service)
+    if descriptor is None or package != v2.DESCRIPTOR.package:
+        known = ", ".join(f"{v2.DESCRIPTOR.package}.{s}" for s in v2.DESCRIPTOR.services_by_name)
+        raise UsageError(f"unknown service {service_name!r}; this tool speaks {known}")
+    found = descriptor.methods_by_name.get(method_name)
+    if found is None:
+        names = ", ".join(descriptor.methods_by_name)
+        raise UsageError(f"{service_name} has no method {method_name!r}; methods: {names}")
+    if found.client_streaming or found.server_streaming:
+        raise UsageError(f"{method_name} streams; only unary methods can be driven")
+    return found
+
+
+def messages(options: Options) -> list[bytes]:
+    """Serialized request messages for the run, in the order they are sent."""
+    descriptor = method(options.call)
+    cls = message_factory.GetMessageClass(descriptor.input_type)
+    if options.data is not None:
+        return from_json(cls, options.data, "-d/--data")
+    if options.binary_file is not None:
+        return [from_binary(cls, options.binary_file)]
+    if options.data_file is not None and options.data_file.suffix != ".npz":
+        return from_json(cls, _read(options.data_file), str(options.data_file))
+    _require_infer(descriptor)
+    path = options.data_file or dataset_path(options.dataset or "")
+    model = options.model or options.dataset
+    if not model:
+        raise UsageError("--model names the model (pipeline) the .npz inputs are for")
+    inputs = model_inputs(options.host, model, options.connect_timeout)
+    return from_arrays(model, load_arrays(path, inputs), options.batch)
+
+
+def from_json(cls: type[Message], text: str, where: str) -> list[bytes]:
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise UsageError(f"{where} is not JSON: {exc}") from None
+    items = value if isinstance(value, list) else [value]
+    if not items:
+        raise UsageError(f"{where} holds an empty list of messages")
+    out = []
+    for item in items:
+        try:
+            out.append(json_format.ParseDict(item, cls()).SerializeToString())
+        except json_format.ParseError as exc:
+            raise UsageError(f"{where} is not a {cls.DESCRIPTOR.full_name}: {exc}") from None
+    return out
+
+
+def from_binary(cls: type[Message], path: Path) -> bytes:
+    data = Path(path).read_bytes() if Path(path).is_file() else None
+    if data is None:
+        raise UsageError(f"-B/--binary-file {path} does not exist")
+    try:
+        cls.FromString(data)
+    except DecodeError as exc:
+        raise UsageError(f"{path} is not a serialized {cls.DESCRIPTOR.full_name}: {exc}") from None
+    return data
+
+
+def dataset_path(name: str) -> Path:
+    path = DATASETS / f"{name}_test.npz"
+    if not path.is_file():
+        known = sorted(p.name.removesuffix("_test.npz") for p in DATASETS.glob("*_test.npz"))
+        raise UsageError(
+            f"no data set {name!r} under {DATASETS} (have: {', '.join(known) or 'none'}); "
+            "`make models` builds them"
+        )
+    return path
+
+
+def model_inputs(host: str, model: str, timeout: float) -> dict[str, str]:
+    """The model's inputs and their datatypes, from its v2 ModelMetadata."""
+    request = v2.ModelMetadataRequest(name=model)
+    with grpc.insecure_channel(host) as channel:
+        try:
+            reply = v2_grpc.GRPCInferenceServiceStub(channel).ModelMetadata(
+                request, timeout=timeout, wait_for_ready=True
+            )
+        except grpc.RpcError as exc:
+            if exc.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+                raise ConnectionError(
+                    f"cannot connect to {host} within {timeout:g}s ({exc.code().name}); "
+                    "is the server running there?"
+                ) from None
+            raise UsageError(
+                f"cannot read model {model!r}'s inputs from {host}: "
+                f"{exc.code().name}: {exc.details()}"
+            ) from None
+    return {tensor.name: tensor.datatype for tensor in reply.inputs}
+
+
+def load_arrays(path: Path, inputs: Mapping[str, str]) -> dict[str, np.ndarray]:
+    """The arrays of `path` the model takes, cast to its datatypes."""
+    with np.load(path, allow_pickle=False) as npz:
+        missing = sorted(set(inputs) - set(npz.files))
+        if missing:
+            raise UsageError(
+                f"{path} has no array {missing[0]!r} (it has {', '.join(npz.files)}); "
+                f"the model's inputs are {', '.join(inputs)}"
+            )
+        return {name: _cast(name, npz[name], datatype) for name, datatype in inputs.items()}
+
+
+def from_arrays(
+    model: str,
+    arrays: Mapping[str, np.ndarray],
+    batch: int = 1,
+    parameters: Mapping[str, str] | None = None,
+) -> list[bytes]:
+    """Requests of `batch` consecutive rows each, wrapping around, for every row at least once."""
+    rows = {len(a) for a in arrays.values()}
+    if len(rows) != 1 or 0 in rows:
+        raise UsageError(f"inputs disagree on their number of rows: {sorted(rows)}")
+    (count,) = rows
+    out = []
+    for start in range(0, min(count, MAX_MESSAGES * batch), batch):
+        index = np.arange(start, start + batch) % count
+        request = codec.build_request(model, {k: v[index] for k, v in arrays.items()})
+        for key, value in (parameters or {}).items():
+            request.parameters[key].string_param = value
+        out.append(request.SerializeToString())
+    return out
+
+
+def describe(options: Options) -> object:
+    """What the report's options.data says about the data sent."""
+    if options.data is not None:
+        return json.loads(options.data)
+    source = options.data_file or options.binary_file or f"dataset {options.dataset}"
+    return {
+        "source": str(source),
+        "model": options.model or options.dataset,
+        "batch": options.batch,
+    }
+
+
+def _require_infer(descriptor: MethodDescriptor) -> None:
+    if descriptor.name != "ModelInfer":
+        raise UsageError(
+            f"data sets and .npz files make ModelInfer requests; give -d JSON for {descriptor.name}"
+        )
+
+
+def _cast(name: str, array: np.ndarray, datatype: str) -> np.ndarray:
+    dtype = codec.DTYPES.get(datatype)
+    if dtype is None:
+        raise UsageError(f"input {name!r} has datatype {datatype!r}, which has no numpy type")
+    return array if datatype == "BYTES" else array.astype(dtype)
+
+
+def _read(path: Path) -> str:
+    try:
+        return Path(path).read_text()
+    except OSError as exc:
+        raise UsageError(f"cannot read {path}: {exc.strerror}") from None

@@ -1,0 +1,210 @@
+"""The load tool's command line, in ghz's words: `--call`, `-d`, `-c`, `-n`, `-z`, `--rps` ...
+
+Flags keep ghz's names and meanings where Strata's tool does the same thing, so a ghz command
+line runs unchanged (TLS aside: only plaintext is spoken, and `--insecure` is accepted).
+Durations are Go-style (`500ms`, `10s`, `1m30s`); a bare number is seconds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+FORMATS = ("summary", "json", "pretty")
+DEFAULT_TOTAL = 200  # ghz's default -n
+DEFAULT_CONCURRENCY = 50  # ghz's default -c (closed loop)
+_UNITS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
+_PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|ms|s|m|h)")
+
+
+class UsageError(ValueError):
+    """A flag is missing, malformed or contradicts another; the message says which."""
+
+
+def parse_duration(text: str) -> float:
+    """Seconds in a Go duration (`1m30s`, `250ms`) or a bare number of seconds."""
+    text = text.strip()
+    try:
+        return float(text)
+    except ValueError:
+        pass
+    parts = _PART.findall(text)
+    if not parts or "".join(n + u for n, u in parts) != text:
+        raise UsageError(f"bad duration {text!r}: use e.g. 500ms, 10s, 1m30s")
+    return sum(float(number) * _UNITS[unit] for number, unit in parts)
+
+
+def method_path(call: str) -> str:
+    """`package.Service.Method` or `package.Service/Method` as a gRPC path `/pkg.Svc/Method`."""
+    call = call.strip().lstrip("/")
+    service, sep, method = call.rpartition("/")
+    if not sep:
+        service, _, method = call.rpartition(".")
+    if not service or not method:
+        raise UsageError(
+            f"--call {call!r}: give package.Service.Method, e.g. "
+            "inference.GRPCInferenceService.ModelInfer"
+        )
+    return f"/{service}/{method}"
+
+
+@dataclass
+class Options:
+    """One load run, as the command line describes it."""
+
+    host: str
+    call: str  # the gRPC path, /package.Service/Method
+    data: str | None = None
+    data_file: Path | None = None
+    binary_file: Path | None = None
+    dataset: str | None = None
+    model: str | None = None
+    batch: int = 1
+    concurrency: int | None = None
+    total: int | None = None
+    duration: float | None = None
+    rps: float | None = None
+    connections: int = 1
+    timeout: float = 20.0
+    connect_timeout: float = 10.0
+    metadata: dict[str, str] = field(default_factory=dict)
+    format: str = "summary"
+    output: Path | None = None
+    workers: int = 1
+    name: str = ""
+
+    @property
+    def open_loop(self) -> bool:
+        return self.rps is not None
+
+
+def default_workers() -> int:
+    """One worker process per two cores, at most four: enough to outpace this machine."""
+    return max(1, min(4, (os.cpu_count() or 1) // 2))
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m bench.load",
+        description="Drive a KServe v2 gRPC endpoint with load, ghz-style.",
+    )
+    p.add_argument("host", help="server address, host:port")
+    p.add_argument(
+        "--call", required=True, help="method, e.g. inference.GRPCInferenceService.ModelInfer"
+    )
+    p.add_argument("-d", "--data", help="request message as JSON (a list: sent in turn)")
+    p.add_argument(
+        "-D",
+        "--data-file",
+        type=Path,
+        help="request data: JSON message(s), or .npz arrays by input name",
+    )
+    p.add_argument("-B", "--binary-file", type=Path, help="a serialized request message")
+    p.add_argument("--dataset", help="draw inputs from a demo data set: digits, tabular")
+    p.add_argument("--model", help="model (pipeline) for --dataset or .npz data")
+    p.add_argument("--batch", type=int, default=1, help="rows per request from a data set")
+    p.add_argument(
+        "-c",
+        "--concurrency",
+        type=int,
+        help="closed loop: requests in flight (default 50); "
+        "with --rps: the most in flight (default no limit)",
+    )
+    p.add_argument("-n", "--total", type=int, help="requests to send (default 200)")
+    p.add_argument("-z", "--duration", help="run this long (overrides -n), e.g. 30s")
+    p.add_argument(
+        "-r",
+        "--rps",
+        type=float,
+        help="open loop: this many requests per second, latency from when due",
+    )
+    p.add_argument(
+        "--connections", type=int, default=1, help="gRPC connections (at least one per worker)"
+    )
+    p.add_argument("-t", "--timeout", default="20s", help="per-request deadline (default 20s)")
+    p.add_argument("--connect-timeout", default="10s", help="connection deadline (default 10s)")
+    p.add_argument(
+        "-m",
+        "--metadata",
+        help='request metadata as a JSON object, e.g. \'{"x-client-id": "bench"}\'',
+    )
+    p.add_argument("--insecure", action="store_true", help="plaintext (the only transport)")
+    p.add_argument("-O", "--format", default="summary", choices=FORMATS, help="report format")
+    p.add_argument("-o", "--output", type=Path, help="write the report here, not stdout")
+    p.add_argument(
+        "--workers",
+        type=int,
+        default=default_workers(),
+        help="sending processes, each its own event loop and channels",
+    )
+    p.add_argument("--name", default="", help="a name for the run, kept in the report")
+    return p
+
+
+def from_args(args: argparse.Namespace) -> Options:
+    """Validated options from parsed arguments."""
+    sources = [s for s in (args.data, args.data_file, args.binary_file, args.dataset) if s]
+    if len(sources) != 1:
+        raise UsageError(
+            "give exactly one of -d/--data, -D/--data-file, -B/--binary-file or --dataset"
+        )
+    options = Options(
+        host=args.host,
+        call=method_path(args.call),
+        data=args.data,
+        data_file=args.data_file,
+        binary_file=args.binary_file,
+        dataset=args.dataset,
+        model=args.model,
+        batch=args.batch,
+        concurrency=args.concurrency,
+        total=args.total,
+        duration=parse_duration(args.duration) if args.duration else None,
+        rps=args.rps,
+        connections=args.connections,
+        timeout=parse_duration(args.timeout),
+        connect_timeout=parse_duration(args.connect_timeout),
+        metadata=_metadata(args.metadata),
+        format=args.format,
+        output=args.output,
+        workers=args.workers,
+        name=args.name,
+    )
+    check(options)
+    return options
+
+
+def check(options: Options) -> None:
+    """Refuse values that cannot describe a run."""
+    positive = {
+        "-c/--concurrency": options.concurrency,
+        "-n/--total": options.total,
+        "--rps": options.rps,
+        "--connections": options.connections,
+        "--workers": options.workers,
+        "--batch": options.batch,
+    }
+    for flag, value in positive.items():
+        if value is not None and value <= 0:
+            raise UsageError(f"{flag} must be positive, got {value}")
+    for flag, seconds in (("-z/--duration", options.duration), ("-t/--timeout", options.timeout)):
+        if seconds is not None and seconds <= 0:
+            raise UsageError(f"{flag} must be positive")
+    if ":" not in options.host:
+        raise UsageError(f"host {options.host!r} must be host:port")
+
+
+def _metadata(text: str | None) -> dict[str, str]:
+    if not text:
+        return {}
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise UsageError(f"-m/--metadata is not JSON: {exc}") from None
+    if not isinstance(value, dict) or not all(isinstance(v, str) for v in value.values()):
+        raise UsageError('-m/--metadata must be a JSON object of strings: {"key": "value"}')
+    return {str(k).lower(): v for k, v in value.items()}
