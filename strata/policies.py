@@ -47,6 +47,12 @@ class Ladder(Strict):
     rejection_rate_limit: float = Field(
         default=0.05, gt=0, le=1, description="Share of queue rejections at which pressure is 1."
     )
+    loop_lag_limit_ms: float = Field(
+        default=100.0,
+        gt=0,
+        description="Event-loop lag at which pressure reaches 1: requests queued in gRPC "
+        "before any handler runs show only as a loop that falls behind.",
+    )
     window_seconds: float = Field(default=5.0, gt=0, description="Signals' look-back window.")
     tick_seconds: float = Field(default=0.25, gt=0, description="How often levels are decided.")
     up_after: int = Field(default=2, ge=1, description="Ticks of pressure ≥ 1 before a step up.")

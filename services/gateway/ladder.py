@@ -3,8 +3,9 @@
 Levels: 0 normal; 1 core postprocess rules only; 2 inference skips batching; 3 answers from
 the cache or the pipeline's default answer, marked degraded; 4 shed load with
 RESOURCE_EXHAUSTED. Pressure is the worst of in-flight requests against the concurrency
-limit, each pipeline's recent P95 latency against its objective, the upstream error share and
-the queue-rejection share, each scaled so that 1 means "at the limit". The level steps up
+limit, the event loop's lag (work queued before any handler starts), each pipeline's
+recent P95 latency against its objective, the upstream error share and the
+queue-rejection share, each scaled so that 1 means "at the limit". The level steps up
 after `up_after` ticks at pressure >= 1 and down after `down_after` ticks below `down_below`.
 """
 
@@ -39,6 +40,7 @@ class Signals:
 
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self.inflight = 0
+        self.loop_lag = 0.0  # seconds the event loop last fell behind its tick
         self._clock = clock
         self._outcomes: deque[Outcome] = deque()
 
@@ -57,7 +59,10 @@ def pressure(
 ) -> dict[str, float]:
     """Each signal's pressure (1.0 = at its limit)."""
     recent = signals.window(settings.window_seconds)
-    parts = {"concurrency": signals.inflight / settings.concurrency_limit}
+    parts = {
+        "concurrency": signals.inflight / settings.concurrency_limit,
+        "event_loop": signals.loop_lag * 1000 / settings.loop_lag_limit_ms,
+    }
     if len(recent) >= MIN_SAMPLES:
         errors = sum(o.kind == "error" for o in recent) / len(recent)
         rejected = sum(o.kind == "rejected" for o in recent) / len(recent)

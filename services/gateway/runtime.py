@@ -68,8 +68,12 @@ class Runtime:
         self._ticker = asyncio.create_task(self._tick_forever())
 
     async def _tick_forever(self) -> None:
+        loop = asyncio.get_running_loop()
         while True:
-            await asyncio.sleep(self.ladder.settings.tick_seconds)
+            tick = self.ladder.settings.tick_seconds
+            due = loop.time() + tick
+            await asyncio.sleep(tick)
+            self.ladder.signals.loop_lag = max(0.0, loop.time() - due)
             self.ladder.tick()
 
     async def close(self) -> None:

@@ -178,3 +178,11 @@ def test_breaker_opens_fails_fast_and_probes() -> None:
     assert breaker.state == "closed"
     breaker.record(grpc.StatusCode.DEADLINE_EXCEEDED)
     assert breaker.state == "closed"
+
+
+def test_a_lagging_event_loop_raises_pressure() -> None:
+    controller = ladder()
+    controller.signals.loop_lag = 0.3  # the loop fell 300 ms behind its tick
+    controller.tick()
+    assert controller.last_pressure["event_loop"] == pytest.approx(3.0)
+    assert controller.tick() == 1
