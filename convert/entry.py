@@ -15,10 +15,8 @@ has (session or batching overrides someone set) and takes the ones the conversio
 
 from __future__ import annotations
 
-import io
 import os
 import shutil
-import zipfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -29,9 +27,7 @@ import yaml
 from convert.source import Arrays, ConversionError
 from strata import repository
 from strata.errors import InvalidArgument
-
-# A fixed timestamp inside the npz archives keeps their bytes the same on every build.
-_ZIP_DATE = (1980, 1, 1, 0, 0, 0)
+from strata.repository import write_npz
 
 
 def check_name(name: str) -> str:
@@ -67,17 +63,6 @@ def case_arrays(inputs: Arrays, outputs: Arrays, atol: float) -> dict[str, np.nd
     arrays |= {f"output.{name}": value for name, value in outputs.items()}
     # rtol 0: the case holds the model to exactly the absolute bound parity accepted it at.
     return arrays | {"atol": np.float64(atol), "rtol": np.float64(0.0)}
-
-
-def write_npz(path: Path, arrays: dict[str, np.ndarray]) -> None:
-    """An npz that `np.load` reads, byte-identical for identical arrays."""
-    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as archive:
-        for name, array in arrays.items():
-            buffer = io.BytesIO()
-            np.lib.format.write_array(buffer, np.asanyarray(array), allow_pickle=False)
-            info = zipfile.ZipInfo(f"{name}.npy", date_time=_ZIP_DATE)
-            info.compress_type = zipfile.ZIP_DEFLATED
-            archive.writestr(info, buffer.getvalue())
 
 
 def write_entry(

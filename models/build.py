@@ -8,8 +8,6 @@ same bytes.
 from __future__ import annotations
 
 import argparse
-import io
-import zipfile
 from collections.abc import Callable
 from pathlib import Path
 
@@ -19,6 +17,7 @@ import yaml
 from models import digits, tabular
 from models.common import BuiltModel
 from models.onnx_export import session
+from strata.repository import write_npz
 
 # Keyed by name, or name@version for a model's later versions.
 BUILDERS: dict[str, Callable[[Path], BuiltModel]] = {
@@ -29,20 +28,6 @@ BUILDERS: dict[str, Callable[[Path], BuiltModel]] = {
 MAX_BATCH_SIZE = 64
 CASE_ROWS = (1, 4, 16)
 TOLERANCE = 1e-4
-# A fixed timestamp inside the npz archives keeps their bytes the same on every build.
-ZIP_DATE = (1980, 1, 1, 0, 0, 0)
-
-
-def write_npz(path: Path, arrays: dict[str, np.ndarray]) -> None:
-    """Write arrays as an npz that `np.load` reads, byte-identical for identical arrays."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as archive:
-        for name, array in arrays.items():
-            buffer = io.BytesIO()
-            np.lib.format.write_array(buffer, np.asanyarray(array), allow_pickle=False)
-            info = zipfile.ZipInfo(f"{name}.npy", date_time=ZIP_DATE)
-            info.compress_type = zipfile.ZIP_DEFLATED
-            archive.writestr(info, buffer.getvalue())
 
 
 def predict(model: BuiltModel, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:

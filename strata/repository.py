@@ -11,8 +11,12 @@ or the model's model.yaml changes, which is how a reload or a poll tells what is
 from __future__ import annotations
 
 import hashlib
+import io
 import re
+import zipfile
 from pathlib import Path
+
+import numpy as np
 
 from strata.errors import InvalidArgument
 
@@ -71,3 +75,22 @@ def fingerprint(model_folder: Path, version_folder: Path) -> str:
                 f"{path.relative_to(model_folder)}:{stat.st_size}:{stat.st_mtime_ns};".encode()
             )
     return digest.hexdigest()[:16]
+
+
+# A fixed timestamp inside npz archives keeps their bytes the same on every build.
+_ZIP_DATE = (1980, 1, 1, 0, 0, 0)
+
+
+def write_npz(path: Path, arrays: dict[str, np.ndarray]) -> None:
+    """Write arrays as an npz that `np.load` reads, byte-identical for identical arrays.
+
+    Validation cases (`<version>/validation/*.npz`) are written this way by every producer.
+    """
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as archive:
+        for name, array in arrays.items():
+            buffer = io.BytesIO()
+            np.lib.format.write_array(buffer, np.asanyarray(array), allow_pickle=False)
+            info = zipfile.ZipInfo(f"{name}.npy", date_time=_ZIP_DATE)
+            info.compress_type = zipfile.ZIP_DEFLATED
+            archive.writestr(info, buffer.getvalue())
