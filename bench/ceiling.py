@@ -15,8 +15,7 @@ import numpy as np
 
 from services.inference.manifest import ModelSpec
 from services.inference.model import open_session
-
-Arrays = dict[str, np.ndarray]
+from strata.codec import Arrays
 
 
 @dataclass(frozen=True)

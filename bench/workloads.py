@@ -18,9 +18,8 @@ from bench.load.data import DATASETS, from_arrays
 from services.inference import validation
 from services.inference.manifest import ModelSpec, read_spec
 from strata import codec, repository
+from strata.codec import Arrays
 from strata.config import Settings
-
-Arrays = dict[str, np.ndarray]
 
 
 @dataclass(frozen=True)

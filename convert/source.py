@@ -15,7 +15,8 @@ from typing import Any
 
 import numpy as np
 
-Arrays = dict[str, np.ndarray]
+from strata.codec import Arrays
+
 Dim = int | str
 
 

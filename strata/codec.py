@@ -17,6 +17,9 @@ from strata.errors import InvalidArgument
 from strata.proto.inference import grpc_service_pb2 as v2
 from strata.proto.v1 import tensor_pb2 as v1
 
+# Named tensors, batch dimension first: what every layer passes around.
+Arrays = dict[str, np.ndarray]
+
 DTYPES: dict[str, np.dtype] = {
     "BOOL": np.dtype(np.bool_),
     "UINT8": np.dtype("<u1"),

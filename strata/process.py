@@ -8,13 +8,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 
-import numpy as np
-
-from strata.codec import arrays_to_tensors, tensors_to_arrays
+from strata.codec import Arrays, arrays_to_tensors, tensors_to_arrays
 from strata.errors import from_code, status_of
 from strata.proto.v1 import tensor_pb2 as v1
 
-Arrays = dict[str, np.ndarray]
 # (pipeline name, tensors, parameters) -> (tensors, info for the caller)
 Handler = Callable[[str, Arrays, Mapping[str, str]], tuple[Arrays, dict[str, str]]]
 

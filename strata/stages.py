@@ -12,9 +12,10 @@ from typing import Any, Generic, TypeVar
 
 import numpy as np
 
+from strata.codec import Arrays
 from strata.errors import InvalidArgument
 
-Tensors = dict[str, np.ndarray]
+Tensors = Arrays
 T = TypeVar("T")
 Factory = Callable[[Mapping[str, Any], Path], T]
 

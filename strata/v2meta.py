@@ -6,13 +6,15 @@ The gateway describes pipelines and the inference service describes models the s
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import NamedTuple
+from typing import Protocol
 
 from strata.proto.inference import grpc_service_pb2 as v2
 from strata.proto.inference import model_config_pb2 as mc
 
 
-class Tensor(NamedTuple):
+class Tensor(Protocol):
+    """Anything that names a tensor: a pipeline's TensorSpec, a model's graph input."""
+
     name: str
     datatype: str
     shape: Sequence[int]

@@ -21,6 +21,7 @@ from services.gateway.router import Router
 from services.gateway.shadow import ShadowRunner
 from services.gateway.upstreams import Upstreams
 from strata import codec
+from strata.codec import Arrays
 from strata.config import Pipeline, Route
 from strata.errors import DeadlineExceeded, Overloaded, StrataError, Unavailable
 from strata.process import raise_for_result
@@ -28,7 +29,6 @@ from strata.proto.v1 import tensor_pb2 as v1
 from strata.schema import validate_inputs
 
 log = logging.getLogger(__name__)
-Arrays = dict[str, np.ndarray]
 UNWELL = {"UNAVAILABLE", "INTERNAL", "UNKNOWN"}
 
 

@@ -26,7 +26,7 @@ from strata.proto.inference import grpc_service_pb2 as v2
 from strata.proto.inference import grpc_service_pb2_grpc as v2_grpc
 from strata.security import KeyRing, key_hash
 from strata.telemetry import annotate, shapes
-from strata.v2meta import Tensor, metadata_response, model_config
+from strata.v2meta import metadata_response, model_config
 
 PLATFORM = "strata_pipeline"
 SERVER_NAME = "strata"
@@ -108,15 +108,17 @@ class GatewayServicer(v2_grpc.GRPCInferenceServiceServicer):
     async def ModelMetadata(self, request, context) -> v2.ModelMetadataResponse:
         self._client(context)
         pipeline = self._pipeline(request.name, request.version)
-        inputs, outputs = _tensors(pipeline)
-        return metadata_response(request.name, [PIPELINE_VERSION], PLATFORM, inputs, outputs)
+        return metadata_response(
+            request.name, [PIPELINE_VERSION], PLATFORM, pipeline.inputs, pipeline.outputs
+        )
 
     @grpc_errors
     async def ModelConfig(self, request, context) -> v2.ModelConfigResponse:
         self._client(context)
         pipeline = self._pipeline(request.name, request.version)
-        inputs, outputs = _tensors(pipeline)
-        return model_config(request.name, PLATFORM, pipeline.max_batch_size, inputs, outputs)
+        return model_config(
+            request.name, PLATFORM, pipeline.max_batch_size, pipeline.inputs, pipeline.outputs
+        )
 
     @grpc_errors
     async def ModelInfer(
@@ -242,10 +244,3 @@ def _response(request: v2.ModelInferRequest, answer: Answer, wanted: list[str]):
         parameters["strata.skipped_rules"].string_param = answer.skipped_rules
     codec.add_outputs(response, {name: answer.outputs[name] for name in wanted})
     return response
-
-
-def _tensors(pipeline: Pipeline) -> tuple[list[Tensor], list[Tensor]]:
-    def tensors(specs) -> list[Tensor]:
-        return [Tensor(s.name, s.datatype, s.shape) for s in specs]
-
-    return tensors(pipeline.inputs), tensors(pipeline.outputs)

@@ -18,11 +18,11 @@ import numpy as np
 from services.gateway.metrics import SHADOW
 from services.gateway.upstreams import Upstreams
 from strata import codec
+from strata.codec import Arrays
 from strata.config import Pipeline
 from strata.errors import StrataError
 
 log = logging.getLogger(__name__)
-Arrays = dict[str, np.ndarray]
 
 
 def agree(primary: Arrays, mirror: Arrays) -> bool:

@@ -15,8 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from services.inference.signature import Signature
-
-Arrays = dict[str, np.ndarray]
+from strata.codec import Arrays
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,6 @@ import time
 from collections.abc import Callable, Hashable, Sequence
 from concurrent.futures import Executor
 
-import numpy as np
 from opentelemetry.trace import Span
 
 from services.inference import spans
@@ -29,12 +28,12 @@ from services.inference import stats as reasons
 from services.inference.jobs import Job, JobQueue, Request, State
 from services.inference.policy import ArrivalRate, ExecutionModel, make_policy
 from services.inference.stats import VersionStats
+from strata.codec import Arrays
 from strata.config import InferenceSettings
 from strata.errors import DeadlineExceeded, Overloaded, Unavailable
 
 log = logging.getLogger(__name__)
 
-Arrays = dict[str, np.ndarray]
 # Runs a list of requests as one batch (blocking, in a worker thread); one answer each.
 Runner = Callable[[Sequence[Arrays]], list[Arrays]]
 Outcome = Arrays | BaseException

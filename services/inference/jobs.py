@@ -14,12 +14,10 @@ from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from enum import Enum
 
-import numpy as np
 from opentelemetry.trace import Span, SpanContext
 
 from services.inference.stats import DEADLINE, VersionStats
-
-Arrays = dict[str, np.ndarray]
+from strata.codec import Arrays
 
 # How many queued entries forming one batch looks at, per row of the max batch size: keeps it
 # cheap when many requests that cannot share the batch wait.

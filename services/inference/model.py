@@ -12,7 +12,6 @@ from collections.abc import Sequence
 from concurrent.futures import Executor
 from pathlib import Path
 
-import numpy as np
 import onnxruntime as ort
 
 from services.inference import assemble, validation
@@ -21,12 +20,12 @@ from services.inference.jobs import Request
 from services.inference.manifest import ModelSpec
 from services.inference.signature import Signature, TensorInfo
 from services.inference.stats import VersionStats
+from strata.codec import Arrays
 from strata.config import InferenceSettings
 from strata.errors import InvalidArgument, NotReady
 
 log = logging.getLogger(__name__)
 
-Arrays = dict[str, np.ndarray]
 CPU = "CPUExecutionProvider"
 _LEVELS = {
     "disable": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,

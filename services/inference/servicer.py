@@ -14,12 +14,11 @@ from services.inference import reports
 from services.inference.manager import ModelManager
 from services.inference.model import ModelVersion
 from services.inference.params import request_options
-from services.inference.signature import TensorInfo
 from strata import codec
 from strata.errors import grpc_errors
 from strata.proto.inference import grpc_service_pb2 as v2
 from strata.proto.inference import grpc_service_pb2_grpc as v2_grpc
-from strata.v2meta import Tensor, metadata_response, model_config
+from strata.v2meta import metadata_response, model_config
 
 PLATFORM = "onnxruntime_onnx"
 SERVER_NAME = "strata-inference"
@@ -51,7 +50,7 @@ class InferenceServicer(v2_grpc.GRPCInferenceServiceServicer):
         versions = self._models.serving()[model.name] if not request.version else [request.version]
         signature = model.signature
         return metadata_response(
-            model.name, versions, PLATFORM, _tensors(signature.inputs), _tensors(signature.outputs)
+            model.name, versions, PLATFORM, signature.inputs, signature.outputs
         )
 
     @grpc_errors
@@ -62,8 +61,8 @@ class InferenceServicer(v2_grpc.GRPCInferenceServiceServicer):
             model.name,
             PLATFORM,
             model.max_batch_size,
-            _tensors(signature.inputs),
-            _tensors(signature.outputs),
+            signature.inputs,
+            signature.outputs,
         )
 
     @grpc_errors
@@ -103,7 +102,3 @@ def _response(model: ModelVersion, request_id: str, outputs: dict) -> v2.ModelIn
     )
     codec.add_outputs(response, outputs)
     return response
-
-
-def _tensors(infos: list[TensorInfo]) -> list[Tensor]:
-    return [Tensor(info.name, info.datatype, info.shape) for info in infos]

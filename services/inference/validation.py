@@ -17,10 +17,9 @@ from pathlib import Path
 import numpy as np
 
 from services.inference.signature import Signature
-from strata.codec import DTYPES
+from strata.codec import DTYPES, Arrays
 from strata.errors import NotReady, StrataError
 
-Arrays = dict[str, np.ndarray]
 Runner = Callable[[Sequence[Arrays]], list[Arrays]]
 
 
