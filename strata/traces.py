@@ -111,10 +111,14 @@ class Receiver(trace_service_pb2_grpc.TraceServiceServicer):
             return [t for t in self._traces if self._touched.get(t, 0) < horizon]
 
     def wait_for(self, trace_id: str, services: set[str], timeout: float = 15.0) -> list[Span]:
-        """The spans of `trace_id` once every service in `services` has sent one."""
+        """The spans of `trace_id` once every service in `services` has sent one and the
+        tree is whole: each process exports on its own schedule, so a root can arrive
+        after its children's spans from other services, or before them."""
         end = time.monotonic() + timeout
         spans = self.trace(trace_id)
-        while time.monotonic() < end and not services <= {s.service for s in spans}:
+        while time.monotonic() < end and not (
+            services <= {s.service for s in spans} and len(roots(spans)) == 1
+        ):
             time.sleep(0.05)
             spans = self.trace(trace_id)
         return spans
@@ -125,6 +129,12 @@ class Receiver(trace_service_pb2_grpc.TraceServiceServicer):
 
     def __exit__(self, *exc: object) -> None:
         self._server.stop(0)
+
+
+def roots(spans: list[Span]) -> list[Span]:
+    """The spans whose parent is not among `spans`: one for a whole trace."""
+    ids = {s.span_id for s in spans}
+    return [s for s in spans if s.parent_id not in ids]
 
 
 def render(spans: list[Span]) -> str:

@@ -13,7 +13,7 @@ import pytest
 from strata import codec
 from strata.launch import Supervisor
 from strata.proto.inference import grpc_service_pb2_grpc as v2_grpc
-from strata.traces import Receiver, Span
+from strata.traces import Receiver, Span, roots
 from tests.support.system import running_system
 
 LAYERS = {f"strata-{name}" for name in ("gateway", "preprocess", "inference", "postprocess")}
@@ -46,10 +46,9 @@ def send(system: Supervisor, arrays: dict, trace_id: str, **params: str) -> grpc
 
 
 def root_of(spans: list[Span]) -> Span:
-    ids = {s.span_id for s in spans}
-    roots = [s for s in spans if s.parent_id not in ids]
-    assert len(roots) == 1, [(s.service, s.name) for s in roots]
-    return roots[0]
+    found = roots(spans)
+    assert len(found) == 1, [(s.service, s.name) for s in found]
+    return found[0]
 
 
 def test_one_trace_through_all_layers_with_steps_and_rules(traced) -> None:

@@ -188,7 +188,7 @@ def test_skip_batching_does_not_wait_for_the_window(tmp_path: Path) -> None:
         infer(stub, "toy", X)
         windowed = time.perf_counter() - start
         bad = code_of(lambda: infer(stub, "toy", X, skip_batching=1))
-    assert skipped < 0.2 <= 0.4 <= windowed
+    assert skipped < 0.3 and windowed >= 0.4
     assert bad == grpc.StatusCode.INVALID_ARGUMENT
 
 
