@@ -26,7 +26,7 @@ from opentelemetry.trace import Span
 from services.inference import spans
 from services.inference import stats as reasons
 from services.inference.jobs import Job, JobQueue, Request, State
-from services.inference.policy import ArrivalRate, ExecutionModel, make_policy
+from services.inference.policy import ArrivalRate, ExecutionModel, Utilization, make_policy
 from services.inference.stats import VersionStats
 from strata.codec import Arrays
 from strata.config import InferenceSettings
@@ -55,7 +55,8 @@ class Batcher:
         self.label = label
         self.execution = ExecutionModel()
         self._arrivals = ArrivalRate()
-        self._policy = make_policy(settings, max_rows, self.execution, self._arrivals)
+        self._busy = Utilization(concurrency)
+        self._policy = make_policy(settings, max_rows, self.execution, self._arrivals, self._busy)
         self._runner = runner
         self._executor = executor
         self._settings = settings
@@ -194,6 +195,7 @@ class Batcher:
 
     def _start(self, loop: asyncio.AbstractEventLoop, jobs: list[Job], now: float) -> None:
         self._running += 1
+        self._busy.change(now, self._running)
         rows = sum(job.rows for job in jobs)
         span = spans.start_batch(
             self._stats.name, self._stats.version, [job.link for job in jobs], rows
@@ -205,6 +207,7 @@ class Batcher:
             work = loop.run_in_executor(self._executor, self._work, [job.inputs for job in jobs])
         except RuntimeError as exc:  # the pool is shut down: the service is stopping
             self._running -= 1
+            self._busy.change(now, self._running)
             error = Unavailable(f"{self.label} is shutting down ({exc})")
             self._answer(jobs, [error] * len(jobs), 0.0, now)
             spans.end_batch(span, 0.0, len(jobs))
@@ -222,6 +225,7 @@ class Batcher:
         """Back on the event loop: answer the batch's requests and start the next batch."""
         self._running -= 1
         now = loop.time()
+        self._busy.change(now, self._running)
         try:
             outcomes, compute, whole = work.result()
         except (Exception, asyncio.CancelledError) as exc:  # the pool dropped the work

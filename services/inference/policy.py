@@ -2,8 +2,8 @@
 
 A policy answers one question each time a worker slot is free: start the batch that is
 queued now, or wait until a given time for more requests to join. The adaptive policy bases
-its answer on two live measurements: the execution time of a batch (fitted against its rows)
-and the arrival rate of rows.
+its answer on three live measurements: the execution time of a batch (fitted against its
+rows), the arrival rate of rows, and how busy the worker slots are.
 """
 
 from __future__ import annotations
@@ -84,6 +84,27 @@ class ArrivalRate:
         return self._rows / max(self._gap, now - self._last)
 
 
+class Utilization:
+    """The share of worker slots busy, a time-weighted moving average over about `horizon`
+    seconds."""
+
+    def __init__(self, slots: int, horizon: float = 0.25) -> None:
+        self._slots = slots
+        self._horizon = horizon
+        self._last = 0.0
+        self._busy = 0
+        self._value = 0.0
+
+    def change(self, now: float, busy: int) -> None:
+        """`busy` slots are running from `now` on."""
+        self._value = self.value(now)
+        self._last, self._busy = now, busy
+
+    def value(self, now: float) -> float:
+        keep = math.exp(-max(now - self._last, 0.0) / self._horizon)
+        return self._value * keep + (self._busy / self._slots) * (1.0 - keep)
+
+
 class Policy(Protocol):
     """Decides when the batch that could be formed now should start."""
 
@@ -120,8 +141,9 @@ class FixedWindow:
 
 class Adaptive:
     """Start at once when the batch is full or no other request is expected in time;
-    otherwise wait, from the oldest request, at most `fraction` of the measured time a batch
-    of this size takes (and never more than `max_wait`).
+    otherwise wait, from the oldest request, `fraction` of the measured time a batch of this
+    size takes, stretched by 1 / (1 - utilization) of the worker slots, and never more than
+    `max_wait`.
 
     The measured batch time is the time from a batch's start until its answers are back on
     the event loop, so it includes what the run costs beyond ONNX Runtime: the hand-off to a
@@ -131,6 +153,11 @@ class Adaptive:
     expected within the bound and a lone request runs at once: an idle model adds no wait.
     Requests that gathered while the worker slots were busy have usually waited past the
     bound already, so after a long batch the next one starts as soon as a slot frees.
+
+    The stretch is for saturation: when the slots are busy nearly all the time, a free slot
+    that starts a small batch at once only moves the queue into the next one, while waiting
+    for a bigger batch pays each batch's fixed cost for more rows, so the policy approaches
+    the full `max_wait` (the best fixed window's behaviour) as the slots fill.
     """
 
     batches = True
@@ -142,17 +169,21 @@ class Adaptive:
         max_rows: int,
         execution: ExecutionModel,
         arrivals: ArrivalRate,
+        utilization: Utilization,
     ) -> None:
         self._max_wait = max_wait
         self._fraction = fraction
         self._max_rows = max_rows
         self._execution = execution
         self._arrivals = arrivals
+        self._utilization = utilization
 
     def start_at(self, now: float, oldest: float, rows: int) -> float:
         if rows >= self._max_rows:
             return now
-        bound = min(self._max_wait, self._fraction * self._execution.estimate(rows))
+        idle = max(1.0 - self._utilization.value(now), 1e-3)
+        share = self._fraction * self._execution.estimate(rows) / idle
+        bound = min(self._max_wait, share)
         at = oldest + bound
         if at <= now or self._arrivals.rows_per_second(now) * (at - now) < 1.0:
             return now
@@ -164,6 +195,7 @@ def make_policy(
     max_rows: int,
     execution: ExecutionModel,
     arrivals: ArrivalRate,
+    utilization: Utilization,
 ) -> Policy:
     """The policy a model's batching settings name."""
     window = settings.max_queue_delay_ms / 1000.0
@@ -171,4 +203,4 @@ def make_policy(
         return NoBatching()
     if settings.policy == "fixed":
         return FixedWindow(window, max_rows)
-    return Adaptive(window, settings.wait_fraction, max_rows, execution, arrivals)
+    return Adaptive(window, settings.wait_fraction, max_rows, execution, arrivals, utilization)

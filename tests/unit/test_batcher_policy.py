@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from services.inference.policy import (
@@ -10,6 +12,7 @@ from services.inference.policy import (
     ExecutionModel,
     FixedWindow,
     NoBatching,
+    Utilization,
     make_policy,
 )
 from strata.config import InferenceSettings
@@ -51,13 +54,26 @@ def test_arrival_rate_tracks_gaps_and_drops_after_a_quiet_spell() -> None:
     assert rate.rows_per_second(1.199) == pytest.approx(2.0, rel=0.01)  # 1 s since the last
 
 
-def adaptive(per_batch: float, rows_per_second: float) -> Adaptive:
-    execution, arrivals = ExecutionModel(), ArrivalRate()
+def test_utilization_averages_busy_slots_over_time() -> None:
+    busy = Utilization(slots=2, horizon=0.1)
+    assert busy.value(0.0) == 0.0
+    busy.change(0.0, 2)
+    assert busy.value(0.1) == pytest.approx(1 - math.exp(-1))
+    assert busy.value(10.0) == pytest.approx(1.0)
+    busy.change(10.0, 1)
+    assert busy.value(20.0) == pytest.approx(0.5)
+    busy.change(20.0, 0)
+    assert busy.value(20.05) == pytest.approx(0.5 * math.exp(-0.5))
+
+
+def adaptive(per_batch: float, rows_per_second: float, busy: float = 0.0) -> Adaptive:
+    execution, arrivals, utilization = ExecutionModel(), ArrivalRate(), Utilization(100)
     execution.observe(4, per_batch)
     gap = 1.0 / rows_per_second
     for i in range(100):
         arrivals.observe(i * gap, 1)
-    return Adaptive(0.010, 0.5, 16, execution, arrivals)
+    utilization.change(-1e3, round(busy * 100))  # busy for ever before time 0
+    return Adaptive(0.010, 0.5, 16, execution, arrivals, utilization)
 
 
 def test_adaptive_runs_a_lone_request_at_once_at_low_load() -> None:
@@ -92,6 +108,16 @@ def test_adaptive_waits_longer_for_slower_batches_up_to_its_cap() -> None:
     assert slow.start_at(now=now, oldest=now - 0.05, rows=2) == now
 
 
+def test_adaptive_waits_longer_as_the_worker_slots_fill() -> None:
+    now = 100 * 1e-5
+    idle, half, saturated = (adaptive(0.004, 1e5, busy) for busy in (0.0, 0.5, 0.99))
+    assert idle.start_at(now=now, oldest=now, rows=2) == pytest.approx(now + 0.002)
+    assert half.start_at(now=now, oldest=now, rows=2) == pytest.approx(now + 0.004)
+    assert saturated.start_at(now=now, oldest=now, rows=2) == pytest.approx(now + 0.010)
+    # However busy, a lone request with nobody expected in time runs at once.
+    assert adaptive(0.004, 10.0, 0.99).start_at(now=9.9, oldest=9.9, rows=1) == 9.9
+
+
 def test_fixed_window_waits_even_when_idle_and_none_never_waits() -> None:
     fixed = FixedWindow(0.005, 16)
     assert fixed.start_at(now=1.0, oldest=1.0, rows=1) == pytest.approx(1.005)
@@ -104,4 +130,5 @@ def test_fixed_window_waits_even_when_idle_and_none_never_waits() -> None:
 )
 def test_settings_name_the_policy(name: str, kind: type) -> None:
     settings = InferenceSettings.Batching(policy=name)
-    assert isinstance(make_policy(settings, 8, ExecutionModel(), ArrivalRate()), kind)
+    policy = make_policy(settings, 8, ExecutionModel(), ArrivalRate(), Utilization(1))
+    assert isinstance(policy, kind)
