@@ -1,13 +1,14 @@
 """python -m bench [--config FILE] [--quick]: every benchmark, one after the other (`make bench`).
 
-The suite (ceilings, hops, load sweep, tracing on and off), the batching benchmark, and the
-text models' benchmark when they have been built. Each writes its tables under bench/results/.
+The suite (ceilings, hops, load sweep, tracing on and off), the shared-calls comparison, the
+batching benchmark, and the text models' benchmark when they have been built. Each writes its
+tables under bench/results/.
 """
 
 import argparse
 from pathlib import Path
 
-from bench import batching, suite, text
+from bench import batching, coalescing, suite, text
 from strata.config import load_settings
 
 
@@ -19,6 +20,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     quick = ["--quick"] if args.quick else []
     code = suite.main(["--config", str(args.config), *quick])
+    coalescing.main(["--config", str(args.config), *quick])
     batching.main(["--config", str(args.config), *quick])
     repository = load_settings(args.text_config).repository
     if (repository / "minilm").is_dir():

@@ -48,9 +48,14 @@ def _endpoint(replicas: int = 1) -> dict[str, Any]:
 
 
 def bench_config(
-    config: Path, folder: Path, admin_token: str, otlp_endpoint: str | None = None
+    config: Path,
+    folder: Path,
+    admin_token: str,
+    otlp_endpoint: str | None = None,
+    gateway: dict[str, Any] | None = None,
 ) -> Path:
-    """`config` on free ports with an admin token and tracing as asked, written into `folder`."""
+    """`config` on free ports with an admin token, tracing as asked and the `gateway` settings
+    given replaced, written into `folder`."""
     settings = load_settings(config)
     raw = yaml.safe_load(Path(config).read_text())
     raw["repository"] = str(settings.repository)
@@ -61,7 +66,7 @@ def bench_config(
         "postprocess": _endpoint(services.postprocess.replicas),
         "inference": {name: _endpoint(e.replicas) for name, e in services.inference.items()},
     }
-    raw.setdefault("gateway", {})["admin_token"] = admin_token
+    raw["gateway"] = {**(raw.get("gateway") or {}), **(gateway or {}), "admin_token": admin_token}
     telemetry = raw.setdefault("telemetry", {})
     telemetry["otlp_endpoint"] = otlp_endpoint
     telemetry["log_level"] = "WARNING"  # the benchmark's cost, not the logs', is measured
@@ -74,11 +79,14 @@ def bench_config(
 
 @contextmanager
 def running(
-    config: Path, folder: Path, otlp_endpoint: str | None = None
+    config: Path,
+    folder: Path,
+    otlp_endpoint: str | None = None,
+    gateway: dict[str, Any] | None = None,
 ) -> Iterator[tuple[Supervisor, str]]:
     """Every service of `config` as processes on free ports: (supervisor, admin token)."""
     token = secrets.token_hex(16)
-    path = bench_config(config, folder, token, otlp_endpoint)
+    path = bench_config(config, folder, token, otlp_endpoint, gateway)
     # Without a collector configured nothing is exported, so the variable must not leak in.
     env = {
         "OTEL_EXPORTER_OTLP_ENDPOINT": otlp_endpoint or "",

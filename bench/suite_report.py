@@ -163,22 +163,22 @@ def write(out: Path, suite: Suite) -> list[Path]:
         out / n for n in ("suite.md", "suite.json", "suite_latency.png", "suite_degradation.png")
     ]
     paths[0].write_text(markdown(suite))
-    data = {**_clean(dataclasses.asdict(suite)), "warnings": warnings(suite)}
+    data = {**clean(dataclasses.asdict(suite)), "warnings": warnings(suite)}
     paths[1].write_text(json.dumps(data, indent=2) + "\n")
     plot_latency(suite, paths[2])
     plot_levels(suite, paths[3])
     return paths
 
 
-def _clean(value: Any) -> Any:
+def clean(value: Any) -> Any:
     """JSON-ready: NaN becomes null; the points carry their error rates."""
     if isinstance(value, dict):
-        cleaned = {str(k): _clean(v) for k, v in value.items()}
+        cleaned = {str(k): clean(v) for k, v in value.items()}
         if "errors" in cleaned and "count" in cleaned:
             cleaned["error_rate"] = sum(cleaned["errors"].values()) / (cleaned["count"] or 1)
         return cleaned
     if isinstance(value, list | tuple):
-        return [_clean(v) for v in value]
+        return [clean(v) for v in value]
     if isinstance(value, float) and math.isnan(value):
         return None
     return value

@@ -87,6 +87,21 @@ class Breaker(Strict):
     )
 
 
+class Coalesce(Strict):
+    """How the gateway carries concurrent requests through preprocess and postprocess in
+    shared calls."""
+
+    max_calls: int = Field(
+        default=4,
+        ge=1,
+        description="Calls to one hop in flight before requests wait to share the next; "
+        "below it a request goes at once, in a call of its own.",
+    )
+    max_requests: int = Field(
+        default=32, ge=1, description="Requests one shared call carries at most."
+    )
+
+
 class GatewaySettings(Strict):
     """Gateway policies."""
 
@@ -103,6 +118,9 @@ class GatewaySettings(Strict):
     ladder: Ladder = Field(default_factory=Ladder, description="The degradation ladder.")
     cache: Cache = Field(default_factory=Cache, description="The result cache.")
     breaker: Breaker = Field(default_factory=Breaker, description="Upstream circuit breakers.")
+    coalesce: Coalesce = Field(
+        default_factory=Coalesce, description="Shared calls to preprocess and postprocess."
+    )
     api_keys: list[ApiKey] = Field(
         default_factory=list,
         description="Clients' API keys (hashed); when any are set, requests without a valid "

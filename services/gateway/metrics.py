@@ -48,3 +48,7 @@ FAILOVERS = Counter(
     ["pipeline", "from_arm", "to_arm"],
 )  # fmt: skip
 INFLIGHT = Gauge("strata_gateway_inflight_requests", "Client requests being worked on.")
+CALL_REQUESTS = Histogram(
+    "strata_gateway_call_requests", "Client requests carried by one call to a strata.v1 hop.",
+    ["hop"], buckets=(1, 2, 4, 8, 16, 32, 64, 128),
+)  # fmt: skip

@@ -15,6 +15,7 @@ import numpy as np
 
 from services.gateway.arms import ArmBook
 from services.gateway.cache import Cached, ResultCache, cache_key
+from services.gateway.coalescer import Coalescer
 from services.gateway.ladder import LadderController
 from services.gateway.metrics import CACHE, DEGRADED, FAILOVERS, INFLIGHT, SHED
 from services.gateway.router import Router
@@ -150,7 +151,7 @@ class Orchestrator:
     async def _chain(self, req: ClientRequest, route: Route, version: str, level: int) -> Answer:
         name, budget = req.pipeline_name, req.budget
         features, _ = await self._process(
-            self._up.preprocess, name, req.request_id, req.arrays, budget, {}
+            self._up.preprocess_calls, name, req.request_id, req.arrays, budget, {}
         )
         try:
             scores, served_version = await self._infer(route, req, features, version, level >= 2)
@@ -163,7 +164,12 @@ class Orchestrator:
         flags = {**req.parameters, "core_only": "true" if level >= 1 else "false"}
         forwarded = _forwarded(req.pipeline, features)
         outputs, info = await self._process(
-            self._up.postprocess, name, req.request_id, {**scores, **forwarded}, budget, flags
+            self._up.postprocess_calls,
+            name,
+            req.request_id,
+            {**scores, **forwarded},
+            budget,
+            flags,
         )
         skipped = info.get("skipped_rules", "")
         return Answer(outputs, route.arm, served_version, level, skipped_rules=skipped)
@@ -196,7 +202,13 @@ class Orchestrator:
         return codec.response_outputs(reply), reply.model_version
 
     async def _process(
-        self, hop, pipeline: str, request_id: str, arrays: Arrays, budget: Budget, flags: dict
+        self,
+        calls: Coalescer,
+        pipeline: str,
+        request_id: str,
+        arrays: Arrays,
+        budget: Budget,
+        flags: dict,
     ) -> tuple[Arrays, dict[str, str]]:
         item = v1.Request(
             id=request_id,
@@ -204,12 +216,7 @@ class Orchestrator:
             tensors=codec.arrays_to_tensors(arrays),
             parameters=flags,
         )
-        reply = await hop.call(
-            "Process", v1.ProcessRequest(requests=[item]), budget.remaining(hop.name)
-        )
-        if len(reply.results) != 1:
-            raise RuntimeError(f"{hop.name} answered {len(reply.results)} results for 1 request")
-        result = reply.results[0]
+        result = await calls.process(item, budget.remaining(calls.hop.name))
         return raise_for_result(result), dict(result.info)
 
 

@@ -26,7 +26,8 @@ from strata.security import KeyRing
 
 log = logging.getLogger(__name__)
 LIVE_GATEWAY = (
-    "rate_limits", "ladder", "cache", "breaker", "default_timeout_seconds", "api_keys",
+    "rate_limits", "ladder", "cache", "breaker", "coalesce", "default_timeout_seconds",
+    "upstream_timeout_seconds", "api_keys",
 )  # fmt: skip
 LIVE_PIPELINE = ("latency_objective_ms", "cache", "default_answer")
 
@@ -108,6 +109,9 @@ class Runtime:
         self.cache.configure(gateway.cache)
         for hop in self.upstreams.hops:
             hop.breaker.settings = gateway.breaker
+            hop.timeout = gateway.upstream_timeout_seconds
+        for calls in self.upstreams.coalescers:
+            calls.settings = gateway.coalesce
         return [f"gateway.{key}" for key in changed]
 
     def _apply_pipelines(self, new: Settings) -> list[str]:

@@ -16,6 +16,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from services.gateway.breaker import CircuitBreaker
+from services.gateway.coalescer import Coalescer
 from services.gateway.metrics import BREAKER_OPEN, UPSTREAM_CALLS
 from strata.channels import open_channel
 from strata.config import ServiceEndpoint, Settings
@@ -81,7 +82,8 @@ class Hop:
 
 
 class Upstreams:
-    """Preprocess, every inference deployment, and postprocess."""
+    """Preprocess, every inference deployment, and postprocess; the first and last carry
+    concurrent requests in shared calls (services/gateway/coalescer.py)."""
 
     def __init__(self, settings: Settings) -> None:
         services = settings.services
@@ -109,6 +111,13 @@ class Upstreams:
             )
             for name, endpoint in services.inference.items()
         }
+        coalesce = settings.gateway.coalesce
+        self.preprocess_calls = Coalescer(self.preprocess, coalesce)
+        self.postprocess_calls = Coalescer(self.postprocess, coalesce)
+
+    @property
+    def coalescers(self) -> list[Coalescer]:
+        return [self.preprocess_calls, self.postprocess_calls]
 
     @property
     def hops(self) -> list[Hop]:

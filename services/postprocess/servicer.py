@@ -11,7 +11,8 @@ import grpc
 
 from services.postprocess.engine import RuleEngine
 from strata.codec import arrays_to_tensors, tensors_to_arrays
-from strata.errors import grpc_errors, status_of
+from strata.errors import grpc_errors
+from strata.process import failed, in_own_trace
 from strata.proto.v1 import postprocess_pb2_grpc, tensor_pb2
 
 
@@ -27,11 +28,10 @@ class PostprocessServicer(postprocess_pb2_grpc.PostprocessServicer):
         return tensor_pb2.ProcessResponse(results=results)
 
     async def _one(self, item: tensor_pb2.Request) -> tensor_pb2.Result:
-        try:
-            tensors = tensors_to_arrays(item.tensors)
-            outputs, info = await self._engine.run(item.pipeline, tensors, item.parameters)
-        except Exception as exc:  # each request answers for itself, bug or not
-            code, message = status_of(exc)
-            error = tensor_pb2.Error(code=code.value[0], message=message)
-            return tensor_pb2.Result(id=item.id, error=error)
+        with in_own_trace(item):
+            try:
+                tensors = tensors_to_arrays(item.tensors)
+                outputs, info = await self._engine.run(item.pipeline, tensors, item.parameters)
+            except Exception as exc:  # each request answers for itself, bug or not
+                return failed(item, exc)
         return tensor_pb2.Result(id=item.id, tensors=arrays_to_tensors(outputs), info=info)

@@ -28,7 +28,9 @@ def traced(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Superviso
             "OTEL_BSP_SCHEDULE_DELAY": "100",
         }
         folder: Path = tmp_path_factory.mktemp("traced")
-        with running_system(folder, env=env) as system:
+        # One call in flight per hop: concurrent requests are all but sure to share calls.
+        changes = {"gateway": {"coalesce": {"max_calls": 1}}}
+        with running_system(folder, changes, env=env) as system:
             yield system, receiver
 
 
@@ -109,6 +111,38 @@ def test_a_batch_span_links_the_requests_it_carried(traced) -> None:
     batch = linked[0]
     assert batch.trace_id not in trace_ids, "a batch is a trace of its own"
     assert batch.attributes["batch.requests"] >= 2
+
+
+def test_a_request_in_a_shared_call_keeps_its_whole_trace(traced) -> None:
+    system, receiver = traced
+    for _ in range(5):
+        trace_ids, _ = burst(system, receiver, 24)
+        shared = [
+            t
+            for t in trace_ids
+            if any(s.name == "preprocess in a shared call" for s in receiver.trace(t))
+        ]
+        if shared:
+            break
+    assert shared, "no two concurrent requests shared a preprocess call"
+    spans = receiver.trace(shared[0])
+    root_of(spans)
+    waiting = next(s for s in spans if s.name == "preprocess in a shared call")
+    mine = next(s for s in spans if s.name == "request digits" and s.parent_id == waiting.span_id)
+    assert mine.service == "strata-preprocess"
+    steps = [s for s in spans if s.name.startswith("step ")]
+    assert steps and all(s.parent_id == mine.span_id for s in steps)
+    calls = [s for s in receiver.all_spans() if s.name == "preprocess call"]
+    carrier = next(c for c in calls if waiting.span_id in c.links)
+    assert carrier.trace_id != shared[0] and carrier.attributes["strata.requests"] >= 2
+    assert mine.links == (carrier_server_span(receiver, carrier),)
+
+
+def carrier_server_span(receiver: Receiver, call: Span) -> str:
+    """The span id of the preprocess server span of the gateway's shared `call`."""
+    spans = receiver.wait_for(call.trace_id, {"strata-gateway", "strata-preprocess"})
+    client = next(s for s in spans if s.parent_id == call.span_id)
+    return next(s.span_id for s in spans if s.parent_id == client.span_id)
 
 
 def test_a_bad_request_leaves_an_error_span_with_its_kind(traced) -> None:

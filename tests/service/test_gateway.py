@@ -212,15 +212,66 @@ def wait_for_level(admin, wanted, seconds: float = 10) -> int:
     return status.level
 
 
-def set_objective(world: InProcess, admin, milliseconds: float) -> list[str]:
-    """Change the digits latency objective in the config file and reload it live."""
+def reload_with(world: InProcess, admin, change) -> list[str]:
+    """Apply `change` to the config file's YAML and reload it live: what was applied."""
     path = world.settings.source
     raw = yaml.safe_load(path.read_text())
-    raw["pipelines"]["digits"]["latency_objective_ms"] = milliseconds
+    change(raw)
     path.write_text(yaml.safe_dump(raw))
     reply = admin.Reload(admin_pb2.ReloadRequest(), metadata=AUTH)
     assert list(reply.needs_restart) == []
     return list(reply.applied)
+
+
+def set_objective(world: InProcess, admin, milliseconds: float) -> list[str]:
+    """Change the digits latency objective in the config file and reload it live."""
+
+    def change(raw: dict) -> None:
+        raw["pipelines"]["digits"]["latency_objective_ms"] = milliseconds
+
+    return reload_with(world, admin, change)
+
+
+def shared_requests(hop: str) -> float:
+    """Requests the gateway sent to `hop` beyond one per call."""
+    labels = {"hop": hop}
+    total = REGISTRY.get_sample_value("strata_gateway_call_requests_sum", labels) or 0.0
+    return total - (REGISTRY.get_sample_value("strata_gateway_call_requests_count", labels) or 0.0)
+
+
+def test_concurrent_requests_share_calls_and_each_gets_its_own_answer(
+    world, gateway, admin
+) -> None:
+    images = [np.full((1, 8, 8), 7 * i, np.uint8) for i in range(12)]
+    arm = {"strata.arm": "control"}  # the same model version for every answer
+    alone = [infer(gateway, f"alone-{i}", image=image, **arm) for i, image in enumerate(images)]
+    before = {hop: shared_requests(hop) for hop in ("preprocess", "postprocess")}
+    original = world.settings.source.read_text()
+    applied = reload_with(
+        world,
+        admin,
+        lambda raw: raw["gateway"].update(
+            coalesce={"max_calls": 1, "max_requests": 8}, upstream_timeout_seconds=5
+        ),
+    )
+    together: dict[int, v2.ModelInferResponse] = {}
+
+    def one(i: int) -> None:
+        together[i] = infer(gateway, f"together-{i}", image=images[i], **arm)
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(len(images))]
+    try:
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    finally:
+        world.settings.source.write_text(original)
+        admin.Reload(admin_pb2.ReloadRequest(), metadata=AUTH)
+    assert applied == ["gateway.coalesce", "gateway.upstream_timeout_seconds"]
+    assert all(shared_requests(hop) > before[hop] for hop in before), "no call was shared"
+    for i, answer in enumerate(alone):
+        assert together[i].raw_output_contents == answer.raw_output_contents
 
 
 def test_slow_inference_drives_the_ladder_up_and_back_down(world, gateway, admin) -> None:
