@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import asyncio
+import functools
 import time
 from collections.abc import AsyncIterator
 
@@ -18,7 +18,6 @@ from strata.errors import (
     Overloaded,
     Unauthenticated,
     grpc_errors,
-    log_failure,
     status_of,
 )
 from strata.policies import RateLimits
@@ -27,6 +26,7 @@ from strata.proto.inference import grpc_service_pb2_grpc as v2_grpc
 from strata.security import KeyRing, key_hash
 from strata.telemetry import annotate, shapes
 from strata.v2meta import metadata_response, model_config
+from strata.v2stream import answer_stream
 
 PLATFORM = "strata_pipeline"
 SERVER_NAME = "strata"
@@ -129,38 +129,10 @@ class GatewayServicer(v2_grpc.GRPCInferenceServiceServicer):
     async def ModelStreamInfer(
         self, requests: AsyncIterator[v2.ModelInferRequest], context: grpc.aio.ServicerContext
     ) -> AsyncIterator[v2.ModelStreamInferResponse]:
-        """Each request of the stream answered on its own, in the order answers are ready.
-
-        A failed request gets `error_message` and the stream goes on, as Triton's does; the
-        `id` a client sets tells its answers apart.
-        """
-        answers: asyncio.Queue = asyncio.Queue()
-
-        async def answer(request: v2.ModelInferRequest) -> None:
-            try:
-                reply = await self._counted(request, context)
-                await answers.put(v2.ModelStreamInferResponse(infer_response=reply))
-            except Exception as exc:  # one request's failure, reported in the stream
-                code, detail = status_of(exc)
-                log_failure("ModelStreamInfer", code, detail)
-                message = f"{code.name}: {detail}"
-                failed = v2.ModelInferResponse(model_name=request.model_name, id=request.id)
-                await answers.put(
-                    v2.ModelStreamInferResponse(error_message=message, infer_response=failed)
-                )
-
-        async def read() -> None:
-            async with asyncio.TaskGroup() as group:
-                async for request in requests:
-                    group.create_task(answer(request))
-            await answers.put(None)
-
-        reader = asyncio.create_task(read())
-        try:
-            while (item := await answers.get()) is not None:
-                yield item
-        finally:
-            reader.cancel()
+        """Each request of the stream through the pipeline on its own (strata.v2stream)."""
+        infer = functools.partial(self._counted, context=context)
+        async for answer in answer_stream(requests, infer):
+            yield answer
 
     async def _counted(
         self, request: v2.ModelInferRequest, context: grpc.aio.ServicerContext

@@ -7,6 +7,8 @@ unload) that hot-swaps model versions.
 from __future__ import annotations
 
 import asyncio
+import functools
+from collections.abc import AsyncIterator
 
 import grpc
 
@@ -15,10 +17,11 @@ from services.inference.manager import ModelManager
 from services.inference.model import ModelVersion
 from services.inference.params import request_options
 from strata import codec
-from strata.errors import grpc_errors
+from strata.errors import InvalidArgument, grpc_errors
 from strata.proto.inference import grpc_service_pb2 as v2
 from strata.proto.inference import grpc_service_pb2_grpc as v2_grpc
 from strata.v2meta import metadata_response, model_config
+from strata.v2stream import answer_stream
 
 PLATFORM = "onnxruntime_onnx"
 SERVER_NAME = "strata-inference"
@@ -69,6 +72,20 @@ class InferenceServicer(v2_grpc.GRPCInferenceServiceServicer):
     async def ModelInfer(
         self, request: v2.ModelInferRequest, context: grpc.aio.ServicerContext
     ) -> v2.ModelInferResponse:
+        return await self._infer(request, context)
+
+    async def ModelStreamInfer(
+        self, requests: AsyncIterator[v2.ModelInferRequest], context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[v2.ModelStreamInferResponse]:
+        """Each request of the stream batched and answered on its own (strata.v2stream); a
+        request's deadline is its `timeout` parameter, or the stream's."""
+        infer = functools.partial(self._infer, context=context)
+        async for answer in answer_stream(requests, infer):
+            yield answer
+
+    async def _infer(
+        self, request: v2.ModelInferRequest, context: grpc.aio.ServicerContext
+    ) -> v2.ModelInferResponse:
         model = self._models.resolve(request.model_name, request.model_version)
         wanted = codec.requested_outputs(request, model.signature.output_names)
         arrays = codec.request_inputs(request)
@@ -87,6 +104,13 @@ class InferenceServicer(v2_grpc.GRPCInferenceServiceServicer):
 
     @grpc_errors
     async def RepositoryModelLoad(self, request, context) -> v2.RepositoryModelLoadResponse:
+        if request.parameters:
+            # Triton's `config` and `file:` overrides would serve what no validation case
+            # checked against the repository; the repository is the one source.
+            raise InvalidArgument(
+                f"load parameters {sorted(request.parameters)} are not supported: a model's "
+                "settings and files come from its folder in the repository (model.yaml)"
+            )
         await self._models.load(request.model_name)
         return v2.RepositoryModelLoadResponse()
 

@@ -251,6 +251,12 @@ def test_broken_versions_are_refused_while_the_old_keeps_serving(tmp_path: Path)
         assert "validation case 'case_000' output 'y' differs" in info.value.details()
         assert "version 1 keeps serving" in info.value.details()
         assert infer(stub, "toy", X).model_version == "1"
+        override = v2.RepositoryModelLoadRequest(model_name="toy")
+        override.parameters["config"].string_param = '{"max_batch_size": 4}'
+        with pytest.raises(grpc.RpcError) as info:
+            stub.RepositoryModelLoad(override)
+        assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "['config'] are not supported" in info.value.details()
         index = {m.version: m for m in stub.RepositoryIndex(v2.RepositoryIndexRequest()).models}
         ready = stub.RepositoryIndex(v2.RepositoryIndexRequest(ready=True)).models
 
@@ -262,3 +268,27 @@ def test_broken_versions_are_refused_while_the_old_keeps_serving(tmp_path: Path)
     assert index["3"].state == "UNAVAILABLE" and "case_000" in index["3"].reason
     assert [m.version for m in ready] == ["1"]
     assert unloaded == grpc.StatusCode.FAILED_PRECONDITION and not not_ready
+
+
+def test_the_stream_answers_each_request_batched_and_reports_bad_ones(tmp_path: Path) -> None:
+    heavy = dense(1, features=512, classes=3, hidden=2048)
+    write_version(tmp_path / "repo", "heavy", 1, heavy, [HEAVY], {"max_batch_size": 8})
+    expected = run(heavy, HEAVY)["y"]
+    requests = []
+    for i in range(24):
+        arrays = HEAVY if i % 6 else {"x": np.ones((1, 3), np.float32)}  # every sixth: bad shape
+        request = codec.build_request("heavy", arrays)
+        request.id = str(i)
+        requests.append(request)
+    with inference_server(tmp_path, ["heavy"], workers=1) as stub:
+        answers = list(stub.ModelStreamInfer(iter(requests), timeout=30))
+        sizes = batch_sizes(stub, "heavy")
+    assert sorted(int(a.infer_response.id) for a in answers) == list(range(24))
+    bad = {a.infer_response.id: a.error_message for a in answers if a.error_message}
+    assert set(bad) == {"0", "6", "12", "18"}
+    assert all(m.startswith("INVALID_ARGUMENT: ") and "shape" in m for m in bad.values())
+    for answer in answers:
+        if not answer.error_message:
+            y = codec.response_outputs(answer.infer_response)["y"]
+            np.testing.assert_allclose(y, expected, rtol=1e-4)
+    assert max(sizes) > 1, "requests of one stream share batches"
