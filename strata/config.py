@@ -382,6 +382,14 @@ class InferenceSettings(Strict):
             gt=0,
             description="Rows one version's queue holds; beyond it RESOURCE_EXHAUSTED at once.",
         )
+        max_padding: float = Field(
+            default=0.5,
+            gt=0,
+            le=1,
+            description="Models with padded inputs: the largest share of a batch's cells that "
+            "padding may fill. A request that would push a batch past it waits for one of "
+            "lengths nearer its own (a batch pays for its longest request); 1 pads anything.",
+        )
         max_concurrent_batches: int | None = Field(
             default=None,
             gt=0,

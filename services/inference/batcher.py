@@ -63,7 +63,7 @@ class Batcher:
         self._max_rows = max_rows
         self._concurrency = concurrency
         self._stats = stats
-        self._queue = JobQueue(settings.priority_levels, max_rows, stats)
+        self._queue = JobQueue(settings.priority_levels, max_rows, stats, settings.max_padding)
         self._running = 0
         self._closed = False
         self._timer: asyncio.TimerHandle | None = None
@@ -71,15 +71,19 @@ class Batcher:
         self._pump_soon = False
         self._drained = asyncio.Event()
 
-    async def submit(self, inputs: Arrays, rows: int, key: Hashable, request: Request) -> Arrays:
-        """Queue one request and wait for its answer."""
+    async def submit(
+        self, inputs: Arrays, rows: int, key: Hashable, request: Request, length: int = 0
+    ) -> Arrays:
+        """Queue one request (`length`: its padded cells per row) and wait for its answer."""
         loop = asyncio.get_running_loop()
         now = loop.time()
         enqueued_ns = time.time_ns()
         level = request.priority or self._settings.default_priority
         self._admit(rows, level, request.deadline, now)
         future: asyncio.Future[Arrays] = loop.create_future()
-        job = Job(inputs, rows, key, level, request.deadline, request.skip_batching, now, future)
+        job = Job(
+            inputs, rows, key, level, request.deadline, request.skip_batching, now, future, length
+        )
         job.link = spans.current()
         self._queue.push(job)
         self._arrivals.observe(now, rows)

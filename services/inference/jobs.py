@@ -51,11 +51,31 @@ class Job:
     alone: bool  # runs in a batch of its own
     enqueued: float
     future: asyncio.Future[Arrays]
+    length: int = 0  # cells per row of its padded inputs; 0 when the model pads nothing
     link: SpanContext | None = None  # the request's span, for its batch's span to link to
     state: State = field(default=State.QUEUED)
     queued: float = 0.0  # seconds it waited, once its batch has started
     batch: Span | None = None
     batch_rows: int = 0
+
+
+class Padding:
+    """The cells of a forming batch: each row is padded to the longest request's length."""
+
+    def __init__(self, max_share: float) -> None:
+        self._max_share = max_share
+        self._rows = self._cells = self._longest = 0
+
+    def fits(self, job: Job) -> bool:
+        """Whether `job` can join without padding filling more than the allowed share."""
+        rows, cells = self._rows + job.rows, self._cells + job.rows * job.length
+        padded = rows * max(self._longest, job.length)
+        return padded - cells <= self._max_share * padded
+
+    def add(self, job: Job) -> None:
+        self._rows += job.rows
+        self._cells += job.rows * job.length
+        self._longest = max(self._longest, job.length)
 
 
 # Returns the error to answer a job with when it can no longer finish in time, else None.
@@ -65,11 +85,14 @@ Lateness = Callable[[Job], Exception | None]
 class JobQueue:
     """Priority levels 1 (first) to N, each first in, first out."""
 
-    def __init__(self, levels: int, max_rows: int, stats: VersionStats) -> None:
+    def __init__(
+        self, levels: int, max_rows: int, stats: VersionStats, max_padding: float = 1.0
+    ) -> None:
         self._levels: list[deque[Job]] = [deque() for _ in range(levels)]
         self._rows_by_level = [0] * levels
         self._alone = 0
         self._max_rows = max_rows
+        self._max_padding = max_padding
         self._stats = stats  # its queued_rows and queued_requests are this queue's gauges
 
     @property
@@ -111,9 +134,10 @@ class JobQueue:
         return None
 
     def collect(self, head: Job, late: Lateness) -> tuple[list[Job], int, float | None]:
-        """`head` and the later jobs that can share its batch while the rows fit: the jobs,
-        their rows, and the earliest of their deadlines."""
+        """`head` and the later jobs that can share its batch while the rows fit and padding
+        stays within its share: the jobs, their rows, and the earliest of their deadlines."""
         group, rows, deadline = [], 0, None
+        padding = Padding(self._max_padding)
         budget = SCAN_PER_ROW * self._max_rows
         for queue in self._levels:
             for job in queue:
@@ -126,6 +150,9 @@ class JobQueue:
                     continue
                 if rows + job.rows > self._max_rows:
                     return group, rows, deadline
+                if group and not padding.fits(job):
+                    continue
+                padding.add(job)
                 group.append(job)
                 rows += job.rows
                 if job.deadline is not None:

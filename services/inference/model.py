@@ -120,7 +120,8 @@ class ModelVersion:
             )
         if not self.signature.batchable and not request.skip_batching:
             request = Request(request.priority, request.deadline, skip_batching=True)
-        return await self.batcher.submit(arrays, rows, key, request)
+        length = self.signature.padded_length(arrays)
+        return await self.batcher.submit(arrays, rows, key, request, length)
 
     def run(self, arrays: Arrays) -> Arrays:
         """Run the session once (blocking: call it from a worker thread)."""

@@ -7,6 +7,7 @@ dimension is refused, and a padded dimension can be cut back to each request's o
 
 from __future__ import annotations
 
+import math
 from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -95,6 +96,12 @@ class Signature:
             for info in self.inputs
         )
         return rows, key
+
+    def padded_length(self, arrays: Mapping[str, np.ndarray]) -> int:
+        """The cells per row of the request's largest padded input (0: nothing is padded):
+        what a batch pads every row of a shorter request up to."""
+        sizes = [math.prod(arrays[name].shape[1:]) for name in self.padded]
+        return max(sizes, default=0)
 
     def _rows(self, arrays: Mapping[str, np.ndarray]) -> int:
         rows = {name: array.shape[0] for name, array in arrays.items()}

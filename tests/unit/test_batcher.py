@@ -32,9 +32,11 @@ class Doubler:
         self.delay = delay
         self.gate = gate
         self.batches: list[list[tuple[int, ...]]] = []
+        self.values: list[list[float]] = []  # each batch's requests, by their first value
 
     def __call__(self, requests: Sequence[Arrays]) -> list[Arrays]:
         self.batches.append([r["x"].shape for r in requests])
+        self.values.append([float(r["x"].flat[0]) for r in requests])
         if self.gate is not None:
             self.gate.wait(5)
         time.sleep(self.delay)
@@ -354,3 +356,33 @@ def test_a_batch_is_a_span_of_its_own_linked_to_its_requests(
         assert request.attributes["strata.batch_span_id"] == f"{batch.context.span_id:016x}"
         assert request.attributes["strata.batch_rows"] == 3
         assert request.attributes["strata.queue_ms"] > 0
+
+
+@pytest.mark.parametrize(
+    ("max_padding", "batches"),
+    [
+        # Padded to 50, the short ones would make a batch of 3 rows more than half padding.
+        (0.5, [[0.0], [1.0, 2.0], [3.0, 4.0]]),
+        (1.0, [[0.0], [1.0, 2.0, 3.0, 4.0]]),  # no cap: any lengths share a batch
+    ],
+)
+def test_requests_of_far_apart_lengths_wait_for_a_batch_nearer_their_own(
+    max_padding: float, batches: list[list[float]]
+) -> None:
+    gate = threading.Event()
+    runner = Doubler(gate=gate)
+    b = batcher(runner, max_padding=max_padding)
+
+    async def go() -> None:
+        first = asyncio.ensure_future(b.submit(x(value=0), 1, (2,), Request(), 10))
+        await asyncio.sleep(0.01)
+        queued = [
+            asyncio.ensure_future(b.submit(x(value=v), 1, (2,), Request(), length))
+            for v, length in {1: 10, 2: 12, 3: 50, 4: 50}.items()
+        ]
+        await asyncio.sleep(0.01)
+        gate.set()
+        await asyncio.gather(first, *queued)
+
+    asyncio.run(go())
+    assert runner.values == batches

@@ -50,6 +50,16 @@ def test_padded_inputs_share_a_key_and_mismatched_ones_are_refused(
         padded.signature.check(broken)
 
 
+def test_a_requests_padded_length_is_its_longest_padded_input_per_row(
+    padded: ModelVersion, tmp_path: Path
+) -> None:
+    (three,) = tokens([3])
+    assert padded.signature.padded_length(three) == 3  # ids [1, 3], mask [1, 3]
+    write_version(tmp_path / "plain", "pool", 1, pooling_model(), tokens([2]), {})
+    plain = load(tmp_path / "plain", "pool")
+    assert plain.signature.padded_length(three) == 0  # nothing is padded
+
+
 def test_batched_answers_equal_unbatched_answers(padded: ModelVersion) -> None:
     requests = tokens(LENGTHS, seed=1)
     batched = padded.run_requests(requests)
