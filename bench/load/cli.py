@@ -47,6 +47,7 @@ def _main(argv: list[str] | None) -> int:
         print(f"bench.load: {exc}", file=sys.stderr)
         return 1
     bar.finish()
+    results = results.skip_first(options.skip_first)
     report = ghz_report(results, ghz_options(options, plan, data.describe(options)), options.name)
     for warning in report["strata"]["warnings"]:
         print(f"bench.load: warning: {warning}", file=sys.stderr)
@@ -68,6 +69,7 @@ def plan_of(options: Options) -> Plan:
         total=options.total,
         duration=options.duration,
         concurrency=options.concurrency,
+        tls=options.tls,
     )
 
 

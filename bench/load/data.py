@@ -18,6 +18,7 @@ from google.protobuf.descriptor import MethodDescriptor
 from google.protobuf.message import DecodeError, Message
 
 from bench.load.options import Options, UsageError
+from bench.load.transport import blocking_channel
 from strata import codec
 from strata.proto.inference import grpc_service_pb2 as v2
 from strata.proto.inference import grpc_service_pb2_grpc as v2_grpc
@@ -58,7 +59,7 @@ def messages(options: Options) -> list[bytes]:
     model = options.model or options.dataset
     if not model:
         raise UsageError("--model names the model (pipeline) the .npz inputs are for")
-    inputs = model_inputs(options.host, model, options.connect_timeout)
+    inputs = model_inputs(options, model)
     return from_arrays(model, load_arrays(path, inputs), options.batch)
 
 
@@ -101,13 +102,17 @@ def dataset_path(name: str) -> Path:
     return path
 
 
-def model_inputs(host: str, model: str, timeout: float) -> dict[str, str]:
+def model_inputs(options: Options, model: str) -> dict[str, str]:
     """The model's inputs and their datatypes, from its v2 ModelMetadata."""
     request = v2.ModelMetadataRequest(name=model)
-    with grpc.insecure_channel(host) as channel:
+    host, timeout = options.host, options.connect_timeout
+    with blocking_channel(host, options.tls) as channel:
         try:
             reply = v2_grpc.GRPCInferenceServiceStub(channel).ModelMetadata(
-                request, timeout=timeout, wait_for_ready=True
+                request,
+                timeout=timeout,
+                wait_for_ready=True,
+                metadata=tuple(options.metadata.items()),
             )
         except grpc.RpcError as exc:
             if exc.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):

@@ -1,7 +1,8 @@
 """The load tool's command line, in ghz's words: `--call`, `-d`, `-c`, `-n`, `-z`, `--rps` ...
 
 Flags keep ghz's names and meanings where Strata's tool does the same thing, so a ghz command
-line runs unchanged (TLS aside: only plaintext is spoken, and `--insecure` is accepted).
+line runs unchanged. One difference: plaintext is the default (ghz's `--insecure`, accepted),
+and TLS is on when `--cacert` (or `--cert`/`--key` for mutual TLS) is given.
 Durations are Go-style (`500ms`, `10s`, `1m30s`); a bare number is seconds.
 """
 
@@ -13,6 +14,8 @@ import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from bench.load.transport import Tls
 
 FORMATS = ("summary", "json", "pretty")
 DEFAULT_TOTAL = 200  # ghz's default -n
@@ -76,6 +79,8 @@ class Options:
     output: Path | None = None
     workers: int = 1
     name: str = ""
+    tls: Tls | None = None
+    skip_first: int = 0
 
     @property
     def open_loop(self) -> bool:
@@ -132,7 +137,18 @@ def parser() -> argparse.ArgumentParser:
         "--metadata",
         help='request metadata as a JSON object, e.g. \'{"x-client-id": "bench"}\'',
     )
-    p.add_argument("--insecure", action="store_true", help="plaintext (the only transport)")
+    p.add_argument("--insecure", action="store_true", help="plaintext (the default)")
+    p.add_argument("--cacert", type=Path, help="TLS: the CA that signed the server's certificate")
+    p.add_argument("--cert", type=Path, help="mutual TLS: this client's certificate (PEM)")
+    p.add_argument("--key", type=Path, help="mutual TLS: this client's private key (PEM)")
+    p.add_argument("--cname", default="", help="TLS: the server name its certificate carries")
+    p.add_argument(
+        "--skipFirst",
+        dest="skip_first",
+        type=int,
+        default=0,
+        help="leave the first N answers out of the report (warm-up)",
+    )
     p.add_argument("-O", "--format", default="summary", choices=FORMATS, help="report format")
     p.add_argument("-o", "--output", type=Path, help="write the report here, not stdout")
     p.add_argument(
@@ -173,9 +189,27 @@ def from_args(args: argparse.Namespace) -> Options:
         output=args.output,
         workers=args.workers,
         name=args.name,
+        tls=_tls(args),
+        skip_first=args.skip_first,
     )
     check(options)
     return options
+
+
+def _tls(args: argparse.Namespace) -> Tls | None:
+    """TLS from --cacert/--cert/--key/--cname; None for plaintext."""
+    if not (args.cacert or args.cert or args.key):
+        if args.cname:
+            raise UsageError("--cname needs TLS: give --cacert (and --cert/--key for mutual TLS)")
+        return None
+    if args.insecure:
+        raise UsageError("--insecure (plaintext) contradicts --cacert/--cert/--key (TLS)")
+    if bool(args.cert) != bool(args.key):
+        raise UsageError("mutual TLS needs both --cert and --key")
+    for flag, path in (("--cacert", args.cacert), ("--cert", args.cert), ("--key", args.key)):
+        if path is not None and not path.is_file():
+            raise UsageError(f"{flag} {path}: no such file")
+    return Tls.from_files(args.cacert, args.cert, args.key, args.cname)
 
 
 def check(options: Options) -> None:
@@ -191,6 +225,8 @@ def check(options: Options) -> None:
     for flag, value in positive.items():
         if value is not None and value <= 0:
             raise UsageError(f"{flag} must be positive, got {value}")
+    if options.skip_first < 0:
+        raise UsageError(f"--skipFirst must be zero or more, got {options.skip_first}")
     for flag, seconds in (("-z/--duration", options.duration), ("-t/--timeout", options.timeout)):
         if seconds is not None and seconds <= 0:
             raise UsageError(f"{flag} must be positive")

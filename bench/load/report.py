@@ -113,7 +113,8 @@ def ghz_options(options: Any, plan: Any, data: object) -> dict[str, Any]:
     out = {
         "host": plan.target,
         "call": plan.method.strip("/").replace("/", "."),
-        "insecure": True,
+        "insecure": plan.tls is None,
+        "skipFirst": options.skip_first,
         "total": plan.expected or 0,
         "concurrency": plan.concurrency or 0,
         "rps": plan.rps or 0,
@@ -126,6 +127,8 @@ def ghz_options(options: Any, plan: Any, data: object) -> dict[str, Any]:
         "metadata": dict(plan.metadata) or None,
         "CPUs": options.workers,
     }
+    if plan.tls is not None and plan.tls.server_name:
+        out["cname"] = plan.tls.server_name
     if options.name:
         out["name"] = options.name
     return out

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -79,6 +79,25 @@ class Results:
 
     def cached(self) -> int:
         return int((self.flags & 2).astype(bool).sum())
+
+    def skip_first(self, n: int) -> Results:
+        """Without the first `n` answers (ghz's --skipFirst, for warm-up): the figures then
+        run from the moment the n-th answer came back."""
+        if n <= 0 or not self.count:
+            return self
+        done = self.due + self.latency
+        order = np.argsort(done, kind="stable")
+        origin = done[order[min(n, self.count) - 1]]
+        keep = np.sort(order[n:])
+        return replace(
+            self,
+            due=self.due[keep] - origin,
+            lag=self.lag[keep],
+            latency=self.latency[keep],
+            code=self.code[keep],
+            error=self.error[keep],
+            flags=self.flags[keep],
+        )
 
     def client(self) -> dict[str, float]:
         """The load tool's own CPU use and lateness: is the tool the bottleneck?"""

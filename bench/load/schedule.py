@@ -12,6 +12,7 @@ import math
 from dataclasses import dataclass, replace
 
 from bench.load.options import DEFAULT_CONCURRENCY, DEFAULT_TOTAL
+from bench.load.transport import Tls
 
 
 @dataclass(frozen=True)
@@ -30,6 +31,7 @@ class Plan:
     duration: float | None = None  # overrides total, as in ghz
     concurrency: int | None = None  # closed loop: clients; open loop: the most in flight
     inspect: bool = True  # read v2 response parameters (degraded, cached answers)
+    tls: Tls | None = None  # None: plaintext
 
     @property
     def open_loop(self) -> bool:

@@ -22,6 +22,7 @@ from typing import Any
 import grpc
 
 from bench.load.schedule import Job, Plan
+from bench.load.transport import aio_channel
 from strata.proto.inference import grpc_service_pb2 as v2
 
 INFER = "/inference.GRPCInferenceService/ModelInfer"
@@ -110,16 +111,14 @@ async def _serve(index: int, conn: Connection, progress: Any, stop: Any) -> None
 async def _connect(job: Job, cache: dict[tuple, list[grpc.aio.Channel]]) -> list:
     """Open (or reuse) this job's channels, each its own connection, and wait until ready."""
     plan = job.plan
-    key = (plan.target, job.connections)
+    key = (plan.target, job.connections, plan.tls)
     if key not in cache:
         options = [
             ("grpc.use_local_subchannel_pool", 1),  # one TCP connection per channel
             ("grpc.max_receive_message_length", MAX_MESSAGE),
             ("grpc.max_send_message_length", MAX_MESSAGE),
         ]
-        cache[key] = [
-            grpc.aio.insecure_channel(plan.target, options=options) for _ in range(job.connections)
-        ]
+        cache[key] = [aio_channel(plan.target, plan.tls, options) for _ in range(job.connections)]
     channels = cache[key]
     try:
         await asyncio.wait_for(

@@ -7,10 +7,12 @@ import threading
 import time
 from collections.abc import Iterator
 from concurrent import futures
+from pathlib import Path
 
 import grpc
 import pytest
 
+from scripts.make_certs import make_certs
 from strata.proto.inference import grpc_service_pb2 as v2
 from strata.proto.inference import grpc_service_pb2_grpc as v2_grpc
 from tests.support.system import ROOT, free_port
@@ -32,9 +34,9 @@ TABULAR = json.dumps(
 SLEEP = 0.05  # seconds the slow server takes per request, one request at a time
 
 
-def load(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
+def load(*args: str, timeout: float = 60, call: tuple = CALL) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "bench.load", *CALL, *args],
+        [sys.executable, "-m", "bench.load", *call, *args],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -153,3 +155,47 @@ def test_an_unreachable_target_fails_with_a_clear_message() -> None:
     assert done.returncode == 1
     assert f"cannot connect to {address}" in done.stderr
     assert done.stdout == ""
+
+
+class Echo(v2_grpc.GRPCInferenceServiceServicer):
+    def ModelInfer(self, request, context):
+        return v2.ModelInferResponse(model_name=request.model_name)
+
+
+@pytest.fixture(scope="module")
+def certs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    folder = tmp_path_factory.mktemp("certs")
+    make_certs(folder)
+    return folder
+
+
+@pytest.fixture
+def mutual_tls_server(certs: Path) -> Iterator[str]:
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+    v2_grpc.add_GRPCInferenceServiceServicer_to_server(Echo(), server)
+    identity = ((certs / "server-key.pem").read_bytes(), (certs / "server.pem").read_bytes())
+    credentials = grpc.ssl_server_credentials(
+        [identity], root_certificates=(certs / "ca.pem").read_bytes(), require_client_auth=True
+    )
+    port = server.add_secure_port("127.0.0.1:0", credentials)
+    server.start()
+    try:
+        yield f"127.0.0.1:{port}"
+    finally:
+        server.stop(0)
+
+
+def test_mutual_tls_with_ghz_flags_and_skip_first(mutual_tls_server: str, certs: Path) -> None:
+    call = ("--call", "inference.GRPCInferenceService.ModelInfer")
+    tls = ["--cacert", str(certs / "ca.pem")]
+    identity = ["--cert", str(certs / "client.pem"), "--key", str(certs / "client-key.pem")]
+    common = ["-d", '{"model_name": "echo"}', "-n", "20", "-c", "2", "-O", "json"]
+    done = load(*common, *tls, *identity, "--skipFirst", "5", mutual_tls_server, call=call)
+    assert done.returncode == 0, done.stderr
+    got = json.loads(done.stdout)
+    assert got["statusCodeDistribution"] == {"OK": 15}, "the first 5 answers are left out"
+    assert got["options"]["insecure"] is False and got["options"]["skipFirst"] == 5
+    refused = load(*common, *tls, "--connect-timeout", "1s", mutual_tls_server, call=call)
+    assert refused.returncode == 1 and "cannot connect" in refused.stderr, "no client cert"
+    mixed = load(*common, *tls, "--insecure", mutual_tls_server, call=call)
+    assert mixed.returncode == 2 and "contradicts" in mixed.stderr

@@ -122,3 +122,14 @@ def test_refused_streams_point_at_too_few_connections() -> None:
         "error code 7 (RST_STREAM))"
     ]
     assert any("--connections" in w for w in refused.warnings())
+
+
+def test_skip_first_leaves_out_the_earliest_answers_and_starts_the_clock_there() -> None:
+    # Due every 10 ms; the first answer is slow, so the second and third come back first.
+    run = results([50.0, 1.0, 1.0, 1.0, 1.0])
+    kept = run.skip_first(2)
+    assert kept.count == 3
+    assert sorted(kept.latency.tolist()) == [1 * MS, 1 * MS, 50 * MS]  # the slow one came later
+    # The window opens when the 2nd answer came back (21 ms) and closes at the last (50 ms).
+    assert kept.total_seconds == pytest.approx(0.029)
+    assert run.skip_first(0) is run and run.skip_first(9).count == 0
