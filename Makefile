@@ -10,7 +10,7 @@ STAMP_MODELS := build/.models
 STAMP_MODELS_TEXT := build/.models-text
 
 .PHONY: venv proto models models-text run test lint fmt bench trace fuzz certs clean
-.PHONY: compose-up compose-down soak
+.PHONY: compose-up compose-down soak bench-peers
 
 # The Compose specification's JSON schema, as the docker-compose package on PyPI ships it.
 COMPOSE_SCHEMA := build/schema/compose_spec.json
@@ -76,6 +76,11 @@ trace: $(STAMP_PROTO)
 
 bench: $(STAMP_MODELS) $(STAMP_MODELS_TEXT)
 	$(PY) -m bench --config $(CONFIG)
+
+# Strata against MLServer, KServe and a bare v2 server (bench/peers; installs the peers'
+# venvs under build/peers/ once).
+bench-peers: $(STAMP_MODELS)
+	$(PY) -m bench.peers --config $(CONFIG)
 
 # Steady load while every service's RSS and open descriptors are watched (bench/soak.py).
 SOAK_MINUTES ?= 10

@@ -1,14 +1,15 @@
 """python -m bench [--config FILE] [--quick]: every benchmark, one after the other (`make bench`).
 
-The suite (ceilings, hops, load sweep, tracing on and off), the shared-calls comparison, the
-batching benchmark, and the text models' benchmark when they have been built. Each writes its
-tables under bench/results/.
+The suite (ceilings, hops, load sweep, tracing on and off), the flights comparison, the peer
+benchmark (MLServer, KServe, a bare v2 server), the batching benchmark, and the text models'
+benchmark when they have been built. Each writes its tables under bench/results/.
 """
 
 import argparse
 from pathlib import Path
 
-from bench import batching, coalescing, suite, text
+from bench import batching, flights, suite, text
+from bench.peers import run as peers
 from strata.config import load_settings
 
 
@@ -20,7 +21,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     quick = ["--quick"] if args.quick else []
     code = suite.main(["--config", str(args.config), *quick])
-    coalescing.main(["--config", str(args.config), *quick])
+    flights.main(["--config", str(args.config), *quick])
+    peers.main(["--config", str(args.config), *quick])
     batching.main(["--config", str(args.config), *quick])
     repository = load_settings(args.text_config).repository
     if (repository / "minilm").is_dir():

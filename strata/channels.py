@@ -1,4 +1,4 @@
-"""Client channels to the next hop: tracing, message limits, balancing and retries.
+"""Client channels to the next hop: message limits, balancing and retries.
 
 Retries and round-robin balancing come from gRPC's own service config, not hand-written
 loops: a call that fails with UNAVAILABLE is retried, on another replica where there is one.
@@ -13,7 +13,6 @@ import grpc
 from strata.config import ServerSettings
 from strata.security import TlsSettings, channel_credentials, channel_options
 from strata.server import grpc_options
-from strata.telemetry import client_interceptors
 
 
 def service_config(services: list[str], max_attempts: int = 3) -> str:
@@ -40,7 +39,8 @@ def service_config(services: list[str], max_attempts: int = 3) -> str:
 def open_channel(
     target: str, settings: ServerSettings, services: list[str], tls: TlsSettings
 ) -> grpc.aio.Channel:
-    """A traced channel to `target` (mutual TLS when on) with retries for `services`."""
+    """A channel to `target` (mutual TLS when on) with retries for `services`; callers put
+    trace context in each call's metadata (strata.telemetry.outgoing)."""
     options = [
         *grpc_options(settings),
         *channel_options(tls),
@@ -49,12 +49,8 @@ def open_channel(
     ]
     credentials = channel_credentials(tls)
     if credentials is None:
-        return grpc.aio.insecure_channel(
-            target, options=options, interceptors=client_interceptors()
-        )
-    return grpc.aio.secure_channel(
-        target, credentials, options=options, interceptors=client_interceptors()
-    )
+        return grpc.aio.insecure_channel(target, options=options)
+    return grpc.aio.secure_channel(target, credentials, options=options)
 
 
 def blocking_channel(target: str, tls: TlsSettings) -> grpc.Channel:

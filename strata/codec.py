@@ -16,6 +16,7 @@ import numpy as np
 from strata.errors import InvalidArgument
 from strata.proto.inference import grpc_service_pb2 as v2
 from strata.proto.v1 import tensor_pb2 as v1
+from strata.stack import Raw
 
 # Named tensors, batch dimension first: what every layer passes around.
 Arrays = dict[str, np.ndarray]
@@ -252,3 +253,13 @@ def _dtype(name: str, datatype: str) -> np.dtype:
         raise InvalidArgument(
             f"input {name!r}: unknown datatype {datatype!r} (known: {known})"
         ) from None
+
+
+def raw_inputs(request: v2.ModelInferRequest, arrays: Mapping[str, np.ndarray]) -> list[Raw]:
+    """Each input of a v2 request as it came: raw contents as they are, typed contents
+    (already decoded into `arrays`) encoded once."""
+    raw = request.raw_input_contents
+    return [
+        Raw(t.name, t.datatype, tuple(t.shape), raw[i] if raw else to_raw(arrays[t.name]))
+        for i, t in enumerate(request.inputs)
+    ]

@@ -7,9 +7,7 @@ default registry, which also carries the process collector (RSS, CPU seconds).
 from __future__ import annotations
 
 import logging
-import time
 
-import grpc
 from prometheus_client import Counter, Histogram, start_http_server
 
 log = logging.getLogger(__name__)
@@ -41,33 +39,3 @@ RPC_DURATION = Histogram(
     ["method"],
     buckets=LATENCY_BUCKETS,
 )
-
-
-class MetricsInterceptor(grpc.aio.ServerInterceptor):
-    """Counts and times every unary RPC by method and status code (health checks aside)."""
-
-    async def intercept_service(self, continuation, details):
-        handler = await continuation(details)
-        method = details.method
-        if handler is None or handler.unary_unary is None or method.startswith("/grpc.health"):
-            return handler
-        inner = handler.unary_unary
-
-        async def timed(request, context):
-            started = time.perf_counter()
-            code = "OK"
-            try:
-                return await inner(request, context)
-            except BaseException:
-                status = context.code()
-                code = status.name if isinstance(status, grpc.StatusCode) else "UNKNOWN"
-                raise
-            finally:
-                RPCS.labels(method, code).inc()
-                RPC_DURATION.labels(method).observe(time.perf_counter() - started)
-
-        return grpc.unary_unary_rpc_method_handler(
-            timed,
-            request_deserializer=handler.request_deserializer,
-            response_serializer=handler.response_serializer,
-        )

@@ -87,18 +87,19 @@ class Breaker(Strict):
     )
 
 
-class Coalesce(Strict):
-    """How the gateway carries concurrent requests through preprocess and postprocess in
-    shared calls."""
+class Flights(Strict):
+    """How the gateway carries concurrent client requests through the chain together."""
 
-    max_calls: int = Field(
+    max_in_air: int = Field(
         default=4,
         ge=1,
-        description="Calls to one hop in flight before requests wait to share the next; "
-        "below it a request goes at once, in a call of its own.",
+        description="Flights travelling the chain at once; below it a request leaves at once "
+        "(with whatever arrived in the same event-loop turn), beyond it requests queue for "
+        "the next flight.",
     )
-    max_requests: int = Field(
-        default=32, ge=1, description="Requests one shared call carries at most."
+    max_requests: int = Field(default=64, ge=1, description="Client requests one flight carries.")
+    max_rows: int = Field(
+        default=256, ge=1, description="Rows one flight carries (a request of 5 rows counts 5)."
     )
 
 
@@ -118,8 +119,9 @@ class GatewaySettings(Strict):
     ladder: Ladder = Field(default_factory=Ladder, description="The degradation ladder.")
     cache: Cache = Field(default_factory=Cache, description="The result cache.")
     breaker: Breaker = Field(default_factory=Breaker, description="Upstream circuit breakers.")
-    coalesce: Coalesce = Field(
-        default_factory=Coalesce, description="Shared calls to preprocess and postprocess."
+    flights: Flights = Field(
+        default_factory=Flights,
+        description="Flights: concurrent requests through every hop in one call each.",
     )
     api_keys: list[ApiKey] = Field(
         default_factory=list,

@@ -20,9 +20,8 @@ from grpc_reflection.v1alpha import reflection
 from opentelemetry import trace
 
 from strata.config import ServerSettings
-from strata.metrics import MetricsInterceptor
 from strata.security import TlsSettings, server_credentials
-from strata.telemetry import server_interceptors
+from strata.telemetry import ServerTelemetry
 
 log = logging.getLogger(__name__)
 
@@ -65,7 +64,7 @@ async def start_server(
     With TLS on, a public server (the gateway) presents its certificate; any other requires
     callers to present one signed by the deployment's CA.
     """
-    interceptors = [*server_interceptors(), MetricsInterceptor()]
+    interceptors = [ServerTelemetry()]
     options = [
         *grpc_options(settings),
         ("grpc.max_concurrent_streams", settings.max_concurrent_streams),

@@ -1,8 +1,9 @@
 """Tracing and logging set-up, the same in every service.
 
-Spans are always made, so W3C trace context flows through every hop; they leave the process
-only when an OTLP endpoint is configured (or OTEL_EXPORTER_OTLP_ENDPOINT is set). Tests pass
-their own provider.
+Trace context always flows through every hop (W3C traceparent in gRPC metadata), so logs
+carry trace ids; spans are recorded only when sampled, and nothing is sampled unless an OTLP
+endpoint is configured (or OTEL_EXPORTER_OTLP_ENDPOINT is set): an unsampled request pays for
+its ids and nothing more. Tests pass their own provider.
 """
 
 from __future__ import annotations
@@ -12,20 +13,20 @@ import logging
 import os
 import sys
 import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
 
-from opentelemetry import trace
-from opentelemetry.instrumentation.grpc import (
-    aio_client_interceptors,
-    aio_server_interceptor,
-    filters,
-)
+import grpc
+from opentelemetry import propagate, trace
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
-from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
-from opentelemetry.trace import Status, StatusCode
+from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ParentBased, TraceIdRatioBased
+from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from strata.config import TelemetrySettings
+from strata.metrics import RPC_DURATION, RPCS
 
 log = logging.getLogger(__name__)
 
@@ -69,12 +70,15 @@ def setup_logging(service: str, level: str) -> None:
 
 
 def setup_tracing(service: str, settings: TelemetrySettings) -> TracerProvider:
-    """Install a tracer provider for `service`, exporting over OTLP if an endpoint is set."""
+    """Install a tracer provider for `service`, exporting over OTLP if an endpoint is set;
+    without one, spans would go nowhere, so none is sampled."""
+    endpoint = settings.otlp_endpoint or os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT")
     sampler = None  # the SDK then honours OTEL_TRACES_SAMPLER / OTEL_TRACES_SAMPLER_ARG
-    if "OTEL_TRACES_SAMPLER" not in os.environ:
+    if not endpoint:
+        sampler = ALWAYS_OFF
+    elif "OTEL_TRACES_SAMPLER" not in os.environ:
         sampler = ParentBased(TraceIdRatioBased(settings.sample_ratio))
     provider = TracerProvider(resource=Resource.create({"service.name": service}), sampler=sampler)
-    endpoint = settings.otlp_endpoint or os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT")
     if endpoint:
         from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
 
@@ -84,14 +88,87 @@ def setup_tracing(service: str, settings: TelemetrySettings) -> TracerProvider:
     return provider
 
 
-def server_interceptors() -> list:
-    """The OpenTelemetry aio server interceptor, skipping health checks."""
-    return [aio_server_interceptor(filter_=filters.negate(filters.health_check()))]
+_server_tracer = trace.get_tracer("strata.server")
 
 
-def client_interceptors() -> list:
-    """The OpenTelemetry aio client interceptors, injecting trace context into metadata."""
-    return aio_client_interceptors()
+class ServerTelemetry(grpc.aio.ServerInterceptor):
+    """Every unary RPC (health checks aside): a server span in the caller's trace, recorded
+    only when that trace is sampled, and its count and duration by method and status code.
+
+    One interceptor instead of OpenTelemetry's and a metrics one: each wraps every call, and
+    at the gateway every client request is a call. Streaming RPCs pass through untraced."""
+
+    def __init__(self) -> None:
+        self._counts: dict[tuple[str, str], Any] = {}
+
+    async def intercept_service(self, continuation, details):
+        handler = await continuation(details)
+        method = details.method
+        if handler is None or handler.unary_unary is None or method.startswith("/grpc.health"):
+            return handler
+        inner = handler.unary_unary
+        carrier = dict(details.invocation_metadata or ())
+        parent = propagate.extract(carrier) if "traceparent" in carrier else None
+
+        async def served(request, context):
+            started = time.perf_counter()
+            code = grpc.StatusCode.OK
+            with _server_tracer.start_as_current_span(
+                method, context=parent, kind=SpanKind.SERVER, record_exception=False
+            ) as span:
+                try:
+                    return await inner(request, context)
+                except BaseException:
+                    status = context.code()
+                    code = (
+                        status if isinstance(status, grpc.StatusCode) else grpc.StatusCode.UNKNOWN
+                    )
+                    raise
+                finally:
+                    if span.is_recording():
+                        span.set_attribute("rpc.grpc.status_code", code.value[0])
+                    self._count(method, code.name).inc()
+                    RPC_DURATION.labels(method).observe(time.perf_counter() - started)
+
+        return grpc.unary_unary_rpc_method_handler(
+            served,
+            request_deserializer=handler.request_deserializer,
+            response_serializer=handler.response_serializer,
+        )
+
+    def _count(self, method: str, code: str):
+        """The counter child for (method, code), resolved once."""
+        child = self._counts.get((method, code))
+        if child is None:
+            child = self._counts[(method, code)] = RPCS.labels(method, code)
+        return child
+
+
+_client_tracer = trace.get_tracer("strata.client")
+
+
+@contextmanager
+def outgoing(name: str, metadata: Sequence = ()) -> Iterator[tuple]:
+    """The metadata for a call to the next hop, with the current trace context in it; a
+    client span around the call only when the trace is sampled."""
+    if not trace.get_current_span().is_recording():
+        yield _with_context(metadata)
+        return
+    with _client_tracer.start_as_current_span(
+        name, kind=SpanKind.CLIENT, attributes={"rpc.system": "grpc"}
+    ):
+        yield _with_context(metadata)
+
+
+def _with_context(metadata: Sequence) -> tuple:
+    carrier: dict[str, str] = {}
+    propagate.inject(carrier)
+    return (*metadata, *carrier.items())
+
+
+def recording() -> bool:
+    """Whether the current span records (its trace is sampled): worth annotating."""
+    return trace.get_current_span().is_recording()
 
 
 def annotate(**attributes: object) -> None:

@@ -9,22 +9,21 @@ from __future__ import annotations
 import hashlib
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
-from strata.codec import datatype_of, to_raw
 from strata.policies import Cache
+from strata.stack import Raw
 
 
-def cache_key(pipeline: str, version: str, arrays: Mapping[str, np.ndarray]) -> str:
+def cache_key(pipeline: str, version: str, inputs: Sequence[Raw]) -> str:
     digest = hashlib.blake2b(digest_size=20)
     digest.update(f"{pipeline}\0{version}\0".encode())
-    for name in sorted(arrays):
-        array = arrays[name]
-        digest.update(f"{name}\0{datatype_of(array)}\0{array.shape}\0".encode())
-        digest.update(to_raw(array))
+    for tensor in sorted(inputs, key=lambda t: t.name):
+        digest.update(f"{tensor.name}\0{tensor.datatype}\0{tensor.shape}\0".encode())
+        digest.update(tensor.data)
     return digest.hexdigest()
 
 

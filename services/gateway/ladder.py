@@ -19,6 +19,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from services.gateway.metrics import SHED
+from strata.errors import Overloaded
 from strata.policies import Ladder
 
 log = logging.getLogger(__name__)
@@ -116,6 +118,21 @@ class LadderController:
         else:
             self._above = self._calm = 0
         return self.level
+
+    def admit(self, level: int) -> None:
+        """Shed the request (RESOURCE_EXHAUSTED with a retry hint) when the gateway already
+        holds its limit of requests; at the shedding level the limit shrinks."""
+        settings = self.settings
+        limit = settings.concurrency_limit
+        if level >= 4:
+            limit = max(1, int(limit * settings.shed_admit_fraction))
+        if self.signals.inflight >= limit:
+            reason = "level" if level >= 4 else "concurrency"
+            SHED.labels(reason).inc()
+            raise Overloaded(
+                f"gateway overloaded ({limit} requests in flight); retry later",
+                settings.shed_retry_ms / 1000,
+            )
 
     def _reason(self) -> str:
         name, value = max(self.last_pressure.items(), key=lambda item: item[1])

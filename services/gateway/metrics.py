@@ -48,7 +48,9 @@ FAILOVERS = Counter(
     ["pipeline", "from_arm", "to_arm"],
 )  # fmt: skip
 INFLIGHT = Gauge("strata_gateway_inflight_requests", "Client requests being worked on.")
-CALL_REQUESTS = Histogram(
-    "strata_gateway_call_requests", "Client requests carried by one call to a strata.v1 hop.",
-    ["hop"], buckets=(1, 2, 4, 8, 16, 32, 64, 128),
-)  # fmt: skip
+FLIGHT_REQUESTS = Histogram(
+    "strata_gateway_flight_requests",
+    "Client requests carried by one flight through the chain.",
+    buckets=(1, 2, 4, 8, 16, 32, 64, 128),
+)
+FLIGHTS_IN_AIR = Gauge("strata_gateway_flights_in_air", "Flights travelling the chain now.")

@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import logging
 
+from services.gateway.admission import Admission
 from services.gateway.arms import ArmBook
 from services.gateway.cache import ResultCache
 from services.gateway.ladder import LEVELS, LadderController
@@ -26,7 +27,7 @@ from strata.security import KeyRing
 
 log = logging.getLogger(__name__)
 LIVE_GATEWAY = (
-    "rate_limits", "ladder", "cache", "breaker", "coalesce", "default_timeout_seconds",
+    "rate_limits", "ladder", "cache", "breaker", "flights", "default_timeout_seconds",
     "upstream_timeout_seconds", "api_keys",
 )  # fmt: skip
 LIVE_PIPELINE = ("latency_objective_ms", "cache", "default_answer")
@@ -41,8 +42,9 @@ class Runtime:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self.upstreams = Upstreams(settings)
-        self.limiter = RateLimiter(settings.gateway.rate_limits)
-        self.keys = KeyRing(settings.gateway.api_keys)
+        self.admission = Admission(
+            RateLimiter(settings.gateway.rate_limits), KeyRing(settings.gateway.api_keys)
+        )
         self.ladder = LadderController(
             settings.gateway.ladder, _objectives(settings), _on_level_change
         )
@@ -54,7 +56,13 @@ class Runtime:
         self.shadow = ShadowRunner(self.upstreams)
         self.arms = ArmBook()
         self.orchestrator = Orchestrator(
-            self.upstreams, self.ladder, self.cache, self.routers, self.shadow, self.arms
+            self.upstreams,
+            self.ladder,
+            self.cache,
+            self.routers,
+            self.shadow,
+            self.arms,
+            settings.gateway.flights,
         )
         self._ticker: asyncio.Task | None = None
 
@@ -82,6 +90,7 @@ class Runtime:
             self._ticker.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._ticker
+        await self.orchestrator.flights.close()
         await self.shadow.close()
         await self.upstreams.close()
 
@@ -102,16 +111,15 @@ class Runtime:
     def _apply_gateway(self, new: Settings) -> list[str]:
         old, gateway = self.settings.gateway, new.gateway
         changed = [key for key in LIVE_GATEWAY if getattr(old, key) != getattr(gateway, key)]
-        self.limiter.configure(gateway.rate_limits)
-        self.keys = KeyRing(gateway.api_keys)
+        self.admission.limiter.configure(gateway.rate_limits)
+        self.admission.keys = KeyRing(gateway.api_keys)
         self.ladder.settings = gateway.ladder
         self.ladder.objectives = _objectives(new)
         self.cache.configure(gateway.cache)
         for hop in self.upstreams.hops:
             hop.breaker.settings = gateway.breaker
             hop.timeout = gateway.upstream_timeout_seconds
-        for calls in self.upstreams.coalescers:
-            calls.settings = gateway.coalesce
+        self.orchestrator.flights.settings = gateway.flights
         return [f"gateway.{key}" for key in changed]
 
     def _apply_pipelines(self, new: Settings) -> list[str]:

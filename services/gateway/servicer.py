@@ -8,23 +8,15 @@ from collections.abc import AsyncIterator
 
 import grpc
 
-from services.gateway.metrics import LATENCY, RATE_LIMITED, REQUESTS
-from services.gateway.orchestrator import Answer, Budget, ClientRequest
+from services.gateway.metrics import LATENCY, REQUESTS
+from services.gateway.request import Answer, Budget, ClientRequest
 from services.gateway.runtime import Runtime
 from strata import codec
 from strata.config import Pipeline
-from strata.errors import (
-    NotFound,
-    Overloaded,
-    Unauthenticated,
-    grpc_errors,
-    status_of,
-)
-from strata.policies import RateLimits
+from strata.errors import NotFound, grpc_errors, status_of
 from strata.proto.inference import grpc_service_pb2 as v2
 from strata.proto.inference import grpc_service_pb2_grpc as v2_grpc
-from strata.security import KeyRing, key_hash
-from strata.telemetry import annotate, shapes
+from strata.telemetry import annotate, recording, shapes
 from strata.v2meta import metadata_response, model_config
 from strata.v2stream import answer_stream
 
@@ -33,25 +25,6 @@ SERVER_NAME = "strata"
 VERSION = "0.1.0"
 PIPELINE_VERSION = "1"
 ARM_PARAMETER = "strata.arm"
-
-
-def client_key(metadata: dict[str, str], peer: str, limits: RateLimits, keys: KeyRing) -> str:
-    """Who is calling: the client id of a valid API key (required when keys are configured),
-    else a hash of an unregistered key, a client id header, or the peer host."""
-    key = metadata.get(limits.api_key_header)
-    if keys:
-        client = keys.client(key)
-        if client is None:
-            raise Unauthenticated(
-                f"a valid API key is required in the {limits.api_key_header!r} metadata"
-            )
-        return f"id:{client}"
-    if key:
-        return "key:" + key_hash(key)[:16]
-    client = metadata.get(limits.client_header)
-    if client:
-        return f"id:{client}"
-    return "peer:" + peer.rsplit(":", 1)[0]
 
 
 class GatewayServicer(v2_grpc.GRPCInferenceServiceServicer):
@@ -71,9 +44,7 @@ class GatewayServicer(v2_grpc.GRPCInferenceServiceServicer):
         return pipeline
 
     def _client(self, context: grpc.aio.ServicerContext) -> str:
-        runtime = self._runtime
-        metadata = dict(context.invocation_metadata() or ())
-        return client_key(metadata, context.peer(), runtime.limiter.limits, runtime.keys)
+        return self._runtime.admission.identify(context)
 
     async def ServerLive(self, request, context) -> v2.ServerLiveResponse:
         return v2.ServerLiveResponse(live=True)
@@ -154,23 +125,21 @@ class GatewayServicer(v2_grpc.GRPCInferenceServiceServicer):
         self, request: v2.ModelInferRequest, context: grpc.aio.ServicerContext
     ) -> v2.ModelInferResponse:
         runtime = self._runtime
-        client = self._client(context)
-        admitted, wait, scope = runtime.limiter.admit(client)
-        if not admitted:
-            RATE_LIMITED.labels(scope).inc()
-            raise Overloaded(f"rate limit ({scope}) exceeded; retry in {wait:.3f}s", wait)
+        client = runtime.admission.admit(context)
         pipeline = self._pipeline(request.model_name, request.model_version)
         wanted = codec.requested_outputs(request, [spec.name for spec in pipeline.outputs])
         remaining = context.time_remaining()
         default = runtime.settings.gateway.default_timeout_seconds
         forced = request.parameters.get(ARM_PARAMETER)
         arrays = codec.request_inputs(request)
-        annotate(pipeline=request.model_name, input_shapes=shapes(arrays))
+        if recording():
+            annotate(pipeline=request.model_name, input_shapes=shapes(arrays))
         answer = await runtime.orchestrator.infer(
             ClientRequest(
                 pipeline_name=request.model_name,
                 pipeline=pipeline,
                 arrays=arrays,
+                inputs=codec.raw_inputs(request, arrays),
                 request_id=request.id,
                 client=client,
                 forced_arm=forced.string_param if forced is not None else "",
@@ -178,13 +147,14 @@ class GatewayServicer(v2_grpc.GRPCInferenceServiceServicer):
                 parameters=_string_parameters(request),
             )
         )
-        annotate(
-            arm=answer.arm,
-            model_version=answer.model_version,
-            level=answer.level,
-            degraded=answer.degraded or "no",
-            output_shapes=shapes(answer.outputs),
-        )
+        if recording():
+            annotate(
+                arm=answer.arm,
+                model_version=answer.model_version,
+                level=answer.level,
+                degraded=answer.degraded or "no",
+                output_shapes=shapes(answer.outputs),
+            )
         return _response(request, answer, wanted)
 
 

@@ -3,7 +3,8 @@
 Every call passes on what is left of the caller's deadline; every failure comes back as the
 upstream's own status code with the hop named in the message. gRPC's retry policy (in the
 channel's service config) retries UNAVAILABLE on another replica; the breaker sees only what
-is left after those retries.
+is left after those retries. Trace context goes in each call's metadata, and a client span
+is made only when the call's trace is sampled (strata.telemetry.outgoing).
 """
 
 from __future__ import annotations
@@ -16,13 +17,13 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from services.gateway.breaker import CircuitBreaker
-from services.gateway.coalescer import Coalescer
 from services.gateway.metrics import BREAKER_OPEN, UPSTREAM_CALLS
 from strata.channels import open_channel
 from strata.config import ServiceEndpoint, Settings
 from strata.errors import Unavailable, from_code
 from strata.proto.inference import grpc_service_pb2_grpc as v2_grpc
 from strata.proto.v1 import postprocess_pb2_grpc, preprocess_pb2_grpc
+from strata.telemetry import outgoing
 
 INFERENCE_SERVICE = "inference.GRPCInferenceService"
 
@@ -48,6 +49,10 @@ class Hop:
         if not self.breaker.allow():
             UPSTREAM_CALLS.labels(self.name, "CIRCUIT_OPEN").inc()
             raise Unavailable(f"{self.name}: circuit open after repeated failures")
+        with outgoing(f"{self.name} {method}", metadata) as sent:
+            return await self._call(method, request, budget, sent)
+
+    async def _call(self, method: str, request: Any, budget: float, metadata: Sequence) -> Any:
         hop_bound = self.timeout < budget
         code = grpc.StatusCode.CANCELLED
         try:
@@ -82,8 +87,7 @@ class Hop:
 
 
 class Upstreams:
-    """Preprocess, every inference deployment, and postprocess; the first and last carry
-    concurrent requests in shared calls (services/gateway/coalescer.py)."""
+    """Preprocess, every inference deployment, and postprocess."""
 
     def __init__(self, settings: Settings) -> None:
         services = settings.services
@@ -111,13 +115,6 @@ class Upstreams:
             )
             for name, endpoint in services.inference.items()
         }
-        coalesce = settings.gateway.coalesce
-        self.preprocess_calls = Coalescer(self.preprocess, coalesce)
-        self.postprocess_calls = Coalescer(self.postprocess, coalesce)
-
-    @property
-    def coalescers(self) -> list[Coalescer]:
-        return [self.preprocess_calls, self.postprocess_calls]
 
     @property
     def hops(self) -> list[Hop]:

@@ -9,15 +9,19 @@ from __future__ import annotations
 import asyncio
 import functools
 from collections.abc import AsyncIterator
+from dataclasses import replace
+from itertools import accumulate
 
 import grpc
+import numpy as np
 
-from services.inference import reports
+from services.inference import reports, spans
+from services.inference.jobs import Request
 from services.inference.manager import ModelManager
 from services.inference.model import ModelVersion
 from services.inference.params import request_options
-from strata import codec
-from strata.errors import InvalidArgument, grpc_errors
+from strata import codec, flight
+from strata.errors import InvalidArgument, grpc_errors, status_of
 from strata.proto.inference import grpc_service_pb2 as v2
 from strata.proto.inference import grpc_service_pb2_grpc as v2_grpc
 from strata.v2meta import metadata_response, model_config
@@ -91,8 +95,44 @@ class InferenceServicer(v2_grpc.GRPCInferenceServiceServicer):
         arrays = codec.request_inputs(request)
         now = asyncio.get_running_loop().time()
         options = request_options(request.parameters, context.time_remaining(), now)
+        if flight.is_flight(request.parameters):
+            return await self._flight(model, request, arrays, options, wanted)
         outputs = await model.infer(arrays, options)
         return _response(model, request.id, {name: outputs[name] for name in wanted})
+
+    async def _flight(
+        self,
+        model: ModelVersion,
+        request: v2.ModelInferRequest,
+        arrays: codec.Arrays,
+        options: Request,
+        wanted: list[str],
+    ) -> v2.ModelInferResponse:
+        """A flight (strata.flight): each member queued as a request of its own; the
+        answered members' outputs stacked in order, the others' errors in the parameters."""
+        total = len(next(iter(arrays.values()))) if arrays else 0
+        members = flight.members(request.parameters, total)
+        starts = [0, *accumulate(m.rows for m in members)]
+        now = asyncio.get_running_loop().time()
+        outcomes = await asyncio.gather(
+            *(
+                _member(model, _rows(arrays, starts[i], starts[i + 1]), _own(options, m, now), m)
+                for i, m in enumerate(members)
+            ),
+            return_exceptions=True,
+        )
+        errors = {}
+        for index, outcome in enumerate(outcomes):
+            if isinstance(outcome, BaseException):
+                code, message = status_of(outcome)
+                errors[index] = (code.value[0], message)
+        if len(errors) == len(members):
+            raise outcomes[0]
+        answered = [o for o in outcomes if not isinstance(o, BaseException)]
+        outputs = {name: np.concatenate([o[name] for o in answered]) for name in wanted}
+        response = _response(model, request.id, outputs)
+        flight.set_errors(response.parameters, errors)
+        return response
 
     @grpc_errors
     async def ModelStatistics(self, request, context) -> v2.ModelStatisticsResponse:
@@ -118,6 +158,28 @@ class InferenceServicer(v2_grpc.GRPCInferenceServiceServicer):
     async def RepositoryModelUnload(self, request, context) -> v2.RepositoryModelUnloadResponse:
         await self._models.unload(request.model_name)
         return v2.RepositoryModelUnloadResponse()
+
+
+async def _member(
+    model: ModelVersion, arrays: codec.Arrays, options: Request, member: flight.FlightMember
+) -> codec.Arrays:
+    """One member of a flight through the batcher, in its own trace when that is sampled."""
+    with spans.member(member.traceparent, model.name):
+        return await model.infer(arrays, options)
+
+
+def _rows(arrays: codec.Arrays, start: int, end: int) -> codec.Arrays:
+    return {name: array[start:end] for name, array in arrays.items()}
+
+
+def _own(options: Request, member: flight.FlightMember, now: float) -> Request:
+    """The call's options with the member's own deadline, where it is the sooner."""
+    if not member.timeout_us:
+        return options
+    deadline = now + member.timeout_us / 1e6
+    if options.deadline is not None and options.deadline <= deadline:
+        return options
+    return replace(options, deadline=deadline)
 
 
 def _response(model: ModelVersion, request_id: str, outputs: dict) -> v2.ModelInferResponse:

@@ -7,9 +7,10 @@ queued and which batch it joined.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+from collections.abc import Iterator, Sequence
 
-from opentelemetry import trace
+from opentelemetry import propagate, trace
 from opentelemetry.context import Context
 from opentelemetry.trace import Link, Span, SpanContext, Status, StatusCode
 
@@ -20,6 +21,23 @@ def current() -> SpanContext | None:
     """The caller's span, for a batch to link to."""
     context = trace.get_current_span().get_span_context()
     return context if context.is_valid else None
+
+
+@contextlib.contextmanager
+def member(traceparent: str, model: str) -> Iterator[None]:
+    """For a member of a flight whose trace is sampled: a span of its own in that trace,
+    linked to the flight's call, so its queue wait and its batch link land in its trace.
+    Nothing for an unsampled member (it still reaches its batch's links via the call)."""
+    if not traceparent.endswith("-01"):
+        yield
+        return
+    call = trace.get_current_span().get_span_context()
+    with _tracer.start_as_current_span(
+        f"request {model}",
+        context=propagate.extract({"traceparent": traceparent}),
+        links=[Link(call)] if call.is_valid else [],
+    ):
+        yield
 
 
 def start_batch(model: str, version: str, links: Sequence[SpanContext | None], rows: int) -> Span:

@@ -1,5 +1,7 @@
 """A pipeline's rule chain: its rules in order, when each runs, and one request's pass.
 
+A flight's members share their parameters, so one pass decides for all of them.
+
 Whether a rule runs is decided when its turn comes, in this order:
 1. an optional rule (`core: false`) does not run when the request asks for `core_only`;
 2. a rule with `when` runs only if its condition holds (a request parameter, or a tensor

@@ -1,7 +1,9 @@
 """The rule engine: each request's rule chain on a bounded thread pool, under time limits.
 
 A request's rules run one after another on one worker thread, so a request costs a single
-hand-off to the pool, and requests never wait for each other's rules. The event loop sleeps
+hand-off to the pool, and requests never wait for each other's rules. A flight (several
+client requests stacked, see strata.process) is one request here: its chain runs once, each
+rule once over all its rows, and a rule's time limit applies to that one run. The event loop sleeps
 until the running rule's limit; a rule still running then is abandoned: it is skipped,
 counted, logged with the trace id, and the chain continues on a fresh worker from the next
 rule. The abandoned thread finishes in its own time (a regex stops at its timeout) and its
@@ -76,7 +78,7 @@ class RuleEngine:
     async def run(
         self, pipeline: str, tensors: Tensors, parameters: Mapping[str, str]
     ) -> tuple[Tensors, dict[str, str]]:
-        """One request through its pipeline's rules: its outputs, and info for the caller."""
+        """One request (or flight) through its pipeline's rules: outputs, and caller info."""
         chain = self.get(pipeline)
         state = Pass(chain, tensors, parameters, core_only(parameters))
         if chain.rules:

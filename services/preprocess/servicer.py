@@ -1,7 +1,8 @@
-"""strata.v1.Preprocess: decode, run each request's pipeline, encode.
+"""strata.v1.Preprocess: decode, run each request's (or flight's) pipeline, encode.
 
-The work runs on a worker thread: decoding a large image or tokenising a long batch must not
-hold up the event loop, and with it every other call and the health checks.
+The work runs on a worker thread, one hand-off per call: decoding a large image or tokenising
+a long batch must not hold up the event loop, and with it every other call and the health
+checks. A flight's steps run once over its stacked rows (strata.process has the mechanism).
 """
 
 from __future__ import annotations

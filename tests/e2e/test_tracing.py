@@ -29,7 +29,7 @@ def traced(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Superviso
         }
         folder: Path = tmp_path_factory.mktemp("traced")
         # One call in flight per hop: concurrent requests are all but sure to share calls.
-        changes = {"gateway": {"coalesce": {"max_calls": 1}}}
+        changes = {"gateway": {"flights": {"max_in_air": 1}}}
         with running_system(folder, changes, env=env) as system:
             yield system, receiver
 
@@ -113,35 +113,33 @@ def test_a_batch_span_links_the_requests_it_carried(traced) -> None:
     assert batch.attributes["batch.requests"] >= 2
 
 
-def test_a_request_in_a_shared_call_keeps_its_whole_trace(traced) -> None:
+def test_a_request_in_a_flight_keeps_its_whole_trace(traced) -> None:
     system, receiver = traced
     for _ in range(5):
         trace_ids, _ = burst(system, receiver, 24)
-        shared = [
-            t
-            for t in trace_ids
-            if any(s.name == "preprocess in a shared call" for s in receiver.trace(t))
-        ]
-        if shared:
+        flown = [t for t in trace_ids if any(s.name == "request digits" for s in receiver.trace(t))]
+        if flown:
             break
-    assert shared, "no two concurrent requests shared a preprocess call"
-    spans = receiver.trace(shared[0])
-    root_of(spans)
-    waiting = next(s for s in spans if s.name == "preprocess in a shared call")
-    mine = next(s for s in spans if s.name == "request digits" and s.parent_id == waiting.span_id)
-    assert mine.service == "strata-preprocess"
-    steps = [s for s in spans if s.name.startswith("step ")]
-    assert steps and all(s.parent_id == mine.span_id for s in steps)
-    calls = [s for s in receiver.all_spans() if s.name == "preprocess call"]
-    carrier = next(c for c in calls if waiting.span_id in c.links)
-    assert carrier.trace_id != shared[0] and carrier.attributes["strata.requests"] >= 2
-    assert mine.links == (carrier_server_span(receiver, carrier),)
+    assert flown, "no two concurrent requests shared a flight"
+    spans = receiver.trace(flown[0])
+    root = root_of(spans)
+    mine = {s.service: s for s in spans if s.name == "request digits"}
+    assert {"strata-preprocess", "strata-postprocess"} <= set(mine)
+    assert all(s.parent_id == root.span_id for s in mine.values())
+    flight = next(s for s in receiver.all_spans() if s.name == "flight" and root.span_id in s.links)
+    assert flight.trace_id != flown[0] and flight.attributes["strata.requests"] >= 2
+    # The flight's shared work is in the flight's trace, linked from each request's span.
+    shared = receiver.wait_for(flight.trace_id, LAYERS - {"strata-inference"})
+    server = server_span_of(shared, flight, "preprocess")
+    assert mine["strata-preprocess"].links == (server,)
+    run = next(s for s in shared if s.name == "flight digits" and s.parent_id == server)
+    steps = [s for s in shared if s.name.startswith("step ")]
+    assert steps and all(s.parent_id == run.span_id for s in steps)
 
 
-def carrier_server_span(receiver: Receiver, call: Span) -> str:
-    """The span id of the preprocess server span of the gateway's shared `call`."""
-    spans = receiver.wait_for(call.trace_id, {"strata-gateway", "strata-preprocess"})
-    client = next(s for s in spans if s.parent_id == call.span_id)
+def server_span_of(spans: list[Span], flight: Span, layer: str) -> str:
+    """The span id of `layer`'s server span for the gateway's call in `flight`."""
+    client = next(s for s in spans if s.parent_id == flight.span_id and layer in s.name)
     return next(s.span_id for s in spans if s.parent_id == client.span_id)
 
 

@@ -232,26 +232,25 @@ def set_objective(world: InProcess, admin, milliseconds: float) -> list[str]:
     return reload_with(world, admin, change)
 
 
-def shared_requests(hop: str) -> float:
-    """Requests the gateway sent to `hop` beyond one per call."""
-    labels = {"hop": hop}
-    total = REGISTRY.get_sample_value("strata_gateway_call_requests_sum", labels) or 0.0
-    return total - (REGISTRY.get_sample_value("strata_gateway_call_requests_count", labels) or 0.0)
+def shared_requests() -> float:
+    """Requests the gateway's flights carried beyond one per flight."""
+    total = REGISTRY.get_sample_value("strata_gateway_flight_requests_sum") or 0.0
+    return total - (REGISTRY.get_sample_value("strata_gateway_flight_requests_count") or 0.0)
 
 
-def test_concurrent_requests_share_calls_and_each_gets_its_own_answer(
+def test_concurrent_requests_share_flights_and_each_gets_its_own_answer(
     world, gateway, admin
 ) -> None:
     images = [np.full((1, 8, 8), 7 * i, np.uint8) for i in range(12)]
     arm = {"strata.arm": "control"}  # the same model version for every answer
     alone = [infer(gateway, f"alone-{i}", image=image, **arm) for i, image in enumerate(images)]
-    before = {hop: shared_requests(hop) for hop in ("preprocess", "postprocess")}
+    before = shared_requests()
     original = world.settings.source.read_text()
     applied = reload_with(
         world,
         admin,
         lambda raw: raw["gateway"].update(
-            coalesce={"max_calls": 1, "max_requests": 8}, upstream_timeout_seconds=5
+            flights={"max_in_air": 1, "max_requests": 8}, upstream_timeout_seconds=5
         ),
     )
     together: dict[int, v2.ModelInferResponse] = {}
@@ -268,8 +267,8 @@ def test_concurrent_requests_share_calls_and_each_gets_its_own_answer(
     finally:
         world.settings.source.write_text(original)
         admin.Reload(admin_pb2.ReloadRequest(), metadata=AUTH)
-    assert applied == ["gateway.coalesce", "gateway.upstream_timeout_seconds"]
-    assert all(shared_requests(hop) > before[hop] for hop in before), "no call was shared"
+    assert applied == ["gateway.flights", "gateway.upstream_timeout_seconds"]
+    assert shared_requests() > before, "no flight carried two requests"
     for i, answer in enumerate(alone):
         assert together[i].raw_output_contents == answer.raw_output_contents
 

@@ -18,7 +18,7 @@ import pytest
 import yaml
 
 from services.inference.app import build
-from strata import codec
+from strata import codec, flight
 from strata.config import load_settings
 from strata.proto.inference import grpc_service_pb2 as v2
 from strata.proto.inference import grpc_service_pb2_grpc as v2_grpc
@@ -292,3 +292,47 @@ def test_the_stream_answers_each_request_batched_and_reports_bad_ones(tmp_path: 
             y = codec.response_outputs(answer.infer_response)["y"]
             np.testing.assert_allclose(y, expected, rtol=1e-4)
     assert max(sizes) > 1, "requests of one stream share batches"
+
+
+def flight_request(model: str, members: list[dict], **parameters: str) -> v2.ModelInferRequest:
+    """One v2 request over the members' stacked rows, as the gateway sends a flight."""
+    stacked = {name: np.concatenate([m[name] for m in members]) for name in members[0]}
+    request = codec.build_request(model, stacked)
+    rows = ",".join(str(len(next(iter(m.values())))) for m in members)
+    request.parameters[flight.ROWS].string_param = rows
+    for key, value in parameters.items():
+        request.parameters[key].string_param = value
+    return request
+
+
+def test_a_flight_queues_each_member_as_its_own_request(tmp_path: Path) -> None:
+    manifest = {"padding": {"ids": 0, "mask": 0}}
+    write_version(tmp_path / "repo", "pool", 1, pooling_model(), tokens([2, 4]), manifest)
+    members = tokens([4, 4, 4, 4, 4], seed=5)
+    members[2] = {"ids": np.array([[1, 99, 2, 3]], np.int64), "mask": np.ones((1, 4), np.float32)}
+    members[1] = {name: np.concatenate([a, a]) for name, a in members[1].items()}  # two rows
+    timeouts = ",".join(["5000000", "5000000", "5000000", "1", "5000000"])
+    request = flight_request("pool", members, **{flight.TIMEOUTS: timeouts})
+    with inference_server(tmp_path, ["pool"]) as stub:
+        before = statistics(stub, "pool").inference_stats
+        reply = stub.ModelInfer(request, timeout=30)
+        after = statistics(stub, "pool").inference_stats
+    errors = flight.member_errors(reply.parameters, len(members))
+    assert sorted(errors) == [2, 3]
+    assert errors[2][0] == grpc.StatusCode.INVALID_ARGUMENT.value[0]
+    assert errors[3][0] == grpc.StatusCode.DEADLINE_EXCEEDED.value[0]
+    pooled = codec.response_outputs(reply)["pooled"]
+    expected = np.concatenate([run(pooling_model(), members[i])["pooled"] for i in (0, 1, 4)])
+    np.testing.assert_allclose(pooled, expected, rtol=1e-5)
+    assert after.success.count - before.success.count == 3, "each member is a request"
+    assert after.fail.count - before.fail.count == 1
+
+
+def test_a_flight_whose_rows_do_not_add_up_is_refused(tmp_path: Path) -> None:
+    write_version(tmp_path / "repo", "pool", 1, pooling_model(), tokens([2, 4]), {})
+    request = flight_request("pool", tokens([3, 3], seed=1))
+    request.parameters[flight.ROWS].string_param = "1,2"
+    with inference_server(tmp_path, ["pool"]) as stub, pytest.raises(grpc.RpcError) as raised:
+        stub.ModelInfer(request, timeout=30)
+    assert raised.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert flight.ROWS in raised.value.details()

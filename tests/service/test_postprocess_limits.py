@@ -1,4 +1,5 @@
-"""The postprocess servicer on a real aio server: time limits and requests kept apart.
+"""The postprocess servicer on a real aio server: time limits, requests kept apart, and
+flights (the default config's pipelines, and a rule overrunning in a flight).
 
 Rules registered here exist only in this process, so the server runs in process too.
 """
@@ -17,17 +18,21 @@ import grpc
 import numpy as np
 import pytest
 
+from services.postprocess.app import build_engine
 from services.postprocess.chain import build_chain
 from services.postprocess.engine import RuleEngine
 from services.postprocess.rules import RULES, RuleContext
 from services.postprocess.rules.base import Tensors
 from services.postprocess.servicer import PostprocessServicer
 from strata import codec
-from strata.config import Pipeline, PostprocessSettings, ServerSettings
+from strata.config import Pipeline, PostprocessSettings, ServerSettings, load_settings
+from strata.errors import InvalidArgument
 from strata.process import raise_for_result
 from strata.proto.v1 import postprocess_pb2_grpc
 from strata.proto.v1 import tensor_pb2 as v1
 from strata.server import start_server
+from tests.support.flight_requests import alone, by_member, flight
+from tests.support.system import make_config
 
 LIMIT = 0.2
 MARGIN = 0.15
@@ -55,6 +60,28 @@ def _nap(options: Mapping[str, Any], base_dir: Path) -> Nap:
     return Nap(options["input"])
 
 
+@dataclass
+class Refuse:
+    """Test-only: refuses a batch with a negative logit in its first column."""
+
+    input: str
+    name: str = "test_refuse"
+
+    @property
+    def inputs(self) -> tuple[str, ...]:
+        return (self.input,)
+
+    def apply(self, tensors: Tensors, context: RuleContext) -> Tensors:
+        if (tensors[self.input][:, 0] < 0).any():
+            raise InvalidArgument("a negative first logit")
+        return tensors
+
+
+@RULES.register("test_refuse")
+def _refuse(options: Mapping[str, Any], base_dir: Path) -> Refuse:
+    return Refuse(options["input"])
+
+
 PIPELINE = Pipeline.model_validate(
     {
         "inputs": [{"name": "x", "datatype": "FP32", "shape": [-1, 3]}],
@@ -66,6 +93,7 @@ PIPELINE = Pipeline.model_validate(
         "postprocess": [
             {"kind": "softmax", "input": "logits", "output": "probabilities"},
             {"kind": "test_nap", "input": "logits", "when": {"parameter": "slow"}},
+            {"kind": "test_refuse", "input": "logits", "when": {"parameter": "strict"}},
             {
                 "kind": "topk",
                 "input": "probabilities",
@@ -85,10 +113,16 @@ PIPELINE = Pipeline.model_validate(
 )
 
 
-@asynccontextmanager
-async def postprocess() -> AsyncIterator[postprocess_pb2_grpc.PostprocessStub]:
+def new_engine() -> RuleEngine:
     settings = PostprocessSettings(rule_timeout_seconds=LIMIT)
-    engine = RuleEngine({"p": build_chain("p", PIPELINE, Path("."), settings)}, settings)
+    return RuleEngine({"p": build_chain("p", PIPELINE, Path("."), settings)}, settings)
+
+
+@asynccontextmanager
+async def postprocess(
+    engine: RuleEngine | None = None,
+) -> AsyncIterator[postprocess_pb2_grpc.PostprocessStub]:
+    engine = engine or new_engine()
     registration = (
         PostprocessServicer(engine),
         postprocess_pb2_grpc.add_PostprocessServicer_to_server,
@@ -162,3 +196,69 @@ def test_core_only_over_the_wire(flag: str, outputs: set) -> None:
 
     result = asyncio.run(go()).results[0]
     assert set(raise_for_result(result)) == outputs and not result.info
+
+
+# Flights
+
+
+def calls(engine: RuleEngine, *requests: v1.Request) -> list[tuple[v1.Result, float]]:
+    """Each request in a call of its own, in turn: its result, and how long the call took."""
+
+    async def go():
+        async with postprocess(engine) as stub:
+            out = []
+            for request in requests:
+                started = time.monotonic()
+                reply = await stub.Process(v1.ProcessRequest(requests=[request]))
+                out.append((reply.results[0], time.monotonic() - started))
+            return out
+
+    return asyncio.run(go())
+
+
+def logits(*first: float) -> dict[str, dict[str, np.ndarray]]:
+    """One member per value: LOGITS with that first logit."""
+    return {
+        f"m{i}": {"logits": np.array([[value, 3.0, 1.0]], np.float32)}
+        for i, value in enumerate(first)
+    }
+
+
+def test_a_rule_overrunning_in_a_flight_is_skipped_once_for_the_flight() -> None:
+    engine = new_engine()
+    _, (result, elapsed) = calls(engine, item("warm"), flight("p", logits(0, 0, 0), slow="1"))
+    assert elapsed < LIMIT + MARGIN
+    assert dict(result.info) == {"skipped_rules": "test_nap"}
+    assert all(out["label"].tolist() == [[b"b"]] for out in by_member(result).values())
+    assert engine.metrics.overruns() == {("p", "test_nap"): 1}
+    assert engine.metrics.snapshot()[("p", "softmax")].count == 2  # the warm-up, the flight
+
+
+def test_a_member_a_rule_refuses_fails_alone() -> None:
+    ((result, _),) = calls(new_engine(), flight("p", logits(0, -1, 0.5), strict="1"))
+    answers = by_member(result)
+    assert answers["m1"].code == grpc.StatusCode.INVALID_ARGUMENT
+    assert str(answers["m1"]) == "a negative first logit"
+    assert answers["m0"]["label"].tolist() == answers["m2"]["label"].tolist() == [[b"b"]]
+    assert [m.rows for m in result.members] == [1, 0, 1]
+
+
+@pytest.mark.parametrize(("pipeline", "classes"), [("digits", 10), ("tabular", 2)])
+def test_a_default_pipeline_flight_runs_each_rule_once_and_matches_separate_requests(
+    tmp_path: Path, pipeline: str, classes: int
+) -> None:
+    engine = build_engine(load_settings(make_config(tmp_path)))
+    rng = np.random.default_rng(classes)
+    group = {
+        f"m{i}": {"logits": rng.normal(size=(n, classes)).astype(np.float32)}
+        for i, n in enumerate([2, 1, 3])
+    }
+    (flown, _), *separate = calls(engine, flight(pipeline, group), *alone(pipeline, group))
+    rules = {rule: s.count for (name, rule), s in engine.metrics.snapshot().items()}
+    assert rules == {"softmax": 4, "topk": 4, "labels": 4}  # once for the flight, 3 alone
+    answers = by_member(flown)
+    for result, _ in separate:
+        expected = raise_for_result(result)
+        assert answers[result.id].keys() == expected.keys()
+        for name, array in expected.items():
+            np.testing.assert_array_equal(answers[result.id][name], array)

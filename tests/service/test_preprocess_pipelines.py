@@ -1,5 +1,6 @@
 """The preprocess servicer on a real aio server: image and text pipelines over the wire,
-bad requests failing alone, per-step timings, and slow requests not blocking others."""
+bad requests failing alone, per-step timings, slow requests not blocking others, and flights
+of the default config's pipelines."""
 
 from __future__ import annotations
 
@@ -19,17 +20,20 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from PIL import Image
 from tokenizers import Tokenizer, models, pre_tokenizers
 
+from services.preprocess.app import build_pipelines
 from services.preprocess.pipeline import Pipelines, build_pipeline
 from services.preprocess.servicer import PreprocessServicer
 from services.preprocess.steps import STEPS
 from services.preprocess.steps.base import Tensors
-from services.preprocess.timings import StepTimings
+from services.preprocess.timings import StepTimings, Summary
 from strata import codec
-from strata.config import Pipeline, ServerSettings
+from strata.config import Pipeline, ServerSettings, load_settings
 from strata.process import raise_for_result
 from strata.proto.v1 import preprocess_pb2_grpc
 from strata.proto.v1 import tensor_pb2 as v1
 from strata.server import start_server
+from tests.support.flight_requests import alone, by_member, flight
+from tests.support.system import make_config
 
 
 @dataclass
@@ -94,11 +98,14 @@ def repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return folder
 
 
-@asynccontextmanager
-async def preprocess(repository: Path, timings: StepTimings) -> AsyncIterator[grpc.aio.Channel]:
-    pipelines = Pipelines(
+def built(repository: Path, timings: StepTimings) -> Pipelines:
+    return Pipelines(
         {name: build_pipeline(name, spec, repository, timings) for name, spec in SPECS.items()}
     )
+
+
+@asynccontextmanager
+async def preprocess(pipelines: Pipelines) -> AsyncIterator[grpc.aio.Channel]:
     registration = (
         PreprocessServicer(pipelines),
         preprocess_pb2_grpc.add_PreprocessServicer_to_server,
@@ -129,9 +136,9 @@ def png(pixels: np.ndarray) -> bytes:
     return buffer.getvalue()
 
 
-def call(repository: Path, timings: StepTimings, *requests: v1.Request) -> list[v1.Result]:
+def call(pipelines: Pipelines, *requests: v1.Request) -> list[v1.Result]:
     async def go():
-        async with preprocess(repository, timings) as channel:
+        async with preprocess(pipelines) as channel:
             stub = preprocess_pb2_grpc.PreprocessStub(channel)
             return list((await stub.Process(v1.ProcessRequest(requests=requests))).results)
 
@@ -142,8 +149,7 @@ def test_images_and_text_over_the_wire_with_bad_requests_failing_alone(repositor
     timings = StepTimings()
     white = png(np.full((8, 8), 255, np.uint8))
     results = call(
-        repository,
-        timings,
+        built(repository, timings),
         request("ok", "images", image=strings(white, png(np.zeros((8, 8, 3), np.uint8)))),
         request("cut", "images", image=strings(white[:30])),
         request("huge", "images", image=strings(png(np.zeros((100, 100), np.uint8)))),
@@ -173,7 +179,7 @@ def test_a_slow_request_blocks_neither_other_calls_nor_health(repository: Path) 
         return time.monotonic() - started
 
     async def go():
-        async with preprocess(repository, StepTimings()) as channel:
+        async with preprocess(built(repository, StepTimings())) as channel:
             stub = preprocess_pb2_grpc.PreprocessStub(channel)
             health = health_pb2_grpc.HealthStub(channel)
             slow_call = v1.ProcessRequest(requests=[request("s", "slow", x=np.zeros((1, 1), "f4"))])
@@ -187,3 +193,71 @@ def test_a_slow_request_blocks_neither_other_calls_nor_health(repository: Path) 
 
     slow, fast, check = asyncio.run(go())
     assert slow >= 0.5 and fast < 0.2 and check < 0.2
+
+
+# Flights of the default config's pipelines (built under build/ by `make models`).
+
+
+@pytest.fixture(scope="module")
+def default(tmp_path_factory: pytest.TempPathFactory) -> tuple[Pipelines, StepTimings]:
+    settings = load_settings(make_config(tmp_path_factory.mktemp("default")))
+    timings = StepTimings()
+    return build_pipelines(settings, timings), timings
+
+
+INPUTS = {
+    "digits": lambda rng, n: {"images": rng.integers(0, 256, (n, 16, 16), dtype=np.uint8)},
+    "tabular": lambda rng, n: {"features": rng.normal(size=(n, 30)).astype(np.float32)},
+}
+
+
+def members(pipeline: str, counts: list[int]) -> dict[str, dict[str, np.ndarray]]:
+    """Random inputs of `pipeline`, one member per count of rows."""
+    rng = np.random.default_rng(len(counts))
+    return {f"{pipeline}{i}": INPUTS[pipeline](rng, n) for i, n in enumerate(counts)}
+
+
+def same_as_alone(flown: v1.Result, separate: list[v1.Result]) -> None:
+    """Each member of `flown` answered in `separate` got the same tensors there."""
+    answers = by_member(flown)
+    for result in separate:
+        expected = raise_for_result(result)
+        assert answers[result.id].keys() == expected.keys()
+        for name, array in expected.items():
+            np.testing.assert_array_equal(answers[result.id][name], array)
+
+
+@pytest.mark.parametrize("pipeline", ["digits", "tabular"])
+def test_a_flight_runs_each_step_once_and_matches_separate_requests(
+    default: tuple[Pipelines, StepTimings], pipeline: str
+) -> None:
+    pipelines, timings = default
+    group = members(pipeline, [1, 3, 2])
+    before = timings.snapshot()
+    (flown,) = call(pipelines, flight(pipeline, group))
+    after = timings.snapshot()
+    assert [(m.id, m.rows) for m in flown.members] == [
+        (f"{pipeline}0", 1),
+        (f"{pipeline}1", 3),
+        (f"{pipeline}2", 2),
+    ]
+    steps = [key for key in after if key[0] == pipeline]
+    assert steps and all(after[key].count == before.get(key, Summary()).count + 1 for key in steps)
+    same_as_alone(flown, call(pipelines, *alone(pipeline, group)))
+
+
+def test_a_bad_member_fails_alone_and_an_oversized_flight_still_answers_all(
+    default: tuple[Pipelines, StepTimings],
+) -> None:
+    pipelines, _ = default
+    group = members("tabular", [2, 1, 3])
+    group["tabular1"]["features"][0, 4] = np.nan
+    big = members("tabular", [40, 40])  # 80 rows: over max_batch_size 64 together
+    bad, oversized = call(pipelines, flight("tabular", group), flight("tabular", big))
+    answers = by_member(bad)
+    assert answers["tabular1"].code == grpc.StatusCode.INVALID_ARGUMENT
+    assert "NaN" in str(answers["tabular1"])
+    assert [m.rows for m in bad.members] == [2, 0, 3]
+    del group["tabular1"]
+    same_as_alone(bad, call(pipelines, *alone("tabular", group)))
+    same_as_alone(oversized, call(pipelines, *alone("tabular", big)))

@@ -9,9 +9,11 @@ from services.gateway.cache import Cached, ResultCache, cache_key
 from services.gateway.ladder import LadderController
 from services.gateway.limiter import RateLimiter
 from services.gateway.router import Router
+from strata import codec
 from strata.config import Route, Shadow
 from strata.errors import InvalidArgument, Unavailable
 from strata.policies import Breaker, Cache, Ladder, RateLimits, TokenBucket
+from strata.stack import Raw
 
 
 class Clock:
@@ -151,14 +153,19 @@ def test_cache_is_bounded_and_expires() -> None:
     assert cache.get("k3") is None
 
 
+def raw(name: str, array: np.ndarray) -> list[Raw]:
+    return [Raw(name, codec.datatype_of(array), array.shape, codec.to_raw(array))]
+
+
 def test_cache_key_depends_on_inputs_version_and_pipeline() -> None:
-    x = {"x": np.arange(4, dtype=np.float32)}
+    x = raw("x", np.arange(4, dtype=np.float32))
     key = cache_key("p", "a:1", x)
-    assert key == cache_key("p", "a:1", {"x": np.arange(4, dtype=np.float32)})
+    assert key == cache_key("p", "a:1", raw("x", np.arange(4, dtype=np.float32)))
     assert key != cache_key("p", "a:2", x)
     assert key != cache_key("q", "a:1", x)
-    assert key != cache_key("p", "a:1", {"x": np.arange(4, dtype=np.float64)})
-    assert key != cache_key("p", "a:1", {"x": np.arange(4, dtype=np.float32).reshape(2, 2)})
+    assert key != cache_key("p", "a:1", raw("y", np.arange(4, dtype=np.float32)))
+    assert key != cache_key("p", "a:1", raw("x", np.arange(4, dtype=np.float64)))
+    assert key != cache_key("p", "a:1", raw("x", np.arange(4, dtype=np.float32).reshape(2, 2)))
 
 
 def test_breaker_opens_fails_fast_and_probes() -> None:

@@ -1,13 +1,14 @@
-"""Shared calls: `python -m bench.coalescing --config configs/default.yaml [--quick]`.
+"""Flights: `python -m bench.flights --config configs/default.yaml [--quick]`.
 
-The gateway carries concurrent requests through preprocess and postprocess in shared calls
-(services/gateway/coalescer.py). This measures what that buys, in one run: the system twice,
-side by side on free ports — as configured, and with shared calls off (a call per request,
-`gateway.coalesce.max_calls` beyond any concurrency) — both with the ladder pinned at level 0
-so that only the calls differ. For each pipeline, in rounds that alternate between the two so
-a noisy neighbour hits both alike: capacity (closed loop, many requests in flight) and latency
-at light load (open loop, the same rate for both). Results go to `--out` as coalescing.md
-and coalescing.json.
+Under load the gateway carries concurrent requests through the chain together, in flights
+(`gateway.flights`: `max_in_air` flights at once, each of at most `max_requests` requests and
+`max_rows` rows). This measures what that buys, in one run: the system twice, side by side on
+free ports — as configured, and with flights off (every request its own flight,
+`gateway.flights.max_in_air` beyond any concurrency) — both with the ladder pinned at level 0
+so that only the flights differ. For each pipeline, in rounds that alternate between the two
+so a noisy neighbour hits both alike: capacity (closed loop, many requests in flight) and
+latency at light load (open loop, the same rate for both). Results go to `--out` as
+flights.md and flights.json.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from strata.config import load_settings
 
 RESULTS = Path(__file__).resolve().parent / "results"
 CLIENT = (("x-client-id", "strata-bench"),)
-OFF = {"coalesce": {"max_calls": 1_000_000}}
+OFF = {"flights": {"max_in_air": 1_000_000}}  # every request its own flight
 
 
 @dataclass(frozen=True)
@@ -86,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
             stack.callback(admin.close)
             admin.force(0)
             gateways[side] = supervisor.address("gateway")
-        print("both systems up (shared calls on and off)", flush=True)
+        print("both systems up (flights on and off)", flush=True)
         for round_ in range(timing.rounds):
             for w in loads:
                 order = ("on", "off") if round_ % 2 == 0 else ("off", "on")
@@ -97,9 +98,9 @@ def main(argv: list[str] | None = None) -> int:
     report = _report(args.config, measured, timing)
     print(_markdown(report))
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "coalescing.md").write_text(_markdown(report))
-    (args.out / "coalescing.json").write_text(json.dumps(clean(report), indent=2))
-    print(f"wrote {args.out / 'coalescing.md'}\nwrote {args.out / 'coalescing.json'}")
+    (args.out / "flights.md").write_text(_markdown(report))
+    (args.out / "flights.json").write_text(json.dumps(clean(report), indent=2))
+    print(f"wrote {args.out / 'flights.md'}\nwrote {args.out / 'flights.json'}")
     return 0
 
 
@@ -119,7 +120,7 @@ def _measure(pool: LoadPool, plan: Plan, t: Timing, objective: float, side: Side
 
 def _line(pipeline: str, sides: dict[str, Side]) -> str:
     on, off = sides["on"].capacity[-1], sides["off"].capacity[-1]
-    return f"{pipeline}: shared calls on {on.throughput:.0f}/s, off {off.throughput:.0f}/s"
+    return f"{pipeline}: flights on {on.throughput:.0f}/s, off {off.throughput:.0f}/s"
 
 
 def _report(config: Path, measured: dict[str, dict[str, Side]], timing: Timing) -> dict:
@@ -147,7 +148,7 @@ def _report(config: Path, measured: dict[str, dict[str, Side]], timing: Timing) 
 def _markdown(report: dict) -> str:
     timing = report["timing"]
     lines = [
-        "# Shared calls to preprocess and postprocess",
+        "# Flights: requests carried through the chain together",
         "",
         f"Machine: {report['machine']}. Config: `{report['config']}`, ladder pinned at level 0; "
         f"best of {timing['rounds']} alternating rounds; capacity with "
@@ -169,7 +170,7 @@ def _markdown(report: dict) -> str:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m bench.coalescing", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m bench.flights", description=__doc__)
     parser.add_argument("--config", type=Path, default=Path("configs/default.yaml"))
     parser.add_argument("--quick", action="store_true", help="a smoke run")
     parser.add_argument("--out", type=Path, default=RESULTS, help="where results go")

@@ -1,4 +1,4 @@
-"""The shared-calls benchmark's smoke mode: both systems measured, the results written.
+"""The flights benchmark's smoke mode: both systems measured, the results written.
 
 Nothing here asserts speed: the machine is shared, so only the shape of the results counts.
 """
@@ -11,7 +11,7 @@ from tests.support.system import DEFAULT_CONFIG, ROOT
 
 
 def test_the_quick_run_measures_both_sides_of_every_pipeline(tmp_path) -> None:
-    command = ["-m", "bench.coalescing", "--config", str(DEFAULT_CONFIG), "--quick"]
+    command = ["-m", "bench.flights", "--config", str(DEFAULT_CONFIG), "--quick"]
     done = subprocess.run(
         [sys.executable, *command, "--out", str(tmp_path)],
         cwd=ROOT,
@@ -21,12 +21,12 @@ def test_the_quick_run_measures_both_sides_of_every_pipeline(tmp_path) -> None:
         check=False,
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    report = json.loads((tmp_path / "coalescing.json").read_text())
+    report = json.loads((tmp_path / "flights.json").read_text())
     assert set(report["pipelines"]) == {"digits", "tabular"}
     assert "cores" in report["machine"]
     for measured in report["pipelines"].values():
         for side in ("capacity_on", "capacity_off", "light_on", "light_off"):
             assert measured[side]["count"] > 0 and measured[side]["errors"] == {}, side
         assert measured["capacity_ratio"] > 0
-    table = (tmp_path / "coalescing.md").read_text()
+    table = (tmp_path / "flights.md").read_text()
     assert "| digits |" in table and "| tabular |" in table

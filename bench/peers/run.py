@@ -1,0 +1,156 @@
+"""The peer benchmark's runs: each server started in turn, driven closed-loop, its CPU read."""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from bench import peers
+from bench.load import LoadPool, Plan
+from bench.load.worker import INFER
+from bench.measure import Point, closed, point
+from bench.peers import cpu, report
+from bench.peers.servers import GROUPS, SERVERS, Context, Target, Unavailable, start
+from bench.workloads import has_dataset, workload
+from strata.config import load_settings
+
+RESULTS = Path(__file__).resolve().parents[1] / "results"
+CLIENT = (("x-client-id", "strata-bench"),)
+PIPELINE = "digits"
+
+
+@dataclass(frozen=True)
+class Timing:
+    concurrencies: tuple[int, ...]  # closed loop: requests in flight, one row each
+    seconds: float  # per measured point
+    warmup_seconds: float  # at the same concurrency, before each point
+
+
+FULL = Timing((1, 64), 10.0, 2.0)
+QUICK = Timing((1, 8), 2.0, 0.5)
+
+
+@dataclass
+class Row:
+    """One server at one concurrency."""
+
+    server: str
+    title: str
+    carries: str
+    concurrency: int
+    point: Point
+    cpu_ms: dict[str, float] = field(default_factory=dict)  # per answered request, by process
+
+    @property
+    def cpu_total_ms(self) -> float:
+        return sum(self.cpu_ms.values())
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # stop the servers on the way out
+    timing = QUICK if args.quick else FULL
+    if args.duration is not None:
+        timing = replace(timing, seconds=args.duration)
+    started = time.monotonic()
+    rows, skipped = measure_all(args.config, args.servers, timing, args.workers)
+    result = report.build(rows, skipped, args.config, timing, time.monotonic() - started)
+    print(report.markdown(result))
+    for path in report.write(args.out, args.name, result):
+        print(f"wrote {path}")
+    return 0
+
+
+def measure_all(
+    config: Path, servers: list[str], timing: Timing, workers: int
+) -> tuple[list[Row], dict[str, str]]:
+    """Every chosen server, one group at a time: its rows, and why any was skipped."""
+    settings = load_settings(config)
+    if not has_dataset(PIPELINE):
+        raise SystemExit("no digits demo data set under build/data (`make models` builds it)")
+    w = workload(settings, PIPELINE)
+    rows: list[Row] = []
+    skipped: dict[str, str] = {}
+    with LoadPool(workers) as pool, tempfile.TemporaryDirectory(prefix="strata-peers-") as tmp:
+        ctx = Context(config, w, Path(tmp))
+        for group, members in GROUPS.items():
+            chosen = [s for s in members if s in servers]
+            if not chosen:
+                continue
+            try:
+                with start(group, ctx) as targets:
+                    for target in (t for t in targets if t.server in chosen):
+                        rows += measure(pool, target, timing, w.objective_seconds)
+            except Unavailable as exc:
+                skipped.update(dict.fromkeys(chosen, str(exc)))
+                print(f"{', '.join(chosen)} skipped: {exc}", flush=True)
+    return rows, skipped
+
+
+def measure(pool: LoadPool, target: Target, timing: Timing, objective: float) -> list[Row]:
+    """Closed loop at each concurrency: the figures, and CPU ms per answer of each process."""
+    rows = []
+    for concurrency in timing.concurrencies:
+        plan = Plan(
+            target=target.address,
+            method=INFER,
+            requests=target.requests,
+            metadata=CLIENT,
+            timeout=30,
+            connections=min(concurrency, 8),
+        )
+        closed(pool, plan, concurrency, timing.warmup_seconds)
+        processes = cpu.processes(target.roots())
+        before = cpu.snapshot(processes)
+        results = closed(pool, plan, concurrency, timing.seconds)
+        used = cpu.spent(before, cpu.snapshot(processes))
+        answered = max(int(results.ok.sum()), 1)
+        row = Row(
+            target.server,
+            target.title,
+            target.carries,
+            concurrency,
+            point(f"c={concurrency}", results, objective),
+            {name: seconds * 1000 / answered for name, seconds in used.items()},
+        )
+        print(_line(row), flush=True)
+        rows.append(row)
+    return rows
+
+
+def _line(row: Row) -> str:
+    p = row.point
+    return (
+        f"{row.server} c={row.concurrency}: {p.throughput:.0f}/s, P50 {p.p50_ms:.2f} ms, "
+        f"P99 {p.p99_ms:.2f} ms, CPU {row.cpu_total_ms:.2f} ms/request"
+    )
+
+
+def _servers(text: str) -> list[str]:
+    chosen = [s.strip() for s in text.split(",") if s.strip()]
+    unknown = sorted(set(chosen) - set(SERVERS))
+    if unknown:
+        raise argparse.ArgumentTypeError(f"unknown server(s) {unknown}; choose from {SERVERS}")
+    return chosen
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m bench.peers", description=peers.__doc__)
+    parser.add_argument("--config", type=Path, default=Path("configs/default.yaml"))
+    parser.add_argument("--quick", action="store_true", help="smoke run: c=1 and c=8, 2 s each")
+    parser.add_argument("--duration", type=float, help="seconds per measured point")
+    parser.add_argument(
+        "--servers",
+        type=_servers,
+        default=list(SERVERS),
+        help=f"comma-separated subset of {','.join(SERVERS)} (default: all)",
+    )
+    parser.add_argument("--out", type=Path, default=RESULTS, help="where results go")
+    parser.add_argument("--name", default="peers", help="file stem: NAME.md, .json, .png")
+    parser.add_argument("--workers", type=int, default=2, help="load tool processes")
+    return parser

@@ -1,0 +1,52 @@
+"""Who is calling and whether they may: identity, API keys and token buckets, at the door."""
+
+from __future__ import annotations
+
+import grpc
+
+from services.gateway.limiter import RateLimiter
+from services.gateway.metrics import RATE_LIMITED
+from strata.errors import Overloaded, Unauthenticated
+from strata.policies import RateLimits
+from strata.security import KeyRing, key_hash
+
+
+def client_key(metadata: dict[str, str], peer: str, limits: RateLimits, keys: KeyRing) -> str:
+    """Who is calling: the client id of a valid API key (required when keys are configured),
+    else a hash of an unregistered key, a client id header, or the peer host."""
+    key = metadata.get(limits.api_key_header)
+    if keys:
+        client = keys.client(key)
+        if client is None:
+            raise Unauthenticated(
+                f"a valid API key is required in the {limits.api_key_header!r} metadata"
+            )
+        return f"id:{client}"
+    if key:
+        return "key:" + key_hash(key)[:16]
+    client = metadata.get(limits.client_header)
+    if client:
+        return f"id:{client}"
+    return "peer:" + peer.rsplit(":", 1)[0]
+
+
+class Admission:
+    """Identifies each caller and applies the rate limits; keys and limits reload live."""
+
+    def __init__(self, limiter: RateLimiter, keys: KeyRing) -> None:
+        self.limiter = limiter
+        self.keys = keys
+
+    def identify(self, context: grpc.aio.ServicerContext) -> str:
+        """The caller's client key (UNAUTHENTICATED without a valid API key, when required)."""
+        metadata = dict(context.invocation_metadata() or ())
+        return client_key(metadata, context.peer(), self.limiter.limits, self.keys)
+
+    def admit(self, context: grpc.aio.ServicerContext) -> str:
+        """The caller's client key, once its token buckets allow the request."""
+        client = self.identify(context)
+        admitted, wait, scope = self.limiter.admit(client)
+        if not admitted:
+            RATE_LIMITED.labels(scope).inc()
+            raise Overloaded(f"rate limit ({scope}) exceeded; retry in {wait:.3f}s", wait)
+        return client

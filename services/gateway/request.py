@@ -1,0 +1,56 @@
+"""A client request as the gateway carries it, its budget, and the answer it gets."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from strata.codec import Arrays
+from strata.config import Pipeline, Route
+from strata.errors import DeadlineExceeded
+from strata.stack import Raw
+
+
+class Budget:
+    """What is left of the caller's deadline; work past it is dropped before it costs CPU."""
+
+    def __init__(self, seconds: float) -> None:
+        self._end = time.monotonic() + seconds
+
+    def left(self) -> float:
+        return self._end - time.monotonic()
+
+    def remaining(self, hop: str) -> float:
+        left = self.left()
+        if left <= 0:
+            raise DeadlineExceeded(f"deadline passed before {hop}")
+        return left
+
+
+@dataclass(eq=False)
+class ClientRequest:
+    pipeline_name: str
+    pipeline: Pipeline
+    arrays: Arrays  # decoded views, for validation and the cache
+    inputs: list[Raw]  # the same tensors as they came, forwarded without decoding
+    request_id: str
+    client: str
+    forced_arm: str
+    budget: Budget
+    # The client's string parameters, passed to postprocess rules' `when:` conditions.
+    parameters: dict[str, str] = field(default_factory=dict)
+    # Set by the orchestrator before the request boards its flight.
+    route: Route | None = None
+    version: str = ""
+    level: int = 0
+
+
+@dataclass
+class Answer:
+    outputs: Arrays
+    arm: str
+    model_version: str
+    level: int
+    degraded: str = ""  # "", "cache" or "default"
+    cached: bool = False
+    skipped_rules: str = ""

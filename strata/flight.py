@@ -1,0 +1,99 @@
+"""A flight as one v2 ModelInfer: the stacked rows of several client requests.
+
+The gateway sends a flight to inference as an ordinary v2 batch, with each member's rows,
+trace context and time budget in string parameters, so that any v2 server can stand behind a
+route (it just sees a batch), while Strata's inference service queues each member as a
+request of its own: its own deadline, its own error, its own link from the batch's span.
+
+- `strata.rows`: the members' row counts, in order ("1,1,3").
+- `strata.trace_contexts`: each member's W3C traceparent ("" for none), comma-separated.
+- `strata.timeouts_us`: each member's remaining budget in microseconds.
+- `strata.errors` (in the response): JSON `{"<member index>": [code, message]}` for members
+  that failed; the outputs are stacked over the others, in order.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from strata.errors import InvalidArgument
+from strata.proto.inference import grpc_service_pb2 as v2
+
+ROWS = "strata.rows"
+TRACE_CONTEXTS = "strata.trace_contexts"
+TIMEOUTS = "strata.timeouts_us"
+ERRORS = "strata.errors"
+
+Parameters = Mapping[str, v2.InferParameter]
+
+
+@dataclass(frozen=True)
+class FlightMember:
+    rows: int
+    traceparent: str
+    timeout_us: int  # 0: none of its own
+
+
+def is_flight(parameters: Parameters) -> bool:
+    return ROWS in parameters
+
+
+def members(parameters: Parameters, total_rows: int) -> list[FlightMember]:
+    """The members a flight request declares, checked against the rows it carries."""
+    rows = _integers(parameters, ROWS)
+    if any(r <= 0 for r in rows) or sum(rows) != total_rows:
+        raise InvalidArgument(
+            f"parameter {ROWS!r} must be positive row counts adding up to the batch's "
+            f"{total_rows} rows, got {_text(parameters, ROWS)!r}"
+        )
+    contexts = _text(parameters, TRACE_CONTEXTS).split(",") if TRACE_CONTEXTS in parameters else []
+    timeouts = _integers(parameters, TIMEOUTS) if TIMEOUTS in parameters else []
+    for name, values in ((TRACE_CONTEXTS, contexts), (TIMEOUTS, timeouts)):
+        if values and len(values) != len(rows):
+            raise InvalidArgument(
+                f"parameter {name!r} has {len(values)} entries for {len(rows)} members"
+            )
+    return [
+        FlightMember(r, contexts[i] if contexts else "", timeouts[i] if timeouts else 0)
+        for i, r in enumerate(rows)
+    ]
+
+
+def set_errors(parameters, errors: Mapping[int, tuple[int, str]]) -> None:
+    """Write members' errors into a response's parameters."""
+    if errors:
+        payload = {str(index): [code, message] for index, (code, message) in errors.items()}
+        parameters[ERRORS].string_param = json.dumps(payload)
+
+
+def member_errors(parameters: Parameters, count: int) -> dict[int, tuple[int, str]]:
+    """The members' errors a response reports (none from a server that knows no flights)."""
+    if ERRORS not in parameters:
+        return {}
+    try:
+        payload = json.loads(parameters[ERRORS].string_param)
+        errors = {int(key): (int(code), str(message)) for key, (code, message) in payload.items()}
+    except (ValueError, TypeError) as exc:
+        raise RuntimeError(f"unreadable {ERRORS!r} in an inference response: {exc}") from None
+    if any(not 0 <= index < count for index in errors):
+        raise RuntimeError(f"{ERRORS!r} names a member outside 0..{count - 1}")
+    return errors
+
+
+def _text(parameters: Parameters, name: str) -> str:
+    param = parameters[name]
+    if param.WhichOneof("parameter_choice") != "string_param":
+        raise InvalidArgument(f"parameter {name!r} must be a string")
+    return param.string_param
+
+
+def _integers(parameters: Parameters, name: str) -> list[int]:
+    try:
+        return [int(part) for part in _text(parameters, name).split(",")]
+    except ValueError:
+        raise InvalidArgument(
+            f"parameter {name!r} must be comma-separated integers, got "
+            f"{_text(parameters, name)[:80]!r}"
+        ) from None

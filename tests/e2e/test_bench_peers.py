@@ -1,0 +1,81 @@
+"""The peer benchmark's smoke mode: every server measured (or skipped, saying why), reported.
+
+Nothing here asserts speed: the machine is shared, so only the shape of the results counts.
+MLServer and KServe are installed into venvs of their own on the first run (which needs the
+package index); a peer whose venv cannot be built is skipped, never Strata or the bare server.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.support.system import DEFAULT_CONFIG, ROOT
+
+ALWAYS = ("pipeline", "inference", "bare")
+PEERS = ("mlserver", "kserve")
+
+pytestmark = pytest.mark.timeout(1800)  # the first run installs both peers' venvs
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("peers")
+    command = ["-m", "bench.peers", "--config", str(DEFAULT_CONFIG), "--quick"]
+    done = subprocess.run(
+        [sys.executable, *command, "--out", str(out)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=1700,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return out
+
+
+@pytest.fixture(scope="module")
+def report(results: Path) -> dict:
+    return json.loads((results / "peers.json").read_text())
+
+
+def test_every_report_file_is_written(results: Path) -> None:
+    for suffix in ("md", "json", "png"):
+        assert (results / f"peers.{suffix}").stat().st_size > 0, suffix
+
+
+def test_strata_and_the_bare_server_always_run(report: dict, results: Path) -> None:
+    assert "cores" in report["machine"]
+    table = (results / "peers.md").read_text()
+    for server in ALWAYS:
+        assert server not in report["skipped"], report["skipped"]
+        _check_rows(report, server)
+        assert f"| {report['servers'][server]['title']} |" in table, server
+    pipeline = {r["concurrency"]: r for r in report["servers"]["pipeline"]["rows"]}
+    assert {"gateway", "postprocess", "inference-a"} <= set(pipeline[1]["cpu_ms_per_request"])
+    ratios = report["ratios"]
+    assert ratios["throughput_pipeline_over_bare"] > 0
+    assert ratios["p50_pipeline_minus_inference_ms"] is not None
+
+
+@pytest.mark.parametrize("peer", PEERS)
+def test_each_peer_runs_or_says_why_not(report: dict, results: Path, peer: str) -> None:
+    if peer in report["skipped"]:
+        assert report["skipped"][peer], "a skipped peer needs a reason"
+        assert peer in (results / "peers.md").read_text()
+        pytest.skip(f"{peer}: {report['skipped'][peer]}")
+    _check_rows(report, peer)
+    assert f"| {report['servers'][peer]['title']} |" in (results / "peers.md").read_text()
+    assert report["ratios"][f"throughput_pipeline_over_{peer}"] > 0
+
+
+def _check_rows(report: dict, server: str) -> None:
+    rows = report["servers"][server]["rows"]
+    assert [r["concurrency"] for r in rows] == [1, 8], server
+    for row in rows:
+        assert row["count"] > 0 and row["errors"] == {}, (server, row["errors"])
+        assert row["cpu_ms_per_request_total"] > 0, server

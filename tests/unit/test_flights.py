@@ -1,0 +1,151 @@
+"""How flights form at the gateway (services/gateway/flights.py): alone when idle, together
+under load, bounded, grouped by key, and never carrying a request whose caller has gone."""
+
+import asyncio
+import functools
+
+import pytest
+
+from services.gateway.flights import Flights, Member
+from strata.errors import DeadlineExceeded
+from strata.policies import Flights as FlightSettings
+
+
+def run(test):
+    """Run an async test on a fresh event loop."""
+
+    @functools.wraps(test)
+    def sync() -> None:
+        asyncio.run(test())
+
+    return sync
+
+
+class Recorder:
+    """A chain that answers each member with its request, after being released."""
+
+    def __init__(self) -> None:
+        self.flights: list[list[str]] = []
+        self.release = asyncio.Event()
+        self.release.set()
+
+    async def fly(self, members: list[Member]) -> None:
+        self.flights.append([m.request for m in members])
+        await self.release.wait()
+        for member in members:
+            if member.waiting:
+                member.future.set_result(member.request)
+
+
+def member(name: str, rows: int = 1, seconds: float = 5.0) -> Member:
+    return Member(name, rows, asyncio.get_running_loop().time() + seconds)
+
+
+async def until(condition, seconds: float = 2.0) -> None:
+    for _ in range(int(seconds / 0.001)):
+        if condition():
+            return
+        await asyncio.sleep(0.001)
+    raise AssertionError("condition not reached")
+
+
+async def held(flights: Flights, chain: Recorder, key: str = "k") -> asyncio.Task:
+    """A first request whose flight stays in the air until `chain.release` is set."""
+    chain.release.clear()
+    task = asyncio.create_task(flights.board(key, member("first")))
+    await until(lambda: chain.flights)
+    return task
+
+
+@run
+async def test_a_lone_request_leaves_at_once_alone() -> None:
+    chain = Recorder()
+    flights = Flights(FlightSettings(max_in_air=4), chain.fly)
+    answer = await asyncio.wait_for(flights.board("k", member("one")), 0.5)
+    assert answer == "one" and chain.flights == [["one"]]
+
+
+@run
+async def test_requests_queued_under_load_leave_together_within_bounds() -> None:
+    chain = Recorder()
+    flights = Flights(FlightSettings(max_in_air=1, max_requests=3, max_rows=100), chain.fly)
+    first = await held(flights, chain)
+    waiting = [asyncio.create_task(flights.board("k", member(f"r{i}"))) for i in range(5)]
+    await asyncio.sleep(0.01)
+    assert chain.flights == [["first"]], "nothing leaves while the one flight is in the air"
+    chain.release.set()
+    assert await asyncio.gather(first, *waiting) == ["first", *(f"r{i}" for i in range(5))]
+    assert chain.flights[1:] == [["r0", "r1", "r2"], ["r3", "r4"]]
+
+
+@run
+async def test_a_flight_carries_at_most_max_rows() -> None:
+    chain = Recorder()
+    flights = Flights(FlightSettings(max_in_air=1, max_requests=10, max_rows=4), chain.fly)
+    first = await held(flights, chain)
+    sizes = [3, 1, 2, 2]
+    waiting = [
+        asyncio.create_task(flights.board("k", member(f"r{i}", rows)))
+        for i, rows in enumerate(sizes)
+    ]
+    await asyncio.sleep(0.01)
+    chain.release.set()
+    await asyncio.gather(first, *waiting)
+    assert chain.flights[1:] == [["r0", "r1"], ["r2", "r3"]]
+
+
+@run
+async def test_requests_that_must_not_share_never_share_a_flight() -> None:
+    chain = Recorder()
+    flights = Flights(FlightSettings(max_in_air=1), chain.fly)
+    first = await held(flights, chain)
+    waiting = [
+        asyncio.create_task(flights.board(key, member(f"{key}{i}")))
+        for i in range(2)
+        for key in ("a", "b")
+    ]
+    await asyncio.sleep(0.01)
+    chain.release.set()
+    await asyncio.gather(first, *waiting)
+    assert sorted(chain.flights[1:]) == [["a0", "a1"], ["b0", "b1"]]
+
+
+@run
+async def test_a_request_whose_deadline_passes_in_the_queue_is_not_carried() -> None:
+    chain = Recorder()
+    flights = Flights(FlightSettings(max_in_air=1), chain.fly)
+    first = await held(flights, chain)
+    late = asyncio.create_task(flights.board("k", member("late", seconds=0.02)))
+    kept = asyncio.create_task(flights.board("k", member("kept")))
+    with pytest.raises(DeadlineExceeded):
+        await late
+    chain.release.set()
+    assert await asyncio.gather(first, kept) == ["first", "kept"]
+    assert chain.flights[1:] == [["kept"]]
+
+
+@run
+async def test_a_request_whose_caller_gave_up_is_not_carried() -> None:
+    chain = Recorder()
+    flights = Flights(FlightSettings(max_in_air=1), chain.fly)
+    first = await held(flights, chain)
+    gone = asyncio.create_task(flights.board("k", member("gone")))
+    kept = asyncio.create_task(flights.board("k", member("kept")))
+    await asyncio.sleep(0.01)
+    gone.cancel()
+    chain.release.set()
+    assert await asyncio.gather(first, kept) == ["first", "kept"]
+    assert chain.flights[1:] == [["kept"]]
+
+
+@run
+async def test_a_failing_flight_fails_each_of_its_members_and_nothing_else() -> None:
+    async def broken(members: list[Member]) -> None:
+        raise RuntimeError("the chain broke")
+
+    flights = Flights(FlightSettings(max_in_air=2), broken)
+    results = await asyncio.gather(
+        *(flights.board("k", member(f"r{i}")) for i in range(3)), return_exceptions=True
+    )
+    assert all(isinstance(r, RuntimeError) for r in results)
+    assert flights.in_air == 0

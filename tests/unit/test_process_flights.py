@@ -1,0 +1,229 @@
+"""Flights in strata.process: one run for the stacked rows, each member answered on its own,
+failing members found by running them alone, and member spans only for sampled traces."""
+
+from __future__ import annotations
+
+import asyncio
+import timeit
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+import grpc
+import numpy as np
+import pytest
+from opentelemetry import trace
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import StatusCode
+
+from strata import codec, process
+from strata.codec import Arrays
+from strata.errors import InvalidArgument, StrataError
+from strata.process import process_all, process_all_async, raise_for_result, split_flight
+from strata.proto.v1 import tensor_pb2 as v1
+
+INVALID = grpc.StatusCode.INVALID_ARGUMENT.value[0]
+INTERNAL = grpc.StatusCode.INTERNAL.value[0]
+TRACE = "0af7651916cd43dd8448eb211c80319c"
+
+
+@dataclass
+class Doubler:
+    """Test-only handler: doubles `x`; refuses negative rows, divides by zero on 13, and
+    refuses stacks over `max_rows`. Records the rows of every run."""
+
+    max_rows: int = 64
+    ones: bool = False  # answer one row whatever it was given (cannot be split)
+    tracer: trace.Tracer = field(default_factory=lambda: trace.get_tracer("test"))
+    runs: list[list[float]] = field(default_factory=list)
+
+    def __call__(self, pipeline: str, arrays: Arrays, parameters: Mapping[str, str]):
+        x = arrays["x"]
+        self.runs.append(x[:, 0].tolist())
+        with self.tracer.start_as_current_span("work"):
+            if (x < 0).any():
+                raise InvalidArgument(f"row {int(np.argmax((x < 0).any(axis=1)))} is negative")
+            if (x == 13).any():
+                raise ZeroDivisionError("a bug")
+            if len(x) > self.max_rows:
+                raise InvalidArgument(f"{len(x)} rows is over {self.max_rows}")
+        y = x[:1] * 2 if self.ones else x * 2
+        return {"y": y}, {"skipped_rules": "r"} if parameters.get("skip") else {}
+
+
+def rows(*values: float) -> np.ndarray:
+    return np.array([[v, v] for v in values], np.float32)
+
+
+def flight(members: dict[str, np.ndarray], contexts: dict[str, str] | None = None, **parameters):
+    """A flight of `members` (id -> its rows), stacked in order."""
+    item = v1.Request(
+        id="f",
+        pipeline="p",
+        tensors=codec.arrays_to_tensors({"x": np.concatenate(list(members.values()))}),
+        parameters=parameters,
+    )
+    for rid, x in members.items():
+        carrier = {"traceparent": contexts[rid]} if contexts and rid in contexts else {}
+        item.members.add(id=rid, rows=len(x), trace_context=carrier)
+    return item
+
+
+def sync(handler: Doubler, *items: v1.Request) -> list[v1.Result]:
+    return list(process_all(v1.ProcessRequest(requests=items), handler).results)
+
+
+def concurrent(handler: Doubler, *items: v1.Request) -> list[v1.Result]:
+    async def run(pipeline: str, arrays: Arrays, parameters: Mapping[str, str]):
+        await asyncio.sleep(0)
+        return handler(pipeline, arrays, parameters)
+
+    request = v1.ProcessRequest(requests=items)
+    return list(asyncio.run(process_all_async(request, run)).results)
+
+
+DRIVERS = pytest.mark.parametrize("drive", [sync, concurrent], ids=["sync", "async"])
+Drive = Callable[..., list[v1.Result]]
+
+
+def answers(result: v1.Result) -> dict[str, list | tuple[int, str]]:
+    """Each member's y rows, or its (code, message)."""
+    out: dict[str, list | tuple[int, str]] = {}
+    for member, outcome in zip(result.members, split_flight(result), strict=True):
+        if isinstance(outcome, StrataError):
+            out[member.id] = (member.error.code, member.error.message)
+        else:
+            out[member.id] = outcome["y"][:, 0].tolist()
+    return out
+
+
+@DRIVERS
+def test_a_flight_runs_once_and_answers_each_member(drive: Drive) -> None:
+    handler = Doubler()
+    (result,) = drive(handler, flight({"a": rows(1), "b": rows(2, 3), "c": rows(4)}, skip="1"))
+    assert handler.runs == [[1, 2, 3, 4]]
+    assert [(m.id, m.rows) for m in result.members] == [("a", 1), ("b", 2), ("c", 1)]
+    assert answers(result) == {"a": [2], "b": [4, 6], "c": [8]}
+    assert dict(result.info) == {"skipped_rules": "r"} and not result.HasField("error")
+
+
+@DRIVERS
+def test_a_bad_member_fails_alone_and_the_others_run_together_again(drive: Drive) -> None:
+    handler = Doubler()
+    (result,) = drive(handler, flight({"a": rows(1), "bad": rows(2, -1), "c": rows(4)}))
+    assert handler.runs == [[1, 2, -1, 4], [1], [2, -1], [4], [1, 4]]
+    assert answers(result) == {"a": [2], "bad": (INVALID, "row 1 is negative"), "c": [8]}
+    assert [m.rows for m in result.members] == [1, 0, 1]
+
+
+@DRIVERS
+def test_a_bug_in_the_flight_run_fails_only_its_member(drive: Drive) -> None:
+    handler = Doubler()
+    (result,) = drive(handler, flight({"a": rows(1), "bug": rows(13), "c": rows(-4)}))
+    # Only one member left: its alone-result, no further run.
+    assert handler.runs == [[1, 13, -4], [1], [13], [-4]]
+    out = answers(result)
+    assert out["a"] == [2] and out["c"] == (INVALID, "row 0 is negative")
+    assert out["bug"][0] == INTERNAL and "server log" in out["bug"][1]
+
+
+@DRIVERS
+def test_members_that_succeed_alone_but_not_together_are_stacked(drive: Drive) -> None:
+    handler = Doubler(max_rows=2)
+    (result,) = drive(handler, flight({"a": rows(1), "b": rows(2, 3), "c": rows(4)}))
+    assert handler.runs == [[1, 2, 3, 4], [1], [2, 3], [4]]
+    assert answers(result) == {"a": [2], "b": [4, 6], "c": [8]}
+
+
+@DRIVERS
+def test_outputs_that_do_not_keep_the_rows_fail_their_members(drive: Drive) -> None:
+    (result,) = drive(Doubler(ones=True), flight({"a": rows(1, 2), "b": rows(3, 4)}))
+    for code, message in answers(result).values():
+        assert code == INTERNAL
+        assert "output 'y' has shape [1, 2], not 2 rows first" in message
+
+
+@pytest.mark.parametrize(
+    ("counts", "words"),
+    [([1, 1], "the members' 2 rows"), ([3, 0], "member 'm1' has 0 rows")],
+)
+def test_a_malformed_flight_fails_every_member_without_running(counts, words) -> None:
+    handler = Doubler()
+    item = v1.Request(id="f", pipeline="p", tensors=codec.arrays_to_tensors({"x": rows(1, 2, 3)}))
+    for i, count in enumerate(counts):
+        item.members.add(id=f"m{i}", rows=count)
+    (result,) = sync(handler, item)
+    assert handler.runs == []
+    assert all(m.error.code == INVALID and words in m.error.message for m in result.members)
+
+
+@DRIVERS
+def test_a_plain_request_is_unchanged_beside_a_flight(drive: Drive) -> None:
+    plain = v1.Request(id="plain", pipeline="p", tensors=codec.arrays_to_tensors({"x": rows(5)}))
+    bad = v1.Request(id="bad", pipeline="p", tensors=codec.arrays_to_tensors({"x": rows(-5)}))
+    handler = Doubler()
+    results = drive(handler, plain, flight({"a": rows(1), "b": rows(2)}), bad)
+    assert [r.id for r in results] == ["plain", "f", "bad"]
+    assert not results[0].members
+    assert raise_for_result(results[0])["y"].tolist() == [[10, 10]]
+    assert answers(results[1]) == {"a": [2], "b": [4]}
+    assert not results[2].members and results[2].error.code == INVALID
+
+
+@dataclass
+class Spans:
+    tracer: trace.Tracer
+    exporter: InMemorySpanExporter
+
+    def named(self, name: str) -> list:
+        return [s for s in self.exporter.get_finished_spans() if s.name == name]
+
+
+@pytest.fixture
+def spans(monkeypatch: pytest.MonkeyPatch) -> Spans:
+    """Spans recorded in memory: strata.process's, and the test's own (`tracer`)."""
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    monkeypatch.setattr(process, "TRACER", provider.get_tracer("strata.process"))
+    return Spans(provider.get_tracer("test"), exporter)
+
+
+def test_sampled_members_get_spans_in_their_own_traces(spans: Spans) -> None:
+    sampled = f"00-{TRACE}-b7ad6b7169203331-01"
+    unsampled = f"00-{'1' * 32}-b7ad6b7169203331-00"
+    item = flight(
+        {"bad": rows(-1), "quiet": rows(2), "plain": rows(3)},
+        contexts={"bad": sampled, "quiet": unsampled},
+    )
+    with spans.tracer.start_as_current_span("call") as call:
+        (result,) = sync(Doubler(tracer=spans.tracer), item)
+    assert answers(result)["quiet"] == [4]
+    (flight_span,) = spans.named("flight p")
+    (member,) = spans.named("request p")
+    assert flight_span.parent.span_id == call.get_span_context().span_id
+    assert flight_span.attributes["strata.requests"] == 3
+    assert [link.context.trace_id for link in flight_span.links] == [int(TRACE, 16)]
+    assert member.context.trace_id == int(TRACE, 16)
+    assert member.parent.span_id == 0xB7AD6B7169203331
+    assert [link.context.span_id for link in member.links] == [call.get_span_context().span_id]
+    assert member.status.status_code == StatusCode.ERROR and "negative" in member.status.description
+    # Every run of the handler (the flight's and the fallback's) is traced in the flight.
+    work = spans.named("work")
+    assert len(work) == 5 and {s.parent.span_id for s in work} == {flight_span.context.span_id}
+
+
+def test_an_unsampled_flight_makes_no_member_spans_and_costs_little(spans: Spans) -> None:
+    count = 2000
+    unsampled = f"00-{TRACE}-b7ad6b7169203331-00"
+    item = flight({f"m{i}": rows(1) for i in range(count)})
+    for member in item.members:
+        member.trace_context["traceparent"] = unsampled
+    handler = Doubler(max_rows=count)
+    (result,) = sync(handler, item)
+    assert len(result.members) == count and len(handler.runs) == 1
+    assert not spans.named("request p")
+    assert all(not s.links for s in spans.named("flight p"))
+    elapsed = min(timeit.repeat(lambda: sync(handler, item), number=1, repeat=5))
+    assert elapsed / count < 30e-6  # per member, on a busy machine; about 4 µs when idle
