@@ -390,6 +390,13 @@ class InferenceSettings(Strict):
             "padding may fill. A request that would push a batch past it waits for one of "
             "lengths nearer its own (a batch pays for its longest request); 1 pads anything.",
         )
+        inline_max_ms: float = Field(
+            default=0.2,
+            ge=0,
+            description="Run a batch on the event loop, not a worker thread, when its measured "
+            "run time is at most this (a thread hand-off costs about 0.2 ms, more than a small "
+            "model's whole batch); 0: always on a worker thread.",
+        )
         max_concurrent_batches: int | None = Field(
             default=None,
             gt=0,
@@ -430,6 +437,18 @@ class InferenceSettings(Strict):
         return names
 
 
+class PreprocessSettings(Strict):
+    """Where the preprocess steps run."""
+
+    inline_max_bytes: int = Field(
+        default=16384,
+        ge=0,
+        description="A call whose tensors hold at most this many bytes runs its steps on the "
+        "event loop (a thread hand-off costs more than the steps of a small input); larger "
+        "calls, e.g. big images or long texts, run on a worker thread so the loop stays free.",
+    )
+
+
 class PostprocessSettings(Strict):
     """The rule engine: time limits and the threads rule chains run on."""
 
@@ -464,6 +483,9 @@ class Settings(BaseSettings):
     repository: Path = Field(description="Model repository folder (relative to the config file).")
     gateway: GatewaySettings = Field(default_factory=GatewaySettings, description="Policies.")
     inference: InferenceSettings = Field(description="Models the inference service serves.")
+    preprocess: PreprocessSettings = Field(
+        default_factory=PreprocessSettings, description="Where the steps run."
+    )
     postprocess: PostprocessSettings = Field(
         default_factory=PostprocessSettings, description="Rule time limits and threads."
     )

@@ -7,8 +7,9 @@ default registry, which also carries the process collector (RSS, CPU seconds).
 from __future__ import annotations
 
 import logging
+from typing import Any
 
-from prometheus_client import Counter, Histogram, start_http_server
+from prometheus_client import Counter, Gauge, Histogram, start_http_server
 
 log = logging.getLogger(__name__)
 
@@ -39,3 +40,18 @@ RPC_DURATION = Histogram(
     ["method"],
     buckets=LATENCY_BUCKETS,
 )
+
+
+class Children:
+    """A labelled metric's children, each resolved once: `labels()` takes a lock and builds
+    its key on every call, which the hot path pays per request."""
+
+    def __init__(self, metric: Counter | Gauge | Histogram) -> None:
+        self.metric = metric
+        self._children: dict[tuple[str, ...], Any] = {}
+
+    def __call__(self, *values: str) -> Any:
+        child = self._children.get(values)
+        if child is None:
+            child = self._children[values] = self.metric.labels(*values)
+        return child

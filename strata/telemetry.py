@@ -15,7 +15,6 @@ import sys
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any
 
 import grpc
 from opentelemetry import propagate, trace
@@ -26,7 +25,7 @@ from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ParentBased, TraceIdRat
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from strata.config import TelemetrySettings
-from strata.metrics import RPC_DURATION, RPCS
+from strata.metrics import RPC_DURATION, RPCS, Children
 
 log = logging.getLogger(__name__)
 
@@ -99,7 +98,8 @@ class ServerTelemetry(grpc.aio.ServerInterceptor):
     at the gateway every client request is a call. Streaming RPCs pass through untraced."""
 
     def __init__(self) -> None:
-        self._counts: dict[tuple[str, str], Any] = {}
+        self._counts = Children(RPCS)
+        self._durations = Children(RPC_DURATION)
 
     async def intercept_service(self, continuation, details):
         handler = await continuation(details)
@@ -127,21 +127,14 @@ class ServerTelemetry(grpc.aio.ServerInterceptor):
                 finally:
                     if span.is_recording():
                         span.set_attribute("rpc.grpc.status_code", code.value[0])
-                    self._count(method, code.name).inc()
-                    RPC_DURATION.labels(method).observe(time.perf_counter() - started)
+                    self._counts(method, code.name).inc()
+                    self._durations(method).observe(time.perf_counter() - started)
 
         return grpc.unary_unary_rpc_method_handler(
             served,
             request_deserializer=handler.request_deserializer,
             response_serializer=handler.response_serializer,
         )
-
-    def _count(self, method: str, code: str):
-        """The counter child for (method, code), resolved once."""
-        child = self._counts.get((method, code))
-        if child is None:
-            child = self._counts[(method, code)] = RPCS.labels(method, code)
-        return child
 
 
 _client_tracer = trace.get_tracer("strata.client")

@@ -111,7 +111,7 @@ def _counters() -> dict[str, float]:
     """Sums of a few counters by their first label: upstream calls, limits, sheds."""
     out: dict[str, float] = {}
     for prefix, metric in (
-        ("upstream_calls", UPSTREAM_CALLS),
+        ("upstream_calls", UPSTREAM_CALLS.metric),
         ("rate_limited", RATE_LIMITED),
         ("shed", SHED),
     ):

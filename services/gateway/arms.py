@@ -27,15 +27,20 @@ class ArmBook:
     def __init__(self) -> None:
         self.figures: dict[tuple[str, str], ArmFigures] = {}
 
-    def record(self, pipeline: str, arm: str, code: str, seconds: float) -> None:
-        figures = self.figures.setdefault((pipeline, arm), ArmFigures())
-        figures.requests += 1
-        ARM_REQUESTS.labels(pipeline, arm, code).inc()
-        if code == "OK":
-            figures.latencies.append(seconds)
-            ARM_LATENCY.labels(pipeline, arm).observe(seconds)
-        else:
-            figures.errors += 1
+    def record(self, pipeline: str, arm: str, code: str, seconds: float, requests: int = 1) -> None:
+        """`requests` answered by `arm` with `code` after `seconds` (a flight's, together)."""
+        figures = self.figures.get((pipeline, arm))
+        if figures is None:
+            figures = self.figures[(pipeline, arm)] = ArmFigures()
+        figures.requests += requests
+        ARM_REQUESTS(pipeline, arm, code).inc(requests)
+        if code != "OK":
+            figures.errors += requests
+            return
+        figures.latencies.extend([seconds] * requests)
+        histogram = ARM_LATENCY(pipeline, arm)
+        for _ in range(requests):
+            histogram.observe(seconds)
 
     def get(self, pipeline: str, arm: str) -> ArmFigures:
         return self.figures.get((pipeline, arm), ArmFigures())

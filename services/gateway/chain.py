@@ -130,8 +130,7 @@ class Chain:
 
     def _record(self, members: list[Member], route: Route, code: str, seconds: float) -> None:
         name = _request(members[0]).pipeline_name
-        for _ in members:
-            self._arms.record(name, route.arm, code, seconds)
+        self._arms.record(name, route.arm, code, seconds, len(members))
 
     async def _fail_over(
         self, failed: Route, members: list[Member], features: Tensors, exc: Unavailable

@@ -2,20 +2,20 @@
 
 from prometheus_client import Counter, Gauge, Histogram
 
-from strata.metrics import LATENCY_BUCKETS
+from strata.metrics import LATENCY_BUCKETS, Children
 
-REQUESTS = Counter(
+REQUESTS = Children(Counter(
     "strata_gateway_requests", "Client requests answered, by pipeline and status code.",
     ["pipeline", "code"],
-)  # fmt: skip
-LATENCY = Histogram(
+))  # fmt: skip
+LATENCY = Children(Histogram(
     "strata_gateway_request_duration_seconds", "Time to answer a client request.",
     ["pipeline"], buckets=LATENCY_BUCKETS,
-)  # fmt: skip
-UPSTREAM_CALLS = Counter(
+))  # fmt: skip
+UPSTREAM_CALLS = Children(Counter(
     "strata_gateway_upstream_calls", "Calls to the layers behind the gateway, by hop and code.",
     ["hop", "code"],
-)  # fmt: skip
+))  # fmt: skip
 RATE_LIMITED = Counter(
     "strata_gateway_rate_limited", "Requests refused by a token bucket.", ["scope"]
 )
@@ -27,21 +27,25 @@ LEVEL_CHANGES = Counter(
 DEGRADED = Counter(
     "strata_gateway_degraded_answers", "Answers marked degraded, by source.", ["source"]
 )
-CACHE = Counter("strata_gateway_cache_lookups", "Result cache lookups.", ["result"])
-ARM_REQUESTS = Counter(
+CACHE = Children(Counter("strata_gateway_cache_lookups", "Result cache lookups.", ["result"]))
+ARM_REQUESTS = Children(Counter(
     "strata_gateway_arm_requests", "Requests per A/B arm, by status code.",
     ["pipeline", "arm", "code"],
-)  # fmt: skip
-ARM_LATENCY = Histogram(
+))  # fmt: skip
+ARM_LATENCY = Children(Histogram(
     "strata_gateway_arm_duration_seconds", "Inference time per A/B arm.",
     ["pipeline", "arm"], buckets=LATENCY_BUCKETS,
-)  # fmt: skip
+))  # fmt: skip
 SHADOW = Counter(
     "strata_gateway_shadow_comparisons", "Shadow answers compared with the primary's.",
     ["pipeline", "result"],
 )  # fmt: skip
-BREAKER_OPEN = Gauge(
-    "strata_gateway_breaker_open", "1 while an upstream's circuit breaker is open.", ["upstream"]
+BREAKER_OPEN = Children(
+    Gauge(
+        "strata_gateway_breaker_open",
+        "1 while an upstream's circuit breaker is open.",
+        ["upstream"],
+    )
 )
 FAILOVERS = Counter(
     "strata_gateway_failovers", "Requests moved to another arm after theirs failed.",

@@ -90,7 +90,7 @@ class Orchestrator:
         pipeline = req.pipeline
         if pipeline.cache or level >= 3:
             hit = self.cache.get(key)
-            CACHE.labels("hit" if hit else "miss").inc()
+            CACHE("hit" if hit else "miss").inc()
             if hit is not None:
                 degraded = "cache" if level >= 3 else ""
                 if degraded:

@@ -118,8 +118,8 @@ class GatewayServicer(v2_grpc.GRPCInferenceServiceServicer):
             raise
         finally:
             name = request.model_name if request.model_name in self._pipelines else "(unknown)"
-            REQUESTS.labels(name, code).inc()
-            LATENCY.labels(name).observe(time.monotonic() - started)
+            REQUESTS(name, code).inc()
+            LATENCY(name).observe(time.monotonic() - started)
 
     async def _infer(
         self, request: v2.ModelInferRequest, context: grpc.aio.ServicerContext

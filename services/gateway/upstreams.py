@@ -47,7 +47,7 @@ class Hop:
         own timeout does: it counts against the breaker and is UNAVAILABLE (retry elsewhere).
         """
         if not self.breaker.allow():
-            UPSTREAM_CALLS.labels(self.name, "CIRCUIT_OPEN").inc()
+            UPSTREAM_CALLS(self.name, "CIRCUIT_OPEN").inc()
             raise Unavailable(f"{self.name}: circuit open after repeated failures")
         with outgoing(f"{self.name} {method}", metadata) as sent:
             return await self._call(method, request, budget, sent)
@@ -74,8 +74,8 @@ class Hop:
             raise from_code(code, f"{self.name}: {exc.details()}") from None
         finally:
             self.breaker.record(code)
-            UPSTREAM_CALLS.labels(self.name, code.name).inc()
-            BREAKER_OPEN.labels(self.name).set(self.breaker.state == "open")
+            UPSTREAM_CALLS(self.name, code.name).inc()
+            BREAKER_OPEN(self.name).set(self.breaker.state == "open")
 
     async def healthy(self, timeout: float) -> bool:
         stub = health_pb2_grpc.HealthStub(self.channel)

@@ -4,7 +4,8 @@ A request of 5 rows counts 5, and no batch exceeds the model's max batch size. A
 the first request in priority order (services/inference/jobs.py) and every later one that can
 share a batch with it while the rows fit; the policy (services/inference/policy.py) says when
 that batch starts. At most `max_concurrent_batches` of one version run at once, in the shared
-worker pool, never on the event loop.
+worker pool; only a batch whose measured run time is below `inline_max_ms` runs on the event
+loop, where it costs less than the hand-off to a worker would.
 
 Requests are refused at once, without running, when the queue is full (RESOURCE_EXHAUSTED) or
 when their deadline has passed or cannot be met given the rows queued ahead and the measured
@@ -53,7 +54,8 @@ class Batcher:
         stats: VersionStats,
     ) -> None:
         self.label = label
-        self.execution = ExecutionModel()
+        self.execution = ExecutionModel()  # start to answers back on the loop
+        self.compute = ExecutionModel()  # the run alone, to decide where a batch runs
         self._arrivals = ArrivalRate()
         self._busy = Utilization(concurrency)
         self._policy = make_policy(settings, max_rows, self.execution, self._arrivals, self._busy)
@@ -207,8 +209,15 @@ class Batcher:
         for job in jobs:
             job.queued, job.batch, job.batch_rows = now - job.enqueued, span, rows
             self._stats.record_queued(job.queued)
+        inputs = [job.inputs for job in jobs]
+        finish = functools.partial(self._finish, loop, jobs, now, span)
+        if self._runs_inline(rows):
+            done = loop.create_future()
+            done.set_result(self._work(inputs))
+            loop.call_soon(finish, done)
+            return
         try:
-            work = loop.run_in_executor(self._executor, self._work, [job.inputs for job in jobs])
+            work = loop.run_in_executor(self._executor, self._work, inputs)
         except RuntimeError as exc:  # the pool is shut down: the service is stopping
             self._running -= 1
             self._busy.change(now, self._running)
@@ -216,7 +225,12 @@ class Batcher:
             self._answer(jobs, [error] * len(jobs), 0.0, now)
             spans.end_batch(span, 0.0, len(jobs))
             return
-        work.add_done_callback(functools.partial(self._finish, loop, jobs, now, span))
+        work.add_done_callback(finish)
+
+    def _runs_inline(self, rows: int) -> bool:
+        """Whether a batch of `rows` is so short that a thread hand-off would cost more."""
+        limit = self._settings.inline_max_ms / 1000
+        return limit > 0 and self.compute.known and self.compute.estimate(rows) <= limit
 
     def _finish(
         self,
@@ -240,6 +254,7 @@ class Batcher:
             # The time a batch takes as the queue sees it: from its start until its answers
             # are back on the loop, hand-offs and a busy loop included, not only the run.
             self.execution.observe(rows, now - started)
+            self.compute.observe(rows, compute)
         self._stats.record_batch(rows, compute)
         self._answer(jobs, outcomes, compute, now)
         spans.end_batch(span, compute, sum(isinstance(o, BaseException) for o in outcomes))

@@ -165,6 +165,7 @@ def load_version(
     validation.validate(model.signature, model.run_requests, cases)
     for rows, seconds in validation.warm(model.signature, model.run_requests, cases):
         model.batcher.execution.observe(rows, seconds)
+        model.batcher.compute.observe(rows, seconds)
     log.info(
         "model %s version %s ready on %s (%d validation cases)",
         name,

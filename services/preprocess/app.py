@@ -22,7 +22,9 @@ def build_pipelines(settings: Settings, timings: StepTimings) -> Pipelines:
 
 async def build(settings: Settings) -> Service:
     timings = StepTimings()
-    servicer = PreprocessServicer(build_pipelines(settings, timings))
+    servicer = PreprocessServicer(
+        build_pipelines(settings, timings), settings.preprocess.inline_max_bytes
+    )
     name = preprocess_pb2.DESCRIPTOR.services_by_name["Preprocess"].full_name
     return Service(
         registrations=[(servicer, preprocess_pb2_grpc.add_PreprocessServicer_to_server, name)],

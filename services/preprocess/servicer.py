@@ -1,8 +1,10 @@
 """strata.v1.Preprocess: decode, run each request's (or flight's) pipeline, encode.
 
-The work runs on a worker thread, one hand-off per call: decoding a large image or tokenising
-a long batch must not hold up the event loop, and with it every other call and the health
-checks. A flight's steps run once over its stacked rows (strata.process has the mechanism).
+A call with more than `preprocess.inline_max_bytes` of tensors runs on a worker thread, one
+hand-off per call: decoding a large image or tokenising a long batch must not hold up the
+event loop, and with it every other call and the health checks. A smaller call runs on the
+loop, since the hand-off would cost more than its steps. A flight's steps run once over its
+stacked rows (strata.process has the mechanism).
 """
 
 from __future__ import annotations
@@ -19,13 +21,17 @@ from strata.proto.v1 import preprocess_pb2_grpc, tensor_pb2
 
 
 class PreprocessServicer(preprocess_pb2_grpc.PreprocessServicer):
-    def __init__(self, pipelines: Pipelines) -> None:
+    def __init__(self, pipelines: Pipelines, inline_max_bytes: int = 0) -> None:
         self._pipelines = pipelines
+        self._inline_max_bytes = inline_max_bytes
 
     @grpc_errors
     async def Process(
         self, request: tensor_pb2.ProcessRequest, context: grpc.aio.ServicerContext
     ) -> tensor_pb2.ProcessResponse:
+        size = sum(len(t.data) for item in request.requests for t in item.tensors)
+        if size <= self._inline_max_bytes:
+            return process_all(request, self._run)
         return await asyncio.to_thread(process_all, request, self._run)
 
     def _run(

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import io
+import threading
 import time
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
@@ -261,3 +262,29 @@ def test_a_bad_member_fails_alone_and_an_oversized_flight_still_answers_all(
     del group["tabular1"]
     same_as_alone(bad, call(pipelines, *alone("tabular", group)))
     same_as_alone(oversized, call(pipelines, *alone("tabular", big)))
+
+
+class ThreadNoting:
+    """A stand-in pipeline that passes its tensors on and notes the thread it ran on."""
+
+    def __init__(self) -> None:
+        self.threads: list[int] = []
+
+    def run(self, tensors: Tensors) -> Tensors:
+        self.threads.append(threading.get_ident())
+        return tensors
+
+
+def test_small_calls_run_on_the_loop_and_large_ones_on_a_worker() -> None:
+    noting = ThreadNoting()
+    servicer = PreprocessServicer(Pipelines({"p": noting}), inline_max_bytes=1024)
+
+    async def go() -> int:
+        for size in (16, 4096):
+            call = v1.ProcessRequest(requests=[request(str(size), "p", x=np.zeros(size, np.uint8))])
+            (result,) = (await servicer.Process(call, None)).results
+            assert not result.HasField("error")
+        return threading.get_ident()
+
+    loop_thread = asyncio.run(go())
+    assert [t == loop_thread for t in noting.threads] == [True, False]

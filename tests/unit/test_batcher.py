@@ -386,3 +386,36 @@ def test_requests_of_far_apart_lengths_wait_for_a_batch_nearer_their_own(
 
     asyncio.run(go())
     assert runner.values == batches
+
+
+class Where(Doubler):
+    """A Doubler that notes the thread each batch ran on."""
+
+    def __init__(self, delay: float = 0.0) -> None:
+        super().__init__(delay)
+        self.threads: list[int] = []
+
+    def __call__(self, requests: Sequence[Arrays]) -> list[Arrays]:
+        self.threads.append(threading.get_ident())
+        return super().__call__(requests)
+
+
+@pytest.mark.parametrize(
+    ("delay", "inline_max_ms", "on_loop"),
+    [(0.0, 5.0, True), (0.0, 0.0, False), (0.02, 5.0, False)],
+    ids=["short-runs-inline", "inline-off", "long-runs-on-a-worker"],
+)
+def test_a_batch_runs_on_the_loop_only_when_measured_shorter_than_a_hand_off(
+    delay: float, inline_max_ms: float, on_loop: bool
+) -> None:
+    runner = Where(delay)
+    b = batcher(runner, inline_max_ms=inline_max_ms)
+
+    async def go() -> int:
+        for _ in range(20):
+            await submit(b, x())
+        return threading.get_ident()
+
+    loop_thread = asyncio.run(go())
+    assert runner.threads[0] != loop_thread, "a batch not yet measured runs on a worker"
+    assert all((t == loop_thread) is on_loop for t in runner.threads[-5:])
