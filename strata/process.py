@@ -171,11 +171,7 @@ def _roster(item: v1.Request) -> _Roster:
 async def _flight(item: v1.Request, handler: AsyncHandler) -> v1.Result:
     roster = _roster(item)
     call = trace.get_current_span().get_span_context()
-    with TRACER.start_as_current_span(
-        f"flight {item.pipeline}",
-        links=[Link(_span_context(c)) for c in roster.contexts if c is not None],
-        attributes={"strata.pipeline": item.pipeline, "strata.requests": len(roster.ids)},
-    ):
+    with _flight_span(item, roster):
         traced = _member_spans(item.pipeline, roster, call)
         try:
             landing = await _fly(item, roster.counts, handler)
@@ -185,6 +181,19 @@ async def _flight(item: v1.Request, handler: AsyncHandler) -> v1.Result:
             for _, member_span in traced:
                 member_span.end()
     return _flight_result(item, roster, landing)
+
+
+def _flight_span(item: v1.Request, roster: _Roster) -> contextlib.AbstractContextManager:
+    """The span the flight's work runs in, linked to its sampled members; none at all (not
+    even a non-recording one) when neither the call nor any member is sampled."""
+    links = [Link(_span_context(c)) for c in roster.contexts if c is not None]
+    if not links and not trace.get_current_span().is_recording():
+        return contextlib.nullcontext()
+    return TRACER.start_as_current_span(
+        f"flight {item.pipeline}",
+        links=links,
+        attributes={"strata.pipeline": item.pipeline, "strata.requests": len(roster.ids)},
+    )
 
 
 def _sampled_context(carrier: Mapping[str, str]) -> Context | None:

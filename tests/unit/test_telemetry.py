@@ -1,0 +1,55 @@
+"""Server spans cost what their sampling is worth: the SDK's span only where it may be
+recorded, else a non-recording span that still carries the caller's trace."""
+
+import pytest
+from opentelemetry import trace
+
+from strata import telemetry
+from strata.config import TelemetrySettings
+
+TRACE_ID = "0af7651916cd43dd8448eb211c80319c"
+
+
+def parent(flags: str) -> dict[str, str]:
+    return {"traceparent": f"00-{TRACE_ID}-b7ad6b7169203331-{flags}"}
+
+
+@pytest.fixture
+def sampling(monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.delenv("OTEL_TRACES_SAMPLER", raising=False)
+
+    def install(endpoint: str | None) -> None:
+        if endpoint:
+            monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint)
+        else:
+            monkeypatch.delenv("OTEL_EXPORTER_OTLP_ENDPOINT", raising=False)
+        # setup_tracing installs the global provider once per process; only the policy it
+        # records is under test here.
+        monkeypatch.setattr(trace, "set_tracer_provider", lambda provider: None)
+        telemetry.setup_tracing("test", TelemetrySettings())
+
+    yield install
+    monkeypatch.setattr(telemetry, "_sampling", "sdk")
+
+
+def test_without_an_exporter_nothing_records_but_the_callers_trace_goes_on(sampling) -> None:
+    sampling(None)
+    with telemetry.server_span("/svc/Method", parent("01")) as span:
+        context = span.get_span_context()
+        assert not span.is_recording()
+        assert format(context.trace_id, "032x") == TRACE_ID
+        assert trace.get_current_span() is span
+
+
+def test_without_an_exporter_a_call_with_no_trace_gets_ids_for_its_logs(sampling) -> None:
+    sampling(None)
+    with telemetry.server_span("/svc/Method", {}) as span:
+        assert span.get_span_context().is_valid and not span.is_recording()
+
+
+def test_with_an_exporter_an_unsampled_caller_stays_unsampled_cheaply(sampling) -> None:
+    sampling("http://127.0.0.1:4317")
+    with telemetry.server_span("/svc/Method", parent("00")) as span:
+        assert isinstance(span, trace.NonRecordingSpan)
+        assert format(span.get_span_context().trace_id, "032x") == TRACE_ID
+    assert telemetry._sampling == "parent"
