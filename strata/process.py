@@ -11,8 +11,9 @@ fails, or its outputs do not keep one row per input row, each member's rows run 
 the ones that fail; the others run again together, so their result is stacked by
 construction. A flight's result never carries `error`: each member's outcome is in its
 `members` (a malformed flight fails every member). The members share the request's
-`parameters`. Each member with a sampled trace gets a span of its own in its own trace; the
-work itself is traced once, in the flight's span.
+`parameters`. The work is traced once, in the flight's span, linked to each sampled member's
+span (the gateway's span of that request) and with an event for each member that failed: a
+request adds no span of its own here, so tracing costs per flight, not per request.
 
 The core is async (the postprocess engine awaits its thread pool); a synchronous handler (the
 preprocess pipelines, already on a worker thread) is driven through the same core without an
@@ -35,9 +36,8 @@ from opentelemetry.context import Context
 from opentelemetry.trace import Link, Span
 
 from strata.codec import Arrays, arrays_to_tensors, tensors_to_arrays
-from strata.errors import InvalidArgument, StrataError, error_kind, from_code, status_of
+from strata.errors import InvalidArgument, StrataError, from_code, status_of
 from strata.proto.v1 import tensor_pb2 as v1
-from strata.telemetry import record_error
 
 TRACER = trace.get_tracer("strata.process")
 Info = dict[str, str]
@@ -170,16 +170,10 @@ def _roster(item: v1.Request) -> _Roster:
 
 async def _flight(item: v1.Request, handler: AsyncHandler) -> v1.Result:
     roster = _roster(item)
-    call = trace.get_current_span().get_span_context()
-    with _flight_span(item, roster):
-        traced = _member_spans(item.pipeline, roster, call)
-        try:
-            landing = await _fly(item, roster.counts, handler)
-            for index, member_span in traced:
-                _record_failure(member_span, landing.failures[index])
-        finally:
-            for _, member_span in traced:
-                member_span.end()
+    with _flight_span(item, roster) as span:
+        landing = await _fly(item, roster.counts, handler)
+        if span is not None and span.is_recording():
+            _record_failures(span, roster, landing.failures)
     return _flight_result(item, roster, landing)
 
 
@@ -209,32 +203,15 @@ def _span_context(context: Context) -> trace.SpanContext:
     return trace.get_current_span(context).get_span_context()
 
 
-def _member_spans(
-    pipeline: str, roster: _Roster, call: trace.SpanContext
-) -> list[tuple[int, Span]]:
-    """A span in each sampled member's own trace, linked to the call's (whose child the
-    flight's span is, so the link leads to the work done for the member)."""
-    links = [Link(call)] if call.is_valid else []
-    return [
-        (
-            index,
-            TRACER.start_span(
-                f"request {pipeline}",
-                context=context,
-                links=links,
-                attributes={"strata.pipeline": pipeline, "strata.rows": roster.counts[index]},
-            ),
-        )
-        for index, context in enumerate(roster.contexts)
-        if context is not None
-    ]
-
-
-def _record_failure(span: Span, failure: Failure | None) -> None:
-    if failure is not None:
-        code, message = failure
-        with trace.use_span(span):
-            record_error(code.name, error_kind(code), message)
+def _record_failures(span: Span, roster: _Roster, failures: list[Failure | None]) -> None:
+    """An event on the flight's span for each member that failed, and why."""
+    for rid, failure in zip(roster.ids, failures, strict=True):
+        if failure is not None:
+            code, message = failure
+            span.add_event(
+                "member failed",
+                {"strata.request_id": rid, "error.code": code.name, "error.message": message},
+            )
 
 
 # A flight: its runs.

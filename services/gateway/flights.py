@@ -22,7 +22,7 @@ import contextlib
 import contextvars
 import itertools
 from collections import deque
-from collections.abc import Awaitable, Callable, Hashable
+from collections.abc import Awaitable, Callable, Hashable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -160,14 +160,18 @@ class Flights:
         await asyncio.gather(*self._tasks, return_exceptions=True)
 
 
-def _flight_span(group: list[Member], number: int):
-    """The flight's own span, linked to its sampled members; a no-op when none is sampled."""
-    links = []
-    for member in group:
-        span_context = trace.get_current_span(member.context).get_span_context()
-        if span_context.trace_flags.sampled:
-            links.append(Link(span_context))
-    if not links:
-        return contextlib.nullcontext()
+@contextlib.contextmanager
+def _flight_span(group: list[Member], number: int) -> Iterator[None]:
+    """The flight's own span, linked to its sampled members' spans, each of which links back
+    to it, so a request's trace leads to the flight and the flight to its requests; nothing
+    when no member is sampled."""
+    sampled = [s for s in (trace.get_current_span(m.context) for m in group) if s.is_recording()]
+    if not sampled:
+        yield
+        return
+    links = [Link(s.get_span_context()) for s in sampled]
     attributes = {"strata.requests": len(group), "strata.flight": number}
-    return TRACER.start_as_current_span("flight", links=links, attributes=attributes)
+    with TRACER.start_as_current_span("flight", links=links, attributes=attributes) as flight:
+        for span in sampled:
+            span.add_link(flight.get_span_context())
+        yield

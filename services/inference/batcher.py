@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable, Hashable, Sequence
 from concurrent.futures import Executor
 
-from opentelemetry.trace import Span
+from opentelemetry.trace import Span, SpanContext
 
 from services.inference import spans
 from services.inference import stats as reasons
@@ -74,9 +74,16 @@ class Batcher:
         self._drained = asyncio.Event()
 
     async def submit(
-        self, inputs: Arrays, rows: int, key: Hashable, request: Request, length: int = 0
+        self,
+        inputs: Arrays,
+        rows: int,
+        key: Hashable,
+        request: Request,
+        length: int = 0,
+        link: SpanContext | None = None,
     ) -> Arrays:
-        """Queue one request (`length`: its padded cells per row) and wait for its answer."""
+        """Queue one request (`length`: its padded cells per row) and wait for its answer;
+        its batch's span links to `link` (a flight member's span), else to the caller's."""
         loop = asyncio.get_running_loop()
         now = loop.time()
         enqueued_ns = time.time_ns()
@@ -86,7 +93,7 @@ class Batcher:
         job = Job(
             inputs, rows, key, level, request.deadline, request.skip_batching, now, future, length
         )
-        job.link = spans.current()
+        job.link = link or spans.current()
         self._queue.push(job)
         self._arrivals.observe(now, rows)
         self._schedule(loop)
@@ -203,12 +210,13 @@ class Batcher:
         self._running += 1
         self._busy.change(now, self._running)
         rows = sum(job.rows for job in jobs)
-        span = spans.start_batch(
-            self._stats.name, self._stats.version, [job.link for job in jobs], rows
-        )
         for job in jobs:
-            job.queued, job.batch, job.batch_rows = now - job.enqueued, span, rows
+            job.queued = now - job.enqueued
             self._stats.record_queued(job.queued)
+        links = [(job.link, job.queued) for job in jobs]
+        span = spans.start_batch(self._stats.name, self._stats.version, links, rows)
+        for job in jobs:
+            job.batch, job.batch_rows = span, rows
         inputs = [job.inputs for job in jobs]
         finish = functools.partial(self._finish, loop, jobs, now, span)
         if self._runs_inline(rows):

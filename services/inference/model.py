@@ -13,6 +13,7 @@ from concurrent.futures import Executor
 from pathlib import Path
 
 import onnxruntime as ort
+from opentelemetry.trace import SpanContext
 
 from services.inference import assemble, validation
 from services.inference.batcher import Batcher
@@ -110,7 +111,9 @@ class ModelVersion:
         """Triton's convention: 0 for a model that does not batch."""
         return self.spec.max_batch_size if self.signature.batchable else 0
 
-    async def infer(self, arrays: Arrays, request: Request) -> Arrays:
+    async def infer(
+        self, arrays: Arrays, request: Request, link: SpanContext | None = None
+    ) -> Arrays:
         """Check the request, queue it, and return its outputs."""
         rows, key = self.signature.check(arrays)
         levels = self.spec.batching.priority_levels
@@ -121,7 +124,7 @@ class ModelVersion:
         if not self.signature.batchable and not request.skip_batching:
             request = Request(request.priority, request.deadline, skip_batching=True)
         length = self.signature.padded_length(arrays)
-        return await self.batcher.submit(arrays, rows, key, request, length)
+        return await self.batcher.submit(arrays, rows, key, request, length, link)
 
     def run(self, arrays: Arrays) -> Arrays:
         """Run the session once (blocking: call it from a worker thread)."""

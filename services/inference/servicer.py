@@ -7,6 +7,7 @@ unload) that hot-swaps model versions.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 from collections.abc import AsyncIterator
 from dataclasses import replace
@@ -21,7 +22,7 @@ from services.inference.manager import ModelManager
 from services.inference.model import ModelVersion
 from services.inference.params import request_options
 from strata import codec, flight
-from strata.errors import InvalidArgument, grpc_errors, status_of
+from strata.errors import InvalidArgument, StrataError, grpc_errors, status_of
 from strata.proto.inference import grpc_service_pb2 as v2
 from strata.proto.inference import grpc_service_pb2_grpc as v2_grpc
 from strata.v2meta import metadata_response, model_config
@@ -112,11 +113,21 @@ class InferenceServicer(v2_grpc.GRPCInferenceServiceServicer):
         answered members' outputs stacked in order, the others' errors in the parameters."""
         total = len(next(iter(arrays.values()))) if arrays else 0
         members = flight.members(request.parameters, total)
+        if options.skip_batching:
+            # The gateway's skip-batching level: the flight is a batch already, so it runs
+            # as one, at once; only if that fails do its members run apart, to isolate one.
+            with contextlib.suppress(StrataError):
+                outputs = await model.infer(arrays, options)
+                return _response(model, request.id, {name: outputs[name] for name in wanted})
         starts = [0, *accumulate(m.rows for m in members)]
         now = asyncio.get_running_loop().time()
         outcomes = await asyncio.gather(
             *(
-                _member(model, _rows(arrays, starts[i], starts[i + 1]), _own(options, m, now), m)
+                model.infer(
+                    _rows(arrays, starts[i], starts[i + 1]),
+                    _own(options, m, now),
+                    spans.sampled(m.traceparent),  # its batch links to it
+                )
                 for i, m in enumerate(members)
             ),
             return_exceptions=True,
@@ -158,14 +169,6 @@ class InferenceServicer(v2_grpc.GRPCInferenceServiceServicer):
     async def RepositoryModelUnload(self, request, context) -> v2.RepositoryModelUnloadResponse:
         await self._models.unload(request.model_name)
         return v2.RepositoryModelUnloadResponse()
-
-
-async def _member(
-    model: ModelVersion, arrays: codec.Arrays, options: Request, member: flight.FlightMember
-) -> codec.Arrays:
-    """One member of a flight through the batcher, in its own trace when that is sampled."""
-    with spans.member(member.traceparent, model.name):
-        return await model.infer(arrays, options)
 
 
 def _rows(arrays: codec.Arrays, start: int, end: int) -> codec.Arrays:

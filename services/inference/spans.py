@@ -2,13 +2,13 @@
 
 A batch span starts a trace of its own, so no request's trace grows with other requests'
 work; each request's span (the server span of its ModelInfer call) records how long it
-queued and which batch it joined.
+queued and which batch it joined. A flight's members have no span here: the batch links to
+each sampled member's own span (named by its traceparent), with its queue time on the link.
 """
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 
 from opentelemetry import propagate, trace
 from opentelemetry.context import Context
@@ -17,34 +17,33 @@ from opentelemetry.trace import Link, Span, SpanContext, Status, StatusCode
 _tracer = trace.get_tracer("strata.inference.batcher")
 
 
+def sampled(traceparent: str) -> SpanContext | None:
+    """The span a sampled W3C traceparent names (a flight member's), for its batch to link
+    to with its queue time; None for an unsampled one, which nothing records."""
+    if traceparent[53:55] != "01":
+        return None
+    context = trace.get_current_span(propagate.extract({"traceparent": traceparent}))
+    return context.get_span_context()
+
+
 def current() -> SpanContext | None:
     """The caller's span, for a batch to link to."""
     context = trace.get_current_span().get_span_context()
     return context if context.is_valid else None
 
 
-@contextlib.contextmanager
-def member(traceparent: str, model: str) -> Iterator[None]:
-    """For a member of a flight whose trace is sampled: a span of its own in that trace,
-    linked to the flight's call, so its queue wait and its batch link land in its trace.
-    Nothing for an unsampled member (it still reaches its batch's links via the call)."""
-    if not traceparent.endswith("-01"):
-        yield
-        return
-    call = trace.get_current_span().get_span_context()
-    with _tracer.start_as_current_span(
-        f"request {model}",
-        context=propagate.extract({"traceparent": traceparent}),
-        links=[Link(call)] if call.is_valid else [],
-    ):
-        yield
-
-
-def start_batch(model: str, version: str, links: Sequence[SpanContext | None], rows: int) -> Span:
+def start_batch(
+    model: str, version: str, links: Sequence[tuple[SpanContext | None, float]], rows: int
+) -> Span:
+    """The batch's span, linked to each request's span with the seconds it queued."""
     return _tracer.start_span(
         "inference batch",
         context=Context(),
-        links=[Link(link) for link in links if link is not None],
+        links=[
+            Link(link, {"strata.queue_ms": queued * 1e3})
+            for link, queued in links
+            if link is not None
+        ],
         attributes={
             "strata.model": model,
             "strata.model_version": version,

@@ -93,7 +93,8 @@ def burst(system: Supervisor, receiver: Receiver, count: int) -> tuple[list[str]
         thread.join()
     ours = {}
     for trace_id in trace_ids:
-        for span in receiver.wait_for(trace_id, LAYERS):
+        # A request that flew with others has only the gateway's spans in its own trace.
+        for span in receiver.wait_for(trace_id, {"strata-gateway"}):
             ours[span.span_id] = trace_id
     batches = [s for s in receiver.all_spans() if s.name == "inference batch"]
     return trace_ids, [b for b in batches if len({ours[i] for i in b.links if i in ours}) >= 2]
@@ -113,28 +114,39 @@ def test_a_batch_span_links_the_requests_it_carried(traced) -> None:
     assert batch.attributes["batch.requests"] >= 2
 
 
-def test_a_request_in_a_flight_keeps_its_whole_trace(traced) -> None:
+def flown(receiver: Receiver, trace_ids: list[str]) -> list[tuple[Span, Span]]:
+    """(root, flight) of each request that travelled in a flight of several."""
+    flights = {s.span_id: s for s in receiver.all_spans() if s.name == "flight"}
+    pairs = []
+    for trace_id in trace_ids:
+        root = root_of(receiver.trace(trace_id))
+        pairs += [(root, flights[link]) for link in root.links if link in flights]
+    return pairs
+
+
+def test_a_request_in_a_flight_and_the_flight_lead_to_each_other(traced) -> None:
     system, receiver = traced
     for _ in range(5):
         trace_ids, _ = burst(system, receiver, 24)
-        flown = [t for t in trace_ids if any(s.name == "request digits" for s in receiver.trace(t))]
-        if flown:
+        pairs = flown(receiver, trace_ids)
+        if pairs:
             break
-    assert flown, "no two concurrent requests shared a flight"
-    spans = receiver.trace(flown[0])
-    root = root_of(spans)
-    mine = {s.service: s for s in spans if s.name == "request digits"}
-    assert {"strata-preprocess", "strata-postprocess"} <= set(mine)
-    assert all(s.parent_id == root.span_id for s in mine.values())
-    flight = next(s for s in receiver.all_spans() if s.name == "flight" and root.span_id in s.links)
-    assert flight.trace_id != flown[0] and flight.attributes["strata.requests"] >= 2
-    # The flight's shared work is in the flight's trace, linked from each request's span.
+    assert pairs, "no two concurrent requests shared a flight"
+    root, flight = pairs[0]
+    assert root.span_id in flight.links and flight.trace_id != root.trace_id
+    assert flight.attributes["strata.requests"] >= 2
+    assert not [s for s in receiver.trace(root.trace_id) if s.name == "request digits"]
+    # The flight's work is traced once, in its own trace, linked to the request's span.
     shared = receiver.wait_for(flight.trace_id, LAYERS - {"strata-inference"})
-    server = server_span_of(shared, flight, "preprocess")
-    assert mine["strata-preprocess"].links == (server,)
-    run = next(s for s in shared if s.name == "flight digits" and s.parent_id == server)
+    for layer in ("preprocess", "postprocess"):
+        work = next(s for s in shared if s.name == "flight digits" and s.service.endswith(layer))
+        assert root.span_id in work.links
+        assert work.parent_id == server_span_of(shared, flight, layer)
+    run = next(s for s in shared if s.name == "flight digits" and "preprocess" in s.service)
     steps = [s for s in shared if s.name.startswith("step ")]
     assert steps and all(s.parent_id == run.span_id for s in steps)
+    batches = [s for s in receiver.all_spans() if s.name == "inference batch"]
+    assert any(root.span_id in b.links for b in batches), "the batch links to the request"
 
 
 def server_span_of(spans: list[Span], flight: Span, layer: str) -> str:

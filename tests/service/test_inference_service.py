@@ -336,3 +336,19 @@ def test_a_flight_whose_rows_do_not_add_up_is_refused(tmp_path: Path) -> None:
         stub.ModelInfer(request, timeout=30)
     assert raised.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert flight.ROWS in raised.value.details()
+
+
+def test_a_flight_that_skips_batching_runs_as_one_batch_at_once(tmp_path: Path) -> None:
+    manifest = {"batching": {"policy": "fixed", "max_queue_delay_ms": 400}}
+    write_version(tmp_path / "repo", "toy", 1, dense(1), [X], manifest)
+    members = [{"x": np.full((1, 4), i, np.float32)} for i in range(3)]
+    request = flight_request("toy", members)
+    request.parameters["skip_batching"].bool_param = True
+    with inference_server(tmp_path, ["toy"]) as stub:
+        start = time.perf_counter()
+        reply = stub.ModelInfer(request, timeout=30)
+        seconds = time.perf_counter() - start
+        sizes = batch_sizes(stub, "toy")
+    expected = np.concatenate([run(dense(1), m)["y"] for m in members])
+    np.testing.assert_allclose(codec.response_outputs(reply)["y"], expected, rtol=1e-5)
+    assert seconds < 0.3 and sizes == {3}

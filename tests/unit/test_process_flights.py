@@ -4,7 +4,6 @@ failing members found by running them alone, and member spans only for sampled t
 from __future__ import annotations
 
 import asyncio
-import timeit
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
@@ -15,7 +14,6 @@ from opentelemetry import trace
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-from opentelemetry.trace import StatusCode
 
 from strata import codec, process
 from strata.codec import Arrays
@@ -190,7 +188,7 @@ def spans(monkeypatch: pytest.MonkeyPatch) -> Spans:
     return Spans(provider.get_tracer("test"), exporter)
 
 
-def test_sampled_members_get_spans_in_their_own_traces(spans: Spans) -> None:
+def test_a_flight_is_traced_once_linked_to_its_sampled_members(spans: Spans) -> None:
     sampled = f"00-{TRACE}-b7ad6b7169203331-01"
     unsampled = f"00-{'1' * 32}-b7ad6b7169203331-00"
     item = flight(
@@ -201,29 +199,26 @@ def test_sampled_members_get_spans_in_their_own_traces(spans: Spans) -> None:
         (result,) = sync(Doubler(tracer=spans.tracer), item)
     assert answers(result)["quiet"] == [4]
     (flight_span,) = spans.named("flight p")
-    (member,) = spans.named("request p")
+    assert not spans.named("request p"), "a member adds no span of its own"
     assert flight_span.parent.span_id == call.get_span_context().span_id
     assert flight_span.attributes["strata.requests"] == 3
-    assert [link.context.trace_id for link in flight_span.links] == [int(TRACE, 16)]
-    assert member.context.trace_id == int(TRACE, 16)
-    assert member.parent.span_id == 0xB7AD6B7169203331
-    assert [link.context.span_id for link in member.links] == [call.get_span_context().span_id]
-    assert member.status.status_code == StatusCode.ERROR and "negative" in member.status.description
+    assert [(link.context.trace_id, link.context.span_id) for link in flight_span.links] == [
+        (int(TRACE, 16), 0xB7AD6B7169203331)
+    ]
+    (failed,) = [e for e in flight_span.events if e.name == "member failed"]
+    assert failed.attributes["strata.request_id"] == "bad"
+    assert "negative" in failed.attributes["error.message"]
     # Every run of the handler (the flight's and the fallback's) is traced in the flight.
     work = spans.named("work")
     assert len(work) == 5 and {s.parent.span_id for s in work} == {flight_span.context.span_id}
 
 
-def test_an_unsampled_flight_makes_no_member_spans_and_costs_little(spans: Spans) -> None:
-    count = 2000
+def test_an_unsampled_flight_makes_no_span_at_all(spans: Spans) -> None:
     unsampled = f"00-{TRACE}-b7ad6b7169203331-00"
-    item = flight({f"m{i}": rows(1) for i in range(count)})
+    item = flight({f"m{i}": rows(1) for i in range(200)})
     for member in item.members:
         member.trace_context["traceparent"] = unsampled
-    handler = Doubler(max_rows=count)
+    handler = Doubler(max_rows=200)
     (result,) = sync(handler, item)
-    assert len(result.members) == count and len(handler.runs) == 1
-    assert not spans.named("request p")
-    assert all(not s.links for s in spans.named("flight p"))
-    elapsed = min(timeit.repeat(lambda: sync(handler, item), number=1, repeat=5))
-    assert elapsed / count < 30e-6  # per member, on a busy machine; about 4 µs when idle
+    assert len(result.members) == 200 and len(handler.runs) == 1
+    assert not spans.exporter.get_finished_spans()
