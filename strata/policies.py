@@ -91,7 +91,7 @@ class Flights(Strict):
     """How the gateway carries concurrent client requests through the chain together."""
 
     max_in_air: int = Field(
-        default=4,
+        default=2,
         ge=1,
         description="Flights travelling the chain at once; below it a request leaves at once "
         "(with whatever arrived in the same event-loop turn), beyond it requests queue for "

@@ -4,23 +4,12 @@ Nothing here asserts speed: the machine is shared, so only the shape of the resu
 """
 
 import json
-import subprocess
-import sys
 
-from tests.support.system import DEFAULT_CONFIG, ROOT
+from tests.support.bench import run_quick
 
 
 def test_the_quick_run_measures_both_sides_of_every_pipeline(tmp_path) -> None:
-    command = ["-m", "bench.flights", "--config", str(DEFAULT_CONFIG), "--quick"]
-    done = subprocess.run(
-        [sys.executable, *command, "--out", str(tmp_path)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=180,
-        check=False,
-    )
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    run_quick("bench.flights", tmp_path)
     report = json.loads((tmp_path / "flights.json").read_text())
     assert set(report["pipelines"]) == {"digits", "tabular"}
     assert "cores" in report["machine"]

@@ -8,13 +8,11 @@ package index); a peer whose venv cannot be built is skipped, never Strata or th
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from tests.support.system import DEFAULT_CONFIG, ROOT
+from tests.support.bench import run_quick
 
 ALWAYS = ("pipeline", "inference", "bare")
 PEERS = ("mlserver", "kserve")
@@ -25,16 +23,7 @@ pytestmark = pytest.mark.timeout(1800)  # the first run installs both peers' ven
 @pytest.fixture(scope="module")
 def results(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("peers")
-    command = ["-m", "bench.peers", "--config", str(DEFAULT_CONFIG), "--quick"]
-    done = subprocess.run(
-        [sys.executable, *command, "--out", str(out)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=1700,
-        check=False,
-    )
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    run_quick("bench.peers", out, timeout=1700)
     return out
 
 

@@ -4,13 +4,11 @@ Nothing here asserts speed: the machine is shared, so only the shape of the resu
 """
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from tests.support.system import DEFAULT_CONFIG, ROOT
+from tests.support.bench import run_quick
 
 PNG = b"\x89PNG\r\n\x1a\n"
 
@@ -18,25 +16,8 @@ PNG = b"\x89PNG\r\n\x1a\n"
 @pytest.fixture(scope="module")
 def results(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("suite")
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "bench.suite",
-            "--config",
-            str(DEFAULT_CONFIG),
-            "--quick",
-            "--out",
-            str(out),
-        ],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=180,
-        check=False,
-    )
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    assert "## Load sweep" in done.stdout  # the table is printed, not only written
+    stdout = run_quick("bench.suite", out)
+    assert "## Load sweep" in stdout  # the table is printed, not only written
     return out
 
 
