@@ -21,7 +21,7 @@ from opentelemetry import trace
 
 from strata.config import ServerSettings
 from strata.security import TlsSettings, server_credentials
-from strata.telemetry import ServerTelemetry
+from strata.telemetry import traced_servicer
 
 log = logging.getLogger(__name__)
 
@@ -64,7 +64,6 @@ async def start_server(
     With TLS on, a public server (the gateway) presents its certificate; any other requires
     callers to present one signed by the deployment's CA.
     """
-    interceptors = [ServerTelemetry()]
     options = [
         *grpc_options(settings),
         ("grpc.max_concurrent_streams", settings.max_concurrent_streams),
@@ -76,12 +75,12 @@ async def start_server(
             ("grpc.max_connection_age_ms", int(settings.max_connection_age_seconds * 1000)),
             ("grpc.max_connection_age_grace_ms", int(settings.grace_seconds * 1000)),
         ]
-    server = grpc.aio.server(interceptors=interceptors, options=options)
+    server = grpc.aio.server(options=options)
     health = HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health, server)
     names = [health_pb2.DESCRIPTOR.services_by_name["Health"].full_name]
     for servicer, add, name in registrations:
-        add(servicer, server)
+        add(traced_servicer(servicer, name), server)
         names.append(name)
     reflection.enable_server_reflection([*names, reflection.SERVICE_NAME], server)
     credentials = server_credentials(tls, public) if tls is not None else None

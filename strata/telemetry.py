@@ -14,10 +14,12 @@ import os
 import random
 import sys
 import time
+import types
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager
 
 import grpc
+from google.protobuf import descriptor_pool
 from opentelemetry import propagate, trace
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
@@ -122,48 +124,45 @@ def _unsampled_context(traceparent: str) -> SpanContext:
     return SpanContext(trace_id, random.getrandbits(64), is_remote=False)
 
 
-class ServerTelemetry(grpc.aio.ServerInterceptor):
-    """Every unary RPC (health checks aside): a server span in the caller's trace, recorded
-    only when that trace is sampled, and its count and duration by method and status code.
+def traced_servicer(servicer: object, service: str) -> object:
+    """`servicer` as a server should register it: each unary method wrapped, once at start-up,
+    in a server span in the caller's trace (recorded only when that trace is sampled) and the
+    RPC's count and duration by method and status code. Streaming methods pass through.
 
-    One interceptor instead of OpenTelemetry's and a metrics one: each wraps every call, and
-    at the gateway every client request is a call. Streaming RPCs pass through untraced."""
+    Wrapping the methods, not intercepting calls: a grpc.aio server interceptor runs its
+    pipeline in Python on every call, which measured about 0.15 ms of the gateway's CPU per
+    request (digits, 64 in flight) — at the gateway every client request is a call."""
+    methods = descriptor_pool.Default().FindServiceByName(service).methods
+    wrapped = types.SimpleNamespace()
+    for method in methods:
+        handler = getattr(servicer, method.name)
+        if not (method.client_streaming or method.server_streaming):
+            handler = _served(f"/{service}/{method.name}", handler)
+        setattr(wrapped, method.name, handler)
+    return wrapped
 
-    def __init__(self) -> None:
-        self._counts = Children(RPCS)
-        self._durations = Children(RPC_DURATION)
 
-    async def intercept_service(self, continuation, details):
-        handler = await continuation(details)
-        method = details.method
-        if handler is None or handler.unary_unary is None or method.startswith("/grpc.health"):
-            return handler
-        inner = handler.unary_unary
-        carrier = dict(details.invocation_metadata or ())
+def _served(method: str, handler):
+    counts = Children(RPCS)
+    duration = RPC_DURATION.labels(method)
 
-        async def served(request, context):
-            started = time.perf_counter()
-            code = grpc.StatusCode.OK
-            with server_span(method, carrier) as span:
-                try:
-                    return await inner(request, context)
-                except BaseException:
-                    status = context.code()
-                    code = (
-                        status if isinstance(status, grpc.StatusCode) else grpc.StatusCode.UNKNOWN
-                    )
-                    raise
-                finally:
-                    if span.is_recording():
-                        span.set_attribute("rpc.grpc.status_code", code.value[0])
-                    self._counts(method, code.name).inc()
-                    self._durations(method).observe(time.perf_counter() - started)
+    async def served(request, context):
+        started = time.perf_counter()
+        code = grpc.StatusCode.OK
+        with server_span(method, dict(context.invocation_metadata() or ())) as span:
+            try:
+                return await handler(request, context)
+            except BaseException:
+                status = context.code()
+                code = status if isinstance(status, grpc.StatusCode) else grpc.StatusCode.UNKNOWN
+                raise
+            finally:
+                if span.is_recording():
+                    span.set_attribute("rpc.grpc.status_code", code.value[0])
+                counts(method, code.name).inc()
+                duration.observe(time.perf_counter() - started)
 
-        return grpc.unary_unary_rpc_method_handler(
-            served,
-            request_deserializer=handler.request_deserializer,
-            response_serializer=handler.response_serializer,
-        )
+    return served
 
 
 _client_tracer = trace.get_tracer("strata.client")

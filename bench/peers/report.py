@@ -16,7 +16,7 @@ from bench.report import machine
 from bench.suite_report import clean
 
 if TYPE_CHECKING:
-    from bench.peers.run import Row, Timing
+    from bench.peers.rows import Row, Timing
 
 PEERS = ("mlserver", "kserve", "bare")
 

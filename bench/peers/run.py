@@ -7,14 +7,15 @@ import signal
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
 
 from bench import peers
 from bench.load import LoadPool, Plan
 from bench.load.worker import INFER
-from bench.measure import Point, closed, point
+from bench.measure import closed, point
 from bench.peers import cpu, report
+from bench.peers.rows import FULL, QUICK, Row, Timing
 from bench.peers.servers import GROUPS, SERVERS, Context, Target, Unavailable, start
 from bench.workloads import has_dataset, workload
 from strata.config import load_settings
@@ -22,33 +23,6 @@ from strata.config import load_settings
 RESULTS = Path(__file__).resolve().parents[1] / "results"
 CLIENT = (("x-client-id", "strata-bench"),)
 PIPELINE = "digits"
-
-
-@dataclass(frozen=True)
-class Timing:
-    concurrencies: tuple[int, ...]  # closed loop: requests in flight, one row each
-    seconds: float  # per measured point
-    warmup_seconds: float  # at the same concurrency, before each point
-
-
-FULL = Timing((1, 64), 10.0, 2.0)
-QUICK = Timing((1, 8), 2.0, 0.5)
-
-
-@dataclass
-class Row:
-    """One server at one concurrency."""
-
-    server: str
-    title: str
-    carries: str
-    concurrency: int
-    point: Point
-    cpu_ms: dict[str, float] = field(default_factory=dict)  # per answered request, by process
-
-    @property
-    def cpu_total_ms(self) -> float:
-        return sum(self.cpu_ms.values())
 
 
 def main(argv: list[str] | None = None) -> int:

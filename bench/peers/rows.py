@@ -1,0 +1,34 @@
+"""What the peer benchmark measures: its timing, and one server at one concurrency."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from bench.measure import Point
+
+
+@dataclass(frozen=True)
+class Timing:
+    concurrencies: tuple[int, ...]  # closed loop: requests in flight, one row each
+    seconds: float  # per measured point
+    warmup_seconds: float  # at the same concurrency, before each point
+
+
+FULL = Timing((1, 64), 10.0, 2.0)
+QUICK = Timing((1, 8), 2.0, 0.5)
+
+
+@dataclass
+class Row:
+    """One server at one concurrency."""
+
+    server: str
+    title: str
+    carries: str
+    concurrency: int
+    point: Point
+    cpu_ms: dict[str, float] = field(default_factory=dict)  # per answered request, by process
+
+    @property
+    def cpu_total_ms(self) -> float:
+        return sum(self.cpu_ms.values())
