@@ -88,22 +88,6 @@ def failed(item: v1.Request, exc: Exception) -> v1.Result:
     return v1.Result(id=item.id, error=_error(status_of(exc)))
 
 
-def split_flight(result: v1.Result) -> list[Arrays | StrataError]:
-    """A flight result per member, in order: its rows of the stacked tensors (views), or
-    its mapped domain error."""
-    stack = tensors_to_arrays(result.tensors)
-    out: list[Arrays | StrataError] = []
-    start = 0
-    for member in result.members:
-        if member.HasField("error"):
-            out.append(from_code(member.error.code, member.error.message))
-            continue
-        stop = start + member.rows
-        out.append({name: array[start:stop] for name, array in stack.items()})
-        start = stop
-    return out
-
-
 @contextlib.contextmanager
 def in_own_trace(item: v1.Request) -> Iterator[None]:
     """For a request that came with its own trace context (a call carrying requests of

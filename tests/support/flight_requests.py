@@ -6,9 +6,8 @@ from __future__ import annotations
 import numpy as np
 
 from strata import codec
-from strata.codec import Arrays
-from strata.errors import StrataError
-from strata.process import split_flight
+from strata.codec import Arrays, tensors_to_arrays
+from strata.errors import StrataError, from_code
 from strata.proto.v1 import tensor_pb2 as v1
 
 
@@ -43,3 +42,19 @@ def alone(pipeline: str, members: dict[str, Arrays], **parameters: str) -> list[
 def by_member(result: v1.Result) -> dict[str, Arrays | StrataError]:
     """Each member's outputs (its rows), or its error, by id."""
     return {m.id: outcome for m, outcome in zip(result.members, split_flight(result), strict=True)}
+
+
+def split_flight(result: v1.Result) -> list[Arrays | StrataError]:
+    """A flight result per member, in order: its rows of the stacked tensors (views), or
+    its mapped domain error."""
+    stack = tensors_to_arrays(result.tensors)
+    out: list[Arrays | StrataError] = []
+    start = 0
+    for member in result.members:
+        if member.HasField("error"):
+            out.append(from_code(member.error.code, member.error.message))
+            continue
+        stop = start + member.rows
+        out.append({name: array[start:stop] for name, array in stack.items()})
+        start = stop
+    return out
