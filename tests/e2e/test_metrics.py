@@ -2,6 +2,7 @@
 
 import itertools
 import re
+import time
 import urllib.request
 from pathlib import Path
 
@@ -57,7 +58,19 @@ def scraped(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, lis
                 for i, listen in enumerate(services.preprocess.listens)
             },
         }
+        refused_counted(addresses["gateway"])
         return {name: scrape(address) for name, address in addresses.items()}
+
+
+def refused_counted(address: str, within: float = 5.0) -> None:
+    """Wait until the gateway has counted the refused request: grpc.aio's abort sends the
+    status to the client before the handler unwinds to where the count is kept."""
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        samples = scrape(address)["strata_rpc_server_requests"]
+        if total(samples, "strata_rpc_server_requests_total", code="INVALID_ARGUMENT"):
+            return
+        time.sleep(0.05)
 
 
 def total(samples: list, name: str, **labels: str) -> float:
