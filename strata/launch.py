@@ -1,7 +1,9 @@
 """Run the whole system on one machine: `python -m strata.launch --config FILE` (`make run`).
 
 Starts each layer as its own process, waits until each one's health service says SERVING,
-and stays in the foreground.
+and stays in the foreground. An instance that exits on its own is restarted after a backoff
+that doubles while it keeps failing (as a Kubernetes Deployment would), and the others keep
+serving meanwhile: a dead replica costs the requests it held, not the system.
 Ctrl-C or SIGTERM stops every service (front to back), each draining within its grace period.
 Services run as `python -m services.<layer>`; nothing here imports them.
 """
@@ -43,6 +45,21 @@ def wait_serving(address: str, timeout: float, tls: TlsSettings) -> bool:
 
 
 @dataclass(frozen=True)
+class Backoff:
+    """How long the launcher waits before restarting an instance that exited on its own."""
+
+    first: float = 0.5
+    longest: float = 30.0
+    # An instance that ran this long before it exited starts again from `first`.
+    healthy_after: float = 60.0
+
+    def after(self, previous: float, ran: float) -> float:
+        if ran >= self.healthy_after or previous <= 0:
+            return self.first
+        return min(self.longest, previous * 2)
+
+
+@dataclass(frozen=True)
 class Instance:
     """One process: e.g. `preprocess-1` of service `preprocess` on its own port."""
 
@@ -77,13 +94,19 @@ class Supervisor:
         settings: Settings,
         log_dir: Path | None = None,
         env: dict[str, str] | None = None,
+        backoff: Backoff = Backoff(),
     ) -> None:
         self.config = config
         self.settings = settings
         self.log_dir = log_dir
         self.env = env
+        self.backoff = backoff
         self.instances = {i.name: i for i in instances(settings)}
         self.processes: dict[str, subprocess.Popen] = {}
+        self.restarts: dict[str, int] = {}
+        self._started: dict[str, float] = {}
+        self._delay: dict[str, float] = {}
+        self._due: dict[str, float] = {}
 
     def address(self, name: str) -> str:
         return self.instances[name].listen
@@ -101,6 +124,7 @@ class Supervisor:
         env = {**os.environ, **self.env} if self.env else None
         process = subprocess.Popen(command, cwd=ROOT, stdout=output, stderr=output, env=env)
         self.processes[name] = process
+        self._started[name] = time.monotonic()
         return process
 
     def await_serving(self, name: str, timeout: float = 60.0) -> None:
@@ -138,6 +162,7 @@ class Supervisor:
 
     def stop_all(self) -> dict[str, int]:
         """Stop front to back, so no layer loses its upstream while it still drains."""
+        self._due.clear()
         running = [name for name in reversed(self.instances) if name in self.processes]
         return {name: self.stop(name) for name in running}
 
@@ -147,6 +172,32 @@ class Supervisor:
             if process.poll() is not None:
                 return name
         return None
+
+    def tend(self) -> None:
+        """Schedule a restart for each instance that exited on its own; start those due."""
+        now = time.monotonic()
+        for name, process in self.processes.items():
+            if process.poll() is None or name in self._due:
+                continue
+            ran = now - self._started[name]
+            delay = self.backoff.after(self._delay.get(name, 0.0), ran)
+            self._delay[name] = delay
+            self._due[name] = now + delay
+            log.warning(
+                "%s %s after %.1f s; restarting it in %.1f s",
+                *(name, exit_reason(process.returncode), ran, delay),
+            )
+        for name in [n for n, due in self._due.items() if due <= now]:
+            del self._due[name]
+            self.restarts[name] = self.restarts.get(name, 0) + 1
+            self.spawn(name)
+
+
+def exit_reason(code: int) -> str:
+    """`exited with 1` or `was killed by SIGKILL`."""
+    if code < 0:
+        return f"was killed by {signal.Signals(-code).name}"
+    return f"exited with {code}"
 
 
 def banner(settings: Settings) -> str:
@@ -185,14 +236,11 @@ def main(argv: list[str] | None = None) -> int:
     supervisor = Supervisor(args.config.resolve(), settings)
     supervisor.start_all()
     print(banner(settings), flush=True)
-    failed = None
-    while not stop.wait(0.5) and failed is None:
-        failed = supervisor.failed()
-    if failed:
-        log.error("%s exited on its own; stopping the others", failed)
+    while not stop.wait(0.2):
+        supervisor.tend()
     codes = supervisor.stop_all()
     log.info("stopped: %s", ", ".join(f"{name} rc={code}" for name, code in codes.items()))
-    return 1 if failed or any(codes.values()) else 0
+    return 1 if any(codes.values()) else 0
 
 
 if __name__ == "__main__":

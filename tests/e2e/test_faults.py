@@ -11,7 +11,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from strata.launch import Supervisor
+from strata.launch import Supervisor, wait_serving
 from strata.proto.inference import grpc_service_pb2 as v2
 from strata.proto.inference import grpc_service_pb2_grpc as v2_grpc
 from tests.support.load import SteadyLoad
@@ -47,6 +47,34 @@ def test_killing_one_preprocess_replica_fails_no_request(tmp_path: Path) -> None
     print(load.tally.report("kill a preprocess replica"))
     assert load.tally.codes() == {"OK": load.tally.sent}
     assert load.tally.sent - before > 20, "load kept flowing after the kill"
+
+
+def restarted(system: Supervisor, name: str, within: float) -> float | None:
+    """Seconds until the supervisor has restarted `name` and it is SERVING, or None."""
+    started = time.monotonic()
+    while time.monotonic() - started < within:
+        system.tend()
+        if system.restarts.get(name):
+            left = within - (time.monotonic() - started)
+            if wait_serving(system.address(name), left, system.settings.tls):
+                return time.monotonic() - started
+            return None
+        time.sleep(0.1)
+    return None
+
+
+def test_the_launcher_restarts_a_killed_replica_while_the_other_serves(tmp_path: Path) -> None:
+    with running_system(tmp_path, CHANGES) as system, SteadyLoad(system.address("gateway")) as load:
+        time.sleep(1.0)
+        system.processes["preprocess-0"].kill()
+        back = restarted(system, "preprocess-0", within=20)
+        after = load.tally.sent
+        time.sleep(1.0)
+    print(load.tally.report("kill -9 a preprocess replica; the launcher restarts it"))
+    assert back is not None, "the killed replica was not restarted"
+    assert load.tally.codes() == {"OK": load.tally.sent}
+    assert load.tally.sent - after > 10, "load kept flowing after the restart"
+    assert system.restarts == {"preprocess-0": 1}, "nothing else needed a restart"
 
 
 def test_losing_postprocess_fails_cleanly_and_recovers(tmp_path: Path) -> None:
