@@ -12,7 +12,7 @@ from pathlib import Path
 
 from strata.config import ConfigError, ServiceEndpoint, Settings, load_settings
 from strata.metrics import serve_metrics
-from strata.server import Registration, serve
+from strata.server import Registration, Running, serve
 from strata.telemetry import setup_logging, setup_tracing
 
 log = logging.getLogger(__name__)
@@ -25,6 +25,8 @@ class Service:
     registrations: list[Registration]
     endpoint: ServiceEndpoint
     on_stop: Callable[[], Awaitable[None]] | None = field(default=None)
+    # Run once the server is up, e.g. to report more on its health service.
+    on_start: Callable[[Running], Awaitable[None]] | None = field(default=None)
     # Public: faces clients (TLS without client certificates); internal: mutual TLS.
     public: bool = False
 
@@ -65,4 +67,5 @@ async def _main(build: Builder, settings: Settings, listen: str | None) -> None:
         service.on_stop,
         settings.tls,
         service.public,
+        service.on_start,
     )

@@ -1,19 +1,21 @@
 """Tensors between numpy and the wire: KServe v2 messages and strata.v1 tensors.
 
-Straight from protobuf bytes to numpy with `np.frombuffer`; every size is checked, and a
-mismatch is INVALID_ARGUMENT naming the tensor. BYTES tensors use the v2 encoding (a 4-byte
-little-endian length before each element) and decode to numpy object arrays of `bytes`.
+Straight from protobuf bytes to numpy with `np.frombuffer`. Every decode checks the declared
+datatype and shape against the limits and the bytes sent (strata.limits) before it allocates
+anything; a mismatch is INVALID_ARGUMENT naming the tensor. BYTES tensors use the v2 encoding
+(a 4-byte little-endian length before each element) and decode to numpy object arrays of
+`bytes`.
 """
 
 from __future__ import annotations
 
-import math
 import struct
 from collections.abc import Iterable, Mapping, Sequence
 
 import numpy as np
 
 from strata.errors import InvalidArgument
+from strata.limits import check_declared
 from strata.proto.inference import grpc_service_pb2 as v2
 from strata.proto.v1 import tensor_pb2 as v1
 from strata.stack import Raw
@@ -76,13 +78,6 @@ def datatype_of(array: np.ndarray) -> str:
         raise InvalidArgument(f"numpy dtype {array.dtype} has no KServe v2 datatype") from None
 
 
-def element_count(name: str, shape: Sequence[int]) -> int:
-    """Elements in `shape`, refusing negative dimensions."""
-    if any(d < 0 for d in shape):
-        raise InvalidArgument(f"input {name!r}: shape {list(shape)} has a negative dimension")
-    return math.prod(shape)
-
-
 def encode_bytes(items: Iterable[bytes | str]) -> bytes:
     """v2 BYTES encoding of a flat sequence of elements."""
     parts = []
@@ -93,8 +88,9 @@ def encode_bytes(items: Iterable[bytes | str]) -> bytes:
     return b"".join(parts)
 
 
-def decode_bytes(name: str, raw: bytes, count: int) -> np.ndarray:
-    """Split v2 BYTES encoding into exactly `count` elements (object array of bytes)."""
+def _split_bytes(name: str, raw: bytes, count: int) -> np.ndarray:
+    """Split v2 BYTES encoding into exactly `count` elements (object array of bytes); the
+    caller has checked `count` against the limits and the size of `raw`."""
     out = np.empty(count, dtype=object)
     offset, view = 0, memoryview(raw)
     for i in range(count):
@@ -114,17 +110,10 @@ def decode_bytes(name: str, raw: bytes, count: int) -> np.ndarray:
 
 def from_raw(name: str, datatype: str, shape: Sequence[int], raw: bytes) -> np.ndarray:
     """Decode raw little-endian bytes into an array of `shape`."""
-    dtype = _dtype(name, datatype)
-    count = element_count(name, shape)
+    count = check_declared(name, datatype, shape, len(raw))
     if datatype == "BYTES":
-        return decode_bytes(name, raw, count).reshape(shape)
-    expected = count * dtype.itemsize
-    if len(raw) != expected:
-        raise InvalidArgument(
-            f"input {name!r}: shape {list(shape)} of {datatype} needs {expected} bytes, "
-            f"got {len(raw)}"
-        )
-    return np.frombuffer(raw, dtype=dtype).reshape(shape)
+        return _split_bytes(name, raw, count).reshape(shape)
+    return np.frombuffer(raw, dtype=DTYPES[datatype]).reshape(shape)
 
 
 def to_raw(array: np.ndarray) -> bytes:
@@ -139,12 +128,12 @@ def from_contents(
     name: str, datatype: str, shape: Sequence[int], contents: v2.InferTensorContents
 ) -> np.ndarray:
     """Decode typed `contents`, checking the element count and each value's range."""
-    dtype = _dtype(name, datatype)
+    count = check_declared(name, datatype, shape, None)
+    dtype = DTYPES[datatype]
     field = CONTENTS_FIELD.get(datatype)
     if field is None:
         raise InvalidArgument(f"input {name!r}: {datatype} must be sent in raw_input_contents")
     values = getattr(contents, field)
-    count = element_count(name, shape)
     if len(values) != count:
         raise InvalidArgument(
             f"input {name!r}: shape {list(shape)} needs {count} values, "
@@ -243,16 +232,6 @@ def tensors_to_arrays(tensors: Iterable[v1.Tensor]) -> dict[str, np.ndarray]:
 
 def arrays_to_tensors(arrays: Mapping[str, np.ndarray]) -> list[v1.Tensor]:
     return [to_tensor(name, array) for name, array in arrays.items()]
-
-
-def _dtype(name: str, datatype: str) -> np.dtype:
-    try:
-        return DTYPES[datatype]
-    except KeyError:
-        known = ", ".join(DTYPES)
-        raise InvalidArgument(
-            f"input {name!r}: unknown datatype {datatype!r} (known: {known})"
-        ) from None
 
 
 def raw_inputs(request: v2.ModelInferRequest, arrays: Mapping[str, np.ndarray]) -> list[Raw]:

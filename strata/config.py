@@ -23,7 +23,8 @@ from pydantic import (
 )
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
-from strata.policies import GatewaySettings
+from strata.limits import TensorLimits
+from strata.policies import AdminToken, GatewaySettings
 from strata.security import TlsSettings
 from strata.strict import Strict
 
@@ -249,7 +250,9 @@ class Route(Strict):
     arm: str = Field(description="Arm name, reported in metrics and response parameters.")
     deployment: str = Field(description="Inference deployment (a key of services.inference).")
     version: str = Field(default="", description="Model version; empty means the model's.")
-    weight: float = Field(default=1.0, ge=0, description="Share of traffic, relative to others.")
+    weight: float = Field(
+        default=1.0, ge=0, allow_inf_nan=False, description="Share of traffic, relative to others."
+    )
 
 
 class Shadow(Strict):
@@ -428,6 +431,12 @@ class InferenceSettings(Strict):
         description="Rescan the repository for new or changed versions this often (0: never; "
         "RepositoryModelLoad still reloads on demand).",
     )
+    admin_token: AdminToken = Field(
+        default=None,
+        description="Token RepositoryModelLoad and RepositoryModelUnload require, as "
+        "'authorization: Bearer <token>' (STRATA_INFERENCE__ADMIN_TOKEN); unset or empty "
+        "turns model load and unload off.",
+    )
 
     @field_validator("models")
     @classmethod
@@ -488,6 +497,11 @@ class Settings(BaseSettings):
     )
     postprocess: PostprocessSettings = Field(
         default_factory=PostprocessSettings, description="Rule time limits and threads."
+    )
+    limits: TensorLimits = Field(
+        default_factory=TensorLimits,
+        description="What one tensor may declare (rank, dimensions, elements, bytes), checked "
+        "on every port of every layer before anything is allocated.",
     )
     pipelines: dict[str, Pipeline] = Field(min_length=1, description="Pipelines by name.")
 

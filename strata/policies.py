@@ -6,10 +6,20 @@ running gateway without a restart.
 
 from __future__ import annotations
 
-from pydantic import Field, SecretStr, field_validator
+from typing import Annotated
+
+from pydantic import AfterValidator, Field, SecretStr
 
 from strata.security import ApiKey
 from strata.strict import Strict
+
+
+def _empty_is_unset(token: SecretStr | None) -> SecretStr | None:
+    return token if token is not None and token.get_secret_value() else None
+
+
+# A control-API token (strata.tokens); unset or empty turns those calls off.
+AdminToken = Annotated[SecretStr | None, AfterValidator(_empty_is_unset)]
 
 
 class TokenBucket(Strict):
@@ -30,16 +40,29 @@ class RateLimits(Strict):
     api_key_header: str = Field(
         default="x-api-key", description="Metadata key carrying an API key (wins over client id)."
     )
+    peer_clients: float = Field(
+        default=100,
+        gt=0,
+        description="Without api_keys, each peer address (the host, without the port) also has "
+        "a bucket of this many clients' per_client (its rate and burst multiplied), so a caller "
+        "that rotates client ids or unregistered keys stays limited. With api_keys, each key "
+        "is limited alone, wherever it calls from.",
+    )
     max_clients: int = Field(
-        default=10_000, gt=0, description="Buckets kept; the least recently seen go first."
+        default=10_000,
+        gt=0,
+        description="Buckets kept (of clients, and of peers); the least recently seen go first.",
     )
 
 
 class Ladder(Strict):
     """When the gateway degrades: live signals against limits, with hysteresis."""
 
-    concurrency_limit: int = Field(
-        default=64, gt=0, description="In-flight requests at which pressure reaches 1."
+    queue_delay_share: float = Field(
+        default=0.25,
+        gt=0,
+        description="Share of a pipeline's latency objective its P95 queueing delay (arrival "
+        "to its flight leaving, plus the event loop's lag) may reach before pressure is 1.",
     )
     error_rate_limit: float = Field(
         default=0.2, gt=0, le=1, description="Upstream error share at which pressure reaches 1."
@@ -66,8 +89,9 @@ class Ladder(Strict):
         default=0.25,
         gt=0,
         le=1,
-        description="At level 4, the share of concurrency_limit still admitted; the rest is "
-        "shed at once. Admitted requests keep the signals fresh, so the ladder can see recovery.",
+        description="At level 4, the share of each pipeline's concurrency limit still "
+        "admitted; the rest is shed at once. Admitted requests keep the signals fresh, so the "
+        "ladder can see recovery.",
     )
 
 
@@ -87,6 +111,27 @@ class Breaker(Strict):
     )
 
 
+class HopTimeouts(Strict):
+    """Each upstream call's own timeout, from how long that hop normally takes."""
+
+    multiplier: float = Field(
+        default=5.0,
+        gt=1,
+        description="The timeout is this multiple of the hop's recent P99 latency (bounded by "
+        "floor_seconds and upstream_timeout_seconds); a hop that misses it counts as failing.",
+    )
+    floor_seconds: float = Field(
+        default=0.1, gt=0, description="The shortest timeout a hop is ever given."
+    )
+    window: int = Field(default=512, ge=16, description="Recent answered calls the P99 is of.")
+    min_samples: int = Field(
+        default=32,
+        ge=1,
+        description="Answered calls needed before the timeout adapts (until then: "
+        "upstream_timeout_seconds).",
+    )
+
+
 class Flights(Strict):
     """How the gateway carries concurrent client requests through the chain together."""
 
@@ -103,6 +148,43 @@ class Flights(Strict):
     )
 
 
+class Concurrency(Strict):
+    """Adaptive concurrency at the door: how many requests may be in the chain at once."""
+
+    initial: int = Field(default=64, ge=1, description="The limit before any latency is seen.")
+    min_limit: int = Field(default=4, ge=1, description="The limit never falls below this.")
+    max_limit: int = Field(default=512, ge=1, description="The limit never grows past this.")
+    tolerance: float = Field(
+        default=2.0,
+        ge=1,
+        description="Recent latency may reach this multiple of the baseline before the limit "
+        "shrinks (Gradient2's tolerance).",
+    )
+    objective_share: float = Field(
+        default=0.5,
+        gt=0,
+        le=1,
+        description="Recent median latency above this share of the pipeline's latency "
+        "objective shrinks the limit whatever the baseline says.",
+    )
+    update_seconds: float = Field(
+        default=0.1, gt=0, description="How often the limit is recomputed from new latencies."
+    )
+    min_samples: int = Field(default=8, ge=1, description="Latencies needed for an update.")
+    baseline_updates: int = Field(
+        default=100,
+        ge=1,
+        description="Updates the baseline averages over (an EWMA of the recent medians).",
+    )
+    contention: float = Field(
+        default=0.5,
+        gt=0,
+        le=1,
+        description="Share of the limit in use beyond which each client may hold at most an "
+        "equal share of the limit among the clients holding requests.",
+    )
+
+
 class GatewaySettings(Strict):
     """Gateway policies."""
 
@@ -115,7 +197,13 @@ class GatewaySettings(Strict):
         description="Longest one upstream call may take, however much of the client's budget "
         "is left; an upstream that misses it counts as failing (UNAVAILABLE, breaker).",
     )
+    hop_timeouts: HopTimeouts = Field(
+        default_factory=HopTimeouts, description="Upstream calls' own timeouts, adaptive."
+    )
     rate_limits: RateLimits = Field(default_factory=RateLimits, description="Token buckets.")
+    concurrency: Concurrency = Field(
+        default_factory=Concurrency, description="Adaptive concurrency limit and fair shares."
+    )
     ladder: Ladder = Field(default_factory=Ladder, description="The degradation ladder.")
     cache: Cache = Field(default_factory=Cache, description="The result cache.")
     breaker: Breaker = Field(default_factory=Breaker, description="Upstream circuit breakers.")
@@ -128,13 +216,8 @@ class GatewaySettings(Strict):
         description="Clients' API keys (hashed); when any are set, requests without a valid "
         "key in the api_key_header are refused UNAUTHENTICATED.",
     )
-    admin_token: SecretStr | None = Field(
+    admin_token: AdminToken = Field(
         default=None,
         description="Token the admin API requires (STRATA_GATEWAY__ADMIN_TOKEN); unset or "
         "empty disables the admin API.",
     )
-
-    @field_validator("admin_token")
-    @classmethod
-    def _empty_is_unset(cls, token: SecretStr | None) -> SecretStr | None:
-        return token if token is not None and token.get_secret_value() else None

@@ -104,9 +104,12 @@ async def serve(
     on_stop: Callable[[], Awaitable[None]] | None = None,
     tls: TlsSettings | None = None,
     public: bool = False,
+    on_start: Callable[[Running], Awaitable[None]] | None = None,
 ) -> None:
     """Run a gRPC server on `listen` until SIGTERM or SIGINT, then drain and return."""
     running = await start_server(registrations, listen, settings, tls, public)
+    if on_start is not None:
+        await on_start(running)
     stopping = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

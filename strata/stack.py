@@ -2,7 +2,8 @@
 
 The gateway forwards what a layer returned to the next layer without decoding it; these
 helpers join the requests' raw tensors into one stack and cut members out of a stack by
-slicing bytes (fixed-size datatypes) or, for BYTES, by walking the length prefixes.
+slicing bytes (fixed-size datatypes) or, for BYTES, by walking the length prefixes. A stack
+is cut only once its declared shape passes the same check as every decode (strata.limits).
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import accumulate
 
+from strata.errors import InvalidArgument
+from strata.limits import check_declared
 from strata.proto.v1 import tensor_pb2 as v1
 
 _LENGTH = struct.Struct("<I")
@@ -60,16 +63,26 @@ def take(tensors: Sequence[v1.Tensor], rows: Sequence[int], keep: Sequence[int])
     kept = sum(rows[i] for i in keep)
     out = []
     for tensor in tensors:
-        if not tensor.shape or tensor.shape[0] != total:
-            raise ValueError(
-                f"tensor {tensor.name!r} of shape {list(tensor.shape)} is not stacked over "
-                f"{total} rows"
-            )
+        _check_stacked(tensor, total)
         bounds = _row_bounds(tensor, total)
         data = b"".join(tensor.data[bounds[starts[i]] : bounds[starts[i + 1]]] for i in keep)
         shape = (kept, *tensor.shape[1:])
         out.append(v1.Tensor(name=tensor.name, datatype=tensor.datatype, shape=shape, data=data))
     return out
+
+
+def _check_stacked(tensor: v1.Tensor, total: int) -> None:
+    """ValueError unless `tensor` is a well-formed stack over `total` rows: what is cut here
+    was decoded (and checked) once already or is a layer's answer, so a malformed stack is a
+    bug, not the client's mistake."""
+    try:
+        check_declared(tensor.name, tensor.datatype, tensor.shape, len(tensor.data))
+    except InvalidArgument as exc:
+        raise ValueError(f"malformed tensor in a stack: {exc}") from None
+    if not tensor.shape or tensor.shape[0] != total:
+        raise ValueError(
+            f"tensor {tensor.name!r} of shape {list(tensor.shape)} is not stacked over {total} rows"
+        )
 
 
 def _row_bounds(tensor: v1.Tensor, total: int) -> list[int]:

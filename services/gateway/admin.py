@@ -1,32 +1,30 @@
 """strata.v1.Admin on the gateway: status, route weights, forced levels, config reload.
 
 Registered only when an admin token is configured; every call must carry it as
-`authorization: Bearer <token>`. The token is compared in constant time and never logged.
+`authorization: Bearer <token>` (strata.tokens).
 """
 
 from __future__ import annotations
 
-import hmac
-
 import grpc
 import numpy as np
 
+from services.gateway.concurrency import AdaptiveLimit
+from services.gateway.ladder import Reading
 from services.gateway.metrics import RATE_LIMITED, SHED, UPSTREAM_CALLS
 from services.gateway.runtime import Runtime
-from strata.errors import InvalidArgument, Unauthenticated, grpc_errors
+from strata.errors import InvalidArgument, grpc_errors
 from strata.proto.v1 import admin_pb2, admin_pb2_grpc
+from strata.tokens import authorize
 
 
 class AdminServicer(admin_pb2_grpc.AdminServicer):
     def __init__(self, runtime: Runtime, token: str) -> None:
         self._runtime = runtime
-        self._token = token.encode()
+        self._token = token
 
     def _authorize(self, context: grpc.aio.ServicerContext) -> None:
-        metadata = dict(context.invocation_metadata() or ())
-        scheme, _, token = metadata.get("authorization", "").partition(" ")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(token.encode(), self._token):
-            raise Unauthenticated("admin API: missing or wrong admin token")
+        authorize(context, self._token, "the admin API", "gateway.admin_token")
 
     @grpc_errors
     async def Status(self, request, context) -> admin_pb2.StatusResponse:
@@ -58,14 +56,18 @@ class AdminServicer(admin_pb2_grpc.AdminServicer):
 
     async def _status(self) -> admin_pb2.StatusResponse:
         runtime = self._runtime
+        ladder, limits = runtime.ladder, runtime.door.limits
         return admin_pb2.StatusResponse(
-            level=runtime.ladder.level,
+            level=ladder.level,
             level_name=runtime.level_name(),
-            forced=runtime.ladder.forced is not None,
-            pressure=runtime.ladder.last_pressure,
+            forced=ladder.forced is not None,
+            pressure=ladder.last_pressure,
+            signals={name: _reading(r) for name, r in ladder.readings.items()},
+            level_reason=ladder.reason,
+            concurrency={name: _concurrency(limit) for name, limit in limits.items()},
             pipelines={name: self._pipeline(name) for name in runtime.routers},
             upstreams=await runtime.upstreams.healthy(),
-            inflight=runtime.ladder.signals.inflight,
+            inflight=sum(limit.inflight for limit in limits.values()),
             cache_entries=len(runtime.cache),
             counters=_counters(),
         )
@@ -73,11 +75,12 @@ class AdminServicer(admin_pb2_grpc.AdminServicer):
     def _pipeline(self, name: str) -> admin_pb2.PipelineStatus:
         runtime = self._runtime
         router = runtime.router(name)
+        model = runtime.settings.pipelines[name].model.name
         arms = []
         for route in router.routes:
             figures = runtime.arms.get(name, route.arm)
             p50, p95, p99 = figures.percentiles_ms()
-            breaker = runtime.upstreams.inference[route.deployment].breaker.state
+            breaker = runtime.upstreams.inference[route.deployment].breaker.state(model)
             arms.append(
                 admin_pb2.ArmStatus(
                     arm=route.arm,
@@ -105,6 +108,25 @@ class AdminServicer(admin_pb2_grpc.AdminServicer):
                 if stats.latencies:
                     status.shadow.p50_ms = float(np.median(stats.latencies) * 1000)
         return status
+
+
+def _reading(reading: Reading) -> admin_pb2.SignalReading:
+    return admin_pb2.SignalReading(
+        value=reading.value,
+        threshold=reading.threshold,
+        unit=reading.unit.strip(),
+        pressure=reading.pressure,
+    )
+
+
+def _concurrency(limit: AdaptiveLimit) -> admin_pb2.ConcurrencyStatus:
+    return admin_pb2.ConcurrencyStatus(
+        limit=limit.limit,
+        inflight=limit.inflight,
+        baseline_ms=(limit.baseline or 0.0) * 1000,
+        recent_ms=limit.recent * 1000,
+        clients=len(limit.holders),
+    )
 
 
 def _counters() -> dict[str, float]:

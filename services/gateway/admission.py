@@ -1,4 +1,9 @@
-"""Who is calling and whether they may: identity, API keys and token buckets, at the door."""
+"""Who is calling and whether they may: identity, API keys and token buckets, at the door.
+
+With API keys configured, a caller is its key's client and is limited as that client alone.
+Without them, identity is only what the caller says (a client id, an unregistered key), so
+its peer address (the host, without the port) is limited too: rotating ids does not escape.
+"""
 
 from __future__ import annotations
 
@@ -27,6 +32,11 @@ def client_key(metadata: dict[str, str], peer: str, limits: RateLimits, keys: Ke
     client = metadata.get(limits.client_header)
     if client:
         return f"id:{client}"
+    return peer_host(peer)
+
+
+def peer_host(peer: str) -> str:
+    """The caller's address without its port, from gRPC's `ipv4:10.0.0.1:5123` form."""
     return "peer:" + peer.rsplit(":", 1)[0]
 
 
@@ -45,7 +55,8 @@ class Admission:
     def admit(self, context: grpc.aio.ServicerContext) -> str:
         """The caller's client key, once its token buckets allow the request."""
         client = self.identify(context)
-        admitted, wait, scope = self.limiter.admit(client)
+        peer = None if self.keys else peer_host(context.peer())
+        admitted, wait, scope = self.limiter.admit(client, peer)
         if not admitted:
             RATE_LIMITED.labels(scope).inc()
             raise Overloaded(f"rate limit ({scope}) exceeded; retry in {wait:.3f}s", wait)

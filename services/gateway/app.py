@@ -5,6 +5,7 @@ from __future__ import annotations
 from services.gateway.admin import AdminServicer
 from services.gateway.runtime import Runtime
 from services.gateway.servicer import GatewayServicer
+from strata import limits
 from strata.cli import Service
 from strata.config import Settings
 from strata.proto.inference import grpc_service_pb2, grpc_service_pb2_grpc
@@ -12,6 +13,7 @@ from strata.proto.v1 import admin_pb2, admin_pb2_grpc
 
 
 async def build(settings: Settings) -> Service:
+    limits.install(settings.limits)
     runtime = Runtime(settings)
     runtime.start()
     v2_name = grpc_service_pb2.DESCRIPTOR.services_by_name["GRPCInferenceService"].full_name

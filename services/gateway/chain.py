@@ -5,12 +5,14 @@ bytes the last one returned; only the final answer is decoded, once, and split b
 Each member keeps its own outcome: a member a layer refused gets that layer's error and
 leaves, and a member whose caller gave up or whose deadline passed is cut out of the stack
 before the next hop. When an arm is unavailable, the flight moves to each member's
-fallback arm (A/B stickiness decides which), unless its arm was forced.
+fallback arm (A/B stickiness decides which), unless its arm was forced. Each answered
+flight's hop times go to the pipeline's statistics (services/gateway/statistics.py).
 """
 
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable, Sequence
 from itertools import accumulate
 
@@ -20,6 +22,7 @@ from services.gateway.metrics import FAILOVERS
 from services.gateway.request import Answer, ClientRequest
 from services.gateway.router import Router
 from services.gateway.shadow import ShadowRunner
+from services.gateway.statistics import STATISTICS, Hops
 from services.gateway.upstreams import Hop, Upstreams
 from strata import codec, stack
 from strata.config import Route
@@ -52,30 +55,42 @@ class Chain:
         """Answer every member of the flight (their futures), or raise for all of them."""
         first = _request(members[0])
         tensors = stack.join([_request(m).inputs for m in members])
+        started = time.monotonic()
         members, features, _ = await self._layer(self._up.preprocess, members, tensors, {})
         if members:
-            await self._onward(first.route, members, features, may_fail_over=True)
+            spent = time.monotonic() - started
+            await self._onward(first.route, members, features, True, spent)
 
     async def _onward(
-        self, route: Route, members: list[Member], features: Tensors, may_fail_over: bool
+        self,
+        route: Route,
+        members: list[Member],
+        features: Tensors,
+        may_fail_over: bool,
+        preprocess_seconds: float,
     ) -> None:
         """From inference on `route` to the answers."""
         first = _request(members[0])
+        started = time.monotonic()
         try:
-            members, features, scores, version = await self._infer(route, members, features)
+            spare = may_fail_over and self._spare(first, route)
+            members, features, scores, version = await self._infer(route, members, features, spare)
         except Unavailable as exc:
             if not may_fail_over or first.forced_arm:
                 raise
-            await self._fail_over(route, members, features, exc)
+            await self._fail_over(route, members, features, exc, preprocess_seconds)
             return
         if not members:
             return
+        inferred = time.monotonic()
         self._mirror(members, features, scores)
         flags = {**first.parameters, "core_only": "true" if first.level >= 1 else "false"}
         tensors = [*scores, *_forwarded(first, features)]
         members, outputs, info = await self._layer(self._up.postprocess, members, tensors, flags)
         if members:
-            _answer(members, outputs, route.arm, version, info.get("skipped_rules", ""))
+            answered = _answer(members, outputs, route.arm, version, info.get("skipped_rules", ""))
+            hops = Hops(preprocess_seconds, inferred - started, time.monotonic() - inferred)
+            STATISTICS.flew(first.pipeline_name, answered, hops)
 
     async def _layer(
         self, hop: Hop, members: list[Member], tensors: Tensors, flags: dict[str, str]
@@ -102,9 +117,10 @@ class Chain:
         return _survivors(members, result), list(result.tensors), dict(result.info)
 
     async def _infer(
-        self, route: Route, members: list[Member], features: Tensors
+        self, route: Route, members: list[Member], features: Tensors, spare: bool
     ) -> tuple[list[Member], Tensors, Tensors, str]:
-        """One ModelInfer over the flight's rows on `route`'s deployment."""
+        """One ModelInfer over the flight's rows on `route`'s deployment; `spare`: whether
+        another arm could take them, should this one hang."""
         members, features = _aboard(members, features)
         if not members:
             return [], features, [], ""
@@ -113,7 +129,7 @@ class Chain:
         hop = self._up.inference[route.deployment]
         started = asyncio.get_running_loop().time()
         try:
-            reply = await hop.call("ModelInfer", request, _budget(members, hop))
+            reply = await hop.call("ModelInfer", request, _budget(members, hop), spare=spare)
         except StrataError as exc:
             self._record(members, route, exc.code.name, 0.0)
             raise
@@ -128,12 +144,24 @@ class Chain:
             members = [members[i] for i in kept]
         return members, features, scores, reply.model_version
 
+    def _spare(self, first: ClientRequest, route: Route) -> bool:
+        """Whether another arm could take the flight, should `route`'s hang."""
+        if first.forced_arm:
+            return False
+        router = self._routers[first.pipeline_name]
+        return router.fallback(first.client, route, self._usable) is not None
+
     def _record(self, members: list[Member], route: Route, code: str, seconds: float) -> None:
         name = _request(members[0]).pipeline_name
         self._arms.record(name, route.arm, code, seconds, len(members))
 
     async def _fail_over(
-        self, failed: Route, members: list[Member], features: Tensors, exc: Unavailable
+        self,
+        failed: Route,
+        members: list[Member],
+        features: Tensors,
+        exc: Unavailable,
+        preprocess_seconds: float,
     ) -> None:
         """Each member on its fallback arm (one inference call per arm); the error if none."""
         router = self._routers[_request(members[0]).pipeline_name]
@@ -149,7 +177,8 @@ class Chain:
         for route, indices in by_arm.values():
             FAILOVERS.labels(router.pipeline, failed.arm, route.arm).inc(len(indices))
             group = [members[i] for i in indices]
-            moved = self._onward(route, group, stack.take(features, rows, indices), False)
+            taken = stack.take(features, rows, indices)
+            moved = self._onward(route, group, taken, False, preprocess_seconds)
             moves.append(_answering(group, moved))
         await asyncio.gather(*moves)
 
@@ -237,7 +266,9 @@ def _model_request(
     context and time budget in the parameters (another v2 server just sees a batch)."""
     model = first.pipeline.model.name
     request = v2.ModelInferRequest(
-        model_name=model, model_version=first.version, id=first.request_id
+        model_name=model,
+        model_version=route.version or first.pipeline.model.version,
+        id=first.request_id,
     )
     for tensor in features:
         request.inputs.add(name=tensor.name, datatype=tensor.datatype, shape=tensor.shape)
@@ -276,15 +307,18 @@ def _forwarded(first: ClientRequest, features: Tensors) -> Tensors:
     return forwarded
 
 
-def _answer(members: list[Member], outputs: Tensors, arm: str, version: str, skipped: str) -> None:
-    """Decode the flight's answer once and give each member its rows."""
+def _answer(members: list[Member], outputs: Tensors, arm: str, version: str, skipped: str) -> int:
+    """Decode the flight's answer once and give each member its rows; how many got it."""
     level = _request(members[0]).level
+    answered = 0
     for member, arrays in zip(
         members, _split(codec.tensors_to_arrays(outputs), [m.rows for m in members]), strict=True
     ):
         if member.waiting:
             answer = Answer(arrays, arm, version, level, skipped_rules=skipped)
             member.future.set_result(answer)
+            answered += 1
+    return answered
 
 
 def _split(arrays: codec.Arrays, rows: Sequence[int]) -> list[codec.Arrays]:

@@ -47,6 +47,7 @@ class Member:
     context: otel_context.Context = field(default_factory=otel_context.get_current)
     future: asyncio.Future = field(init=False)
 
+    boarded: float = field(default=0.0, init=False)  # event-loop time
     _carrier: dict[str, str] | None = field(default=None, init=False)
 
     def carrier(self) -> dict[str, str]:
@@ -64,14 +65,17 @@ class Member:
 
 # Carries a flight through the chain, answering (or failing) each member's future.
 Fly = Callable[[list[Member]], Awaitable[None]]
+# Told of each member as its flight leaves, with the seconds it waited for it.
+Departed = Callable[[Member, float], None]
 
 
 class Flights:
     """Queues of requests by what they must share, and the flights that leave from them."""
 
-    def __init__(self, settings: FlightSettings, fly: Fly) -> None:
+    def __init__(self, settings: FlightSettings, fly: Fly, departed: Departed) -> None:
         self.settings = settings
         self._fly = fly
+        self._departed = departed
         self._queues: dict[Hashable, deque[Member]] = {}
         self._in_air = 0
         self._pump_soon = False
@@ -86,6 +90,7 @@ class Flights:
         """Queue `member` for the next flight of `key` and wait for its answer."""
         loop = asyncio.get_running_loop()
         member.future = loop.create_future()
+        member.boarded = loop.time()
         self._queues.setdefault(key, deque()).append(member)
         if not self._pump_soon:
             self._pump_soon = True
@@ -127,6 +132,9 @@ class Flights:
         return group
 
     def _launch(self, group: list[Member]) -> None:
+        now = asyncio.get_running_loop().time()
+        for member in group:
+            self._departed(member, now - member.boarded)
         self._in_air += 1
         FLIGHTS_IN_AIR.set(self._in_air)
         FLIGHT_REQUESTS.observe(len(group))

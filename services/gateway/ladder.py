@@ -2,11 +2,14 @@
 
 Levels: 0 normal; 1 core postprocess rules only; 2 inference skips batching; 3 answers from
 the cache or the pipeline's default answer, marked degraded; 4 shed load with
-RESOURCE_EXHAUSTED. Pressure is the worst of in-flight requests against the concurrency
-limit, the event loop's lag (work queued before any handler starts), each pipeline's
-recent P95 latency against its objective, the upstream error share and the
-queue-rejection share, each scaled so that 1 means "at the limit". The level steps up
+RESOURCE_EXHAUSTED. Each signal is read against its threshold, its pressure 1 at the
+threshold: each pipeline's queueing delay (from a request's arrival to its flight leaving,
+plus the event loop's lag: work queued before any handler starts) against a share of its
+latency objective; each pipeline's P95 latency against its objective; the upstream error
+share; the share of upstream queue rejections; the event loop's lag alone. The level steps up
 after `up_after` ticks at pressure >= 1 and down after `down_after` ticks below `down_below`.
+A step is taken only where it helps: level 3 gives up full answers, so it is entered only
+when the full pipeline cannot meet its objective (latency) or its upstreams fail (errors).
 """
 
 from __future__ import annotations
@@ -19,62 +22,106 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from services.gateway.metrics import SHED
-from strata.errors import Overloaded
 from strata.policies import Ladder
 
 log = logging.getLogger(__name__)
 
 LEVELS = ("normal", "core_rules_only", "skip_batching", "cache_or_default", "shed")
 MIN_SAMPLES = 5
+# Signals for which giving up full answers (level 3 and beyond) can help.
+FULL_ANSWERS_FAIL = ("latency:", "errors")
 
 
 @dataclass(frozen=True)
 class Outcome:
-    at: float
     pipeline: str
     seconds: float
     kind: str  # "ok", "error" (upstream unwell) or "rejected" (a full queue upstream)
 
 
+@dataclass(frozen=True)
+class Reading:
+    """One signal's value against its threshold."""
+
+    value: float
+    threshold: float
+    unit: str = ""
+
+    @property
+    def pressure(self) -> float:
+        return self.value / self.threshold
+
+    def __str__(self) -> str:
+        return f"{self.value:.3g}{self.unit} against {self.threshold:.3g}{self.unit}"
+
+
+class Window:
+    """Timestamped samples of the last few seconds."""
+
+    def __init__(self, clock: Callable[[], float]) -> None:
+        self._clock = clock
+        self._items: deque = deque()
+
+    def add(self, item) -> None:
+        self._items.append((self._clock(), item))
+
+    def recent(self, seconds: float) -> list:
+        horizon = self._clock() - seconds
+        while self._items and self._items[0][0] < horizon:
+            self._items.popleft()
+        return [item for _, item in self._items]
+
+
 class Signals:
-    """What the ladder watches: in-flight count and a window of recent outcomes."""
+    """What the ladder watches: outcomes, queueing delays and the event loop's lag."""
 
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
-        self.inflight = 0
         self.loop_lag = 0.0  # seconds the event loop last fell behind its tick
         self._clock = clock
-        self._outcomes: deque[Outcome] = deque()
+        self._outcomes = Window(clock)
+        self._delays = Window(clock)
 
     def record(self, pipeline: str, seconds: float, kind: str) -> None:
-        self._outcomes.append(Outcome(self._clock(), pipeline, seconds, kind))
+        self._outcomes.add(Outcome(pipeline, seconds, kind))
+
+    def queued(self, pipeline: str, seconds: float) -> None:
+        """A request of `pipeline` waited `seconds` between arriving and its flight leaving."""
+        self._delays.add((pipeline, seconds))
 
     def window(self, seconds: float) -> list[Outcome]:
-        horizon = self._clock() - seconds
-        while self._outcomes and self._outcomes[0].at < horizon:
-            self._outcomes.popleft()
-        return list(self._outcomes)
+        return self._outcomes.recent(seconds)
+
+    def delays(self, seconds: float) -> list[tuple[str, float]]:
+        return self._delays.recent(seconds)
 
 
-def pressure(
+def readings(
     signals: Signals, settings: Ladder, objectives: Mapping[str, float]
-) -> dict[str, float]:
-    """Each signal's pressure (1.0 = at its limit)."""
-    recent = signals.window(settings.window_seconds)
-    parts = {
-        "concurrency": signals.inflight / settings.concurrency_limit,
-        "event_loop": signals.loop_lag * 1000 / settings.loop_lag_limit_ms,
-    }
+) -> dict[str, Reading]:
+    """Each signal's reading (pressure 1.0 = at its threshold)."""
+    window = settings.window_seconds
+    recent = signals.window(window)
+    lag = signals.loop_lag
+    parts = {"event_loop": Reading(lag * 1000, settings.loop_lag_limit_ms, " ms")}
     if len(recent) >= MIN_SAMPLES:
         errors = sum(o.kind == "error" for o in recent) / len(recent)
         rejected = sum(o.kind == "rejected" for o in recent) / len(recent)
-        parts["errors"] = errors / settings.error_rate_limit
-        parts["rejections"] = rejected / settings.rejection_rate_limit
+        parts["errors"] = Reading(errors, settings.error_rate_limit)
+        parts["rejections"] = Reading(rejected, settings.rejection_rate_limit)
+    delays = signals.delays(window)
     for pipeline, objective in objectives.items():
         latencies = [o.seconds for o in recent if o.pipeline == pipeline and o.kind == "ok"]
         if len(latencies) >= MIN_SAMPLES:
-            parts[f"latency:{pipeline}"] = float(np.percentile(latencies, 95)) / objective
+            parts[f"latency:{pipeline}"] = Reading(_p95(latencies), objective, " s")
+        waits = [seconds for name, seconds in delays if name == pipeline]
+        if len(waits) >= MIN_SAMPLES:
+            threshold = settings.queue_delay_share * objective
+            parts[f"queue_delay:{pipeline}"] = Reading(_p95(waits) + lag, threshold, " s")
     return parts
+
+
+def _p95(values: list[float]) -> float:
+    return float(np.percentile(values, 95))
 
 
 class LadderController:
@@ -85,13 +132,15 @@ class LadderController:
         settings: Ladder,
         objectives: Mapping[str, float],
         on_change: Callable[[int, int, str], None] = lambda old, new, why: None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.settings = settings
         self.objectives = dict(objectives)
-        self.signals = Signals()
+        self.signals = Signals(clock)
         self.level = 0
         self.forced: int | None = None
-        self.last_pressure: dict[str, float] = {}
+        self.readings: dict[str, Reading] = {}
+        self.reason = "no signal has reached its threshold"
         self._on_change = on_change
         self._above = 0
         self._calm = 0
@@ -102,45 +151,44 @@ class LadderController:
         if level is not None:
             self._move(level, "forced from the admin API")
 
+    @property
+    def last_pressure(self) -> dict[str, float]:
+        return {name: reading.pressure for name, reading in self.readings.items()}
+
     def tick(self) -> int:
-        self.last_pressure = pressure(self.signals, self.settings, self.objectives)
+        self.readings = readings(self.signals, self.settings, self.objectives)
         if self.forced is not None:
             return self.level
-        worst = max(self.last_pressure.values())
-        if worst >= 1.0:
+        name, worst = self._worst()
+        if worst.pressure >= 1.0:
             self._above, self._calm = self._above + 1, 0
-            if self._above >= self.settings.up_after and self.level < self.settings.max_level:
-                self._move(self.level + 1, self._reason())
-        elif worst < self.settings.down_below:
+            if self._above >= self.settings.up_after and self._may_climb():
+                self._move(self.level + 1, f"{name} {worst} (pressure {worst.pressure:.2f})")
+        elif worst.pressure < self.settings.down_below:
             self._above, self._calm = 0, self._calm + 1
             if self._calm >= self.settings.down_after and self.level > 0:
-                self._move(self.level - 1, f"calm (pressure {worst:.2f})")
+                self._move(self.level - 1, f"calm: worst {name} {worst}")
         else:
             self._above = self._calm = 0
         return self.level
 
-    def admit(self, level: int) -> None:
-        """Shed the request (RESOURCE_EXHAUSTED with a retry hint) when the gateway already
-        holds its limit of requests; at the shedding level the limit shrinks."""
-        settings = self.settings
-        limit = settings.concurrency_limit
-        if level >= 4:
-            limit = max(1, int(limit * settings.shed_admit_fraction))
-        if self.signals.inflight >= limit:
-            reason = "level" if level >= 4 else "concurrency"
-            SHED.labels(reason).inc()
-            raise Overloaded(
-                f"gateway overloaded ({limit} requests in flight); retry later",
-                settings.shed_retry_ms / 1000,
-            )
+    def _worst(self) -> tuple[str, Reading]:
+        return max(self.readings.items(), key=lambda item: item[1].pressure)
 
-    def _reason(self) -> str:
-        name, value = max(self.last_pressure.items(), key=lambda item: item[1])
-        return f"{name} pressure {value:.2f}"
+    def _may_climb(self) -> bool:
+        """Whether the next level up can help: levels 3 and 4 give up full answers, worth it
+        only while full answers miss the objective or fail."""
+        if self.level >= self.settings.max_level:
+            return False
+        return self.level < 2 or any(
+            name.startswith(FULL_ANSWERS_FAIL) and reading.pressure >= 1.0
+            for name, reading in self.readings.items()
+        )
 
     def _move(self, level: int, why: str) -> None:
         old, self.level = self.level, level
         self._above = self._calm = 0
+        self.reason = why
         if old != level:
             log.warning("degradation level %d -> %d (%s): %s", old, level, LEVELS[level], why)
             self._on_change(old, level, why)

@@ -1,8 +1,9 @@
-"""Token-bucket rate limiting: one bucket per client and one for the whole gateway.
+"""Token-bucket rate limiting: one bucket per client, per peer address, and for the gateway.
 
-A request takes a token from its client's bucket and from the total bucket, or from neither:
-a client over its own limit never spends the shared budget, so one client flooding cannot
-starve the others.
+A request takes a token from each bucket that applies to it, or from none: a client over its
+own limit never spends the shared budget, so one client flooding cannot starve the others.
+Callers without a registered API key are limited by their peer address as well, with
+`peer_clients` times a client's bucket, so that inventing client ids does not buy more.
 """
 
 from __future__ import annotations
@@ -32,32 +33,59 @@ class Bucket:
         return max(0.0, (1.0 - self.tokens) / self.rate)
 
 
+class Buckets:
+    """Buckets by key, of one spec, the least recently seen dropped beyond `max_keys`."""
+
+    def __init__(self, spec: TokenBucket | None, max_keys: int) -> None:
+        self._by_key: OrderedDict[str, Bucket] = OrderedDict()
+        self.configure(spec, max_keys)
+
+    def configure(self, spec: TokenBucket | None, max_keys: int) -> None:
+        """A new spec (None: no limit); existing keys keep their tokens up to the new burst."""
+        self.spec, self.max_keys = spec, max_keys
+        if spec is None:
+            self._by_key.clear()
+            return
+        for bucket in self._by_key.values():
+            bucket.rate, bucket.burst = spec.rate, spec.burst
+            bucket.tokens = min(bucket.tokens, bucket.burst)
+
+    def get(self, key: str, now: float) -> Bucket:
+        bucket = self._by_key.get(key)
+        if bucket is None:
+            bucket = self._by_key[key] = Bucket(self.spec, now)
+            if len(self._by_key) > self.max_keys:
+                self._by_key.popitem(last=False)
+        else:
+            self._by_key.move_to_end(key)
+        return bucket
+
+
 class RateLimiter:
-    """Admits or refuses requests by client; limits can change at run time."""
+    """Admits or refuses requests by client and peer; limits can change at run time."""
 
     def __init__(self, limits: RateLimits, clock: Callable[[], float] = time.monotonic) -> None:
         self._clock = clock
-        self._clients: OrderedDict[str, Bucket] = OrderedDict()
+        self._clients = Buckets(None, limits.max_clients)
+        self._peers = Buckets(None, limits.max_clients)
         self.configure(limits)
 
     def configure(self, limits: RateLimits) -> None:
-        """Apply new limits; existing clients keep their tokens up to the new burst."""
+        """Apply new limits; existing clients and peers keep their tokens up to the new burst."""
         self.limits = limits
-        now = self._clock()
-        self._total = Bucket(limits.total, now) if limits.total else None
-        for bucket in self._clients.values():
-            if limits.per_client:
-                bucket.rate, bucket.burst = limits.per_client.rate, limits.per_client.burst
-                bucket.tokens = min(bucket.tokens, bucket.burst)
-        if not limits.per_client:
-            self._clients.clear()
+        self._total = Bucket(limits.total, self._clock()) if limits.total else None
+        self._clients.configure(limits.per_client, limits.max_clients)
+        self._peers.configure(_scaled(limits.per_client, limits.peer_clients), limits.max_clients)
 
-    def admit(self, client: str) -> tuple[bool, float, str]:
-        """(admitted, seconds to wait before retrying, which limit refused)."""
+    def admit(self, client: str, peer: str | None = None) -> tuple[bool, float, str]:
+        """(admitted, seconds to wait before retrying, which limit refused); `peer` is the
+        caller's address when it has no registered API key."""
         now = self._clock()
         buckets = []
-        if self.limits.per_client:
-            buckets.append(("client", self._client_bucket(client, now)))
+        if self._clients.spec is not None:
+            buckets.append(("client", self._clients.get(client, now)))
+            if peer is not None:
+                buckets.append(("peer", self._peers.get(peer, now)))
         if self._total is not None:
             buckets.append(("total", self._total))
         for scope, bucket in buckets:
@@ -68,12 +96,8 @@ class RateLimiter:
             bucket.tokens -= 1.0
         return True, 0.0, ""
 
-    def _client_bucket(self, client: str, now: float) -> Bucket:
-        bucket = self._clients.get(client)
-        if bucket is None:
-            bucket = self._clients[client] = Bucket(self.limits.per_client, now)
-            if len(self._clients) > self.limits.max_clients:
-                self._clients.popitem(last=False)
-        else:
-            self._clients.move_to_end(client)
-        return bucket
+
+def _scaled(spec: TokenBucket | None, factor: float) -> TokenBucket | None:
+    if spec is None:
+        return None
+    return TokenBucket(rate=spec.rate * factor, burst=spec.burst * factor)

@@ -17,6 +17,7 @@ import numpy as np
 from services.gateway.arms import ArmBook
 from services.gateway.cache import Cached, ResultCache, cache_key
 from services.gateway.chain import Chain
+from services.gateway.concurrency import Door
 from services.gateway.flights import Flights, Member
 from services.gateway.ladder import LadderController
 from services.gateway.metrics import CACHE, DEGRADED, INFLIGHT
@@ -43,14 +44,16 @@ class Orchestrator:
         shadow: ShadowRunner,
         arms: ArmBook,
         flights: FlightSettings,
+        door: Door,
     ) -> None:
         self._up = upstreams
         self.arms = arms
         self.ladder = ladder
         self.cache = cache
         self.routers = routers
+        self.door = door
         chain = Chain(upstreams, routers, shadow, arms, self._usable)
-        self.flights = Flights(flights, chain.fly)
+        self.flights = Flights(flights, chain.fly, self._departed)
 
     async def infer(self, req: ClientRequest) -> Answer:
         pipeline, name = req.pipeline, req.pipeline_name
@@ -62,23 +65,30 @@ class Orchestrator:
         early = self._answer_without_chain(req, route, key, level, rows)
         if early is not None:
             return early
+        shedding = self.ladder.settings if level >= 4 else None
+        ticket = self.door.enter(name, req.client, shedding)
         signals = self.ladder.signals
-        signals.inflight += 1
         INFLIGHT.inc()
         started = time.monotonic()
+        telling = False  # whether the outcome says how the chain is doing
         try:
             answer = await self.flights.board(_flight_key(req), _member(req, rows))
+            telling = True
         except StrataError as exc:
             kind = _outcome_kind(exc)
+            telling = bool(kind) or exc.code.name == "DEADLINE_EXCEEDED"
             if kind:
                 signals.record(name, time.monotonic() - started, kind)
             raise
         finally:
-            signals.inflight -= 1
+            self.door.leave(ticket, telling)
             INFLIGHT.dec()
         signals.record(name, time.monotonic() - started, "ok")
         self.cache.put(key, Cached(answer.outputs, answer.arm, answer.model_version))
         return answer
+
+    def _departed(self, member: Member, waited: float) -> None:
+        self.ladder.signals.queued(member.request.pipeline_name, waited)
 
     def _usable(self, route: Route) -> bool:
         return self._up.inference[route.deployment].breaker.available
@@ -86,7 +96,7 @@ class Orchestrator:
     def _answer_without_chain(
         self, req: ClientRequest, route: Route, key: str, level: int, rows: int
     ) -> Answer | None:
-        """A cached or default answer where the level or the pipeline allows; or shed."""
+        """A cached or default answer where the level or the pipeline allows."""
         pipeline = req.pipeline
         if pipeline.cache or level >= 3:
             hit = self.cache.get(key)
@@ -99,7 +109,6 @@ class Orchestrator:
         if level >= 3 and pipeline.default_answer:
             DEGRADED.labels("default").inc()
             return Answer(default_outputs(pipeline, rows), route.arm, "", level, "default")
-        self.ladder.admit(level)
         return None
 
 

@@ -3,12 +3,15 @@
 A client's arm is a pure function of its key and the weights (a hash into the cumulative
 weights), so the same client lands on the same arm on every gateway replica with no shared
 state. Weights change at run time by swapping one tuple, so a request sees old or new weights,
-never a mix.
+never a mix. An arm is usable only while its deployment's circuit for the pipeline's model is
+closed (`available`): a deployment that has the model unloaded is routed around while it
+serves its other models.
 """
 
 from __future__ import annotations
 
 import hashlib
+import math
 from collections.abc import Callable, Mapping, Sequence
 
 from strata.config import Route, Shadow
@@ -22,30 +25,51 @@ def unit_hash(*parts: str) -> float:
 
 
 class Router:
-    def __init__(self, pipeline: str, routes: Sequence[Route], shadow: Shadow | None) -> None:
+    def __init__(
+        self,
+        pipeline: str,
+        routes: Sequence[Route],
+        shadow: Shadow | None,
+        available: Callable[[Route], bool] = lambda r: True,
+    ) -> None:
         self.pipeline = pipeline
         self.shadow = shadow
         self._routes: tuple[Route, ...] = tuple(routes)
+        self._available = available
 
     @property
     def routes(self) -> tuple[Route, ...]:
         return self._routes
 
     def set_weights(self, weights: Mapping[str, float]) -> None:
-        """Change arms' weights; unknown arms or no positive weight left are refused."""
+        """Change arms' weights, all of them or none (see `weighted`)."""
+        self._routes = self.weighted(weights)
+
+    def weighted(self, weights: Mapping[str, float]) -> tuple[Route, ...]:
+        """The routes with these arms' weights; INVALID_ARGUMENT, naming the arm, for an
+        unknown arm or a weight that is negative or not finite, or when the weights would not
+        add up to a positive finite number."""
         arms = {route.arm for route in self._routes}
         unknown = sorted(set(weights) - arms)
         if unknown:
             raise InvalidArgument(f"pipeline {self.pipeline!r} has no arm {unknown[0]!r}")
-        if any(w < 0 for w in weights.values()):
-            raise InvalidArgument("weights must not be negative")
+        for arm, weight in sorted(weights.items()):
+            if not (math.isfinite(weight) and weight >= 0):
+                raise InvalidArgument(
+                    f"pipeline {self.pipeline!r} arm {arm!r}: weight {weight} must be a finite "
+                    "number of at least 0"
+                )
         routes = tuple(
             route.model_copy(update={"weight": weights.get(route.arm, route.weight)})
             for route in self._routes
         )
-        if sum(r.weight for r in routes) <= 0:
-            raise InvalidArgument("at least one arm needs a positive weight")
-        self._routes = routes
+        total = sum(r.weight for r in routes)
+        if not (0 < total < math.inf):
+            raise InvalidArgument(
+                f"pipeline {self.pipeline!r}: the weights must add up to a positive finite "
+                f"number (they add up to {total})"
+            )
+        return routes
 
     def choose(
         self, client: str, forced: str = "", usable: Callable[[Route], bool] = lambda r: True
@@ -59,7 +83,7 @@ class Router:
             arms = [r.arm for r in routes]
             raise InvalidArgument(f"pipeline {self.pipeline!r} has no arm {forced!r}; arms: {arms}")
         sticky = _pick(routes, unit_hash(self.pipeline, client))
-        if usable(sticky):
+        if usable(sticky) and self._available(sticky):
             return sticky
         fallback = self.fallback(client, sticky, usable)
         if fallback is None:
@@ -68,7 +92,11 @@ class Router:
 
     def fallback(self, client: str, failed: Route, usable: Callable[[Route], bool]) -> Route | None:
         """Another usable arm for `client` (by weight), or None."""
-        healthy = [r for r in self._routes if r.arm != failed.arm and usable(r) and r.weight > 0]
+        healthy = [
+            r
+            for r in self._routes
+            if r.arm != failed.arm and r.weight > 0 and usable(r) and self._available(r)
+        ]
         if not healthy:
             return None
         return _pick(tuple(healthy), unit_hash(self.pipeline, client, "fallback"))

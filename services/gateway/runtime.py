@@ -1,8 +1,10 @@
 """The gateway's live state: its policies, routes and ladder, and how a reload changes them.
 
 Settings that are safe to change live (rate limits, ladder thresholds, cache, breakers,
-route weights, latency objectives, default answers) are applied to the running objects;
-anything else that changed is reported as needing a restart.
+route weights, latency objectives, default answers) are applied to the running objects. A
+reload applies the file whole or nothing of it: when anything else changed (a pipeline added
+or removed, an address, a pipeline's inputs...), it says what needs a restart and applies
+nothing, so the running gateway is always the old file or the new one, never a mix.
 """
 
 from __future__ import annotations
@@ -10,10 +12,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Callable
 
 from services.gateway.admission import Admission
 from services.gateway.arms import ArmBook
 from services.gateway.cache import ResultCache
+from services.gateway.concurrency import Door
 from services.gateway.ladder import LEVELS, LadderController
 from services.gateway.limiter import RateLimiter
 from services.gateway.metrics import LEVEL, LEVEL_CHANGES
@@ -21,14 +25,14 @@ from services.gateway.orchestrator import Orchestrator
 from services.gateway.router import Router
 from services.gateway.shadow import ShadowRunner
 from services.gateway.upstreams import Upstreams
-from strata.config import Settings, load_settings
-from strata.errors import NotFound
+from strata.config import ConfigError, Route, Settings, load_settings
+from strata.errors import NotFound, NotReady
 from strata.security import KeyRing
 
 log = logging.getLogger(__name__)
 LIVE_GATEWAY = (
     "rate_limits", "ladder", "cache", "breaker", "flights", "default_timeout_seconds",
-    "upstream_timeout_seconds", "api_keys",
+    "upstream_timeout_seconds", "hop_timeouts", "concurrency", "api_keys",
 )  # fmt: skip
 LIVE_PIPELINE = ("latency_objective_ms", "cache", "default_answer")
 
@@ -49,8 +53,14 @@ class Runtime:
             settings.gateway.ladder, _objectives(settings), _on_level_change
         )
         self.cache = ResultCache(settings.gateway.cache)
+        self.door = Door(settings.gateway.concurrency, _objectives(settings))
         self.routers = {
-            name: Router(name, settings.routes(name), pipeline.model.shadow)
+            name: Router(
+                name,
+                settings.routes(name),
+                pipeline.model.shadow,
+                self._serving(pipeline.model.name),
+            )
             for name, pipeline in settings.pipelines.items()
         }
         self.shadow = ShadowRunner(self.upstreams)
@@ -63,8 +73,14 @@ class Runtime:
             self.shadow,
             self.arms,
             settings.gateway.flights,
+            self.door,
         )
         self._ticker: asyncio.Task | None = None
+
+    def _serving(self, model: str) -> Callable[[Route], bool]:
+        """Whether a route's deployment can take `model` now: that model's circuit there."""
+        inference = self.upstreams.inference
+        return lambda route: inference[route.deployment].breaker.available_for(model)
 
     def router(self, pipeline: str) -> Router:
         try:
@@ -98,15 +114,27 @@ class Runtime:
         return LEVELS[self.ladder.level]
 
     def reload(self) -> tuple[list[str], list[str]]:
-        """Re-read the config file; apply what is safe live, report the rest."""
+        """Re-read the config file: (what was applied, []) or ([], what needs a restart).
+
+        A file that is not valid config is FAILED_PRECONDITION, and weights that cannot
+        route are INVALID_ARGUMENT, each naming what is wrong; nothing is applied then either.
+        """
         if self.settings.source is None:
             raise NotFound("these settings were not loaded from a file")
-        new = load_settings(self.settings.source)
-        applied = self._apply_gateway(new) + self._apply_pipelines(new)
+        try:
+            new = load_settings(self.settings.source)
+        except ConfigError as exc:
+            raise NotReady(f"config not reloaded, nothing applied: {exc}") from None
         restart = _needs_restart(self.settings, new)
+        if restart:
+            log.warning("config not reloaded, nothing applied: %s need a restart", restart)
+            return [], restart
+        for name, router in self.routers.items():
+            router.weighted(_weights(new, name))  # refuses before anything changes
+        applied = self._apply_gateway(new) + self._apply_pipelines(new)
         self.settings = new
-        log.info("config reloaded: applied %s; needs restart: %s", applied, restart)
-        return applied, restart
+        log.info("config reloaded: applied %s", applied)
+        return applied, []
 
     def _apply_gateway(self, new: Settings) -> list[str]:
         old, gateway = self.settings.gateway, new.gateway
@@ -115,19 +143,18 @@ class Runtime:
         self.admission.keys = KeyRing(gateway.api_keys)
         self.ladder.settings = gateway.ladder
         self.ladder.objectives = _objectives(new)
+        self.door.configure(gateway.concurrency, _objectives(new))
         self.cache.configure(gateway.cache)
         for hop in self.upstreams.hops:
             hop.breaker.settings = gateway.breaker
-            hop.timeout = gateway.upstream_timeout_seconds
+            hop.timer.configure(gateway.hop_timeouts, gateway.upstream_timeout_seconds)
         self.orchestrator.flights.settings = gateway.flights
         return [f"gateway.{key}" for key in changed]
 
     def _apply_pipelines(self, new: Settings) -> list[str]:
         applied = []
         for name, router in self.routers.items():
-            if name not in new.pipelines:
-                continue
-            weights = {route.arm: route.weight for route in new.routes(name)}
+            weights = _weights(new, name)
             if weights != {route.arm: route.weight for route in router.routes}:
                 router.set_weights(weights)
                 applied.append(f"pipelines.{name}.routes.weight")
@@ -144,15 +171,22 @@ def _objectives(settings: Settings) -> dict[str, float]:
     return {name: p.latency_objective_ms / 1000 for name, p in settings.pipelines.items()}
 
 
+def _weights(settings: Settings, pipeline: str) -> dict[str, float]:
+    return {route.arm: route.weight for route in settings.routes(pipeline)}
+
+
 def _needs_restart(old: Settings, new: Settings) -> list[str]:
-    """Top-level sections and pipeline parts that changed beyond what applies live."""
+    """Sections, gateway settings and pipeline parts that changed beyond what applies live."""
     changed = [
         key
-        for key in ("services", "server", "telemetry", "repository", "inference")
-        if getattr(old, key) != getattr(new, key)
+        for key in type(old).model_fields
+        if key not in ("gateway", "pipelines") and getattr(old, key) != getattr(new, key)
     ]
-    if old.gateway.admin_token != new.gateway.admin_token:
-        changed.append("gateway.admin_token")
+    changed += [
+        f"gateway.{key}"
+        for key in type(old.gateway).model_fields
+        if key not in LIVE_GATEWAY and getattr(old.gateway, key) != getattr(new.gateway, key)
+    ]
     for name in sorted(set(old.pipelines) | set(new.pipelines)):
         before, after = old.pipelines.get(name), new.pipelines.get(name)
         if before is None or after is None:

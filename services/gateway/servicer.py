@@ -11,6 +11,7 @@ import grpc
 from services.gateway.metrics import LATENCY, REQUESTS
 from services.gateway.request import Answer, Budget, ClientRequest
 from services.gateway.runtime import Runtime
+from services.gateway.statistics import STATISTICS
 from strata import codec
 from strata.config import Pipeline
 from strata.errors import NotFound, grpc_errors, status_of
@@ -92,6 +93,17 @@ class GatewayServicer(v2_grpc.GRPCInferenceServiceServicer):
         )
 
     @grpc_errors
+    async def ModelStatistics(self, request, context) -> v2.ModelStatisticsResponse:
+        """Each pipeline's numbers (services/gateway/statistics.py); all with no name."""
+        self._client(context)
+        names = [request.name] if request.name else sorted(self._pipelines)
+        for name in names:
+            self._pipeline(name, request.version)
+        return v2.ModelStatisticsResponse(
+            model_stats=[STATISTICS.model_statistics(name, PIPELINE_VERSION) for name in names]
+        )
+
+    @grpc_errors
     async def ModelInfer(
         self, request: v2.ModelInferRequest, context: grpc.aio.ServicerContext
     ) -> v2.ModelInferResponse:
@@ -108,18 +120,25 @@ class GatewayServicer(v2_grpc.GRPCInferenceServiceServicer):
     async def _counted(
         self, request: v2.ModelInferRequest, context: grpc.aio.ServicerContext
     ) -> v2.ModelInferResponse:
-        """One inference, counted and timed by pipeline and status code."""
+        """One inference, counted and timed by pipeline and status code, and in the
+        pipeline's statistics."""
         started = time.monotonic()
         code = "OK"
+        response = None
         try:
-            return await self._infer(request, context)
+            response = await self._infer(request, context)
+            return response
         except Exception as exc:
             code = status_of(exc)[0].name
             raise
         finally:
-            name = request.model_name if request.model_name in self._pipelines else "(unknown)"
+            known = request.model_name in self._pipelines
+            name = request.model_name if known else "(unknown)"
+            seconds = time.monotonic() - started
             REQUESTS(name, code).inc()
-            LATENCY(name).observe(time.monotonic() - started)
+            LATENCY(name).observe(seconds)
+            if known:
+                STATISTICS.finished(name, seconds, response)
 
     async def _infer(
         self, request: v2.ModelInferRequest, context: grpc.aio.ServicerContext

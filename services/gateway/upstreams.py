@@ -3,20 +3,23 @@
 Every call passes on what is left of the caller's deadline; every failure comes back as the
 upstream's own status code with the hop named in the message. gRPC's retry policy (in the
 channel's service config) retries UNAVAILABLE on another replica; the breaker sees only what
-is left after those retries. Trace context goes in each call's metadata, and a client span
-is made only when the call's trace is sampled (strata.telemetry.outgoing).
+is left after those retries (an inference call: the breaker of its model on that deployment).
+Trace context goes in each call's metadata, and a client span is made only when the call's
+trace is sampled (strata.telemetry.outgoing).
 """
 
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Sequence
 from typing import Any
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from services.gateway.breaker import CircuitBreaker
+from services.gateway.breaker import Breakers, CircuitBreaker
+from services.gateway.hoptime import HopTimer
 from services.gateway.metrics import BREAKER_OPEN, UPSTREAM_CALLS
 from strata.channels import open_channel
 from strata.config import ServiceEndpoint, Settings
@@ -28,6 +31,10 @@ from strata.telemetry import outgoing
 INFERENCE_SERVICE = "inference.GRPCInferenceService"
 
 
+class HopTimedOut(Unavailable):
+    """The hop missed its own timeout: hung, or far slower than it normally is."""
+
+
 class Hop:
     """One upstream: a traced channel with retries, a stub, and a circuit breaker."""
 
@@ -37,35 +44,73 @@ class Hop:
         self.name = name
         self.channel = open_channel(endpoint.address, settings.server, [service], settings.tls)
         self.stub = stub(self.channel)
-        self.breaker = CircuitBreaker(name, settings.gateway.breaker)
-        self.timeout = settings.gateway.upstream_timeout_seconds
+        self.breaker = Breakers(name, settings.gateway.breaker)
+        gateway = settings.gateway
+        self.timer = HopTimer(gateway.hop_timeouts, gateway.upstream_timeout_seconds)
+        # A dns: target may resolve to several replicas; a single local address is one.
+        self.replicated = endpoint.replicas > 1 or endpoint.target is not None
 
-    async def call(self, method: str, request: Any, budget: float, metadata: Sequence = ()) -> Any:
-        """Call `method` within the caller's remaining budget and this hop's own timeout.
+    async def call(
+        self,
+        method: str,
+        request: Any,
+        budget: float,
+        metadata: Sequence = (),
+        spare: bool | None = None,
+    ) -> Any:
+        """Call `method` within the caller's remaining budget, and within this hop's own
+        timeout when another replica or arm could answer instead (`spare`; by default, when
+        the hop has several replicas).
 
         Running out of the caller's budget says nothing about the upstream; missing the hop's
-        own timeout does: it counts against the breaker and is UNAVAILABLE (retry elsewhere).
+        own timeout does: it counts against the breaker and is UNAVAILABLE (answer elsewhere).
+        A call to a replicated hop that missed its own timeout goes once more, to the next
+        replica, while the budget lasts.
         """
-        if not self.breaker.allow():
+        breaker = self.breaker[getattr(request, "model_name", "")]
+        if not breaker.allow():
             UPSTREAM_CALLS(self.name, "CIRCUIT_OPEN").inc()
-            raise Unavailable(f"{self.name}: circuit open after repeated failures")
+            raise Unavailable(f"{breaker.name}: circuit open after repeated failures")
+        bounded = self.replicated if spare is None else spare
+        ends = time.monotonic() + budget
         with outgoing(f"{self.name} {method}", metadata) as sent:
-            return await self._call(method, request, budget, sent)
+            try:
+                return await self._call(method, request, budget, sent, breaker, bounded)
+            except HopTimedOut:
+                left = ends - time.monotonic()
+                if not self.replicated or left <= 0:
+                    raise
+                return await self._call(method, request, left, sent, breaker, bounded)
 
-    async def _call(self, method: str, request: Any, budget: float, metadata: Sequence) -> Any:
-        hop_bound = self.timeout < budget
+    async def _call(
+        self,
+        method: str,
+        request: Any,
+        budget: float,
+        metadata: Sequence,
+        breaker: CircuitBreaker,
+        bounded: bool,
+    ) -> Any:
+        timeout = self.timer.timeout if bounded else self.timer.ceiling
+        hop_bound = timeout < budget
         code = grpc.StatusCode.CANCELLED
+        started = time.monotonic()
         try:
             reply = await getattr(self.stub, method)(
-                request, timeout=min(budget, self.timeout), metadata=metadata
+                request, timeout=min(budget, timeout), metadata=metadata
             )
             code = grpc.StatusCode.OK
+            self.timer.observe(time.monotonic() - started)
             return reply
         except grpc.aio.AioRpcError as exc:
             code = exc.code()
             if code == grpc.StatusCode.DEADLINE_EXCEEDED and hop_bound:
                 code = grpc.StatusCode.UNAVAILABLE
-                raise Unavailable(f"{self.name}: no answer within {self.timeout:g}s") from None
+                self.timer.observe(timeout)  # at least this long: lets a slow hop's timeout grow
+                raise HopTimedOut(
+                    f"{self.name}: no answer within {timeout:.3g}s, its own timeout "
+                    "(a multiple of its recent P99)"
+                ) from None
             if code == grpc.StatusCode.CANCELLED:
                 # Our caller did not cancel (that would cancel this task instead): the upstream
                 # dropped the call, e.g. while shutting down. Another replica or arm may answer.
@@ -73,9 +118,9 @@ class Hop:
                 raise Unavailable(f"{self.name}: the call was dropped ({exc.details()})") from None
             raise from_code(code, f"{self.name}: {exc.details()}") from None
         finally:
-            self.breaker.record(code)
+            breaker.record(code)
             UPSTREAM_CALLS(self.name, code.name).inc()
-            BREAKER_OPEN(self.name).set(self.breaker.state == "open")
+            BREAKER_OPEN(breaker.name).set(breaker.state == "open")
 
     async def healthy(self, timeout: float) -> bool:
         stub = health_pb2_grpc.HealthStub(self.channel)

@@ -7,6 +7,7 @@ from concurrent.futures import ThreadPoolExecutor
 from services.inference import exporter
 from services.inference.manager import ModelManager
 from services.inference.servicer import InferenceServicer
+from strata import limits
 from strata.cli import Service
 from strata.config import Settings
 from strata.proto.inference import grpc_service_pb2, grpc_service_pb2_grpc
@@ -14,6 +15,7 @@ from strata.proto.inference import grpc_service_pb2, grpc_service_pb2_grpc
 
 async def build(settings: Settings) -> Service:
     """The servicer over a model manager that has loaded every configured model."""
+    limits.install(settings.limits)
     executor = ThreadPoolExecutor(
         max_workers=settings.inference.workers, thread_name_prefix="onnxruntime"
     )
@@ -24,7 +26,7 @@ async def build(settings: Settings) -> Service:
         await models.close()
         executor.shutdown(wait=False)
         raise
-    servicer = InferenceServicer(models)
+    servicer = InferenceServicer(models, settings.inference)
     unwatch = exporter.watch(models.statistics)
     name = grpc_service_pb2.DESCRIPTOR.services_by_name["GRPCInferenceService"].full_name
 
@@ -39,4 +41,5 @@ async def build(settings: Settings) -> Service:
         ],
         endpoint=settings.services.primary_inference,
         on_stop=on_stop,
+        on_start=servicer.report_health,
     )

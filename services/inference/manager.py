@@ -22,11 +22,13 @@ from services.inference.model import ModelVersion, load_version
 from services.inference.stats import VersionStats
 from strata import repository
 from strata.config import InferenceSettings
-from strata.errors import NotFound, NotReady, StrataError
+from strata.errors import InvalidArgument, NotFound, NotReady, StrataError
 
 log = logging.getLogger(__name__)
 
 READY, LOADING, UNLOADING, UNAVAILABLE = "READY", "LOADING", "UNLOADING", "UNAVAILABLE"
+MAX_NAME_LENGTH = 255  # a model name is a folder name: the longest most filesystems allow
+MAX_VERSION_DIGITS = 18  # a version is a folder's number; any of 18 digits fits in an int64
 
 
 @dataclass(frozen=True)
@@ -85,10 +87,10 @@ class ModelManager:
         """The version that answers a request for `name` (the highest when none is named)."""
         served = self._served.get(name)
         if served is None:
-            raise self._not_serving(name)
+            raise self._not_serving(checked_name(name))
         if not version:
             return served.latest
-        found = served.versions.get(int(version)) if version.isdigit() else None
+        found = served.versions.get(checked_version(version))
         if found is None:
             raise NotFound(
                 f"model {name!r} has no version {version!r} serving "
@@ -107,12 +109,6 @@ class ModelManager:
             return False
         return True
 
-    def all_ready(self) -> bool:
-        """Every configured model that was not unloaded on purpose serves."""
-        return all(
-            name in self._served for name in self._settings.models if name not in self._unloaded
-        )
-
     def statistics(self, name: str = "", version: str = "") -> list[VersionStats]:
         """The numbers of the serving versions: all, one model's, or one version's."""
         if not name:
@@ -121,7 +117,7 @@ class ModelManager:
             return [self.resolve(name, version).stats]
         served = self._served.get(name)
         if served is None:
-            raise self._not_serving(name)
+            raise self._not_serving(checked_name(name))
         return [served.versions[v].stats for v in sorted(served.versions)]
 
     def index(self, ready_only: bool = False) -> list[IndexEntry]:
@@ -135,7 +131,7 @@ class ModelManager:
 
     async def load(self, name: str) -> None:
         """Load or reload `name` from the repository; NotReady if a version must not serve."""
-        folder = self._root / repository.check_name(name)
+        folder = self._root / checked_name(name)
         if not folder.is_dir():
             raise NotFound(f"model {name!r} is not in the repository {self._root}")
         async with self._locks[name]:
@@ -144,11 +140,11 @@ class ModelManager:
 
     async def unload(self, name: str) -> None:
         """Stop serving every version of `name` once their queued requests have finished."""
-        repository.check_name(name)
+        if name not in self._served and not (self._root / checked_name(name)).is_dir():
+            # Before taking the model's lock: a lock for every unknown name would pile up.
+            raise NotFound(f"model {name!r} is not in the repository {self._root}")
         async with self._locks[name]:
             served = self._served.pop(name, None)
-            if served is None and not (self._root / name).is_dir():
-                raise NotFound(f"model {name!r} is not in the repository {self._root}")
             self._unloaded.add(name)
             self._entries[name].pop("", None)
             await self._retire(name, list((served.versions if served else {}).values()))
@@ -303,6 +299,29 @@ class ModelManager:
         serving = {m.fingerprint for m in served.versions.values()}
         new = prints - serving
         return bool(wanted) and prints != serving and not (new and new <= self._bad[name])
+
+
+def checked_name(name: str) -> str:
+    """A model name that is one plain folder name; InvalidArgument naming the rule if not."""
+    if len(name) > MAX_NAME_LENGTH:
+        raise InvalidArgument(
+            f"model name {_quoted(name)} is longer than the limit of {MAX_NAME_LENGTH}"
+        )
+    return repository.check_name(name)
+
+
+def checked_version(version: str) -> int:
+    """A requested version's number; InvalidArgument unless it is 1 to 18 digits 0-9."""
+    if len(version) > MAX_VERSION_DIGITS or not (version.isascii() and version.isdigit()):
+        raise InvalidArgument(
+            f"model version {_quoted(version)} must be 1 to {MAX_VERSION_DIGITS} digits 0-9"
+        )
+    return int(version)
+
+
+def _quoted(text: str) -> str:
+    """A caller's string as a message quotes it: never more than its first 40 characters."""
+    return repr(text) if len(text) <= 40 else f"{text[:40]!r}... ({len(text)} characters)"
 
 
 def _version_order(key: str) -> int:

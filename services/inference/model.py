@@ -13,6 +13,7 @@ from concurrent.futures import Executor
 from pathlib import Path
 
 import onnxruntime as ort
+from onnxruntime.capi import onnxruntime_pybind11_state as ort_errors
 from opentelemetry.trace import SpanContext
 
 from services.inference import assemble, validation
@@ -23,11 +24,16 @@ from services.inference.signature import Signature, TensorInfo
 from services.inference.stats import VersionStats
 from strata.codec import Arrays
 from strata.config import InferenceSettings
-from strata.errors import InvalidArgument, NotReady
+from strata.errors import InvalidArgument, NotReady, StrataError, Unavailable
 
 log = logging.getLogger(__name__)
 
 CPU = "CPUExecutionProvider"
+# What ONNX Runtime raises for inputs it cannot take (its INVALID_ARGUMENT status, e.g. an
+# index out of range; the binding's own checks of the feed): the request's fault. Anything
+# else (FAIL, RUNTIME_EXCEPTION, out of memory, ...) is the model failing, which another
+# replica or arm may not: UNAVAILABLE, so the gateway's breaker counts it and fails over.
+_INPUT_ERRORS = (ort_errors.InvalidArgument, ValueError, TypeError)
 _LEVELS = {
     "disable": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
     "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
@@ -135,11 +141,14 @@ class ModelVersion:
         try:
             results = session.run(names, arrays)
         except Exception as exc:  # ONNX Runtime's own exception types
-            raise InvalidArgument(
-                f"model {self.name!r} version {self.version} cannot run the request: "
-                f"{_first_line(exc)}"
-            ) from None
+            raise self._run_error(exc) from None
         return dict(zip(names, results, strict=True))
+
+    def _run_error(self, exc: Exception) -> StrataError:
+        label = f"model {self.name!r} version {self.version}"
+        if isinstance(exc, _INPUT_ERRORS):
+            return InvalidArgument(f"{label} cannot run the request: {_first_line(exc)}")
+        return Unavailable(f"{label} failed while running: {_first_line(exc)}")
 
     def run_requests(self, requests: Sequence[Arrays]) -> list[Arrays]:
         """Run requests as one batch and split the answers (blocking)."""

@@ -12,12 +12,10 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from services.inference.manager import IndexEntry
-from services.inference.stats import REASONS, Duration, VersionStats
+from services.inference.stats import REASONS, VersionStats
 from strata.proto.inference import grpc_service_pb2 as v2
-
-
-def _duration(d: Duration) -> v2.StatisticDuration:
-    return v2.StatisticDuration(count=d.count, ns=int(d.seconds * 1e9))
+from strata.v2stats import model_statistics as v2_statistics
+from strata.v2stats import statistic
 
 
 def _count(n: int) -> v2.StatisticDuration:
@@ -26,24 +24,20 @@ def _count(n: int) -> v2.StatisticDuration:
 
 def model_statistics(stats: VersionStats) -> v2.ModelStatistics:
     """One version's numbers as v2 `ModelStatistics`."""
-    message = v2.ModelStatistics(
-        name=stats.name,
-        version=stats.version,
-        last_inference=stats.last_inference_ms,
-        inference_count=stats.inference_count,
-        execution_count=stats.execution_count,
-        inference_stats=v2.InferStatistics(
-            success=_duration(stats.success),
-            fail=_duration(stats.fail),
-            queue=_duration(stats.queue),
-            compute_infer=_duration(stats.compute),
-        ),
-        batch_stats=[
-            v2.InferBatchStatistics(
-                batch_size=rows, compute_infer=_duration(stats.batch_compute[rows])
-            )
-            for rows in sorted(stats.batch_compute)
-        ],
+    message = v2_statistics(
+        stats.name,
+        stats.version,
+        stats.last_inference_ms,
+        stats.inference_count,
+        stats.execution_count,
+        success=stats.success,
+        fail=stats.fail,
+        queue=stats.queue,
+        compute_infer=stats.compute,
+    )
+    message.batch_stats.extend(
+        v2.InferBatchStatistics(batch_size=rows, compute_infer=statistic(stats.batch_compute[rows]))
+        for rows in sorted(stats.batch_compute)
     )
     for reason in REASONS:
         message.response_stats[f"strata.rejected.{reason}"].fail.CopyFrom(

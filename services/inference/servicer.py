@@ -1,7 +1,12 @@
 """inference.GRPCInferenceService on the inference layer: thin decode -> domain -> encode.
 
 Serves v2 inference, metadata and statistics, and the repository extension (index, load,
-unload) that hot-swaps model versions.
+unload) that hot-swaps model versions; load and unload need the admin token (strata.tokens).
+
+Readiness follows what is loaded: ServerReady is true only while every configured model
+serves, and the health service reports each one as `model/<name>`. A configured model that is
+not loaded answers UNAVAILABLE, so the gateway retries another replica or fails over to
+another arm.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ from itertools import accumulate
 
 import grpc
 import numpy as np
+from grpc_health.v1 import health_pb2
 
 from services.inference import reports, spans
 from services.inference.jobs import Request
@@ -22,9 +28,19 @@ from services.inference.manager import ModelManager
 from services.inference.model import ModelVersion
 from services.inference.params import request_options
 from strata import codec, flight
-from strata.errors import InvalidArgument, StrataError, grpc_errors, status_of
+from strata.config import InferenceSettings
+from strata.errors import (
+    InvalidArgument,
+    NotReady,
+    StrataError,
+    Unavailable,
+    grpc_errors,
+    status_of,
+)
 from strata.proto.inference import grpc_service_pb2 as v2
 from strata.proto.inference import grpc_service_pb2_grpc as v2_grpc
+from strata.server import Running
+from strata.tokens import authorize
 from strata.v2meta import metadata_response, model_config
 from strata.v2stream import answer_stream
 
@@ -32,20 +48,45 @@ PLATFORM = "onnxruntime_onnx"
 SERVER_NAME = "strata-inference"
 VERSION = "0.1.0"
 EXTENSIONS = ["model_repository", "statistics"]
+MODEL_HEALTH = "model/"  # health service name of a configured model: "model/digits"
 
 
 class InferenceServicer(v2_grpc.GRPCInferenceServiceServicer):
     """The v2 protocol over the model manager."""
 
-    def __init__(self, models: ModelManager) -> None:
+    def __init__(self, models: ModelManager, settings: InferenceSettings) -> None:
         self._models = models
+        self._configured = list(settings.models)
+        token = settings.admin_token
+        self._token = token.get_secret_value() if token is not None else None
+        self._running: Running | None = None
+
+    async def report_health(self, running: Running) -> None:
+        """Report each configured model on `running`'s health service, now and after every
+        load or unload; at shutdown they turn NOT_SERVING with the server's own names."""
+        running.names.extend(MODEL_HEALTH + name for name in self._configured)
+        self._running = running
+        await self._publish_health()
+
+    async def _publish_health(self) -> None:
+        if self._running is None:
+            return
+        status = health_pb2.HealthCheckResponse
+        for name in self._configured:
+            serving = self._models.ready(name)
+            await self._running.health.set(
+                MODEL_HEALTH + name, status.SERVING if serving else status.NOT_SERVING
+            )
 
     async def ServerLive(self, request, context) -> v2.ServerLiveResponse:
         return v2.ServerLiveResponse(live=True)
 
+    @grpc_errors
     async def ServerReady(self, request, context) -> v2.ServerReadyResponse:
-        return v2.ServerReadyResponse(ready=self._models.all_ready())
+        ready = all(self._models.ready(name) for name in self._configured)
+        return v2.ServerReadyResponse(ready=ready)
 
+    @grpc_errors
     async def ModelReady(self, request, context) -> v2.ModelReadyResponse:
         return v2.ModelReadyResponse(ready=self._models.ready(request.name, request.version))
 
@@ -91,7 +132,7 @@ class InferenceServicer(v2_grpc.GRPCInferenceServiceServicer):
     async def _infer(
         self, request: v2.ModelInferRequest, context: grpc.aio.ServicerContext
     ) -> v2.ModelInferResponse:
-        model = self._models.resolve(request.model_name, request.model_version)
+        model = self._serving(request.model_name, request.model_version)
         wanted = codec.requested_outputs(request, model.signature.output_names)
         arrays = codec.request_inputs(request)
         now = asyncio.get_running_loop().time()
@@ -100,6 +141,16 @@ class InferenceServicer(v2_grpc.GRPCInferenceServiceServicer):
             return await self._flight(model, request, arrays, options, wanted)
         outputs = await model.infer(arrays, options)
         return _response(model, request.id, {name: outputs[name] for name in wanted})
+
+    def _serving(self, name: str, version: str) -> ModelVersion:
+        """The version that runs a request; UNAVAILABLE for a configured model that is not
+        loaded here now (unloaded, or its load failed): another replica or arm may have it."""
+        try:
+            return self._models.resolve(name, version)
+        except NotReady as exc:
+            if name not in self._configured:
+                raise
+            raise Unavailable(f"{exc}; another replica may serve it") from None
 
     async def _flight(
         self,
@@ -111,7 +162,8 @@ class InferenceServicer(v2_grpc.GRPCInferenceServiceServicer):
     ) -> v2.ModelInferResponse:
         """A flight (strata.flight): each member queued as a request of its own; the
         answered members' outputs stacked in order, the others' errors in the parameters."""
-        total = len(next(iter(arrays.values()))) if arrays else 0
+        first = next(iter(arrays.values()), None)
+        total = first.shape[0] if first is not None and first.ndim else 0
         members = flight.members(request.parameters, total)
         if options.skip_batching:
             # The gateway's skip-batching level: the flight is a batch already, so it runs
@@ -155,6 +207,7 @@ class InferenceServicer(v2_grpc.GRPCInferenceServiceServicer):
 
     @grpc_errors
     async def RepositoryModelLoad(self, request, context) -> v2.RepositoryModelLoadResponse:
+        self._authorize(context)
         if request.parameters:
             # Triton's `config` and `file:` overrides would serve what no validation case
             # checked against the repository; the repository is the one source.
@@ -162,13 +215,23 @@ class InferenceServicer(v2_grpc.GRPCInferenceServiceServicer):
                 f"load parameters {sorted(request.parameters)} are not supported: a model's "
                 "settings and files come from its folder in the repository (model.yaml)"
             )
-        await self._models.load(request.model_name)
+        try:
+            await self._models.load(request.model_name)
+        finally:
+            await self._publish_health()
         return v2.RepositoryModelLoadResponse()
 
     @grpc_errors
     async def RepositoryModelUnload(self, request, context) -> v2.RepositoryModelUnloadResponse:
-        await self._models.unload(request.model_name)
+        self._authorize(context)
+        try:
+            await self._models.unload(request.model_name)
+        finally:
+            await self._publish_health()
         return v2.RepositoryModelUnloadResponse()
+
+    def _authorize(self, context: grpc.aio.ServicerContext) -> None:
+        authorize(context, self._token, "model load and unload", "inference.admin_token")
 
 
 def _rows(arrays: codec.Arrays, start: int, end: int) -> codec.Arrays:

@@ -13,6 +13,8 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from strata.v2stats import Duration
+
 # Seconds; from 50 microseconds (a tiny model's run) to 10 seconds (a queue far behind).
 TIME_BUCKETS: tuple[float, ...] = (
     5e-05, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05,
@@ -58,18 +60,6 @@ class Histogram:
             if running >= target:
                 return bound if bound != float("inf") else self.bounds[-1]
         return self.bounds[-1]
-
-
-@dataclass
-class Duration:
-    """A cumulative count and total time, as v2 `StatisticDuration` carries them."""
-
-    count: int = 0
-    seconds: float = 0.0
-
-    def add(self, seconds: float, count: int = 1) -> None:
-        self.count += count
-        self.seconds += seconds
 
 
 @dataclass

@@ -5,6 +5,7 @@ from __future__ import annotations
 from services.postprocess.chain import build_chain
 from services.postprocess.engine import RuleEngine
 from services.postprocess.servicer import PostprocessServicer
+from strata import limits
 from strata.cli import Service
 from strata.config import Settings
 from strata.proto.v1 import postprocess_pb2, postprocess_pb2_grpc
@@ -20,6 +21,7 @@ def build_engine(settings: Settings) -> RuleEngine:
 
 
 async def build(settings: Settings) -> Service:
+    limits.install(settings.limits)
     engine = build_engine(settings)
     name = postprocess_pb2.DESCRIPTOR.services_by_name["Postprocess"].full_name
     servicer = PostprocessServicer(engine)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from services.preprocess.pipeline import Pipelines, build_pipeline
 from services.preprocess.servicer import PreprocessServicer
 from services.preprocess.timings import StepTimings
+from strata import limits
 from strata.cli import Service
 from strata.config import Settings
 from strata.proto.v1 import preprocess_pb2, preprocess_pb2_grpc
@@ -21,6 +22,7 @@ def build_pipelines(settings: Settings, timings: StepTimings) -> Pipelines:
 
 
 async def build(settings: Settings) -> Service:
+    limits.install(settings.limits)
     timings = StepTimings()
     servicer = PreprocessServicer(
         build_pipelines(settings, timings), settings.preprocess.inline_max_bytes

@@ -49,8 +49,10 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[InProcess]:
                 "up_after": 2,
                 "down_after": 6,
                 "window_seconds": 1.0,
-                "concurrency_limit": 16,
             },
+            "concurrency": {"initial": 16, "min_limit": 16, "max_limit": 16},
+            # Slow arms here drive the ladder; hop timeouts would eject them (test_faults).
+            "hop_timeouts": {"floor_seconds": 5},
             "breaker": {"failures": 3, "open_seconds": 60},
         },
         "pipelines": {

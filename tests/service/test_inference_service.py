@@ -33,6 +33,8 @@ from tests.unit.test_inference_toymodels import (
     write_version,
 )
 
+TOKEN = "test-inference-token"
+AUTH = (("authorization", f"Bearer {TOKEN}"),)
 X = {"x": np.ones((1, 4), np.float32)}
 HEAVY = {"x": np.ones((1, 512), np.float32)}
 TOY_PIPELINE = {
@@ -43,7 +45,8 @@ TOY_PIPELINE = {
 
 @contextmanager
 def inference_server(folder: Path, models: list[str], **inference: Any) -> Iterator[Any]:
-    """The inference service alone, on a free port, serving `models` from `folder/repo`."""
+    """The inference service alone, on a free port, serving `models` from `folder/repo`;
+    model load and unload take TOKEN unless `admin_token` says otherwise."""
     raw = {
         "services": {
             "gateway": endpoint(),
@@ -52,7 +55,7 @@ def inference_server(folder: Path, models: list[str], **inference: Any) -> Itera
             "inference": {"a": endpoint()},
         },
         "repository": str(folder / "repo"),
-        "inference": {"models": models, **inference},
+        "inference": {"models": models, "admin_token": TOKEN, **inference},
         "pipelines": {"toy": {**TOY_PIPELINE, "model": {"name": models[0]}}},
     }
     path = folder / "strata.yaml"
@@ -216,7 +219,7 @@ def test_a_swap_under_load_loses_nothing_and_changes_the_answers(tmp_path: Path)
             thread.start()
         time.sleep(0.3)
         write_version(repo, "toy", 2, dense(2), [X])
-        stub.RepositoryModelLoad(v2.RepositoryModelLoadRequest(model_name="toy"))
+        stub.RepositoryModelLoad(v2.RepositoryModelLoadRequest(model_name="toy"), metadata=AUTH)
         swapped = time.monotonic()
         time.sleep(0.3)
         stop.set()
@@ -239,7 +242,7 @@ def test_broken_versions_are_refused_while_the_old_keeps_serving(tmp_path: Path)
         corrupt = write_version(repo, "toy", 2, dense(2), [X])
         (corrupt / "model.onnx").write_bytes(b"not an onnx model")
         with pytest.raises(grpc.RpcError) as info:
-            stub.RepositoryModelLoad(v2.RepositoryModelLoadRequest(model_name="toy"))
+            stub.RepositoryModelLoad(v2.RepositoryModelLoadRequest(model_name="toy"), metadata=AUTH)
         assert info.value.code() == grpc.StatusCode.FAILED_PRECONDITION
         assert "version 2 refused: cannot open model.onnx" in info.value.details()
         assert infer(stub, "toy", X).model_version == "1"
@@ -247,27 +250,67 @@ def test_broken_versions_are_refused_while_the_old_keeps_serving(tmp_path: Path)
         failing = write_version(repo, "toy", 3, dense(3), [X])
         write_case(failing / "validation" / "case_000.npz", X, run(dense(4), X))
         with pytest.raises(grpc.RpcError) as info:
-            stub.RepositoryModelLoad(v2.RepositoryModelLoadRequest(model_name="toy"))
+            stub.RepositoryModelLoad(v2.RepositoryModelLoadRequest(model_name="toy"), metadata=AUTH)
         assert "validation case 'case_000' output 'y' differs" in info.value.details()
         assert "version 1 keeps serving" in info.value.details()
         assert infer(stub, "toy", X).model_version == "1"
         override = v2.RepositoryModelLoadRequest(model_name="toy")
         override.parameters["config"].string_param = '{"max_batch_size": 4}'
         with pytest.raises(grpc.RpcError) as info:
-            stub.RepositoryModelLoad(override)
+            stub.RepositoryModelLoad(override, metadata=AUTH)
         assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
         assert "['config'] are not supported" in info.value.details()
         index = {m.version: m for m in stub.RepositoryIndex(v2.RepositoryIndexRequest()).models}
         ready = stub.RepositoryIndex(v2.RepositoryIndexRequest(ready=True)).models
 
-        stub.RepositoryModelUnload(v2.RepositoryModelUnloadRequest(model_name="toy"))
+        stub.RepositoryModelUnload(v2.RepositoryModelUnloadRequest(model_name="toy"), metadata=AUTH)
         unloaded = code_of(lambda: infer(stub, "toy", X))
         not_ready = stub.ModelReady(v2.ModelReadyRequest(name="toy")).ready
     assert index["1"].state == "READY"
     assert index["2"].state == "UNAVAILABLE" and "cannot open" in index["2"].reason
     assert index["3"].state == "UNAVAILABLE" and "case_000" in index["3"].reason
     assert [m.version for m in ready] == ["1"]
-    assert unloaded == grpc.StatusCode.FAILED_PRECONDITION and not not_ready
+    assert unloaded == grpc.StatusCode.UNAVAILABLE and not not_ready
+
+
+def test_load_and_unload_need_the_token_and_readiness_follows_them(tmp_path: Path) -> None:
+    write_version(tmp_path / "repo", "toy", 1, dense(1), [X])
+    unload = v2.RepositoryModelUnloadRequest(model_name="toy")
+    load = v2.RepositoryModelLoadRequest(model_name="toy")
+    wrong = (("authorization", "Bearer not-the-token"),)
+    with inference_server(tmp_path, ["toy"]) as stub:
+        refused = [
+            code_of(lambda m=m: stub.RepositoryModelUnload(unload, metadata=m)) for m in ((), wrong)
+        ]
+        assert stub.ServerReady(v2.ServerReadyRequest()).ready
+        stub.RepositoryModelUnload(unload, metadata=AUTH)
+        gone = (
+            stub.ServerReady(v2.ServerReadyRequest()).ready,
+            stub.ModelReady(v2.ModelReadyRequest(name="toy")).ready,
+        )
+        with pytest.raises(grpc.RpcError) as info:
+            infer(stub, "toy", X)
+        stub.RepositoryModelLoad(load, metadata=AUTH)
+        back = stub.ServerReady(v2.ServerReadyRequest()).ready
+        answer = infer(stub, "toy", X).model_version
+    assert refused == [grpc.StatusCode.UNAUTHENTICATED] * 2
+    assert gone == (False, False)
+    assert info.value.code() == grpc.StatusCode.UNAVAILABLE
+    assert "not loaded" in info.value.details() and "another replica" in info.value.details()
+    assert back and answer == "1"
+
+
+def test_without_a_token_load_and_unload_are_off(tmp_path: Path) -> None:
+    write_version(tmp_path / "repo", "toy", 1, dense(1), [X])
+    with inference_server(tmp_path, ["toy"], admin_token=None) as stub:
+        with pytest.raises(grpc.RpcError) as info:
+            stub.RepositoryModelUnload(
+                v2.RepositoryModelUnloadRequest(model_name="toy"), metadata=AUTH
+            )
+        served = infer(stub, "toy", X).model_version
+    assert info.value.code() == grpc.StatusCode.PERMISSION_DENIED
+    assert "inference.admin_token" in info.value.details() and TOKEN not in info.value.details()
+    assert served == "1"
 
 
 def test_the_stream_answers_each_request_batched_and_reports_bad_ones(tmp_path: Path) -> None:

@@ -26,8 +26,12 @@ class Recorder:
 
     def __init__(self) -> None:
         self.flights: list[list[str]] = []
+        self.waited: dict[str, float] = {}
         self.release = asyncio.Event()
         self.release.set()
+
+    def departed(self, member: Member, waited: float) -> None:
+        self.waited[member.request] = waited
 
     async def fly(self, members: list[Member]) -> None:
         self.flights.append([m.request for m in members])
@@ -60,7 +64,7 @@ async def held(flights: Flights, chain: Recorder, key: str = "k") -> asyncio.Tas
 @run
 async def test_a_lone_request_leaves_at_once_alone() -> None:
     chain = Recorder()
-    flights = Flights(FlightSettings(max_in_air=4), chain.fly)
+    flights = Flights(FlightSettings(max_in_air=4), chain.fly, chain.departed)
     answer = await asyncio.wait_for(flights.board("k", member("one")), 0.5)
     assert answer == "one" and chain.flights == [["one"]]
 
@@ -68,7 +72,7 @@ async def test_a_lone_request_leaves_at_once_alone() -> None:
 @run
 async def test_requests_queued_under_load_leave_together_within_bounds() -> None:
     chain = Recorder()
-    flights = Flights(FlightSettings(max_in_air=1, max_requests=3, max_rows=100), chain.fly)
+    flights = Flights(FlightSettings(max_in_air=1, max_requests=3, max_rows=100), chain.fly, chain.departed)
     first = await held(flights, chain)
     waiting = [asyncio.create_task(flights.board("k", member(f"r{i}"))) for i in range(5)]
     await asyncio.sleep(0.01)
@@ -76,12 +80,13 @@ async def test_requests_queued_under_load_leave_together_within_bounds() -> None
     chain.release.set()
     assert await asyncio.gather(first, *waiting) == ["first", *(f"r{i}" for i in range(5))]
     assert chain.flights[1:] == [["r0", "r1", "r2"], ["r3", "r4"]]
+    assert chain.waited["first"] < 0.005 < min(chain.waited[f"r{i}"] for i in range(5))
 
 
 @run
 async def test_a_flight_carries_at_most_max_rows() -> None:
     chain = Recorder()
-    flights = Flights(FlightSettings(max_in_air=1, max_requests=10, max_rows=4), chain.fly)
+    flights = Flights(FlightSettings(max_in_air=1, max_requests=10, max_rows=4), chain.fly, chain.departed)
     first = await held(flights, chain)
     sizes = [3, 1, 2, 2]
     waiting = [
@@ -97,7 +102,7 @@ async def test_a_flight_carries_at_most_max_rows() -> None:
 @run
 async def test_requests_that_must_not_share_never_share_a_flight() -> None:
     chain = Recorder()
-    flights = Flights(FlightSettings(max_in_air=1), chain.fly)
+    flights = Flights(FlightSettings(max_in_air=1), chain.fly, chain.departed)
     first = await held(flights, chain)
     waiting = [
         asyncio.create_task(flights.board(key, member(f"{key}{i}")))
@@ -113,7 +118,7 @@ async def test_requests_that_must_not_share_never_share_a_flight() -> None:
 @run
 async def test_a_request_whose_deadline_passes_in_the_queue_is_not_carried() -> None:
     chain = Recorder()
-    flights = Flights(FlightSettings(max_in_air=1), chain.fly)
+    flights = Flights(FlightSettings(max_in_air=1), chain.fly, chain.departed)
     first = await held(flights, chain)
     late = asyncio.create_task(flights.board("k", member("late", seconds=0.02)))
     kept = asyncio.create_task(flights.board("k", member("kept")))
@@ -127,7 +132,7 @@ async def test_a_request_whose_deadline_passes_in_the_queue_is_not_carried() -> 
 @run
 async def test_a_request_whose_caller_gave_up_is_not_carried() -> None:
     chain = Recorder()
-    flights = Flights(FlightSettings(max_in_air=1), chain.fly)
+    flights = Flights(FlightSettings(max_in_air=1), chain.fly, chain.departed)
     first = await held(flights, chain)
     gone = asyncio.create_task(flights.board("k", member("gone")))
     kept = asyncio.create_task(flights.board("k", member("kept")))
@@ -143,7 +148,7 @@ async def test_a_failing_flight_fails_each_of_its_members_and_nothing_else() -> 
     async def broken(members: list[Member]) -> None:
         raise RuntimeError("the chain broke")
 
-    flights = Flights(FlightSettings(max_in_air=2), broken)
+    flights = Flights(FlightSettings(max_in_air=2), broken, lambda member, waited: None)
     results = await asyncio.gather(
         *(flights.board("k", member(f"r{i}")) for i in range(3)), return_exceptions=True
     )

@@ -108,27 +108,47 @@ def test_shadow_fraction() -> None:
 
 
 def ladder(**overrides) -> LadderController:
-    settings = Ladder(concurrency_limit=10, up_after=2, down_after=3, down_below=0.5, **overrides)
-    return LadderController(settings, {"digits": 0.1})
+    settings = Ladder(up_after=2, down_after=3, down_below=0.5, window_seconds=1.0, **overrides)
+    return LadderController(settings, {"digits": 0.1}, clock=CLOCK)
 
 
-def test_ladder_climbs_with_hysteresis_and_comes_back_down() -> None:
+CLOCK = Clock()
+
+
+def queueing(controller: LadderController, seconds: float, ticks: int) -> list[int]:
+    """The level after each of `ticks` ticks, requests queueing `seconds` meanwhile."""
+    levels = []
+    for _ in range(ticks):
+        CLOCK.now += 0.25
+        for _ in range(10):
+            controller.signals.queued("digits", seconds)
+        levels.append(controller.tick())
+    return levels
+
+
+def test_queueing_delay_climbs_with_hysteresis_and_comes_back_down() -> None:
+    controller = ladder()  # the threshold: a quarter of the 100 ms objective
+    assert queueing(controller, 0.05, 4) == [0, 1, 1, 2]
+    assert "queue_delay:digits 0.05 s against 0.025 s" in controller.reason
+    assert queueing(controller, 0.02, 5) == [2] * 5  # between the thresholds: hold
+    assert queueing(controller, 0.001, 10)[-1] == 0
+    assert controller.reason.startswith("calm")
+
+
+def test_queueing_alone_never_gives_up_full_answers() -> None:
     controller = ladder()
-    controller.signals.inflight = 10
-    assert [controller.tick() for _ in range(4)] == [0, 1, 1, 2]
-    controller.signals.inflight = 7  # between the thresholds: hold
-    assert [controller.tick() for _ in range(5)] == [2] * 5
-    controller.signals.inflight = 0
-    assert [controller.tick() for _ in range(6)] == [2, 2, 1, 1, 1, 0]
+    assert max(queueing(controller, 0.05, 12)) == 2
 
 
-def test_latency_over_objective_raises_pressure() -> None:
+def test_latency_over_objective_raises_pressure_up_to_the_cache_level() -> None:
     controller = ladder()
-    for _ in range(20):
-        controller.signals.record("digits", 0.5, "ok")
-    controller.tick()
-    assert controller.last_pressure["latency:digits"] == pytest.approx(5.0)
-    assert controller.tick() == 1
+    for _ in range(8):
+        CLOCK.now += 0.25
+        for _ in range(10):
+            controller.signals.record("digits", 0.5, "ok")
+        controller.tick()
+    assert controller.readings["latency:digits"].pressure == pytest.approx(5.0)
+    assert controller.level == 4
 
 
 def test_forced_level_wins_until_released() -> None:
@@ -191,5 +211,5 @@ def test_a_lagging_event_loop_raises_pressure() -> None:
     controller = ladder()
     controller.signals.loop_lag = 0.3  # the loop fell 300 ms behind its tick
     controller.tick()
-    assert controller.last_pressure["event_loop"] == pytest.approx(3.0)
+    assert controller.readings["event_loop"].pressure == pytest.approx(3.0)
     assert controller.tick() == 1

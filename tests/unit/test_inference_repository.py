@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import os
+import re
 import shutil
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -177,7 +178,6 @@ def test_unload_then_load_again(tmp_path: Path) -> None:
         await manager.unload("toy")
         with pytest.raises(NotReady, match="not loaded; load it with RepositoryModelLoad"):
             manager.resolve("toy")
-        assert manager.all_ready()  # unloaded on purpose: the server is still ready
         assert [(e.version, e.reason) for e in manager.index()] == [("1", "unloaded")]
         await manager.load("toy")
         assert (await answer(manager))[0] == 1
@@ -195,6 +195,53 @@ def test_unknown_and_unsafe_names(tmp_path: Path) -> None:
             await manager.load("../toy")
         with pytest.raises(NotFound, match="unknown model 'ghost'"):
             manager.resolve("ghost")
+
+    with_manager(tmp_path, body)
+
+
+@pytest.mark.parametrize(
+    ("name", "version", "words"),
+    [
+        ("toy", "\u00b2", ["version '\u00b2'", "1 to 18 digits"]),
+        ("toy", "9" * 5000, ["version '99", "(5000 characters)", "1 to 18 digits"]),
+        ("toy", "-1", ["version '-1'", "1 to 18 digits"]),
+        ("t" * 5000, "", ["model name 'ttt", "(5000 characters)", "limit of 255"]),
+        ("../toy", "", ["must be letters"]),
+    ],
+)
+def test_malformed_names_and_versions_are_invalid_argument(
+    tmp_path: Path, name: str, version: str, words: list[str]
+) -> None:
+    write_version(tmp_path, "toy", 1, dense(1), [X])
+
+    async def body(manager: ModelManager) -> None:
+        for lookup in (manager.resolve, manager.statistics):
+            with pytest.raises(InvalidArgument) as info:
+                lookup(name, version)
+            assert all(word in str(info.value) for word in words), str(info.value)
+            assert len(str(info.value)) < 200
+        if not version:
+            for change in (manager.load, manager.unload):
+                with pytest.raises(InvalidArgument, match=re.escape(words[-1])):
+                    await change(name)
+        assert not manager.ready(name, version)
+
+    with_manager(tmp_path, body)
+
+
+def test_well_formed_but_unknown_names_and_versions_are_not_found(tmp_path: Path) -> None:
+    write_version(tmp_path, "toy", 1, dense(1), [X])
+
+    async def body(manager: ModelManager) -> None:
+        for name, version in [("toy", "7"), ("toy", "0"), ("g" * 255, ""), ("ghost", "1")]:
+            with pytest.raises(NotFound):
+                manager.resolve(name, version)
+            assert not manager.ready(name, version)
+        assert manager.resolve("toy", "001").version == 1
+        for change in (manager.load, manager.unload):
+            with pytest.raises(NotFound):
+                await change("g" * 255)
+        assert "g" * 255 not in manager._locks
 
     with_manager(tmp_path, body)
 

@@ -1,0 +1,171 @@
+"""Adaptive concurrency at the door: how many of a pipeline's requests may be in the chain.
+
+Each pipeline's limit follows the gradient between a slow baseline of its latency and its
+latency now, as Netflix's concurrency-limits (Gradient2) and Envoy's adaptive concurrency
+filter do: while the recent median stays within `tolerance` times the baseline, the limit
+grows by about its square root per update (room for a queue of that size), but only while
+the limit is being used; beyond it, the limit shrinks in proportion, by up to half per
+update. The baseline is an average of recent medians, so a steady load that the chain
+answers settles, rather than being refused for ever; the pipeline's latency objective bounds
+what that drift can reach: a recent median above `objective_share` of the objective shrinks
+the limit whatever the baseline says.
+
+A request beyond the limit is refused at once (RESOURCE_EXHAUSTED) with a retry hint of one
+recent median: about when a place frees. When more than `contention` of the limit is in use,
+a client may hold at most an equal share of the limit among the clients holding requests, so
+one client flooding the door cannot take the others' capacity.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+from services.gateway.metrics import CONCURRENCY_LIMIT, SHED
+from strata.errors import Overloaded
+from strata.policies import Concurrency, Ladder
+
+MIN_RETRY_SECONDS = 0.001
+SMOOTHING = 0.2
+
+
+class AdaptiveLimit:
+    """One pipeline's limit, from the latencies of its recent requests."""
+
+    def __init__(
+        self, settings: Concurrency, objective: float, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self.settings = settings
+        self.objective = objective
+        self.limit = float(settings.initial)
+        self.inflight = 0
+        self.baseline: float | None = None
+        self.recent = 0.0  # the median latency of the last update, seconds
+        self.holders: dict[str, int] = {}
+        self._samples: list[float] = []
+        self._busiest = 0
+        self._clock = clock
+        self._due = clock() + settings.update_seconds
+
+    def refusal(self, client: str, share: float = 1.0) -> str:
+        """Why `client` may not add a request now ("" when it may); `share`: of the limit
+        that is open (less while the ladder sheds)."""
+        if self.inflight >= max(1, int(self.limit * share)):
+            return "concurrency" if share >= 1.0 else "level"
+        if self.inflight >= self.settings.contention * self.limit:
+            held = self.holders.get(client, 0)
+            sharing = len(self.holders) + (0 if held else 1)
+            if held + 1 > max(1.0, self.limit / sharing):
+                return "client_share"
+        return ""
+
+    def enter(self, client: str) -> None:
+        self.inflight += 1
+        self.holders[client] = self.holders.get(client, 0) + 1
+        self._busiest = max(self._busiest, self.inflight)
+
+    def leave(self, client: str, seconds: float | None) -> None:
+        """`client`'s request is done; `seconds` is its latency, None when it tells nothing
+        about the chain (a refusal by validation, an answer from the cache)."""
+        self.inflight -= 1
+        held = self.holders[client] - 1
+        if held:
+            self.holders[client] = held
+        else:
+            del self.holders[client]
+        if seconds is not None:
+            self._samples.append(seconds)
+            now = self._clock()
+            if now >= self._due and len(self._samples) >= self.settings.min_samples:
+                self._due = now + self.settings.update_seconds
+                self._update()
+
+    def _update(self) -> None:
+        settings = self.settings
+        short = statistics.median(self._samples)
+        self._samples.clear()
+        busiest, self._busiest = self._busiest, self.inflight
+        self.recent = short
+        baseline = self._baselined(short)
+        gradient = max(0.5, min(1.0, settings.tolerance * baseline / short)) if short else 1.0
+        ceiling = settings.objective_share * self.objective
+        if short > ceiling:
+            gradient = min(gradient, max(0.5, ceiling / short))
+        if gradient >= 1.0 and busiest < self.limit / 2:
+            return  # the limit is not what holds the load back: no evidence for more
+        wanted = self.limit * gradient + math.sqrt(self.limit)
+        if wanted > self.limit:  # grow smoothly; shrink at once, before a queue builds
+            wanted = self.limit * (1 - SMOOTHING) + wanted * SMOOTHING
+        self.limit = min(float(settings.max_limit), max(float(settings.min_limit), wanted))
+
+    def _baselined(self, short: float) -> float:
+        if self.baseline is None:
+            self.baseline = short
+            return short
+        alpha = 2 / (self.settings.baseline_updates + 1)
+        self.baseline += alpha * (short - self.baseline)
+        if self.baseline > 2 * short:
+            self.baseline *= 0.95  # the chain got faster: follow it down sooner
+        return self.baseline
+
+
+@dataclass(frozen=True)
+class Ticket:
+    """A place at the door, held until the request is answered."""
+
+    pipeline: str
+    client: str
+    started: float
+
+
+class Door:
+    """The pipelines' adaptive limits; settings and objectives reload live."""
+
+    def __init__(self, settings: Concurrency, objectives: Mapping[str, float]) -> None:
+        self.settings = settings
+        self.limits: dict[str, AdaptiveLimit] = {}
+        self.configure(settings, objectives)
+
+    def configure(self, settings: Concurrency, objectives: Mapping[str, float]) -> None:
+        self.settings = settings
+        for name, objective in objectives.items():
+            limit = self.limits.get(name)
+            if limit is None:
+                self.limits[name] = AdaptiveLimit(settings, objective)
+            else:
+                limit.settings, limit.objective = settings, objective
+
+    def enter(self, pipeline: str, client: str, shedding: Ladder | None = None) -> Ticket:
+        """A place for one request of `client`, or RESOURCE_EXHAUSTED with a retry hint;
+        `shedding`: the ladder's settings while it sheds load (level 4)."""
+        limit = self.limits[pipeline]
+        share = shedding.shed_admit_fraction if shedding else 1.0
+        reason = limit.refusal(client, share)
+        if reason:
+            SHED.labels(reason).inc()
+            retry = max(MIN_RETRY_SECONDS, limit.recent)
+            if shedding:
+                retry = max(retry, shedding.shed_retry_ms / 1000)
+            raise Overloaded(_refused(pipeline, reason, limit), retry)
+        limit.enter(client)
+        return Ticket(pipeline, client, time.monotonic())
+
+    def leave(self, ticket: Ticket, counts: bool) -> None:
+        """The ticket's request is done; `counts`: its latency says how the chain is doing."""
+        limit = self.limits.get(ticket.pipeline)
+        if limit is None:
+            return
+        limit.leave(ticket.client, time.monotonic() - ticket.started if counts else None)
+        CONCURRENCY_LIMIT(ticket.pipeline).set(limit.limit)
+
+
+def _refused(pipeline: str, reason: str, limit: AdaptiveLimit) -> str:
+    held = f"{limit.inflight} of its limit of {int(limit.limit)} requests are in the chain"
+    if reason == "client_share":
+        return f"pipeline {pipeline!r}: this client holds its share ({held}); retry later"
+    if reason == "level":
+        return f"pipeline {pipeline!r}: the gateway is shedding load ({held}); retry later"
+    return f"pipeline {pipeline!r} is at its concurrency limit ({held}); retry later"
