@@ -16,6 +16,7 @@ import grpc
 from strata.telemetry import record_error
 
 log = logging.getLogger(__name__)
+RETRY_AFTER = "retry-after-ms"  # trailing metadata: how long to back off, in milliseconds
 
 
 class StrataError(Exception):
@@ -58,7 +59,7 @@ class Overloaded(StrataError):
     def trailers(self) -> tuple[tuple[str, str], ...]:
         if self.retry_after <= 0:
             return ()
-        return (("retry-after-ms", str(max(1, round(self.retry_after * 1000)))),)
+        return ((RETRY_AFTER, str(max(1, round(self.retry_after * 1000)))),)
 
 
 class Unavailable(StrataError):
@@ -90,11 +91,30 @@ class Upstream(StrataError):
 _BY_CODE = {cls.code: cls for cls in StrataError.__subclasses__() if cls is not Upstream}
 
 
-def from_code(code: int | grpc.StatusCode, message: str) -> StrataError:
-    """The domain error for a status code (as carried in a strata.v1 Error)."""
+def from_code(code: int | grpc.StatusCode, message: str, retry_after: float = 0.0) -> StrataError:
+    """The domain error for a status code (as carried in a strata.v1 Error), with the
+    caller's retry hint where it is an overload."""
     status = code if isinstance(code, grpc.StatusCode) else _status_of(code)
+    if status == grpc.StatusCode.RESOURCE_EXHAUSTED:
+        return Overloaded(message, retry_after)
     known = _BY_CODE.get(status)
     return known(message) if known else Upstream(status, message)
+
+
+def retry_after_of(exc: BaseException) -> float:
+    """The seconds an error asks its caller to wait before retrying (0: no hint)."""
+    return exc.retry_after if isinstance(exc, Overloaded) else 0.0
+
+
+def hinted_retry(metadata: object) -> float:
+    """The `retry-after-ms` hint in a call's trailing metadata, in seconds (0: none)."""
+    for key, value in metadata or ():
+        if key == RETRY_AFTER:
+            try:
+                return max(0.0, float(value) / 1000)
+            except ValueError:
+                return 0.0
+    return 0.0
 
 
 def _status_of(value: int) -> grpc.StatusCode:

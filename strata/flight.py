@@ -8,8 +8,9 @@ request of its own: its own deadline, its own error, its own link from the batch
 - `strata.rows`: the members' row counts, in order ("1,1,3").
 - `strata.trace_contexts`: each member's W3C traceparent ("" for none), comma-separated.
 - `strata.timeouts_us`: each member's remaining budget in microseconds.
-- `strata.errors` (in the response): JSON `{"<member index>": [code, message]}` for members
-  that failed; the outputs are stacked over the others, in order.
+- `strata.errors` (in the response): JSON `{"<member index>": [code, message, retry_ms]}`
+  for members that failed (retry_ms: the back-off an overload asks for, 0 for none); the
+  outputs are stacked over the others, in order.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from strata.errors import InvalidArgument
+from strata.errors import InvalidArgument, StrataError, from_code, retry_after_of, status_of
 from strata.proto.inference import grpc_service_pb2 as v2
 
 ROWS = "strata.rows"
@@ -61,25 +62,34 @@ def members(parameters: Parameters, total_rows: int) -> list[FlightMember]:
     ]
 
 
-def set_errors(parameters, errors: Mapping[int, tuple[int, str]]) -> None:
+def set_errors(parameters, errors: Mapping[int, BaseException]) -> None:
     """Write members' errors into a response's parameters."""
     if errors:
-        payload = {str(index): [code, message] for index, (code, message) in errors.items()}
+        payload = {str(index): _entry(exc) for index, exc in errors.items()}
         parameters[ERRORS].string_param = json.dumps(payload)
 
 
-def member_errors(parameters: Parameters, count: int) -> dict[int, tuple[int, str]]:
+def _entry(exc: BaseException) -> list:
+    code, message = status_of(exc)
+    return [code.value[0], message, round(retry_after_of(exc) * 1000)]
+
+
+def member_errors(parameters: Parameters, count: int) -> dict[int, StrataError]:
     """The members' errors a response reports (none from a server that knows no flights)."""
     if ERRORS not in parameters:
         return {}
     try:
         payload = json.loads(parameters[ERRORS].string_param)
-        errors = {int(key): (int(code), str(message)) for key, (code, message) in payload.items()}
+        errors = {int(key): _error(*entry) for key, entry in payload.items()}
     except (ValueError, TypeError) as exc:
         raise RuntimeError(f"unreadable {ERRORS!r} in an inference response: {exc}") from None
     if any(not 0 <= index < count for index in errors):
         raise RuntimeError(f"{ERRORS!r} names a member outside 0..{count - 1}")
     return errors
+
+
+def _error(code: int, message: str, retry_ms: float = 0) -> StrataError:
+    return from_code(int(code), str(message), float(retry_ms) / 1000)
 
 
 def _text(parameters: Parameters, name: str) -> str:

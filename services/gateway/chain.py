@@ -139,8 +139,8 @@ class Chain:
         if errors:
             kept = [i for i in range(len(members)) if i not in errors]
             features = stack.take(features, [m.rows for m in members], kept)
-            for index, (code, message) in errors.items():
-                _fail(members[index], from_code(code, message))
+            for index, error in errors.items():
+                _fail(members[index], error)
             members = [members[i] for i in kept]
         return members, features, scores, reply.model_version
 

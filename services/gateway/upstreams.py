@@ -23,7 +23,7 @@ from services.gateway.hoptime import HopTimer
 from services.gateway.metrics import BREAKER_OPEN, UPSTREAM_CALLS
 from strata.channels import open_channel
 from strata.config import ServiceEndpoint, Settings
-from strata.errors import Unavailable, from_code
+from strata.errors import Unavailable, from_code, hinted_retry
 from strata.proto.inference import grpc_service_pb2_grpc as v2_grpc
 from strata.proto.v1 import postprocess_pb2_grpc, preprocess_pb2_grpc
 from strata.telemetry import outgoing
@@ -116,7 +116,8 @@ class Hop:
                 # dropped the call, e.g. while shutting down. Another replica or arm may answer.
                 code = grpc.StatusCode.UNAVAILABLE
                 raise Unavailable(f"{self.name}: the call was dropped ({exc.details()})") from None
-            raise from_code(code, f"{self.name}: {exc.details()}") from None
+            retry = hinted_retry(exc.trailing_metadata())
+            raise from_code(code, f"{self.name}: {exc.details()}", retry) from None
         finally:
             breaker.record(code)
             UPSTREAM_CALLS(self.name, code.name).inc()

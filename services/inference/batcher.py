@@ -117,6 +117,11 @@ class Batcher:
         """Wait until every queued and running batch of a closed batcher has finished."""
         await self._drained.wait()
 
+    def _drain_seconds(self) -> float:
+        """About how long the queued rows take to run: when a retry may find room."""
+        batches = self._queue.rows / self._max_rows / self._concurrency
+        return max(0.001, batches * self.execution.estimate(self._max_rows))
+
     def _admit(self, rows: int, level: int, deadline: float | None, now: float) -> None:
         if self._closed:
             self._stats.reject(reasons.RETIRED)
@@ -125,7 +130,8 @@ class Batcher:
             self._stats.reject(reasons.QUEUE_FULL)
             raise Overloaded(
                 f"{self.label}: queue full ({self._queue.rows} rows queued, "
-                f"limit {self._settings.max_queue_rows}); retry later"
+                f"limit {self._settings.max_queue_rows}); retry later",
+                self._drain_seconds(),
             )
         if deadline is None:
             return

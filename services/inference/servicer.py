@@ -35,7 +35,6 @@ from strata.errors import (
     StrataError,
     Unavailable,
     grpc_errors,
-    status_of,
 )
 from strata.proto.inference import grpc_service_pb2 as v2
 from strata.proto.inference import grpc_service_pb2_grpc as v2_grpc
@@ -184,11 +183,7 @@ class InferenceServicer(v2_grpc.GRPCInferenceServiceServicer):
             ),
             return_exceptions=True,
         )
-        errors = {}
-        for index, outcome in enumerate(outcomes):
-            if isinstance(outcome, BaseException):
-                code, message = status_of(outcome)
-                errors[index] = (code.value[0], message)
+        errors = {i: o for i, o in enumerate(outcomes) if isinstance(o, BaseException)}
         if len(errors) == len(members):
             raise outcomes[0]
         answered = [o for o in outcomes if not isinstance(o, BaseException)]

@@ -362,8 +362,8 @@ def test_a_flight_queues_each_member_as_its_own_request(tmp_path: Path) -> None:
         after = statistics(stub, "pool").inference_stats
     errors = flight.member_errors(reply.parameters, len(members))
     assert sorted(errors) == [2, 3]
-    assert errors[2][0] == grpc.StatusCode.INVALID_ARGUMENT.value[0]
-    assert errors[3][0] == grpc.StatusCode.DEADLINE_EXCEEDED.value[0]
+    assert errors[2].code == grpc.StatusCode.INVALID_ARGUMENT
+    assert errors[3].code == grpc.StatusCode.DEADLINE_EXCEEDED
     pooled = codec.response_outputs(reply)["pooled"]
     expected = np.concatenate([run(pooling_model(), members[i])["pooled"] for i in (0, 1, 4)])
     np.testing.assert_allclose(pooled, expected, rtol=1e-5)

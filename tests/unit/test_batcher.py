@@ -172,9 +172,10 @@ def test_a_full_queue_refuses_at_once() -> None:
         queued = [asyncio.ensure_future(submit(b, x(rows=2))) for _ in range(2)]
         await asyncio.sleep(0.01)
         start = time.perf_counter()
-        with pytest.raises(Overloaded, match="queue full"):
+        with pytest.raises(Overloaded, match="queue full") as full:
             await submit(b, x())
-        assert time.perf_counter() - start < 0.5  # the gate holds the queue shut until later
+        assert time.perf_counter() - start < 0.5
+        assert full.value.retry_after > 0, "the refusal says when to come back"  # the gate holds the queue shut until later
         gate.set()
         return await asyncio.gather(first, *queued)
 
