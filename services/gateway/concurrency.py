@@ -12,8 +12,9 @@ the limit whatever the baseline says.
 
 A request beyond the limit is refused at once (RESOURCE_EXHAUSTED) with a retry hint of one
 recent median: about when a place frees. When more than `contention` of the limit is in use,
-a client may hold at most an equal share of the limit among the clients holding requests, so
-one client flooding the door cannot take the others' capacity.
+a client may hold at most an equal share of it, counting one share more than there are
+clients holding requests (n clients: 1/(n + 1) each), so one client flooding the door cannot
+take the others' capacity and a newcomer always finds room.
 """
 
 from __future__ import annotations
@@ -57,8 +58,9 @@ class AdaptiveLimit:
             return "concurrency" if share >= 1.0 else "level"
         if self.inflight >= self.settings.contention * self.limit:
             held = self.holders.get(client, 0)
-            sharing = len(self.holders) + (0 if held else 1)
-            if held + 1 > max(1.0, self.limit / sharing):
+            others = len(self.holders) - (1 if held else 0)
+            # One share more than there are clients: room for a newcomer is kept free.
+            if held + 1 > max(1.0, self.limit / (others + 2)):
                 return "client_share"
         return ""
 

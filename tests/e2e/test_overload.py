@@ -125,3 +125,30 @@ def test_the_ladder_climbs_on_queueing_delay_says_why_and_comes_back_down(admin_
     assert readings["queue_delay:digits"].threshold == pytest.approx(0.00025)
     calmed = admin.Status(admin_pb2.StatusRequest(), metadata=AUTH).level_reason
     assert calmed.startswith("calm"), calmed
+
+
+def test_a_flooding_client_cannot_take_another_clients_share(tmp_path: Path) -> None:
+    changes = {"gateway": {"concurrency": {"initial": 8, "min_limit": 8, "max_limit": 8}}}
+    with running_system(tmp_path, changes) as system:
+        address = system.address("gateway")
+        stub = v2_grpc.GRPCInferenceServiceStub(grpc.insecure_channel(address))
+        stop, flooded = threading.Event(), []
+
+        def flood(worker: int) -> None:
+            i = worker
+            while not stop.is_set():
+                flooded.append(call(stub, "flood", i))
+                i += 32
+
+        floods = [threading.Thread(target=flood, args=(w,)) for w in range(32)]
+        for thread in floods:
+            thread.start()
+        try:
+            time.sleep(0.5)
+            quiet = [call(stub, "quiet", i)[0] for i in range(40)]
+        finally:
+            stop.set()
+            for thread in floods:
+                thread.join()
+    assert quiet == ["OK"] * 40
+    assert {code for code, _, _ in flooded} == {"OK", "RESOURCE_EXHAUSTED"}

@@ -62,9 +62,18 @@ def test_a_client_holding_its_share_under_contention_is_refused_and_others_are_n
     for _ in range(8):
         limit.enter("flood")
     limit.enter("quiet")
-    assert limit.refusal("flood") == "client_share"  # 8 of 16, shared by 2
+    assert limit.refusal("flood") == "client_share"  # 8 of 16, with a third each
     assert limit.refusal("quiet") == ""
     assert limit.refusal("new") == ""
+
+
+def test_a_lone_client_under_contention_leaves_room_for_another() -> None:
+    limit = AdaptiveLimit(SETTINGS, objective=1.0, clock=Clock())
+    for _ in range(8):
+        assert limit.refusal("flood") == ""
+        limit.enter("flood")
+    assert limit.refusal("flood") == "client_share"
+    assert limit.refusal("newcomer") == ""
 
 
 def test_the_door_refuses_past_the_limit_with_a_retry_hint() -> None:
