@@ -126,6 +126,13 @@ class ServerSettings(Strict):
     max_concurrent_streams: int = Field(
         default=256, gt=0, description="Calls one client connection may have open at once."
     )
+    max_concurrent_rpcs: int = Field(
+        default=2048,
+        gt=0,
+        description="Calls one server runs at once, health checks included; gRPC refuses any "
+        "beyond it at once (RESOURCE_EXHAUSTED, before a handler runs): the backstop behind "
+        "the gateway's adaptive concurrency limit, so a backlog cannot grow without bound.",
+    )
     max_connection_age_seconds: float = Field(
         default=60.0,
         gt=0,

@@ -75,7 +75,7 @@ async def start_server(
             ("grpc.max_connection_age_ms", int(settings.max_connection_age_seconds * 1000)),
             ("grpc.max_connection_age_grace_ms", int(settings.grace_seconds * 1000)),
         ]
-    server = grpc.aio.server(options=options)
+    server = grpc.aio.server(options=options, maximum_concurrent_rpcs=settings.max_concurrent_rpcs)
     health = HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health, server)
     names = [health_pb2.DESCRIPTOR.services_by_name["Health"].full_name]
