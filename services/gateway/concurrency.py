@@ -12,9 +12,10 @@ the limit whatever the baseline says.
 
 A request beyond the limit is refused at once (RESOURCE_EXHAUSTED) with a retry hint of one
 recent median: about when a place frees. When more than `contention` of the limit is in use,
-a client may hold at most an equal share of it, counting one share more than there are
-clients holding requests (n clients: 1/(n + 1) each), so one client flooding the door cannot
-take the others' capacity and a newcomer always finds room.
+a client may hold at most an equal share of it among the clients holding requests, and a
+client that holds none may enter a little past the limit (its square root), so a lone
+client may use the whole limit, yet one flooding the door cannot keep a newcomer out or take
+the others' capacity once they hold requests too.
 """
 
 from __future__ import annotations
@@ -54,13 +55,15 @@ class AdaptiveLimit:
     def refusal(self, client: str, share: float = 1.0) -> str:
         """Why `client` may not add a request now ("" when it may); `share`: of the limit
         that is open (less while the ladder sheds)."""
-        if self.inflight >= max(1, int(self.limit * share)):
+        held = self.holders.get(client, 0)
+        open_places = max(1, int(self.limit * share))
+        if held == 0:
+            open_places += max(1, int(math.sqrt(open_places)))  # a newcomer's headroom
+        if self.inflight >= open_places:
             return "concurrency" if share >= 1.0 else "level"
         if self.inflight >= self.settings.contention * self.limit:
-            held = self.holders.get(client, 0)
-            others = len(self.holders) - (1 if held else 0)
-            # One share more than there are clients: room for a newcomer is kept free.
-            if held + 1 > max(1.0, self.limit / (others + 2)):
+            sharing = len(self.holders) + (0 if held else 1)
+            if held + 1 > max(1.0, self.limit / sharing):
                 return "client_share"
         return ""
 

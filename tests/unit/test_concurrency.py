@@ -62,26 +62,36 @@ def test_a_client_holding_its_share_under_contention_is_refused_and_others_are_n
     for _ in range(8):
         limit.enter("flood")
     limit.enter("quiet")
-    assert limit.refusal("flood") == "client_share"  # 8 of 16, with a third each
+    assert limit.refusal("flood") == "client_share"  # 8 of 16, shared by 2
     assert limit.refusal("quiet") == ""
     assert limit.refusal("new") == ""
 
 
-def test_a_lone_client_under_contention_leaves_room_for_another() -> None:
+def test_a_lone_client_may_fill_the_limit_and_a_newcomer_still_gets_in() -> None:
     limit = AdaptiveLimit(SETTINGS, objective=1.0, clock=Clock())
-    for _ in range(8):
+    for _ in range(16):
         assert limit.refusal("flood") == ""
         limit.enter("flood")
-    assert limit.refusal("flood") == "client_share"
+    assert limit.refusal("flood") == "concurrency"
+    assert limit.refusal("newcomer") == ""
+    limit.enter("newcomer")
+    assert limit.refusal("flood") == "concurrency"
+    for _ in range(8):
+        limit.leave("flood", None)
+    assert limit.refusal("flood") == "client_share", "8 of 16, shared by 2"
     assert limit.refusal("newcomer") == ""
 
 
 def test_the_door_refuses_past_the_limit_with_a_retry_hint() -> None:
     door = Door(Concurrency(initial=2, min_limit=1, contention=1.0), {"digits": 1.0})
-    tickets = [door.enter("digits", f"c{i}") for i in range(2)]
+    tickets = [door.enter("digits", "c") for _ in range(2)]
     with pytest.raises(Overloaded) as refused:
-        door.enter("digits", "c3")
+        door.enter("digits", "c")
     assert "concurrency limit" in str(refused.value)
     assert dict(refused.value.trailers())["retry-after-ms"] == "1"
+    door.enter("digits", "newcomer")  # its headroom
     door.leave(tickets[0], counts=True)
-    door.enter("digits", "c3")
+    with pytest.raises(Overloaded):
+        door.enter("digits", "c")
+    door.leave(tickets[1], counts=True)
+    door.enter("digits", "c")
