@@ -89,7 +89,11 @@ soak: $(STAMP_MODELS)
 
 # Containers (deploy/docker-compose.yml): the models are built here and mounted read-only.
 COMPOSE := docker compose -p strata -f deploy/docker-compose.yml
-compose-up: $(STAMP_MODELS)
+CERTS := build/certs/kustomization.yaml
+$(CERTS): $(STAMP_VENV) scripts/make_certs.py
+	$(PY) scripts/make_certs.py --out build/certs
+
+compose-up: $(STAMP_MODELS) $(CERTS)
 	$(COMPOSE) up -d --build
 
 compose-down:

@@ -1,10 +1,14 @@
-"""A development CA and certificates for TLS on every hop (`make certs`).
+"""A development CA and a certificate per identity, for mutual TLS between layers (`make certs`).
 
-Writes into the output folder: `ca.pem` (the deployment's CA), `server.pem`/`server-key.pem`
-(the identity every internal service presents, and the gateway's public one),
-`client.pem`/`client-key.pem` (the identity the gateway presents to internal services under
-mutual TLS). The certificates name every host the layers are reached by locally, in compose
-and in Kubernetes. For development only: production certificates come from your own CA.
+Writes a folder per identity into the output folder, each holding `tls.crt`, `tls.key` and
+`ca.crt` (the layout strata.security reads and a Kubernetes TLS Secret mounts), and a
+`kustomization.yaml` making one Secret per identity, `strata-tls-NAME`
+(`kubectl apply -k build/certs -n strata-dev`). Identities: `gateway` (what the gateway presents
+to the layers), `gateway-public` (its client-facing port), `preprocess`, `inference` (both
+deployments) and `postprocess`. Each certificate carries its SPIFFE ID (spiffe://strata/NAME,
+what servers admit callers by) and the names its layer is dialled by: compose service names,
+Kubernetes Service names in each namespace, localhost and 127.0.0.1.
+For development only: production certificates come from your own CA (e.g. cert-manager).
 """
 
 from __future__ import annotations
@@ -14,16 +18,31 @@ import datetime
 import ipaddress
 from pathlib import Path
 
+import yaml
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-HOSTS = [
-    "localhost", "gateway", "preprocess", "inference-a", "inference-b", "postprocess",
-    "*.strata.svc.cluster.local", "*.strata-dev.svc.cluster.local",
-]  # fmt: skip
+from strata.security import CA, CERT, GATEWAY, KEY, public_identity, spiffe_id
+
+SERVER, CLIENT = ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH
+# Identity: (the hosts it is dialled by, its uses). A layer is a client too when its container
+# checks its own health with its own certificate.
+IDENTITIES = {
+    GATEWAY: ((), (CLIENT,)),
+    public_identity(GATEWAY): ((GATEWAY,), (SERVER,)),
+    "preprocess": (("preprocess",), (SERVER, CLIENT)),
+    "inference": (("inference-a", "inference-b"), (SERVER, CLIENT)),
+    "postprocess": (("postprocess",), (SERVER, CLIENT)),
+}
+NAMESPACES = ("strata", "strata-dev")  # the overlays'
 DAYS = 365
+
+
+def secret_name(identity: str) -> str:
+    """The Kubernetes Secret holding `identity`'s certificate."""
+    return f"strata-tls-{identity}"
 
 
 def _name(common: str) -> x509.Name:
@@ -34,18 +53,8 @@ def _key() -> ec.EllipticCurvePrivateKey:
     return ec.generate_private_key(ec.SECP256R1())
 
 
-def _write(folder: Path, stem: str, cert: x509.Certificate, key) -> None:
-    (folder / f"{stem}.pem").write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    if key is not None:
-        path = folder / f"{stem}-key.pem"
-        path.write_bytes(
-            key.private_bytes(
-                serialization.Encoding.PEM,
-                serialization.PrivateFormat.PKCS8,
-                serialization.NoEncryption(),
-            )
-        )
-        path.chmod(0o600)
+def _pem(cert: x509.Certificate) -> bytes:
+    return cert.public_bytes(serialization.Encoding.PEM)
 
 
 def _builder(subject: str, issuer: x509.Name, public_key) -> x509.CertificateBuilder:
@@ -61,35 +70,78 @@ def _builder(subject: str, issuer: x509.Name, public_key) -> x509.CertificateBui
     )
 
 
-def make_certs(folder: Path) -> None:
-    folder.mkdir(parents=True, exist_ok=True)
+def _names(identity: str, hosts: tuple[str, ...], namespaces: tuple[str, ...]) -> list:
+    names: list[x509.GeneralName] = [x509.UniformResourceIdentifier(spiffe_id(identity))]
+    if hosts:
+        dns = [*hosts, *(f"{h}.{ns}.svc.cluster.local" for h in hosts for ns in namespaces)]
+        names += [x509.DNSName(h) for h in [*dns, "localhost"]]
+        names.append(x509.IPAddress(ipaddress.ip_address("127.0.0.1")))
+    return names
+
+
+def _write_identity(
+    folder: Path, ca: x509.Certificate, ca_key, identity: str, names: list, uses: tuple
+) -> None:
+    key = _key()
+    cert = (
+        _builder(identity, ca.subject, key.public_key())
+        .add_extension(x509.SubjectAlternativeName(names), critical=False)
+        .add_extension(x509.ExtendedKeyUsage(list(uses)), critical=False)
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .sign(ca_key, hashes.SHA256())
+    )
+    out = folder / identity
+    out.mkdir(parents=True, exist_ok=True)
+    (out / CA).write_bytes(_pem(ca))
+    (out / CERT).write_bytes(_pem(cert))
+    private = key.private_bytes(
+        serialization.Encoding.PEM,
+        serialization.PrivateFormat.PKCS8,
+        serialization.NoEncryption(),
+    )
+    (out / KEY).write_bytes(private)
+    # Readable by the containers' user (uid 10001), which compose's bind mounts keep the host's
+    # owner for: development keys only; a cluster's come from Secrets.
+    (out / KEY).chmod(0o644)
+
+
+def _kustomization() -> str:
+    generators = [
+        {
+            "name": secret_name(identity),
+            "type": "kubernetes.io/tls",
+            "files": [f"{name}={identity}/{name}" for name in (CERT, KEY, CA)],
+        }
+        for identity in IDENTITIES
+    ]
+    spec = {"secretGenerator": generators, "generatorOptions": {"disableNameSuffixHash": True}}
+    return yaml.safe_dump(spec, sort_keys=False)
+
+
+def make_certs(folder: Path, namespaces: tuple[str, ...] = NAMESPACES) -> None:
+    """A new CA and every identity's certificate under `folder`, replacing what was there."""
     ca_key = _key()
     ca = (
         _builder("Strata development CA", _name("Strata development CA"), ca_key.public_key())
         .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
         .sign(ca_key, hashes.SHA256())
     )
-    _write(folder, "ca", ca, None)
-    sans = [x509.DNSName(h) for h in HOSTS] + [x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]
-    for stem, usage in (
-        ("server", ExtendedKeyUsageOID.SERVER_AUTH),
-        ("client", ExtendedKeyUsageOID.CLIENT_AUTH),
-    ):
-        key = _key()
-        cert = (
-            _builder(f"strata-{stem}", ca.subject, key.public_key())
-            .add_extension(x509.SubjectAlternativeName(sans), critical=False)
-            .add_extension(x509.ExtendedKeyUsage([usage]), critical=False)
-            .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-            .sign(ca_key, hashes.SHA256())
-        )
-        _write(folder, stem, cert, key)
+    for identity, (hosts, uses) in IDENTITIES.items():
+        names = _names(identity, hosts, namespaces)
+        _write_identity(folder, ca, ca_key, identity, names, uses)
+    (folder / "kustomization.yaml").write_text(_kustomization())
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path("build/certs"), help="output folder")
-    make_certs(parser.parse_args().out)
+    parser.add_argument(
+        "--namespace",
+        action="append",
+        help=f"Kubernetes namespace to name Services in (repeatable; default {NAMESPACES})",
+    )
+    args = parser.parse_args()
+    make_certs(args.out, tuple(args.namespace or NAMESPACES))
 
 
 if __name__ == "__main__":

@@ -11,7 +11,7 @@ import json
 import grpc
 
 from strata.config import ServerSettings
-from strata.security import TlsSettings, channel_credentials, channel_options
+from strata.security import GATEWAY, TlsSettings, channel_credentials, channel_options
 from strata.server import grpc_options
 
 
@@ -39,8 +39,9 @@ def service_config(services: list[str], max_attempts: int = 3) -> str:
 def open_channel(
     target: str, settings: ServerSettings, services: list[str], tls: TlsSettings
 ) -> grpc.aio.Channel:
-    """A channel to `target` (mutual TLS when on) with retries for `services`; callers put
-    trace context in each call's metadata (strata.telemetry.outgoing)."""
+    """The gateway's channel to a layer at `target` (mutual TLS when on, presenting the
+    gateway's identity) with retries for `services`; callers put trace context in each call's
+    metadata (strata.telemetry.outgoing)."""
     options = [
         *grpc_options(settings),
         *channel_options(tls),
@@ -53,9 +54,10 @@ def open_channel(
     return grpc.aio.secure_channel(target, credentials, options=options)
 
 
-def blocking_channel(target: str, tls: TlsSettings) -> grpc.Channel:
-    """A plain synchronous channel (health probes, tools), with TLS when on."""
-    credentials = channel_credentials(tls)
+def blocking_channel(target: str, tls: TlsSettings, identity: str = GATEWAY) -> grpc.Channel:
+    """A plain synchronous channel (health checks, tools), with TLS when on, presenting
+    `identity`."""
+    credentials = channel_credentials(tls, identity)
     if credentials is None:
         return grpc.insecure_channel(target)
     return grpc.secure_channel(target, credentials, options=channel_options(tls))

@@ -48,10 +48,10 @@ def run_service(name: str, build: Builder, argv: list[str] | None = None) -> Non
         sys.exit(str(exc))
     setup_logging(name, settings.telemetry.log_level)
     setup_tracing(f"strata-{name}", settings.telemetry)
-    asyncio.run(_main(build, settings, args.listen))
+    asyncio.run(_main(name, build, settings, args.listen))
 
 
-async def _main(build: Builder, settings: Settings, listen: str | None) -> None:
+async def _main(name: str, build: Builder, settings: Settings, listen: str | None) -> None:
     try:
         service = await build(settings)
     except (ValueError, OSError) as exc:  # a step, rule or model the config names is unusable
@@ -68,4 +68,5 @@ async def _main(build: Builder, settings: Settings, listen: str | None) -> None:
         settings.tls,
         service.public,
         service.on_start,
+        identity=name,
     )

@@ -2,8 +2,11 @@
 
 Asks `grpc.health.v1.Health/Check` at ADDRESS (for the whole server, or one `--service`) and
 exits 0 only when the answer is SERVING. NOT_SERVING, an unknown service, no answer within
-`--timeout` or any other error exits 1, with the reason on stderr. Container health checks
-(the compose file's) run it; Kubernetes asks the same RPC with its native `grpc:` probes.
+`--timeout` or any other error exits 1, with the reason on stderr. With `--config`, it speaks
+the config's TLS, presenting the certificate of `--identity` (inside a container, its layer's
+own: every layer admits any CA-signed caller to its health service). Container health checks
+(the compose file's) run it; Kubernetes asks the same RPC with its native `grpc:` probes, on
+the plaintext port `tls.probe_listen` opens, as they cannot present a certificate.
 """
 
 from __future__ import annotations
@@ -17,17 +20,21 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from strata.channels import blocking_channel
 from strata.config import load_settings
-from strata.security import TlsSettings
+from strata.security import GATEWAY, TlsSettings
 
 
 def check(
-    address: str, service: str = "", timeout: float = 2.0, tls: TlsSettings | None = None
+    address: str,
+    service: str = "",
+    timeout: float = 2.0,
+    tls: TlsSettings | None = None,
+    identity: str = GATEWAY,
 ) -> str:
     """The status name (e.g. SERVING) the server at `address` reports for `service`.
 
     Raises grpc.RpcError when the server cannot be reached in time or does not know `service`.
     """
-    with blocking_channel(address, tls or TlsSettings()) as channel:
+    with blocking_channel(address, tls or TlsSettings(), identity) as channel:
         stub = health_pb2_grpc.HealthStub(channel)
         reply = stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=timeout)
     return health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)
@@ -39,12 +46,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--service", default="", help="service name to ask about (default: all)")
     parser.add_argument("--timeout", type=float, default=2.0, help="seconds to wait for an answer")
     parser.add_argument("--config", type=Path, help="deployment config, for its TLS settings")
+    parser.add_argument(
+        "--identity", default=GATEWAY, help="certificate to present under TLS (default: gateway)"
+    )
     args = parser.parse_args(argv)
     tls = load_settings(args.config).tls if args.config else None
     try:
-        status = check(args.address, args.service, args.timeout, tls)
+        status = check(args.address, args.service, args.timeout, tls, args.identity)
     except grpc.RpcError as exc:
         print(f"{args.address}: {exc.code().name}: {exc.details()}", file=sys.stderr)
+        return 1
+    except OSError as exc:  # a certificate the config names is missing
+        print(f"{args.address}: {exc}", file=sys.stderr)
         return 1
     if status != "SERVING":
         print(f"{args.address}: {status}", file=sys.stderr)

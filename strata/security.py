@@ -1,82 +1,127 @@
-"""TLS on every hop and API keys at the gateway.
+"""TLS on every hop, callers admitted by identity, and API keys at the gateway.
 
-With `tls.enabled`, internal services (preprocess, inference, postprocess) accept only callers
-presenting a certificate signed by the deployment's CA (mutual TLS); the gateway's public port
-serves its certificate without asking clients for one (clients authenticate with API keys).
+With `tls.enabled`, every process presents the certificate of its own identity, read from a
+folder per identity under `tls.certs` (tls.crt, tls.key, and ca.crt: the CA its peers'
+certificates must chain to), the layout `make certs` writes and a Kubernetes TLS Secret mounts.
+A certificate's identity is its SPIFFE ID, spiffe://strata/NAME.
+
+Internal layers (preprocess, inference, postprocess) require mutual TLS and, on every RPC,
+admit only the identities `tls.allowed_clients` lists for them (the gateway); health checks
+admit any certificate the CA signed, so each container can check itself. The gateway's public
+port presents `gateway-public` without asking clients for a certificate (clients authenticate
+with API keys); its channels to the layers present `gateway`.
 Plaintext only when the config says so, for local development.
 """
 
 from __future__ import annotations
 
 import hashlib
+import inspect
+import logging
 import secrets
 import sys
+import types
+from collections.abc import Callable
 from pathlib import Path
 
 import grpc
+from google.protobuf import descriptor_pool
 from pydantic import Field, model_validator
 
 from strata.strict import Strict
 
+log = logging.getLogger(__name__)
+
+GATEWAY = "gateway"  # what the gateway presents to the layers, and tools by default
+CERT, KEY, CA = "tls.crt", "tls.key", "ca.crt"  # an identity's files, as in a TLS Secret
+TRUST_DOMAIN = "strata"
+INTERNAL = ("preprocess", "inference", "postprocess")
+
+
+def spiffe_id(identity: str) -> str:
+    """The URI a certificate of `identity` carries as a subject alternative name."""
+    return f"spiffe://{TRUST_DOMAIN}/{identity}"
+
+
+def public_identity(identity: str) -> str:
+    """The identity a public (client-facing) server of `identity` presents."""
+    return f"{identity}-public"
+
 
 class TlsSettings(Strict):
-    """Certificates; relative paths resolve against the config file's folder."""
+    """Certificates by identity; a relative `certs` resolves against the config file's folder."""
 
     enabled: bool = Field(default=False, description="TLS everywhere; false means plaintext.")
-    ca: Path | None = Field(default=None, description="CA certificate that signs every peer.")
-    cert: Path | None = Field(default=None, description="Server certificate (PEM).")
-    key: Path | None = Field(default=None, description="Server private key (PEM).")
-    client_cert: Path | None = Field(
-        default=None, description="Certificate callers present to internal services."
+    certs: Path | None = Field(
+        default=None,
+        description="Folder with a folder per identity (gateway, gateway-public, preprocess, "
+        "inference, postprocess), each holding tls.crt, tls.key and ca.crt (`make certs`).",
     )
-    client_key: Path | None = Field(default=None, description="Private key of client_cert.")
+    allowed_clients: dict[str, list[str]] = Field(
+        default_factory=lambda: {name: [GATEWAY] for name in INTERNAL},
+        description="The identities each internal layer admits as callers, by the layer's "
+        "identity; a layer not listed admits none. Health checks admit any CA-signed caller.",
+    )
     server_name: str | None = Field(
         default=None,
         description="Name to verify in servers' certificates instead of the dialled host "
         "(e.g. localhost when dialling 127.0.0.1).",
     )
+    probe_listen: str | None = Field(
+        default=None,
+        description="host:port of a plaintext server with only the health service, for "
+        "probes that cannot present a certificate (Kubernetes `grpc:` probes). Each process "
+        "needs its own port: set it per container (STRATA_TLS__PROBE_LISTEN).",
+    )
 
     @model_validator(mode="after")
     def _complete(self) -> TlsSettings:
-        if self.enabled:
-            missing = [
-                k
-                for k in ("ca", "cert", "key", "client_cert", "client_key")
-                if not getattr(self, k)
-            ]
-            if missing:
-                raise ValueError(f"tls.enabled needs {', '.join(missing)}")
+        if self.enabled and self.certs is None:
+            raise ValueError("tls.enabled needs certs, the folder of identities (make certs)")
         return self
 
     def resolved(self, base: Path) -> TlsSettings:
-        """A copy with relative paths made absolute against `base`."""
-        paths = {
-            k: (base / v).resolve()
-            for k in ("ca", "cert", "key", "client_cert", "client_key")
-            if (v := getattr(self, k)) is not None and not v.is_absolute()
-        }
-        return self.model_copy(update=paths)
+        """A copy with a relative `certs` made absolute against `base`."""
+        if self.certs is None or self.certs.is_absolute():
+            return self
+        return self.model_copy(update={"certs": (base / self.certs).resolve()})
+
+    def pem(self, identity: str, name: str) -> bytes:
+        """One file (CERT, KEY or CA) of `identity`, with a clear error when it is missing."""
+        path = self.certs / identity / name
+        try:
+            return path.read_bytes()
+        except OSError as exc:
+            raise OSError(
+                f"TLS identity {identity!r}: cannot read {path} ({exc.strerror}); "
+                "run `make certs`, or mount the identity's Secret there"
+            ) from None
 
 
-def server_credentials(tls: TlsSettings, public: bool) -> grpc.ServerCredentials | None:
-    """None for plaintext; mutual TLS for internal servers; server-only TLS for public ones."""
+def server_credentials(
+    tls: TlsSettings, identity: str, public: bool
+) -> grpc.ServerCredentials | None:
+    """None for plaintext; server-only TLS for a public server; mutual TLS otherwise."""
     if not tls.enabled:
         return None
+    name = public_identity(identity) if public else identity
     return grpc.ssl_server_credentials(
-        [(tls.key.read_bytes(), tls.cert.read_bytes())],
-        root_certificates=tls.ca.read_bytes(),
+        [(tls.pem(name, KEY), tls.pem(name, CERT))],
+        root_certificates=None if public else tls.pem(name, CA),
         require_client_auth=not public,
     )
 
 
-def channel_credentials(tls: TlsSettings) -> grpc.ChannelCredentials | None:
-    """None for plaintext; otherwise verify servers by the CA and present the client cert."""
+def channel_credentials(
+    tls: TlsSettings, identity: str = GATEWAY
+) -> grpc.ChannelCredentials | None:
+    """None for plaintext; otherwise verify servers by the CA and present `identity`."""
     if not tls.enabled:
         return None
     return grpc.ssl_channel_credentials(
-        root_certificates=tls.ca.read_bytes(),
-        private_key=tls.client_key.read_bytes(),
-        certificate_chain=tls.client_cert.read_bytes(),
+        root_certificates=tls.pem(identity, CA),
+        private_key=tls.pem(identity, KEY),
+        certificate_chain=tls.pem(identity, CERT),
     )
 
 
@@ -84,6 +129,58 @@ def channel_options(tls: TlsSettings) -> list[tuple[str, str]]:
     if tls.enabled and tls.server_name:
         return [("grpc.ssl_target_name_override", tls.server_name)]
     return []
+
+
+Guard = Callable[[object, str], object]
+
+
+def caller_guard(tls: TlsSettings, identity: str, public: bool) -> Guard:
+    """What a server wraps each servicer with: under TLS, an internal server's methods first
+    refuse callers `tls.allowed_clients` does not list for `identity`; otherwise the servicer
+    is left as it is."""
+    if not tls.enabled or public:
+        return lambda servicer, _service: servicer
+    names = sorted(tls.allowed_clients.get(identity, []))
+    if not names:
+        log.warning("%s admits no callers: tls.allowed_clients lists none for it", identity)
+    allowed = frozenset(spiffe_id(name).encode() for name in names)
+    refusal = f"{identity} admits only callers {names}; this caller's certificate is "
+
+    async def check(context: grpc.aio.ServicerContext) -> None:
+        ids = context.peer_identities() or ()
+        if allowed.isdisjoint(ids):
+            mine = [i.decode() for i in ids if i.startswith(b"spiffe:")]
+            detail = refusal + (", ".join(mine) or "no Strata identity")
+            await context.abort(grpc.StatusCode.PERMISSION_DENIED, detail)
+
+    return lambda servicer, service: _guarded(servicer, service, check)
+
+
+def _guarded(servicer: object, service: str, check: Callable) -> object:
+    """`servicer` with each method of `service` wrapped, once at start-up, in `check`: a set
+    lookup over the names in the caller's certificate (about a microsecond a call), where a
+    server interceptor would run its whole pipeline in Python on every call."""
+    methods = descriptor_pool.Default().FindServiceByName(service).methods
+    return types.SimpleNamespace(
+        **{m.name: _checked(getattr(servicer, m.name), check) for m in methods}
+    )
+
+
+def _checked(handler: Callable, check: Callable) -> Callable:
+    if inspect.isasyncgenfunction(handler):
+
+        async def stream(request, context):
+            await check(context)
+            async for reply in handler(request, context):
+                yield reply
+
+        return stream
+
+    async def call(request, context):
+        await check(context)
+        return await handler(request, context)
+
+    return call
 
 
 class ApiKey(Strict):

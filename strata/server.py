@@ -1,8 +1,9 @@
 """Server start-up and shutdown, one routine for every service.
 
-Start: bind, add health and reflection, mark SERVING. SIGTERM or SIGINT: mark NOT_SERVING,
-stop accepting calls, let in-flight calls finish within the grace period, then run the
-service's own clean-up and flush telemetry.
+Start: bind, add health and reflection (and, where configured, a plaintext probe port with
+health alone), mark SERVING. SIGTERM or SIGINT: mark NOT_SERVING, stop accepting calls, let
+in-flight calls finish within the grace period, then run the service's own clean-up and flush
+telemetry.
 """
 
 from __future__ import annotations
@@ -16,11 +17,12 @@ from dataclasses import dataclass
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
-from grpc_reflection.v1alpha import reflection
+from grpc_reflection.v1alpha import reflection, reflection_pb2_grpc
+from grpc_reflection.v1alpha._async import ReflectionServicer
 from opentelemetry import trace
 
 from strata.config import ServerSettings
-from strata.security import TlsSettings, server_credentials
+from strata.security import TlsSettings, caller_guard, server_credentials
 from strata.telemetry import traced_servicer
 
 log = logging.getLogger(__name__)
@@ -45,11 +47,19 @@ class Running:
     health: HealthServicer
     names: list[str]
     port: int
+    # A plaintext server with only `health`, for probes that cannot present a certificate.
+    probe: grpc.aio.Server | None = None
 
     async def set_health(self, status: int) -> None:
         await self.health.set("", status)
         for name in self.names:
             await self.health.set(name, status)
+
+    async def stop(self, grace: float) -> None:
+        """Stop accepting calls and let in-flight ones finish within `grace`; probes last."""
+        await self.server.stop(grace)
+        if self.probe is not None:
+            await self.probe.stop(0)
 
 
 async def start_server(
@@ -58,12 +68,17 @@ async def start_server(
     settings: ServerSettings,
     tls: TlsSettings | None = None,
     public: bool = False,
+    identity: str | None = None,
 ) -> Running:
     """Bind and start a server with health and reflection, and mark it SERVING.
 
-    With TLS on, a public server (the gateway) presents its certificate; any other requires
-    callers to present one signed by the deployment's CA.
+    With TLS on, the server presents the certificate of `identity` (the layer's name): a public
+    server (the gateway) its public one; any other requires callers to present one signed by
+    the deployment's CA, and admits to its services only those `tls.allowed_clients` lists.
     """
+    tls = tls or TlsSettings()
+    if tls.enabled and not identity:
+        raise ValueError("a server under TLS needs its identity, to pick its certificate")
     options = [
         *grpc_options(settings),
         ("grpc.max_concurrent_streams", settings.max_concurrent_streams),
@@ -79,11 +94,15 @@ async def start_server(
     health = HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health, server)
     names = [health_pb2.DESCRIPTOR.services_by_name["Health"].full_name]
+    guard = caller_guard(tls, identity, public)
     for servicer, add, name in registrations:
-        add(traced_servicer(servicer, name), server)
+        add(traced_servicer(guard(servicer, name), name), server)
         names.append(name)
-    reflection.enable_server_reflection([*names, reflection.SERVICE_NAME], server)
-    credentials = server_credentials(tls, public) if tls is not None else None
+    reflected = ReflectionServicer([*names, reflection.SERVICE_NAME])
+    reflection_pb2_grpc.add_ServerReflectionServicer_to_server(
+        guard(reflected, reflection.SERVICE_NAME), server
+    )
+    credentials = server_credentials(tls, identity, public)
     if credentials is None:
         port = server.add_insecure_port(listen)
     else:
@@ -91,10 +110,24 @@ async def start_server(
     if port == 0:
         raise OSError(f"cannot bind {listen}")
     await server.start()
-    running = Running(server, health, names, port)
+    running = Running(server, health, names, port, await _probe(health, tls, settings))
     await running.set_health(health_pb2.HealthCheckResponse.SERVING)
     log.info("serving %s on %s", ", ".join(names[1:]), listen)
     return running
+
+
+async def _probe(
+    health: HealthServicer, tls: TlsSettings, settings: ServerSettings
+) -> grpc.aio.Server | None:
+    if not tls.probe_listen:
+        return None
+    probe = grpc.aio.server(options=grpc_options(settings))
+    health_pb2_grpc.add_HealthServicer_to_server(health, probe)
+    if probe.add_insecure_port(tls.probe_listen) == 0:
+        raise OSError(f"cannot bind the probe port {tls.probe_listen}")
+    await probe.start()
+    log.info("health probes (plaintext) on %s", tls.probe_listen)
+    return probe
 
 
 async def serve(
@@ -105,9 +138,10 @@ async def serve(
     tls: TlsSettings | None = None,
     public: bool = False,
     on_start: Callable[[Running], Awaitable[None]] | None = None,
+    identity: str | None = None,
 ) -> None:
     """Run a gRPC server on `listen` until SIGTERM or SIGINT, then drain and return."""
-    running = await start_server(registrations, listen, settings, tls, public)
+    running = await start_server(registrations, listen, settings, tls, public, identity)
     if on_start is not None:
         await on_start(running)
     stopping = asyncio.Event()
@@ -118,7 +152,7 @@ async def serve(
 
     log.info("stopping: draining in-flight calls for up to %.1fs", settings.grace_seconds)
     await running.set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
-    await running.server.stop(settings.grace_seconds)
+    await running.stop(settings.grace_seconds)
     if on_stop is not None:
         await on_stop()
     provider = trace.get_tracer_provider()

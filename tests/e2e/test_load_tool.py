@@ -173,9 +173,14 @@ def certs(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def mutual_tls_server(certs: Path) -> Iterator[str]:
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
     v2_grpc.add_GRPCInferenceServiceServicer_to_server(Echo(), server)
-    identity = ((certs / "server-key.pem").read_bytes(), (certs / "server.pem").read_bytes())
+    identity = (
+        (certs / "inference" / "tls.key").read_bytes(),
+        (certs / "inference" / "tls.crt").read_bytes(),
+    )
     credentials = grpc.ssl_server_credentials(
-        [identity], root_certificates=(certs / "ca.pem").read_bytes(), require_client_auth=True
+        [identity],
+        root_certificates=(certs / "inference" / "ca.crt").read_bytes(),
+        require_client_auth=True,
     )
     port = server.add_secure_port("127.0.0.1:0", credentials)
     server.start()
@@ -187,8 +192,13 @@ def mutual_tls_server(certs: Path) -> Iterator[str]:
 
 def test_mutual_tls_with_ghz_flags_and_skip_first(mutual_tls_server: str, certs: Path) -> None:
     call = ("--call", "inference.GRPCInferenceService.ModelInfer")
-    tls = ["--cacert", str(certs / "ca.pem")]
-    identity = ["--cert", str(certs / "client.pem"), "--key", str(certs / "client-key.pem")]
+    tls = ["--cacert", str(certs / "gateway" / "ca.crt")]
+    identity = [
+        "--cert",
+        str(certs / "gateway" / "tls.crt"),
+        "--key",
+        str(certs / "gateway" / "tls.key"),
+    ]
     common = ["-d", '{"model_name": "echo"}', "-n", "20", "-c", "2", "-O", "json"]
     done = load(*common, *tls, *identity, "--skipFirst", "5", mutual_tls_server, call=call)
     assert done.returncode == 0, done.stderr

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import posixpath
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,7 +23,9 @@ import pytest
 import yaml
 from pydantic import BaseModel, SecretStr
 
+from scripts.make_certs import IDENTITIES
 from strata.config import Settings, load_settings
+from strata.security import GATEWAY, public_identity
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
@@ -32,6 +35,7 @@ COMPOSE_CONFIG = ROOT / "configs" / "compose.yaml"
 DEFAULT_CONFIG = ROOT / "configs" / "default.yaml"
 DOCKERFILE = DEPLOY / "Dockerfile"
 COLLECTOR = "otel-collector"
+CONTAINER_CONFIGS = "/app/configs"  # where compose and Kubernetes mount configs/
 
 
 @dataclass(frozen=True)
@@ -59,6 +63,20 @@ def port_of(address: str) -> int:
 
 def container_settings() -> Settings:
     return load_settings(COMPOSE_CONFIG)
+
+
+def container_certs() -> str:
+    """Where the container config reads certificates from, inside the image's /app."""
+    raw = yaml.safe_load(COMPOSE_CONFIG.read_text())["tls"]["certs"]
+    return posixpath.normpath(posixpath.join(CONTAINER_CONFIGS, raw))
+
+
+def identities_of(endpoint: Endpoint) -> set[str]:
+    """The identities whose certificates a layer's container holds: its own, and the
+    gateway's public one for the gateway."""
+    if endpoint.layer == GATEWAY:
+        return {GATEWAY, public_identity(GATEWAY)}
+    return {endpoint.layer}
 
 
 def endpoints(settings: Settings) -> dict[str, Endpoint]:
@@ -224,7 +242,11 @@ def test_ports_health_checks_and_limits_match_the_config() -> None:
         endpoint = endpoints(settings)[name]
         assert set(service["expose"]) == {str(endpoint.port), str(endpoint.metrics_port)}, name
         health = service["healthcheck"]["test"]
-        assert health == ["CMD", "python", "-m", "strata.healthcheck", f"127.0.0.1:{endpoint.port}"]
+        config = parse_command(service["command"]).config
+        assert health == [
+            *("CMD", "python", "-m", "strata.healthcheck", f"127.0.0.1:{endpoint.port}"),
+            *("--config", config, "--identity", endpoint.layer),
+        ], f"{name}: checks itself over TLS with its own certificate"
         assert service["restart"] in {"always", "unless-stopped", "on-failure"}, name
         limits = service["deploy"]["resources"]["limits"]
         assert limits.get("cpus") and limits.get("memory"), name
@@ -244,7 +266,7 @@ def test_ports_health_checks_and_limits_match_the_config() -> None:
 def test_the_config_is_mounted_from_the_repository() -> None:
     for name, service in strata_services(load_compose()).items():
         command = parse_command(service["command"])
-        assert "../configs:/app/configs:ro" in service["volumes"], name
+        assert f"../configs:{CONTAINER_CONFIGS}:ro" in service["volumes"], name
         assert command.config.startswith("configs/"), name
         assert (ROOT / command.config).is_file(), f"{name}: no {command.config} in the repo"
         assert (COMPOSE_FILE.parent / service["build"]["context"] / "deploy/Dockerfile").is_file()
@@ -296,14 +318,33 @@ def test_prometheus_scrapes_every_metrics_port() -> None:
     assert {(host, port) for host, port in scraped if host != COLLECTOR} == expected
 
 
-def test_compose_config_is_the_default_outside_services() -> None:
+def test_layers_speak_mutual_tls_each_with_its_own_certificate() -> None:
+    tls = container_settings().tls
+    assert tls.enabled and not tls.probe_listen, "probe ports are per container (k8s env)"
+    internal = {e.layer for e in endpoints(container_settings()).values()} - {GATEWAY}
+    assert tls.allowed_clients == {layer: [GATEWAY] for layer in internal}
+    certs = container_certs()
+    for name, service in strata_services(load_compose()).items():
+        mounts = [v.split(":") for v in service["volumes"]]
+        held = {Path(source).name for source, *_ in mounts if source.startswith("../build/certs")}
+        assert held == identities_of(endpoints(container_settings())[name]), name
+        assert held <= set(IDENTITIES), f"{name}: `make certs` makes no such identity"
+        for identity in held:
+            mount = [f"../build/certs/{identity}", f"{certs}/{identity}", "ro"]
+            assert mount in mounts, f"{name}: mount {identity} read-only where the config reads"
+
+
+def test_compose_config_is_the_default_outside_services_and_tls() -> None:
+    # A laptop's `make run` speaks plaintext on loopback by default (TLS there is opt-in, as
+    # tests/e2e/test_security.py runs it); containers always speak mutual TLS between layers.
     default = yaml.safe_load(DEFAULT_CONFIG.read_text())
     compose = yaml.safe_load(COMPOSE_CONFIG.read_text())
-    default.pop("services")
-    compose.pop("services")
+    for config in (default, compose):
+        config.pop("services")
+        config.pop("tls", None)
     assert compose == default, (
-        "configs/compose.yaml must equal configs/default.yaml outside `services:`; copy the "
-        "change over (and into deploy/k8s/base/compose.yaml)"
+        "configs/compose.yaml must equal configs/default.yaml outside `services:` and `tls:`; "
+        "copy the change over (and into deploy/k8s/base/compose.yaml)"
     )
 
 

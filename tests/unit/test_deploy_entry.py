@@ -25,6 +25,7 @@ import pytest
 import yaml
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
+from scripts.make_certs import make_certs
 from strata import healthcheck
 from tests.support.system import free_port
 from tests.unit.test_deploy import (
@@ -75,7 +76,8 @@ def test_healthcheck_fails_for_an_unknown_service_or_no_server(
 
 
 def loopback_config(folder: Path) -> tuple[Path, dict[int, int]]:
-    """configs/compose.yaml with every port moved to a free loopback one, and the port map."""
+    """configs/compose.yaml with every port moved to a free loopback one, and the port map;
+    its mutual TLS on with certificates made for the test, as `make certs` makes them."""
     raw = yaml.safe_load(COMPOSE_CONFIG.read_text())
     moved: dict[int, int] = {}
 
@@ -93,6 +95,8 @@ def loopback_config(folder: Path) -> tuple[Path, dict[int, int]]:
         spec["metrics"] = move(spec["metrics"])
         spec.pop("target", None)  # callers dial the listen address
     raw["repository"] = str((COMPOSE_CONFIG.parent / raw["repository"]).resolve())
+    make_certs(folder / "certs")
+    raw["tls"]["certs"] = str(folder / "certs")
     raw["server"]["grace_seconds"] = 1
     path = folder / COMPOSE_CONFIG.name
     path.write_text(yaml.safe_dump(raw))

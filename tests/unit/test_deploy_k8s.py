@@ -5,27 +5,36 @@ Every rendered manifest is validated with kubernetes-validate (strict: unknown f
 against the oldest and newest Kubernetes versions we target; then every endpoint of
 configs/compose.yaml must have its Deployment, Service, probes and ports, and every Strata
 workload must map back to an endpoint. Rollouts must not drop requests: each pod leaves the
-endpoints (preStop) before SIGTERM starts the drain, and the grace period covers both.
+endpoints (preStop) before SIGTERM starts the drain, and the grace period covers both. Control
+is closed: the layers speak mutual TLS with a certificate per identity, NetworkPolicies admit
+only the gateway to them, and probes use the plaintext probe port, as kubelet cannot present
+a certificate.
 """
 
 from __future__ import annotations
 
 import base64
+from pathlib import Path
 from typing import Any
 
 import kubernetes_validate
 import pytest
+import yaml
 
+from scripts.make_certs import make_certs, secret_name
+from strata.security import CA, CERT, GATEWAY, KEY
 from tests.unit.test_deploy import (
     COLLECTOR,
     COMPOSE_CONFIG,
     DEPLOY,
     Endpoint,
     assert_env_reaches_settings,
+    container_certs,
     container_settings,
     dockerfile_stages,
     endpoint_of,
     endpoints,
+    identities_of,
     load_compose,
     parse_command,
     port_of,
@@ -37,6 +46,7 @@ OVERLAYS = {"dev": "strata-dev", "prod": "strata"}
 KUBERNETES_VERSIONS = ("1.29", "1.37")
 ADMIN_SECRET = ("strata-admin", "token")
 CONFIG_MAP = "strata-config"
+PROBE_ENV = "STRATA_TLS__PROBE_LISTEN"
 
 
 @pytest.fixture(scope="module", params=sorted(OVERLAYS))
@@ -94,13 +104,16 @@ def test_every_endpoint_has_a_deployment_and_service_and_back(
         endpoint = config[name]
         assert serving(deployment) == endpoint, f"{name} runs another endpoint"
         ports = {p["name"]: p["containerPort"] for p in container(deployment)["ports"]}
-        assert ports == {"grpc": endpoint.port, "metrics": endpoint.metrics_port}, name
+        expected = {"grpc": endpoint.port, "metrics": endpoint.metrics_port}
+        assert ports == {**expected, "probe": probe_port(deployment)}, name
         service = find(resources, "Service", name)
         assert selects(service["spec"]["selector"], deployment), name
         others = [d for n, d in deployments.items() if n != name]
         assert not any(selects(service["spec"]["selector"], d) for d in others), name
         service_ports = {p["name"]: (p["port"], p["targetPort"]) for p in service["spec"]["ports"]}
         assert service_ports["grpc"] == (endpoint.port, "grpc"), name
+        grpc_port = next(p for p in service["spec"]["ports"] if p["name"] == "grpc")
+        assert grpc_port["appProtocol"] == "https", f"{name}: its gRPC port speaks TLS"
         if name != "gateway":
             assert service["spec"]["clusterIP"] == "None", f"{name}: clients balance; headless"
             assert endpoint.target == f"dns:///{name}:{endpoint.port}", name
@@ -108,13 +121,22 @@ def test_every_endpoint_has_a_deployment_and_service_and_back(
     assert services - {COLLECTOR} == set(config)
 
 
-def test_probes_use_grpc_health_on_the_listen_port(overlay: tuple[str, list[Resource]]) -> None:
+def probe_port(deployment: Resource) -> int:
+    """The plaintext probe port the container's environment opens."""
+    env = {e["name"]: e.get("value") for e in container(deployment)["env"]}
+    return port_of(env[PROBE_ENV])
+
+
+def test_probes_ask_the_plaintext_probe_port(overlay: tuple[str, list[Resource]]) -> None:
     _, resources = overlay
     config = endpoints(container_settings())
+    assert container_settings().tls.enabled, "the listen ports need a client certificate"
     for name, deployment in strata_workloads(resources).items():
         spec = container(deployment)
-        for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
-            assert spec[probe]["grpc"] == {"port": config[name].port}, f"{name} {probe}"
+        probe = probe_port(deployment)
+        assert probe not in {config[name].port, config[name].metrics_port}, name
+        for kind in ("startupProbe", "readinessProbe", "livenessProbe"):
+            assert spec[kind]["grpc"] == {"port": probe}, f"{name} {kind}"
         annotations = deployment["spec"]["template"]["metadata"]["annotations"]
         assert annotations["prometheus.io/port"] == str(config[name].metrics_port), name
 
@@ -248,3 +270,128 @@ def test_images_are_tagged(overlay: tuple[str, list[Resource]]) -> None:
         for spec in pod_containers(resource):
             tag = spec["image"].rpartition(":")[2]
             assert tag and tag != "latest" and "/" not in tag, spec["image"]
+
+
+def test_each_pod_holds_only_its_own_identity(overlay: tuple[str, list[Resource]]) -> None:
+    _, resources = overlay
+    config = endpoints(container_settings())
+    for name, deployment in strata_workloads(resources).items():
+        pod = deployment["spec"]["template"]["spec"]
+        secrets = {v["name"]: v["secret"]["secretName"] for v in pod["volumes"] if "secret" in v}
+        mounts = {m["name"]: m for m in container(deployment)["volumeMounts"]}
+        held = set()
+        for volume, secret in secrets.items():
+            identity = secret.removeprefix(secret_name(""))
+            assert secret == secret_name(identity), f"{name}: {secret} is no identity's Secret"
+            assert mounts[volume]["mountPath"] == f"{container_certs()}/{identity}", name
+            assert mounts[volume]["readOnly"], name
+            held.add(identity)
+        assert held == identities_of(config[name]), name
+        security = pod["securityContext"]
+        assert security["fsGroup"] == security["runAsGroup"], f"{name} cannot read its key"
+
+
+def pod_labels(deployment: Resource) -> dict[str, str]:
+    return deployment["spec"]["template"]["metadata"]["labels"]
+
+
+def label_selects(selector: dict[str, Any], labels: dict[str, str]) -> bool:
+    """A LabelSelector (matchLabels, matchExpressions with In) against a pod's labels."""
+    if not all(labels.get(k) == v for k, v in selector.get("matchLabels", {}).items()):
+        return False
+    for expression in selector.get("matchExpressions", []):
+        assert expression["operator"] == "In", f"unsupported here: {expression}"
+        if labels.get(expression["key"]) not in expression["values"]:
+            return False
+    return True
+
+
+def admitted(resources: list[Resource], deployment: Resource) -> list[tuple[int, list]]:
+    """(port, sources) for each port an ingress rule opens on the deployment's pods; sources
+    is the rule's `from` (empty: from anywhere)."""
+    named = {p["name"]: p["containerPort"] for p in container(deployment)["ports"]}
+    out = []
+    for policy in (r for r in resources if r["kind"] == "NetworkPolicy"):
+        if label_selects(policy["spec"]["podSelector"], pod_labels(deployment)):
+            for rule in policy["spec"].get("ingress", []):
+                assert rule.get("ports"), f"{policy['metadata']['name']}: a rule opens every port"
+                for port in rule["ports"]:
+                    out.append((named.get(port["port"], port["port"]), rule.get("from", [])))
+    return out
+
+
+def test_ingress_is_closed_by_default(overlay: tuple[str, list[Resource]]) -> None:
+    _, resources = overlay
+    policies = [r["spec"] for r in resources if r["kind"] == "NetworkPolicy"]
+    assert {"podSelector": {}, "policyTypes": ["Ingress"]} in policies
+    assert all("Ingress" in p["policyTypes"] for p in policies)
+
+
+def test_only_the_gateway_reaches_the_layers(overlay: tuple[str, list[Resource]]) -> None:
+    _, resources = overlay
+    workloads = strata_workloads(resources)
+    config = endpoints(container_settings())
+    for name, deployment in workloads.items():
+        rules = admitted(resources, deployment)
+        callers = [sources for port, sources in rules if port == config[name].port]
+        assert callers, f"{name}: nothing may call it"
+        if name == GATEWAY:
+            assert [] in callers, "clients reach the gateway from anywhere"
+            continue
+        for sources in callers:
+            (source,) = sources
+            assert set(source) == {"podSelector"}, f"{name}: admits more than pods here"
+            chosen = [
+                n
+                for n, d in workloads.items()
+                if label_selects(source["podSelector"], pod_labels(d))
+            ]
+            assert chosen == [GATEWAY], f"{name} admits {chosen}"
+        opened = {port for port, _ in rules}
+        assert opened == {config[name].port, config[name].metrics_port}, name
+        assert probe_port(deployment) not in opened, "probes come from the node alone"
+
+
+def test_metrics_are_open_to_prometheus_alone(overlay: tuple[str, list[Resource]]) -> None:
+    _, resources = overlay
+    config = endpoints(container_settings())
+    for name, deployment in strata_workloads(resources).items():
+        port = config[name].metrics_port
+        scrapers = [
+            sources for opened, sources in admitted(resources, deployment) if opened == port
+        ]
+        assert scrapers, f"{name}: Prometheus cannot scrape it"
+        for sources in scrapers:
+            assert sources and all(set(s) == {"namespaceSelector"} for s in sources), name
+
+
+def test_the_collector_takes_otlp_from_strata_pods(overlay: tuple[str, list[Resource]]) -> None:
+    _, resources = overlay
+    service = find(resources, "Service", COLLECTOR)
+    otlp_port = next(p["port"] for p in service["spec"]["ports"] if p["name"] == "otlp-grpc")
+    rules = admitted(resources, find(resources, "Deployment", COLLECTOR))
+    strata = {"podSelector": {"matchLabels": {"app.kubernetes.io/part-of": "strata"}}}
+    assert rules == [(otlp_port, [strata])]
+    for deployment in strata_workloads(resources).values():
+        assert label_selects(strata["podSelector"], pod_labels(deployment))
+
+
+def test_make_certs_generates_the_secrets_the_pods_mount(
+    overlay: tuple[str, list[Resource]], tmp_path: Path
+) -> None:
+    _, resources = overlay
+    make_certs(tmp_path)
+    spec = yaml.safe_load((tmp_path / "kustomization.yaml").read_text())
+    generated = {g["name"]: g for g in spec["secretGenerator"]}
+    mounted = {
+        v["secret"]["secretName"]
+        for d in strata_workloads(resources).values()
+        for v in d["spec"]["template"]["spec"]["volumes"]
+        if "secret" in v
+    }
+    assert set(generated) == mounted
+    for generator in generated.values():
+        assert generator["type"] == "kubernetes.io/tls"
+        files = dict(entry.split("=") for entry in generator["files"])
+        assert set(files) == {CERT, KEY, CA}
+        assert all((tmp_path / path).is_file() for path in files.values())
