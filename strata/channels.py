@@ -1,7 +1,9 @@
 """Client channels to the next hop: message limits, balancing and retries.
 
-Retries and round-robin balancing come from gRPC's own service config, not hand-written
-loops: a call that fails with UNAVAILABLE is retried, on another replica where there is one.
+Retries, round-robin balancing and outlier ejection come from gRPC's own service config, not
+hand-written loops: a call that fails with UNAVAILABLE is retried, on another replica where
+there is one, and a replica whose calls keep failing (or timing out: hung) is ejected from
+the balancing for a while (gRPC's outlier detection, gRFC A50), then tried again.
 """
 
 from __future__ import annotations
@@ -14,12 +16,29 @@ from strata.config import ServerSettings
 from strata.security import GATEWAY, TlsSettings, channel_credentials, channel_options
 from strata.server import grpc_options
 
+# Eject a replica for 5 s (longer each time again) once at least half of its last second's
+# calls (at least 10) failed; never more than half the replicas, never with only one.
+OUTLIER_DETECTION = {
+    "interval": "1s",
+    "baseEjectionTime": "5s",
+    "maxEjectionTime": "30s",
+    "maxEjectionPercent": 50,
+    "failurePercentageEjection": {
+        "threshold": 50,
+        "enforcementPercentage": 100,
+        "minimumHosts": 2,
+        "requestVolume": 10,
+    },
+    "childPolicy": [{"round_robin": {}}],
+}
+
 
 def service_config(services: list[str], max_attempts: int = 3) -> str:
-    """A gRPC service config: round-robin over resolved addresses, retry UNAVAILABLE."""
+    """A gRPC service config: round-robin over resolved addresses with outlier ejection,
+    retry UNAVAILABLE."""
     return json.dumps(
         {
-            "loadBalancingConfig": [{"round_robin": {}}],
+            "loadBalancingConfig": [{"outlier_detection_experimental": OUTLIER_DETECTION}],
             "methodConfig": [
                 {
                     "name": [{"service": name} for name in services],

@@ -31,6 +31,9 @@ from strata.telemetry import outgoing
 INFERENCE_SERVICE = "inference.GRPCInferenceService"
 
 
+TIMEOUT_ATTEMPTS = 3
+
+
 class HopTimedOut(Unavailable):
     """The hop missed its own timeout: hung, or far slower than it normally is."""
 
@@ -64,8 +67,9 @@ class Hop:
 
         Running out of the caller's budget says nothing about the upstream; missing the hop's
         own timeout does: it counts against the breaker and is UNAVAILABLE (answer elsewhere).
-        A call to a replicated hop that missed its own timeout goes once more, to the next
-        replica, while the budget lasts.
+        A call to a replicated hop that missed its own timeout goes again (up to
+        TIMEOUT_ATTEMPTS in all), balanced to another replica, while the budget lasts: until
+        gRPC's outlier detection ejects a hung replica, a retry may meet it again.
         """
         breaker = self.breaker[getattr(request, "model_name", "")]
         if not breaker.allow():
@@ -73,14 +77,16 @@ class Hop:
             raise Unavailable(f"{breaker.name}: circuit open after repeated failures")
         bounded = self.replicated if spare is None else spare
         ends = time.monotonic() + budget
+        attempts = TIMEOUT_ATTEMPTS if self.replicated else 1
         with outgoing(f"{self.name} {method}", metadata) as sent:
-            try:
-                return await self._call(method, request, budget, sent, breaker, bounded)
-            except HopTimedOut:
-                left = ends - time.monotonic()
-                if not self.replicated or left <= 0:
-                    raise
-                return await self._call(method, request, left, sent, breaker, bounded)
+            while True:
+                try:
+                    return await self._call(method, request, budget, sent, breaker, bounded)
+                except HopTimedOut:
+                    attempts -= 1
+                    budget = ends - time.monotonic()
+                    if attempts == 0 or budget <= 0:
+                        raise
 
     async def _call(
         self,

@@ -128,6 +128,29 @@ def test_a_hung_arm_is_routed_around_and_keeps_most_of_the_answer_rate(tmp_path:
     assert tail and {o.arm for o in tail if not o.cached} == {"control"}, "traffic moved"
 
 
+def test_a_hung_preprocess_replica_is_ejected_and_costs_no_request(tmp_path: Path) -> None:
+    with running_system(tmp_path, CHANGES) as system:
+        hung = system.processes["preprocess-0"]
+        with SteadyLoad(system.address("gateway"), threads=6) as load:
+            time.sleep(2.0)
+            stopped = time.monotonic()
+            normal = answered(load, stopped - 1.0, stopped)
+            hung.send_signal(signal.SIGSTOP)
+            try:
+                time.sleep(4.0)
+            finally:
+                resumed = time.monotonic()
+                hung.send_signal(signal.SIGCONT)
+    print(load.tally.report("hang one preprocess replica for 4 s"))
+    during = answered(load, stopped, resumed)
+    print(f"answers/s: {normal:.0f} before, {during:.0f} while preprocess-0 was hung")
+    # A call to the hung replica misses the hop's own timeout and goes once more, to the
+    # other replica; gRPC's outlier detection then ejects the hung one from the balancing.
+    assert load.tally.codes() == {"OK": load.tally.sent}
+    assert during >= 0.5 * normal
+    assert load.tally.worst() < 1.0
+
+
 def test_a_corrupt_model_in_a_hot_swap_leaves_the_old_version_serving(tmp_path: Path) -> None:
     repository = tmp_path / "repository"
     shutil.copytree(ROOT / "build" / "repository", repository)
