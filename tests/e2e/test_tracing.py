@@ -3,6 +3,7 @@
 import json
 import secrets
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -145,8 +146,19 @@ def test_a_request_in_a_flight_and_the_flight_lead_to_each_other(traced) -> None
     run = next(s for s in shared if s.name == "flight digits" and "preprocess" in s.service)
     steps = [s for s in shared if s.name.startswith("step ")]
     assert steps and all(s.parent_id == run.span_id for s in steps)
-    batches = [s for s in receiver.all_spans() if s.name == "inference batch"]
-    assert any(root.span_id in b.links for b in batches), "the batch links to the request"
+    assert linked_batch(receiver, root.span_id), "the batch links to the request"
+
+
+def linked_batch(receiver: Receiver, span_id: str, within: float = 5.0) -> bool:
+    """Whether an inference batch span links to `span_id` (inference exports on its own
+    schedule, so its spans may arrive after the other layers')."""
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        batches = [s for s in receiver.all_spans() if s.name == "inference batch"]
+        if any(span_id in b.links for b in batches):
+            return True
+        time.sleep(0.05)
+    return False
 
 
 def server_span_of(spans: list[Span], flight: Span, layer: str) -> str:
