@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from services.gateway.metrics import LADDER_SIGNAL
 from strata.policies import Ladder
 
 log = logging.getLogger(__name__)
@@ -157,6 +158,9 @@ class LadderController:
 
     def tick(self) -> int:
         self.readings = readings(self.signals, self.settings, self.objectives)
+        for name, reading in self.readings.items():
+            LADDER_SIGNAL(name, "value").set(reading.value)
+            LADDER_SIGNAL(name, "threshold").set(reading.threshold)
         if self.forced is not None:
             return self.level
         name, worst = self._worst()

@@ -62,3 +62,9 @@ CONCURRENCY_LIMIT = Children(Gauge(
     "strata_gateway_concurrency_limit",
     "Each pipeline's adaptive limit of requests in the chain at once.", ["pipeline"],
 ))  # fmt: skip
+LADDER_SIGNAL = Children(Gauge(
+    "strata_gateway_ladder_signal",
+    "Each signal the degradation ladder reads, at its last tick: its value and the "
+    "threshold at which its pressure is 1 (seconds, milliseconds for event_loop, or a share).",
+    ["signal", "reading"],
+))  # fmt: skip

@@ -3,6 +3,7 @@
 import grpc
 import numpy as np
 import pytest
+from prometheus_client import REGISTRY
 
 from services.gateway.breaker import CircuitBreaker
 from services.gateway.cache import Cached, ResultCache, cache_key
@@ -213,3 +214,7 @@ def test_a_lagging_event_loop_raises_pressure() -> None:
     controller.tick()
     assert controller.readings["event_loop"].pressure == pytest.approx(3.0)
     assert controller.tick() == 1
+    sample = REGISTRY.get_sample_value
+    labels = {"signal": "event_loop", "reading": "value"}
+    assert sample("strata_gateway_ladder_signal", labels) == pytest.approx(300.0)
+    assert sample("strata_gateway_ladder_signal", {**labels, "reading": "threshold"}) == 100
