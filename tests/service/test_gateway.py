@@ -346,7 +346,7 @@ def test_level_four_admits_a_few_and_sheds_the_rest_with_a_retry_hint(
     finally:
         admin.ForceLevel(admin_pb2.ForceLevelRequest(release=True), metadata=AUTH)
     admitted = outcomes.count("OK")
-    assert 1 <= admitted <= 4  # a quarter of the concurrency limit of 16
+    assert 1 <= admitted <= 6  # a quarter of the limit of 16, and 2 of headroom for newcomers
     assert outcomes.count("RESOURCE_EXHAUSTED") == 12 - admitted
     assert hints and all(hint > 0 for hint in hints)
 
