@@ -174,6 +174,13 @@ class TensorSpec(Strict):
     max_element_bytes: int = Field(
         default=1 << 20, gt=0, description="Largest BYTES element (a string or an image)."
     )
+    optional: bool = Field(
+        default=False,
+        description="Outputs only: an answer may lack it when the rule making it was skipped "
+        "(its time limit, level 1 for a rule that is not core, a `when:` that did not hold); "
+        "the answer names the skipped rules in strata.skipped_rules. A required output that "
+        "cannot be made fails the request with UNAVAILABLE naming it.",
+    )
 
     @model_validator(mode="after")
     def _shapes_agree(self) -> TensorSpec:

@@ -61,7 +61,9 @@ class Orchestrator:
         route = self.routers[name].choose(req.client, req.forced_arm, self._usable)
         req.route, req.version = route, route.version or pipeline.model.version
         req.level = level = self.ladder.level
-        key = cache_key(name, f"{route.deployment}:{req.version}", req.inputs)
+        # The client's parameters are part of what it asked: `when:` rules depend on them.
+        variant = f"{route.deployment}:{req.version}:{sorted(req.parameters.items())}"
+        key = cache_key(name, variant, req.inputs)
         early = self._answer_without_chain(req, route, key, level, rows)
         if early is not None:
             return early
@@ -84,7 +86,8 @@ class Orchestrator:
             self.door.leave(ticket, telling)
             INFLIGHT.dec()
         signals.record(name, time.monotonic() - started, "ok")
-        self.cache.put(key, Cached(answer.outputs, answer.arm, answer.model_version))
+        if not answer.skipped_rules:  # a partial answer is never served as a full one
+            self.cache.put(key, Cached(answer.outputs, answer.arm, answer.model_version))
         return answer
 
     def _departed(self, member: Member, waited: float) -> None:

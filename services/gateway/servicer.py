@@ -14,7 +14,7 @@ from services.gateway.runtime import Runtime
 from services.gateway.statistics import STATISTICS
 from strata import codec
 from strata.config import Pipeline
-from strata.errors import NotFound, grpc_errors, status_of
+from strata.errors import NotFound, Unavailable, grpc_errors, status_of
 from strata.proto.inference import grpc_service_pb2 as v2
 from strata.proto.inference import grpc_service_pb2_grpc as v2_grpc
 from strata.telemetry import annotate, recording, shapes
@@ -174,7 +174,7 @@ class GatewayServicer(v2_grpc.GRPCInferenceServiceServicer):
                 degraded=answer.degraded or "no",
                 output_shapes=shapes(answer.outputs),
             )
-        return _response(request, answer, wanted)
+        return _response(request, answer, _produced(request.model_name, pipeline, answer, wanted))
 
 
 def _string_parameters(request: v2.ModelInferRequest) -> dict[str, str]:
@@ -188,7 +188,22 @@ def _string_parameters(request: v2.ModelInferRequest) -> dict[str, str]:
     }
 
 
-def _response(request: v2.ModelInferRequest, answer: Answer, wanted: list[str]):
+def _produced(name: str, pipeline: Pipeline, answer: Answer, wanted: list[str]) -> codec.Arrays:
+    """The wanted outputs the answer has. An optional one a skipped rule did not make is
+    left out (strata.skipped_rules names the rule); a required one fails the request."""
+    missing = [name for name in wanted if name not in answer.outputs]
+    optional = {spec.name for spec in pipeline.outputs if spec.optional}
+    required = [name for name in missing if name not in optional]
+    if required:
+        skipped = answer.skipped_rules or "none"
+        raise Unavailable(
+            f"pipeline {name!r}: required output {required[0]!r} was not "
+            f"produced (skipped rules: {skipped}); retry, or mark it optional"
+        )
+    return {name: answer.outputs[name] for name in wanted if name in answer.outputs}
+
+
+def _response(request: v2.ModelInferRequest, answer: Answer, outputs: codec.Arrays):
     response = v2.ModelInferResponse(
         model_name=request.model_name, model_version=PIPELINE_VERSION, id=request.id
     )
@@ -203,5 +218,5 @@ def _response(request: v2.ModelInferRequest, answer: Answer, wanted: list[str]):
         parameters["strata.cached"].bool_param = True
     if answer.skipped_rules:
         parameters["strata.skipped_rules"].string_param = answer.skipped_rules
-    codec.add_outputs(response, {name: answer.outputs[name] for name in wanted})
+    codec.add_outputs(response, outputs)
     return response

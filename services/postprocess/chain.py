@@ -6,9 +6,9 @@ Whether a rule runs is decided when its turn comes, in this order:
 1. an optional rule (`core: false`) does not run when the request asks for `core_only`;
 2. a rule with `when` runs only if its condition holds (a request parameter, or a tensor
    present at that point in the chain);
-3. a rule whose inputs are missing because an earlier rule was skipped at its time limit is
-   skipped too (and named in `skipped_rules`); missing because an earlier rule did not run by
-   choice (1 or 2), it quietly does not run either.
+3. a rule whose inputs are missing because an earlier rule was skipped is skipped too.
+Every rule that did not run, for whichever reason (its time limit, 1, 2 or 3), is named in
+`skipped_rules`, so the caller knows which outputs the answer lacks and why.
 """
 
 from __future__ import annotations
@@ -161,11 +161,11 @@ class Pass:
             self.index, self.started = index + 1, None
 
     def _should_run(self, entry: ChainRule) -> bool:
-        if self.core_only and not entry.core:
+        if (self.core_only and not entry.core) or (
+            entry.condition is not None and not entry.condition.holds(self.tensors, self.parameters)
+        ):
             self.passed_over = True
-            return False
-        if entry.condition is not None and not entry.condition.holds(self.tensors, self.parameters):
-            self.passed_over = True
+            self.skipped.append(entry.name)
             return False
         if all(name in self.tensors for name in entry.rule.inputs):
             return True

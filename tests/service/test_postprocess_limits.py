@@ -35,6 +35,9 @@ from tests.support.flight_requests import alone, by_member, flight
 from tests.support.system import make_config
 
 LIMIT = 0.2
+# Every rule that did not run is named: test_nap overran (or was not asked for), and
+# test_refuse runs only when asked for.
+NOT_ASKED = {"skipped_rules": "test_nap,test_refuse"}
 MARGIN = 0.15
 LOGITS = np.array([[0.0, 3.0, 1.0]], np.float32)
 
@@ -158,9 +161,9 @@ def test_one_call_mixing_slow_fast_and_bad_requests() -> None:
     assert elapsed < LIMIT + MARGIN
     slow, fast, lost, bad = reply.results
     assert [r.id for r in reply.results] == ["slow", "fast", "lost", "broken"]
-    assert dict(slow.info) == {"skipped_rules": "test_nap"}
+    assert dict(slow.info) == {"skipped_rules": "test_nap,test_refuse"}
     assert raise_for_result(slow)["label"].tolist() == [[b"b"]]
-    assert dict(fast.info) == {} and raise_for_result(fast)["label"].tolist() == [[b"b"]]
+    assert dict(fast.info) == NOT_ASKED and raise_for_result(fast)["label"].tolist() == [[b"b"]]
     assert lost.error.code == grpc.StatusCode.NOT_FOUND.value[0]
     assert bad.error.code == grpc.StatusCode.INVALID_ARGUMENT.value[0]
     assert "'logits'" in bad.error.message
@@ -182,20 +185,27 @@ def test_sleeping_rules_do_not_hold_up_other_calls() -> None:
             return await asyncio.gather(*slow), fast
 
     slow, fast = asyncio.run(go())
-    assert all(dict(r.info) == {"skipped_rules": "test_nap"} for _, r in slow)
+    assert all(dict(r.info) == NOT_ASKED for _, r in slow)
     assert max(seconds for seconds, _ in slow) < LIMIT + MARGIN
-    assert all(not r.HasField("error") and not r.info for _, r in fast)
+    assert all(not r.HasField("error") and dict(r.info) == NOT_ASKED for _, r in fast)
     assert max(seconds for seconds, _ in fast) < LIMIT  # never waited for a limit
 
 
-@pytest.mark.parametrize(("flag", "outputs"), [("true", {"score"}), ("false", {"label", "score"})])
-def test_core_only_over_the_wire(flag: str, outputs: set) -> None:
+@pytest.mark.parametrize(
+    ("flag", "outputs", "skipped"),
+    [
+        ("true", {"score"}, "test_nap,test_refuse,labels"),
+        ("false", {"label", "score"}, "test_nap,test_refuse"),
+    ],
+)
+def test_core_only_over_the_wire(flag: str, outputs: set, skipped: str) -> None:
     async def go():
         async with postprocess() as stub:
             return await stub.Process(v1.ProcessRequest(requests=[item("r", core_only=flag)]))
 
     result = asyncio.run(go()).results[0]
-    assert set(raise_for_result(result)) == outputs and not result.info
+    assert set(raise_for_result(result)) == outputs
+    assert dict(result.info) == {"skipped_rules": skipped}
 
 
 # Flights
@@ -228,7 +238,7 @@ def test_a_rule_overrunning_in_a_flight_is_skipped_once_for_the_flight() -> None
     engine = new_engine()
     _, (result, elapsed) = calls(engine, item("warm"), flight("p", logits(0, 0, 0), slow="1"))
     assert elapsed < LIMIT + MARGIN
-    assert dict(result.info) == {"skipped_rules": "test_nap"}
+    assert dict(result.info) == NOT_ASKED
     assert all(out["label"].tolist() == [[b"b"]] for out in by_member(result).values())
     assert engine.metrics.overruns() == {("p", "test_nap"): 1}
     assert engine.metrics.snapshot()[("p", "softmax")].count == 2  # the warm-up, the flight

@@ -158,7 +158,8 @@ def test_a_failing_rule_fails_its_request() -> None:
 def test_when_conditions(when: dict, parameters: dict, runs: bool) -> None:
     record = {"kind": "test_record", "input": "logits", "when": when}
     outputs, info = run(engine_for(SOFTMAX, record, outputs=("probabilities",)), parameters)
-    assert bool(CALLS) is runs and info == {} and "probabilities" in outputs
+    assert bool(CALLS) is runs and "probabilities" in outputs
+    assert info == ({} if runs else {"skipped_rules": "test_record"}), "a rule not run is named"
 
 
 def test_a_tensor_condition_sees_what_earlier_rules_made() -> None:
@@ -169,11 +170,11 @@ def test_a_tensor_condition_sees_what_earlier_rules_made() -> None:
     assert len(CALLS) == 1
 
 
-def test_core_only_skips_optional_rules_and_what_depends_on_them_quietly() -> None:
+def test_core_only_skips_optional_rules_and_what_depends_on_them_naming_each() -> None:
     optional_topk = {**TOPK, "core": False}
     engine = engine_for(SOFTMAX, optional_topk, LABELS)
     outputs, info = run(engine, {"core_only": "true"})
-    assert set(outputs) == {"probabilities"} and info == {}
+    assert set(outputs) == {"probabilities"} and info == {"skipped_rules": "topk,labels"}
     outputs, _ = run(engine, {"core_only": "FALSE"})
     assert set(outputs) == {"labels", "scores", "probabilities"}
     with pytest.raises(InvalidArgument, match="'core_only' must be 'true' or 'false', got 'yes'"):
@@ -269,7 +270,7 @@ def test_a_sleeping_rule_does_not_hold_up_concurrent_requests() -> None:
     slow, fast = asyncio.run(go())
     assert all(info == {"skipped_rules": "test_sleep"} for _, info in slow)
     assert all(seconds < LIMIT + MARGIN for seconds, _ in slow)
-    assert all(info == {} for _, info in fast)
+    assert all(info == {"skipped_rules": "test_sleep"} for _, info in fast), "not asked for"
     assert max(seconds for seconds, _ in fast) < 0.1
 
 
@@ -289,7 +290,7 @@ def test_with_every_worker_in_an_overrun_a_request_waits_at_most_one_limit() -> 
 
     waited, info = asyncio.run(go())
     # The abandoned rule gives up its worker slot at its limit, not when it ends.
-    assert info == {} and waited < LIMIT + MARGIN
+    assert info == {"skipped_rules": "test_sleep"} and waited < LIMIT + MARGIN  # not asked
 
 
 def test_a_catastrophic_regex_is_skipped_and_stalls_nothing() -> None:
