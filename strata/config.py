@@ -170,6 +170,11 @@ class TensorSpec(Strict):
         default=None, description="Upper bound of each dimension, for variable ones."
     )
     allow_nonfinite: bool = Field(default=False, description="Accept NaN and infinities.")
+    range: tuple[float, float] | None = Field(
+        default=None,
+        description="Inputs of a numeric datatype: the lowest and highest value accepted "
+        "(inclusive), checked at the gateway before any upstream call; NaN is outside it.",
+    )
     utf8: bool = Field(default=False, description="BYTES elements must be valid UTF-8 text.")
     max_element_bytes: int = Field(
         default=1 << 20, gt=0, description="Largest BYTES element (a string or an image)."
@@ -188,6 +193,10 @@ class TensorSpec(Strict):
             raise ValueError(f"{self.name}: dimensions must be positive or -1, got {self.shape}")
         if self.max_shape is not None and len(self.max_shape) != len(self.shape):
             raise ValueError(f"{self.name}: max_shape must have {len(self.shape)} dimensions")
+        if self.range is not None and not self.range[0] <= self.range[1]:
+            raise ValueError(f"{self.name}: range {list(self.range)} must be [low, high]")
+        if self.range is not None and self.datatype in ("BYTES", "BOOL"):
+            raise ValueError(f"{self.name}: range applies to numeric datatypes only")
         return self
 
     def limit(self, axis: int) -> float:

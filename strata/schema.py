@@ -60,10 +60,23 @@ def check_tensor(spec: TensorSpec, array: np.ndarray) -> None:
             )
     if array.dtype.kind == "f" and not spec.allow_nonfinite and not np.isfinite(array).all():
         raise InvalidArgument(f"input {spec.name!r}: contains NaN or infinite values")
+    if spec.range is not None and array.size:
+        _check_range(spec, array)
     if array.dtype == object:
         _check_sizes(spec, array)
     if spec.utf8:
         _check_utf8(spec.name, array)
+
+
+def _check_range(spec: TensorSpec, array: np.ndarray) -> None:
+    low, high = spec.range
+    outside = ~((array >= low) & (array <= high))  # NaN is outside too
+    if outside.any():
+        at = tuple(int(i) for i in np.argwhere(outside)[0])
+        raise InvalidArgument(
+            f"input {spec.name!r}: value {array[at].item():.6g} at {list(at)} is outside its "
+            f"declared range [{low:g}, {high:g}]"
+        )
 
 
 def _check_sizes(spec: TensorSpec, array: np.ndarray) -> None:

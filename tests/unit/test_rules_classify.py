@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from services.postprocess.rules import RuleContext, build_rule
-from services.postprocess.rules.base import Misconfigured
+from services.postprocess.rules.base import Misconfigured, NotFinite
 from strata.errors import InvalidArgument
 
 INF, NAN = np.inf, np.nan
@@ -40,16 +40,16 @@ def test_softmax_rows_sum_to_one_and_keep_order() -> None:
     np.testing.assert_allclose(out[1], [0.5, 0.5, 0], atol=1e-7)
 
 
-def test_softmax_infinities_and_nan() -> None:
+def test_softmax_is_stable_at_finite_extremes_and_refuses_nan_and_infinities() -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # no overflow or invalid-value warnings either
-        out = apply(
-            "softmax", {"x": f32([INF, 0, INF], [-INF, -INF, -INF], [NAN, 0, 1])}, input="x"
-        )
+        out = apply("softmax", {"x": f32([3e38, 0, 3e38], [-3e38, -3e38, -3e38])}, input="x")
     x = out["x"]
     assert x[0].tolist() == [0.5, 0, 0.5]
     np.testing.assert_allclose(x[1], 1 / 3)
-    assert np.isnan(x[2]).all()
+    for row in ([NAN, 0, 1], [INF, 0, 1], [-INF, 0, 1]):
+        with pytest.raises(NotFinite, match="1 of the 3 values of 'x' are NaN or infinite"):
+            apply("softmax", {"x": f32(row)}, input="x")
 
 
 def test_softmax_accepts_integers_and_empty_batches_and_refuses_bytes() -> None:
@@ -64,19 +64,21 @@ def test_softmax_accepts_integers_and_empty_batches_and_refuses_bytes() -> None:
 
 
 def test_sigmoid_is_stable_at_the_extremes() -> None:
-    values = f32([-1000, -1, 0, 1, 1000, NAN])
+    values = f32([-1000, -1, 0, 1, 1000])
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         out = apply("sigmoid", {"x": values}, input="x", output="p")["p"][0]
-    np.testing.assert_allclose(out[:5], [0, 1 / (1 + np.e), 0.5, 1 / (1 + np.exp(-1)), 1])
-    assert np.isnan(out[5]) and out.dtype == np.float32
+    np.testing.assert_allclose(out, [0, 1 / (1 + np.e), 0.5, 1 / (1 + np.exp(-1)), 1])
+    assert out.dtype == np.float32
+    with pytest.raises(NotFinite):
+        apply("sigmoid", {"x": f32([0, NAN])}, input="x", output="p")
 
 
 # threshold
 
 
 def test_threshold_scalar_and_per_class() -> None:
-    scores = f32([0.2, 0.5, NAN], [0.9, 0.1, 0.7])
+    scores = f32([0.2, 0.5, 0.1], [0.9, 0.1, 0.7])
     out = apply("threshold", {"s": scores}, input="s", output="t", threshold=0.5)["t"]
     assert out.dtype == np.bool_ and out.tolist() == [[False, True, False], [True, False, True]]
     per = apply("threshold", {"s": scores}, input="s", output="t", threshold=[0.1, 0.5, 0.8])["t"]
@@ -93,13 +95,13 @@ def test_threshold_per_class_must_fit_the_scores() -> None:
 # sort and topk
 
 
-def test_sort_descending_is_stable_and_puts_nan_last() -> None:
-    scores = f32([0.1, NAN, 0.5, 0.1])
+def test_sort_descending_is_stable() -> None:
+    scores = f32([0.1, 0.0, 0.5, 0.1])
     out = apply("sort", {"s": scores}, input="s", values="v", indices="i")
     assert out["i"].tolist() == [[2, 0, 3, 1]] and out["i"].dtype == np.int64
-    assert out["v"][0, :3].tolist() == pytest.approx([0.5, 0.1, 0.1]) and np.isnan(out["v"][0, 3])
+    assert out["v"][0].tolist() == pytest.approx([0.5, 0.1, 0.1, 0.0])
     up = apply("sort", {"s": scores}, input="s", indices="i", descending=False)
-    assert up["i"].tolist() == [[0, 3, 2, 1]] and "v" not in up
+    assert up["i"].tolist() == [[1, 0, 3, 2]] and "v" not in up
 
 
 def test_topk_best_first_and_k_above_the_class_count() -> None:

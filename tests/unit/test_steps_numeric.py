@@ -11,6 +11,7 @@ import pytest
 
 from services.preprocess.stats import Stats, save_stats
 from services.preprocess.steps import StepError, build_step
+from services.preprocess.steps.numeric import Standardize
 from strata.errors import InvalidArgument
 
 INF, NAN = np.inf, np.nan
@@ -144,6 +145,15 @@ def test_standardize_uses_the_loaded_statistics(stats_dir: Path) -> None:
     assert out["x"].tolist() == [[1, 1], [0, 0]]
     with pytest.raises(StepError, match=r"expected \[batch, 2\] features, got shape \[1, 3\]"):
         run("standardize", {"x": np.zeros((1, 3), np.float32)}, stats_dir, stats="s.json")
+
+
+def test_finite_values_too_large_to_standardise_are_refused_not_made_infinite() -> None:
+    tight = Stats(np.array([0, 0], np.float32), np.array([1, 0.5], np.float32))
+    step = Standardize(input="x", stats=tight)
+    huge = np.array([[1.0, 2.0], [1.0, 3.4e38]], np.float32)
+    with pytest.raises(StepError, match=r"row 1 feature 1 .* not a finite FP32 number"):
+        step.process({"x": huge})
+    assert step.process({"x": huge[:1]})["x"].tolist() == [[1.0, 4.0]]
 
 
 def test_standardize_refuses_a_fingerprint_mismatch_and_edited_files(stats_dir: Path) -> None:

@@ -75,12 +75,24 @@ class Rule(Protocol):
 RULES: Registry[Rule] = Registry("postprocess rule")
 
 
+class NotFinite(NotReady):
+    """A model answered NaN or infinity: no rule can make a meaningful answer of it."""
+
+
 def numbers(tensors: Tensors, name: str, rule: str) -> np.ndarray:
-    """A numeric tensor as FP32 (bool and integer tensors are widened)."""
+    """A numeric tensor as FP32 (bool and integer tensors are widened); NaN and infinities
+    (which a model answering finite input should never give) are refused, never passed on."""
     values = take(tensors, name, rule)
     if values.dtype.kind not in "biuf":
         raise InvalidArgument(f"{rule} needs a numeric tensor {name!r}, got {values.dtype}")
-    return values.astype(np.float32, copy=False)
+    values = values.astype(np.float32, copy=False)
+    if values.dtype.kind == "f" and not np.isfinite(values).all():
+        bad = int(values.size - np.isfinite(values).sum())
+        raise NotFinite(
+            f"{rule}: {bad} of the {values.size} values of {name!r} are NaN or infinite; "
+            "the model's answer for this request is not a number"
+        )
+    return values
 
 
 def texts(values: np.ndarray, name: str) -> list[str]:

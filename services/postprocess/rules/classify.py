@@ -22,7 +22,7 @@ from strata.errors import InvalidArgument
 
 
 def softmax(logits: np.ndarray, axis: int = -1) -> np.ndarray:
-    """Numerically stable softmax in FP32.
+    """Numerically stable softmax in FP32 (the rules refuse NaN and infinities before it).
 
     A row with +inf shares its probability among its +inf entries; a row of only -inf is
     uniform; NaN makes its row NaN.

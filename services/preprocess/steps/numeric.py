@@ -163,7 +163,17 @@ class Standardize:
                 f"input {self.input!r}: expected [batch, {features}] features, "
                 f"got shape {list(values.shape)}"
             )
-        standard = (values.astype(np.float32) - self.stats.mean) / self.stats.std
+        # In FP64, so that finite FP32 input cannot overflow on the way; the result must fit.
+        with np.errstate(over="ignore", invalid="ignore"):
+            wide = (values.astype(np.float64) - self.stats.mean) / self.stats.std
+            standard = wide.astype(np.float32)
+        if not np.isfinite(standard).all():
+            row, feature = (int(i) for i in np.argwhere(~np.isfinite(standard))[0])
+            raise StepError(
+                f"input {self.input!r}: row {row} feature {feature} ({values[row, feature]!r}) "
+                "is too far from the training data to standardise (the result is not a "
+                "finite FP32 number)"
+            )
         return {**tensors, self.input: standard}
 
 
