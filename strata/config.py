@@ -126,6 +126,14 @@ class ServerSettings(Strict):
     max_concurrent_streams: int = Field(
         default=256, gt=0, description="Calls one client connection may have open at once."
     )
+    public_max_concurrent_streams: int = Field(
+        default=16,
+        gt=0,
+        description="The same on the gateway's public port. Past capacity, calls beyond it are "
+        "refused by HTTP/2 itself (REFUSED_STREAM, which clients see as UNAVAILABLE) before any "
+        "Python runs, so a backlog cannot build inside gRPC where no handler sees it; a client "
+        "that needs more calls in flight opens more connections (channels).",
+    )
     max_concurrent_rpcs: int = Field(
         default=2048,
         gt=0,

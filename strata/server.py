@@ -81,7 +81,10 @@ async def start_server(
         raise ValueError("a server under TLS needs its identity, to pick its certificate")
     options = [
         *grpc_options(settings),
-        ("grpc.max_concurrent_streams", settings.max_concurrent_streams),
+        (
+            "grpc.max_concurrent_streams",
+            settings.public_max_concurrent_streams if public else settings.max_concurrent_streams,
+        ),
     ]
     if not public:
         # Internal callers (the gateway) retry UNAVAILABLE, so ageing their connections out to

@@ -35,10 +35,18 @@ def call(stub, client: str, i: int) -> tuple[str, float, str]:
         return exc.code().name, time.perf_counter() - started, hint
 
 
+def stubs(address: str, count: int) -> list[v2_grpc.GRPCInferenceServiceStub]:
+    """Stubs on `count` connections of their own: the gateway takes 16 calls at once per
+    connection (server.public_max_concurrent_streams), as a client pool would spread them."""
+    options = [("grpc.use_local_subchannel_pool", 1)]
+    channels = [grpc.insecure_channel(address, options=options) for _ in range(count)]
+    return [v2_grpc.GRPCInferenceServiceStub(channel) for channel in channels]
+
+
 def burst(address: str, count: int, clients: int = 1) -> list[tuple[str, float, str]]:
-    stub = v2_grpc.GRPCInferenceServiceStub(grpc.insecure_channel(address))
+    pool_of = stubs(address, 4)
     with ThreadPoolExecutor(32) as pool:
-        return list(pool.map(lambda i: call(stub, f"c{i % clients}", i), range(count)))
+        return list(pool.map(lambda i: call(pool_of[i % 4], f"c{i % clients}", i), range(count)))
 
 
 def test_beyond_its_concurrency_limit_the_gateway_refuses_at_once_with_a_hint(
@@ -130,14 +138,16 @@ def test_the_ladder_climbs_on_queueing_delay_says_why_and_comes_back_down(admin_
 def test_a_flooding_client_cannot_take_another_clients_share(tmp_path: Path) -> None:
     changes = {"gateway": {"concurrency": {"initial": 8, "min_limit": 8, "max_limit": 8}}}
     with running_system(tmp_path, changes) as system:
-        address = system.address("gateway")
-        stub = v2_grpc.GRPCInferenceServiceStub(grpc.insecure_channel(address))
+        flooding, quiet_stub = (
+            stubs(system.address("gateway"), 4),
+            stubs(system.address("gateway"), 1)[0],
+        )
         stop, flooded = threading.Event(), []
 
         def flood(worker: int) -> None:
             i = worker
             while not stop.is_set():
-                flooded.append(call(stub, "flood", i))
+                flooded.append(call(flooding[worker % 4], "flood", i))
                 i += 32
 
         floods = [threading.Thread(target=flood, args=(w,)) for w in range(32)]
@@ -145,7 +155,7 @@ def test_a_flooding_client_cannot_take_another_clients_share(tmp_path: Path) -> 
             thread.start()
         try:
             time.sleep(0.5)
-            quiet = [call(stub, "quiet", i)[0] for i in range(40)]
+            quiet = [call(quiet_stub, "quiet", i)[0] for i in range(40)]
         finally:
             stop.set()
             for thread in floods:
