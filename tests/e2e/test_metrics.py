@@ -122,16 +122,21 @@ def test_gateway_histograms_and_arm_figures_parse(scraped) -> None:
 
 
 def test_inference_exports_batch_sizes_queue_and_execution_time(scraped) -> None:
+    def digits(family: str, suffix: str, **labels: str) -> float:
+        """A sample of `family` for model digits, over both deployments and every version."""
+        deployments = (scraped["inference-a"], scraped["inference-b"])
+        return sum(total(d[family], family + suffix, model="digits", **labels) for d in deployments)
+
+    # The fixture sent 20 requests of 2 rows, one after another (the bad one never left the
+    # gateway): each waited in a queue once, and each batch ran once.
+    assert digits("strata_inference_batch_rows", "_sum") == 40
+    batches = digits("strata_inference_batch_rows", "_count")
+    assert 1 <= batches <= 20
+    assert digits("strata_inference_queue_seconds", "_count") == 20
+    assert digits("strata_inference_execution_seconds", "_count") == batches
+    assert digits("strata_inference_requests", "_total", outcome="ok") == 20
+    assert digits("strata_inference_requests", "_total", outcome="error") == 0
     families = scraped["inference-a"]
-    batches = [
-        s
-        for s in families["strata_inference_batch_rows"]
-        if s.name.endswith("_count") and s.labels["model"] == "digits"
-    ]
-    assert sum(s.value for s in batches) > 0
-    for name in ("strata_inference_queue_seconds", "strata_inference_execution_seconds"):
-        counts = [s for s in families[name] if s.name.endswith("_count")]
-        assert counts and all(s.value >= 0 for s in counts)
     assert "strata_inference_rejections" in families and "strata_inference_queue_rows" in families
 
 

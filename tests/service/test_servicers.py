@@ -4,6 +4,7 @@ grpcio-testing drives only synchronous servicers; ours are asyncio servicers, so
 real aio servers inside the test process instead (tests/support/inprocess.py).
 """
 
+import asyncio
 from collections.abc import Iterator
 
 import grpc
@@ -11,6 +12,7 @@ import numpy as np
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from services.gateway.metrics import UPSTREAM_CALLS
 from strata import codec
 from strata.config import Settings
 from strata.process import raise_for_result
@@ -18,15 +20,20 @@ from strata.proto.inference import grpc_service_pb2 as v2
 from strata.proto.inference import grpc_service_pb2_grpc as v2_grpc
 from strata.proto.v1 import postprocess_pb2_grpc, preprocess_pb2_grpc
 from strata.proto.v1 import tensor_pb2 as v1
-from tests.support.inprocess import servers_in_process
+from tests.support.inprocess import InProcess, servers_in_process
 
 DIGIT = np.zeros((1, 8, 8), np.uint8)
 
 
 @pytest.fixture(scope="module")
-def settings(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Settings]:
+def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[InProcess]:
     with servers_in_process(tmp_path_factory.mktemp("inproc")) as world:
-        yield world.settings
+        yield world
+
+
+@pytest.fixture(scope="module")
+def settings(world: InProcess) -> Settings:
+    return world.settings
 
 
 def channel(settings: Settings, service: str) -> grpc.Channel:
@@ -122,8 +129,42 @@ def test_gateway_answers_and_refuses_before_any_upstream(settings: Settings) -> 
     assert "NaN" in info.value.details()
 
 
-def test_gateway_honours_an_expired_deadline(settings: Settings) -> None:
-    stub = v2_grpc.GRPCInferenceServiceStub(channel(settings, "gateway"))
-    with pytest.raises(grpc.RpcError) as info:
-        stub.ModelInfer(codec.build_request("digits", {"images": DIGIT}), timeout=0.0001)
-    assert info.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+class ExpiredCall:
+    """What the gateway's handler sees of a call whose deadline has (all but) passed: a
+    client-side timeout would end the call before the server answers, whatever it does."""
+
+    def __init__(self, remaining: float) -> None:
+        self.remaining = remaining
+        self.status: tuple[grpc.StatusCode, str] | None = None
+
+    def time_remaining(self) -> float:
+        return self.remaining
+
+    def invocation_metadata(self) -> tuple:
+        return ()
+
+    def peer(self) -> str:
+        return "ipv4:127.0.0.1:1"
+
+    async def abort(self, code: grpc.StatusCode, details: str = "", trailing_metadata=()):
+        self.status = (code, details)
+        raise grpc.aio.AbortError()
+
+
+def upstream_calls() -> float:
+    """Calls the gateway has made to the layers behind it, in this process."""
+    (family,) = UPSTREAM_CALLS.metric.collect()
+    return sum(s.value for s in family.samples if s.name.endswith("_total"))
+
+
+@pytest.mark.parametrize("remaining", [0.0, 1e-6])
+def test_gateway_honours_an_expired_deadline(world: InProcess, remaining: float) -> None:
+    ((servicer, *_), *_) = world.gateway.registrations
+    call = ExpiredCall(remaining)
+    before = upstream_calls()
+    with pytest.raises(grpc.aio.AbortError):
+        world.run(servicer.ModelInfer(codec.build_request("digits", {"images": DIGIT}), call))
+    assert call.status is not None and call.status[0] == grpc.StatusCode.DEADLINE_EXCEEDED
+    assert "deadline" in call.status[1]
+    world.run(asyncio.sleep(0.1))  # a flight it boarded would have left by now
+    assert upstream_calls() == before, "a layer was called for a request already out of time"

@@ -174,8 +174,8 @@ def test_a_full_queue_refuses_at_once() -> None:
         start = time.perf_counter()
         with pytest.raises(Overloaded, match="queue full") as full:
             await submit(b, x())
-        assert time.perf_counter() - start < 0.5
-        assert full.value.retry_after > 0, "the refusal says when to come back"  # the gate holds the queue shut until later
+        assert time.perf_counter() - start < 0.5  # the gate holds the queue shut until later
+        assert full.value.retry_after > 0, "the refusal says when to come back"
         gate.set()
         return await asyncio.gather(first, *queued)
 

@@ -33,6 +33,9 @@ class Recorder:
     def departed(self, member: Member, waited: float) -> None:
         self.waited[member.request] = waited
 
+    def flights_with(self, settings: FlightSettings) -> Flights:
+        return Flights(settings, self.fly, self.departed)
+
     async def fly(self, members: list[Member]) -> None:
         self.flights.append([m.request for m in members])
         await self.release.wait()
@@ -72,7 +75,9 @@ async def test_a_lone_request_leaves_at_once_alone() -> None:
 @run
 async def test_requests_queued_under_load_leave_together_within_bounds() -> None:
     chain = Recorder()
-    flights = Flights(FlightSettings(max_in_air=1, max_requests=3, max_rows=100), chain.fly, chain.departed)
+    flights = Flights(
+        FlightSettings(max_in_air=1, max_requests=3, max_rows=100), chain.fly, chain.departed
+    )
     first = await held(flights, chain)
     waiting = [asyncio.create_task(flights.board("k", member(f"r{i}"))) for i in range(5)]
     await asyncio.sleep(0.01)
@@ -86,7 +91,9 @@ async def test_requests_queued_under_load_leave_together_within_bounds() -> None
 @run
 async def test_a_flight_carries_at_most_max_rows() -> None:
     chain = Recorder()
-    flights = Flights(FlightSettings(max_in_air=1, max_requests=10, max_rows=4), chain.fly, chain.departed)
+    flights = Flights(
+        FlightSettings(max_in_air=1, max_requests=10, max_rows=4), chain.fly, chain.departed
+    )
     first = await held(flights, chain)
     sizes = [3, 1, 2, 2]
     waiting = [

@@ -84,22 +84,29 @@ def test_build_is_deterministic(built: tuple[Path, dict[str, float]], tmp_path: 
         assert first.read_bytes() == second.read_bytes(), first
 
 
+VERSIONS = {"digits": ["1", "2"], "tabular": ["1"]}
+CASES = 3  # golden cases models/build.py writes for each version
+
+
 @pytest.mark.parametrize("name", sorted(IO_NAMES))
 def test_validation_cases_reproduce(built: tuple[Path, dict[str, float]], name: str) -> None:
     out, _ = built
-    version = out / "repository" / name / "1"
-    session = _session(version / "model.onnx")
     input_name, output_name = IO_NAMES[name]
-    for path in sorted((version / "validation").glob("case_*.npz")):
-        with np.load(path) as case:
-            (actual,) = session.run([output_name], {input_name: case[f"input.{input_name}"]})
-            np.testing.assert_allclose(
-                actual,
-                case[f"output.{output_name}"],
-                atol=float(case["atol"]),
-                rtol=float(case["rtol"]),
-                err_msg=str(path),
-            )
+    for version in VERSIONS[name]:
+        folder = out / "repository" / name / version
+        cases = sorted((folder / "validation").glob("case_*.npz"))
+        assert len(cases) == CASES, f"{folder / 'validation'} holds {len(cases)} cases"
+        session = _session(folder / "model.onnx")
+        for path in cases:
+            with np.load(path) as case:
+                (actual,) = session.run([output_name], {input_name: case[f"input.{input_name}"]})
+                np.testing.assert_allclose(
+                    actual,
+                    case[f"output.{output_name}"],
+                    atol=float(case["atol"]),
+                    rtol=float(case["rtol"]),
+                    err_msg=str(path),
+                )
 
 
 def test_digits_has_a_second_version_for_ab_routing(built: tuple[Path, dict[str, float]]) -> None:
