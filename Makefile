@@ -10,7 +10,7 @@ STAMP_MODELS := build/.models
 STAMP_MODELS_TEXT := build/.models-text
 
 .PHONY: venv proto models models-text run test lint fmt bench trace fuzz certs clean
-.PHONY: compose-up compose-down soak bench-peers
+.PHONY: compose-up compose-down soak bench-peers bench-overload
 
 # The Compose specification's JSON schema, as the docker-compose package on PyPI ships it.
 COMPOSE_SCHEMA := build/schema/compose_spec.json
@@ -79,6 +79,10 @@ bench: $(STAMP_MODELS) $(STAMP_MODELS_TEXT)
 
 # Strata against MLServer, KServe and a bare v2 server (bench/peers; installs the peers'
 # venvs under build/peers/ once).
+# Open-loop sweep from 0.1 to 4x capacity: goodput, admitted P99, refusals, health checks.
+bench-overload: $(STAMP_MODELS)
+	$(PY) -m bench.overload --config $(CONFIG)
+
 bench-peers: $(STAMP_MODELS)
 	$(PY) -m bench.peers --config $(CONFIG)
 
