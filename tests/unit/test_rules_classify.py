@@ -205,3 +205,11 @@ def test_labels_file_mistakes(tmp_path: Path, name: str, body: str, words: str) 
     (tmp_path / name).write_text(body)
     with pytest.raises(ValueError, match=words):
         build_rule("labels", {"input": "c", "output": "l", "file": name}, tmp_path)
+
+
+def test_labels_refuse_a_model_with_more_classes_than_labels() -> None:
+    tensors = {"logits": np.zeros((1, 11), np.float32), "classes": np.array([[3]], np.int64)}
+    options = {"input": "classes", "output": "labels", "labels": [str(i) for i in range(10)]}
+    assert apply("labels", tensors, **options)["labels"].tolist() == [[b"3"]]
+    with pytest.raises(Misconfigured, match="'logits' has 11 classes but the inline labels has 10"):
+        apply("labels", tensors, **options, classes_of="logits")

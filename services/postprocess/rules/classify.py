@@ -127,6 +127,9 @@ class Labels:
     output: str
     labels: Sequence[str]
     source: str = "inline labels"
+    # A tensor whose last axis has one entry per class (the model's logits): checked against
+    # the labels, so a model with more classes than labels is refused, not half-labelled.
+    classes_of: str | None = None
     name: str = "labels"
     _table: np.ndarray = field(init=False, repr=False)
 
@@ -139,6 +142,13 @@ class Labels:
 
     def apply(self, tensors: Tensors, context: RuleContext) -> Tensors:
         indices = take(tensors, self.input, self.name)
+        if self.classes_of is not None:
+            width = take(tensors, self.classes_of, self.name).shape[-1]
+            if width != len(self._table):
+                raise Misconfigured(
+                    f"{self.name}: {self.classes_of!r} has {width} classes but {self.source} "
+                    f"has {len(self._table)} labels"
+                )
         if indices.dtype.kind not in "iu":
             raise Misconfigured(
                 f"{self.name} needs integer class indices in {self.input!r}, got {indices.dtype}"
@@ -221,4 +231,10 @@ def _build_labels(options: Mapping[str, Any], base_dir: Path) -> Labels:
         raise ValueError(
             f"{source} has {len(labels)} labels, fewer than the model's {classes} classes"
         )
-    return Labels(input=options["input"], output=options["output"], labels=labels, source=source)
+    return Labels(
+        input=options["input"],
+        output=options["output"],
+        labels=labels,
+        source=source,
+        classes_of=options.get("classes_of"),
+    )
