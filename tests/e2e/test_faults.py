@@ -6,6 +6,7 @@ Each scenario prints requests sent, answered OK, failed by code, and the worst l
 import shutil
 import signal
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
@@ -99,56 +100,65 @@ def answered(load: SteadyLoad, start: float, end: float) -> float:
     return len(done) / (end - start)
 
 
+@dataclass
+class Hang:
+    """What steady clients saw while one process was stopped (SIGSTOP) for 4 s."""
+
+    load: SteadyLoad
+    stopped: float
+    resumed: float
+    normal: float  # OK answers per second in the second before
+    during: float  # and while it was stopped
+
+
+def hang(system: Supervisor, name: str, seconds: float = 4.0) -> Hang:
+    hung = system.processes[name]
+    with SteadyLoad(system.address("gateway"), threads=6) as load:
+        time.sleep(2.0)
+        stopped = time.monotonic()
+        hung.send_signal(signal.SIGSTOP)
+        try:
+            time.sleep(seconds)
+        finally:
+            resumed = time.monotonic()
+            hung.send_signal(signal.SIGCONT)
+    normal = answered(load, stopped - 1.0, stopped)
+    during = answered(load, stopped, resumed)
+    print(load.tally.report(f"hang {name} for {seconds:g} s"))
+    print(f"answers/s: {normal:.0f} before, {during:.0f} while {name} was hung")
+    return Hang(load, stopped, resumed, normal, during)
+
+
+def assert_routed_around(seen: Hang) -> None:
+    assert seen.load.tally.codes() == {"OK": seen.load.tally.sent}
+    assert seen.during >= 0.5 * seen.normal
+    assert seen.load.tally.worst() < 1.0
+
+
 def test_a_hung_arm_is_routed_around_and_keeps_most_of_the_answer_rate(tmp_path: Path) -> None:
     changes = {**CHANGES, "pipelines": {"digits": {"model": {"name": "digits", "routes": [
         {"arm": "control", "deployment": "a", "version": "1", "weight": 50},
         {"arm": "canary", "deployment": "b", "version": "2", "weight": 50},
     ]}}}}  # fmt: skip
     with running_system(tmp_path, changes) as system:
-        hung = system.processes["inference-b"]
-        with SteadyLoad(system.address("gateway"), threads=6) as load:
-            time.sleep(2.0)
-            stopped = time.monotonic()
-            normal = answered(load, stopped - 1.0, stopped)
-            hung.send_signal(signal.SIGSTOP)
-            try:
-                time.sleep(4.0)
-            finally:
-                resumed = time.monotonic()
-                hung.send_signal(signal.SIGCONT)
-    print(load.tally.report("hang one inference deployment for 4 s"))
-    during = answered(load, stopped, resumed)
-    print(f"answers/s: {normal:.0f} before, {during:.0f} while b was hung")
+        seen = hang(system, "inference-b")
     # Calls to the hung arm miss the hop's own timeout (a multiple of its normal P99, far
     # under the 1 s upstream ceiling) and fail over; once its circuit opens, none go there.
-    assert load.tally.codes() == {"OK": load.tally.sent}
-    assert during >= 0.5 * normal
-    assert load.tally.worst() < 1.0
-    tail = [o for o in load.tally.outcomes if o.at >= stopped + 2.0 and o.at + o.seconds < resumed]
+    assert_routed_around(seen)
+    tail = [
+        o
+        for o in seen.load.tally.outcomes
+        if o.at >= seen.stopped + 2.0 and o.at + o.seconds < seen.resumed
+    ]
     assert tail and {o.arm for o in tail if not o.cached} == {"control"}, "traffic moved"
 
 
 def test_a_hung_preprocess_replica_is_ejected_and_costs_no_request(tmp_path: Path) -> None:
     with running_system(tmp_path, CHANGES) as system:
-        hung = system.processes["preprocess-0"]
-        with SteadyLoad(system.address("gateway"), threads=6) as load:
-            time.sleep(2.0)
-            stopped = time.monotonic()
-            normal = answered(load, stopped - 1.0, stopped)
-            hung.send_signal(signal.SIGSTOP)
-            try:
-                time.sleep(4.0)
-            finally:
-                resumed = time.monotonic()
-                hung.send_signal(signal.SIGCONT)
-    print(load.tally.report("hang one preprocess replica for 4 s"))
-    during = answered(load, stopped, resumed)
-    print(f"answers/s: {normal:.0f} before, {during:.0f} while preprocess-0 was hung")
-    # A call to the hung replica misses the hop's own timeout and goes once more, to the
-    # other replica; gRPC's outlier detection then ejects the hung one from the balancing.
-    assert load.tally.codes() == {"OK": load.tally.sent}
-    assert during >= 0.5 * normal
-    assert load.tally.worst() < 1.0
+        seen = hang(system, "preprocess-0")
+    # A call to the hung replica misses the hop's own timeout and goes again, to the other
+    # replica; gRPC's outlier detection then ejects the hung one from the balancing.
+    assert_routed_around(seen)
 
 
 def test_a_corrupt_model_in_a_hot_swap_leaves_the_old_version_serving(tmp_path: Path) -> None:
