@@ -112,7 +112,11 @@ class Hop:
             code = exc.code()
             if code == grpc.StatusCode.DEADLINE_EXCEEDED and hop_bound:
                 code = grpc.StatusCode.UNAVAILABLE
-                self.timer.observe(timeout)  # at least this long: lets a slow hop's timeout grow
+                if not self.replicated:
+                    # At least this long: lets a slow arm's timeout grow. With replicas, a
+                    # miss is one replica's (outlier detection ejects it); the others'
+                    # answers keep the P99, so a hung one cannot stretch everyone's timeout.
+                    self.timer.observe(timeout)
                 raise HopTimedOut(
                     f"{self.name}: no answer within {timeout:.3g}s, its own timeout "
                     "(a multiple of its recent P99)"
