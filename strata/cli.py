@@ -12,7 +12,7 @@ from pathlib import Path
 
 from strata.config import ConfigError, ServiceEndpoint, Settings, load_settings
 from strata.metrics import serve_metrics
-from strata.server import Registration, Running, serve
+from strata.server import Companion, Registration, Running, serve
 from strata.telemetry import setup_logging, setup_tracing
 
 log = logging.getLogger(__name__)
@@ -29,6 +29,8 @@ class Service:
     on_start: Callable[[Running], Awaitable[None]] | None = field(default=None)
     # Public: faces clients (TLS without client certificates); internal: mutual TLS.
     public: bool = False
+    # Servers beside the gRPC one, in the same loop (the gateway's REST API).
+    companions: list[Companion] = field(default_factory=list)
 
 
 Builder = Callable[[Settings], Awaitable[Service]]
@@ -60,13 +62,18 @@ async def _main(name: str, build: Builder, settings: Settings, listen: str | Non
     listen = listen or service.endpoint.listen
     endpoint = settings.services.endpoint_of(listen) or service.endpoint
     serve_metrics(endpoint.metrics_for(listen))
-    await serve(
-        service.registrations,
-        listen,
-        settings.server,
-        service.on_stop,
-        settings.tls,
-        service.public,
-        service.on_start,
-        identity=name,
-    )
+    try:
+        await serve(
+            service.registrations,
+            listen,
+            settings.server,
+            service.on_stop,
+            settings.tls,
+            service.public,
+            service.on_start,
+            identity=name,
+            companions=service.companions,
+        )
+    except OSError as exc:  # a port it cannot bind
+        log.error("cannot start: %s", exc)
+        sys.exit(f"cannot start: {exc}")

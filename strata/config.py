@@ -60,12 +60,7 @@ class ServiceEndpoint(Strict):
     @field_validator("listen", "metrics")
     @classmethod
     def _has_port(cls, value: str | None) -> str | None:
-        if value is None:
-            return value
-        host, sep, port = value.rpartition(":")
-        if not sep or not host or not port.isdigit():
-            raise ValueError(f"listen address {value!r} must be host:port")
-        return value
+        return _host_port(value)
 
     @property
     def listens(self) -> list[str]:
@@ -89,6 +84,30 @@ class ServiceEndpoint(Strict):
         return "ipv4:" + ",".join(self.listens)
 
 
+def _host_port(value: str | None) -> str | None:
+    if value is None:
+        return value
+    host, sep, port = value.rpartition(":")
+    if not sep or not host or not port.isdigit():
+        raise ValueError(f"listen address {value!r} must be host:port")
+    return value
+
+
+class GatewayEndpoint(ServiceEndpoint):
+    """The gateway's endpoint: its gRPC port, and the same API over HTTP where set."""
+
+    rest: str | None = Field(
+        default=None,
+        description="host:port of the KServe v2 REST API (HTTP/JSON, the binary tensor "
+        "extension), served by the gateway process beside gRPC; unset: gRPC only.",
+    )
+
+    @field_validator("rest")
+    @classmethod
+    def _rest_has_port(cls, value: str | None) -> str | None:
+        return _host_port(value)
+
+
 def _consecutive(address: str, count: int) -> list[str]:
     host, _, port = address.rpartition(":")
     return [f"{host}:{int(port) + i}" for i in range(count)]
@@ -97,7 +116,7 @@ def _consecutive(address: str, count: int) -> list[str]:
 class Services(Strict):
     """The layers' endpoints."""
 
-    gateway: ServiceEndpoint = Field(description="The public KServe v2 endpoint.")
+    gateway: GatewayEndpoint = Field(description="The public KServe v2 endpoint.")
     preprocess: ServiceEndpoint = Field(description="The preprocess service (or its replicas).")
     inference: dict[str, ServiceEndpoint] = Field(
         min_length=1,

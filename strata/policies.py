@@ -185,6 +185,30 @@ class Concurrency(Strict):
     )
 
 
+class Rest(Strict):
+    """What one REST request may send, checked before its body is parsed (the tensors in it
+    are then checked against `limits` as on gRPC)."""
+
+    max_body_bytes: int = Field(
+        default=16 * 1024 * 1024,
+        gt=0,
+        description="Largest request body, JSON and binary tensor data together (413 beyond).",
+    )
+    max_json_depth: int = Field(
+        default=16,
+        ge=4,
+        le=64,
+        description="Deepest nesting of JSON arrays and objects: the request, its inputs and a "
+        "tensor's nested `data` (a rank-r tensor needs r + 3).",
+    )
+    max_json_values: int = Field(
+        default=1 << 20,
+        gt=0,
+        description="Most values one JSON body holds: each becomes a Python object when "
+        "parsed, so this bounds what a body costs; larger tensors go as binary data.",
+    )
+
+
 class GatewaySettings(Strict):
     """Gateway policies."""
 
@@ -211,6 +235,7 @@ class GatewaySettings(Strict):
         default_factory=Flights,
         description="Flights: concurrent requests through every hop in one call each.",
     )
+    rest: Rest = Field(default_factory=Rest, description="The REST API's request limits.")
     api_keys: list[ApiKey] = Field(
         default_factory=list,
         description="Clients' API keys (hashed); when any are set, requests without a valid "

@@ -11,8 +11,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -26,6 +27,16 @@ from strata.security import TlsSettings, caller_guard, server_credentials
 from strata.telemetry import traced_servicer
 
 log = logging.getLogger(__name__)
+
+
+class Companion(Protocol):
+    """Another server in the same process and loop (the gateway's REST API): started after
+    the gRPC server, drained beside it."""
+
+    async def start(self) -> None: ...
+
+    async def stop(self, grace: float) -> None: ...
+
 
 # (servicer, add_to_server function, full service name)
 Registration = tuple[object, Callable[[object, grpc.aio.Server], None], str]
@@ -142,9 +153,13 @@ async def serve(
     public: bool = False,
     on_start: Callable[[Running], Awaitable[None]] | None = None,
     identity: str | None = None,
+    companions: Sequence[Companion] = (),
 ) -> None:
-    """Run a gRPC server on `listen` until SIGTERM or SIGINT, then drain and return."""
+    """Run a gRPC server on `listen` (and its companions) until SIGTERM or SIGINT, then
+    drain them all at once and return."""
     running = await start_server(registrations, listen, settings, tls, public, identity)
+    for companion in companions:
+        await companion.start()
     if on_start is not None:
         await on_start(running)
     stopping = asyncio.Event()
@@ -155,7 +170,8 @@ async def serve(
 
     log.info("stopping: draining in-flight calls for up to %.1fs", settings.grace_seconds)
     await running.set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
-    await running.stop(settings.grace_seconds)
+    grace = settings.grace_seconds
+    await asyncio.gather(running.stop(grace), *(c.stop(grace) for c in companions))
     if on_stop is not None:
         await on_stop()
     provider = trace.get_tracer_provider()

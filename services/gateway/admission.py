@@ -7,8 +7,9 @@ its peer address (the host, without the port) is limited too: rotating ids does 
 
 from __future__ import annotations
 
-import grpc
+from collections.abc import Mapping
 
+from services.gateway.caller import Caller
 from services.gateway.limiter import RateLimiter
 from services.gateway.metrics import RATE_LIMITED
 from strata.errors import Overloaded, Unauthenticated
@@ -16,7 +17,7 @@ from strata.policies import RateLimits
 from strata.security import KeyRing, key_hash
 
 
-def client_key(metadata: dict[str, str], peer: str, limits: RateLimits, keys: KeyRing) -> str:
+def client_key(metadata: Mapping[str, str], peer: str, limits: RateLimits, keys: KeyRing) -> str:
     """Who is calling: the client id of a valid API key (required when keys are configured),
     else a hash of an unregistered key, a client id header, or the peer host."""
     key = metadata.get(limits.api_key_header)
@@ -47,15 +48,14 @@ class Admission:
         self.limiter = limiter
         self.keys = keys
 
-    def identify(self, context: grpc.aio.ServicerContext) -> str:
+    def identify(self, caller: Caller) -> str:
         """The caller's client key (UNAUTHENTICATED without a valid API key, when required)."""
-        metadata = dict(context.invocation_metadata() or ())
-        return client_key(metadata, context.peer(), self.limiter.limits, self.keys)
+        return client_key(caller.metadata, caller.peer, self.limiter.limits, self.keys)
 
-    def admit(self, context: grpc.aio.ServicerContext) -> str:
+    def admit(self, caller: Caller) -> str:
         """The caller's client key, once its token buckets allow the request."""
-        client = self.identify(context)
-        peer = None if self.keys else peer_host(context.peer())
+        client = self.identify(caller)
+        peer = None if self.keys else peer_host(caller.peer)
         admitted, wait, scope = self.limiter.admit(client, peer)
         if not admitted:
             RATE_LIMITED.labels(scope).inc()

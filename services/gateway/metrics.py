@@ -5,12 +5,14 @@ from prometheus_client import Counter, Gauge, Histogram
 from strata.metrics import LATENCY_BUCKETS, Children
 
 REQUESTS = Children(Counter(
-    "strata_gateway_requests", "Client requests answered, by pipeline and status code.",
-    ["pipeline", "code"],
+    "strata_gateway_requests",
+    "Client requests answered, by pipeline, status code and protocol (grpc, rest).",
+    ["pipeline", "code", "protocol"],
 ))  # fmt: skip
 LATENCY = Children(Histogram(
-    "strata_gateway_request_duration_seconds", "Time to answer a client request.",
-    ["pipeline"], buckets=LATENCY_BUCKETS,
+    "strata_gateway_request_duration_seconds",
+    "Time to answer a client request, by pipeline and protocol.",
+    ["pipeline", "protocol"], buckets=LATENCY_BUCKETS,
 ))  # fmt: skip
 UPSTREAM_CALLS = Children(Counter(
     "strata_gateway_upstream_calls", "Calls to the layers behind the gateway, by hop and code.",

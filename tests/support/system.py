@@ -65,7 +65,7 @@ def make_config(folder: Path, changes: dict[str, Any] | None = None) -> Path:
     raw["repository"] = str((DEFAULT_CONFIG.parent / raw["repository"]).resolve())
     services = raw["services"]
     raw["services"] = {
-        "gateway": endpoint(),
+        "gateway": {**endpoint(), "rest": f"127.0.0.1:{free_port()}"},
         "preprocess": endpoint(services["preprocess"].get("replicas", 1)),
         "postprocess": endpoint(),
         "inference": {name: endpoint() for name in services["inference"]},

@@ -1,0 +1,198 @@
+"""The pipelines as the v2 models clients see, whichever protocol asks: readiness, metadata,
+statistics and inference. The gRPC servicer and the REST API are thin adapters over this.
+"""
+
+from __future__ import annotations
+
+import time
+
+import grpc
+
+from services.gateway.caller import Caller
+from services.gateway.metrics import LATENCY, REQUESTS
+from services.gateway.request import Answer, Budget, ClientRequest
+from services.gateway.runtime import Runtime
+from services.gateway.statistics import STATISTICS
+from strata import __version__, codec
+from strata.config import Pipeline
+from strata.errors import NotFound, Unavailable, status_of
+from strata.proto.inference import grpc_service_pb2 as v2
+from strata.telemetry import annotate, recording, shapes
+from strata.v2meta import metadata_response, model_config
+
+PLATFORM = "strata_pipeline"
+SERVER_NAME = "strata"
+PIPELINE_VERSION = "1"
+ARM_PARAMETER = "strata.arm"
+
+
+class Pipelines:
+    def __init__(self, runtime: Runtime) -> None:
+        self._runtime = runtime
+
+    @property
+    def _pipelines(self) -> dict[str, Pipeline]:
+        return self._runtime.settings.pipelines
+
+    def names(self) -> list[str]:
+        return sorted(self._pipelines)
+
+    def pipeline(self, name: str, version: str = "") -> Pipeline:
+        """The pipeline `name` (at `version`, when given); NOT_FOUND naming what exists."""
+        pipeline = self._pipelines.get(name)
+        if pipeline is None:
+            raise NotFound(f"unknown model {name!r}; pipelines: {self.names()}")
+        if version not in ("", PIPELINE_VERSION):
+            raise NotFound(f"model {name!r} has no version {version!r}")
+        return pipeline
+
+    def identify(self, caller: Caller) -> str:
+        """The caller's client key (UNAUTHENTICATED without a valid API key, when required)."""
+        return self._runtime.admission.identify(caller)
+
+    def server_metadata(self) -> v2.ServerMetadataResponse:
+        return v2.ServerMetadataResponse(name=SERVER_NAME, version=__version__)
+
+    async def server_ready(self) -> bool:
+        """Preprocess, postprocess and at least one inference deployment are healthy."""
+        states = await self._runtime.upstreams.healthy()
+        inference = [up for name, up in states.items() if name.startswith("inference-")]
+        return states["preprocess"] and states["postprocess"] and any(inference)
+
+    async def model_ready(self, name: str, version: str = "") -> bool:
+        """Whether any route of pipeline `name` has its model ready (False if no such one)."""
+        pipeline = self._pipelines.get(name)
+        if pipeline is None or version not in ("", PIPELINE_VERSION):
+            return False
+        for route in self._runtime.router(name).routes:
+            probe = v2.ModelReadyRequest(
+                name=pipeline.model.name, version=route.version or pipeline.model.version
+            )
+            hop = self._runtime.upstreams.inference[route.deployment]
+            try:
+                if (await hop.stub.ModelReady(probe, timeout=2.0)).ready:
+                    return True
+            except grpc.aio.AioRpcError:
+                continue
+        return False
+
+    def model_metadata(self, name: str, version: str = "") -> v2.ModelMetadataResponse:
+        pipeline = self.pipeline(name, version)
+        return metadata_response(
+            name, [PIPELINE_VERSION], PLATFORM, pipeline.inputs, pipeline.outputs
+        )
+
+    def model_config(self, name: str, version: str = "") -> v2.ModelConfigResponse:
+        pipeline = self.pipeline(name, version)
+        return model_config(
+            name, PLATFORM, pipeline.max_batch_size, pipeline.inputs, pipeline.outputs
+        )
+
+    def model_statistics(self, name: str = "", version: str = "") -> v2.ModelStatisticsResponse:
+        """Each pipeline's numbers (services/gateway/statistics.py); all with no name."""
+        names = [name] if name else self.names()
+        for each in names:
+            self.pipeline(each, version)
+        return v2.ModelStatisticsResponse(
+            model_stats=[STATISTICS.model_statistics(each, PIPELINE_VERSION) for each in names]
+        )
+
+    async def infer(self, request: v2.ModelInferRequest, caller: Caller) -> v2.ModelInferResponse:
+        """One inference, counted and timed by pipeline, status code and protocol, and in
+        the pipeline's statistics."""
+        started = time.monotonic()
+        code = "OK"
+        response = None
+        try:
+            response = await self._infer(request, caller)
+            return response
+        except Exception as exc:
+            code = status_of(exc)[0].name
+            raise
+        finally:
+            known = request.model_name in self._pipelines
+            name = request.model_name if known else "(unknown)"
+            seconds = time.monotonic() - started
+            REQUESTS(name, code, caller.protocol).inc()
+            LATENCY(name, caller.protocol).observe(seconds)
+            if known:
+                STATISTICS.finished(name, seconds, response)
+
+    async def _infer(self, request: v2.ModelInferRequest, caller: Caller) -> v2.ModelInferResponse:
+        runtime = self._runtime
+        client = runtime.admission.admit(caller)
+        pipeline = self.pipeline(request.model_name, request.model_version)
+        wanted = codec.requested_outputs(request, [spec.name for spec in pipeline.outputs])
+        remaining = caller.time_remaining
+        default = runtime.settings.gateway.default_timeout_seconds
+        forced = request.parameters.get(ARM_PARAMETER)
+        arrays = codec.request_inputs(request)
+        if recording():
+            annotate(pipeline=request.model_name, input_shapes=shapes(arrays))
+        answer = await runtime.orchestrator.infer(
+            ClientRequest(
+                pipeline_name=request.model_name,
+                pipeline=pipeline,
+                arrays=arrays,
+                inputs=codec.raw_inputs(request, arrays),
+                request_id=request.id,
+                client=client,
+                forced_arm=forced.string_param if forced is not None else "",
+                budget=Budget(default if remaining is None else remaining),
+                parameters=_string_parameters(request),
+            )
+        )
+        if recording():
+            annotate(
+                arm=answer.arm,
+                model_version=answer.model_version,
+                level=answer.level,
+                degraded=answer.degraded or "no",
+                output_shapes=shapes(answer.outputs),
+            )
+        return _response(request, answer, _produced(request.model_name, pipeline, answer, wanted))
+
+
+def _string_parameters(request: v2.ModelInferRequest) -> dict[str, str]:
+    """The client's string parameters, except the gateway's own (strata.*) and core_only."""
+    return {
+        key: value.string_param
+        for key, value in request.parameters.items()
+        if value.WhichOneof("parameter_choice") == "string_param"
+        and not key.startswith("strata.")
+        and key != "core_only"
+    }
+
+
+def _produced(name: str, pipeline: Pipeline, answer: Answer, wanted: list[str]) -> codec.Arrays:
+    """The wanted outputs the answer has. An optional one a skipped rule did not make is
+    left out (strata.skipped_rules names the rule); a required one fails the request."""
+    missing = [name for name in wanted if name not in answer.outputs]
+    optional = {spec.name for spec in pipeline.outputs if spec.optional}
+    required = [name for name in missing if name not in optional]
+    if required:
+        skipped = answer.skipped_rules or "none"
+        raise Unavailable(
+            f"pipeline {name!r}: required output {required[0]!r} was not "
+            f"produced (skipped rules: {skipped}); retry, or mark it optional"
+        )
+    return {name: answer.outputs[name] for name in wanted if name in answer.outputs}
+
+
+def _response(request: v2.ModelInferRequest, answer: Answer, outputs: codec.Arrays):
+    response = v2.ModelInferResponse(
+        model_name=request.model_name, model_version=PIPELINE_VERSION, id=request.id
+    )
+    parameters = response.parameters
+    parameters["strata.arm"].string_param = answer.arm
+    parameters["strata.model_version"].string_param = answer.model_version
+    parameters["strata.level"].int64_param = answer.level
+    parameters["strata.degraded"].bool_param = bool(answer.degraded)
+    if answer.degraded:
+        parameters["strata.degraded_source"].string_param = answer.degraded
+    if answer.cached:
+        parameters["strata.cached"].bool_param = True
+    if answer.skipped_rules:
+        parameters["strata.skipped_rules"].string_param = answer.skipped_rules
+    codec.add_outputs(response, outputs)
+    return response

@@ -1,0 +1,225 @@
+"""The v2 REST routes: each one a thin adapter from HTTP to the pipelines and back."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import orjson
+from google.protobuf.message import Message
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from services.gateway.caller import Caller
+from services.gateway.pipelines import Pipelines
+from services.gateway.rest import openapi, tensors
+from services.gateway.rest.scan import check_json
+from services.gateway.rest.statuses import JSON, TooLarge, error_response, json_response
+from strata.errors import InvalidArgument
+from strata.metrics import RPC_DURATION, RPCS
+from strata.policies import Rest
+from strata.telemetry import server_span
+
+TIMEOUT_HEADER = "x-strata-timeout-ms"  # the caller's deadline, as gRPC's timeout would be
+MODEL = "/v2/models/{name}"
+VERSION = MODEL + "/versions/{version}"
+Handler = Callable[[Request], Awaitable[Response]]
+
+
+def build_app(pipelines: Pipelines, limits: Rest) -> Starlette:
+    """The REST API over `pipelines`, with request bodies held to `limits`."""
+    api = _Api(pipelines, limits)
+    routes = [
+        ("GET", "/v2/health/live", api.live),
+        ("GET", "/v2/health/ready", api.ready),
+        ("GET", "/v2", api.server_metadata),
+        ("GET", "/v2/models/stats", api.statistics),
+        ("GET", "/openapi.json", api.openapi),
+    ]
+    for prefix in (MODEL, VERSION):
+        routes += [
+            ("GET", prefix, api.metadata),
+            ("GET", prefix + "/ready", api.model_ready),
+            ("GET", prefix + "/stats", api.statistics),
+            ("POST", prefix + "/infer", api.infer),
+        ]
+    return Starlette(
+        exception_handlers={HTTPException: _no_route},
+        routes=[
+            Route(path, _served(f"{method} {path}", handler), methods=[method])
+            for method, path, handler in routes
+        ],
+    )
+
+
+async def _no_route(request: Request, exc: HTTPException) -> Response:
+    """A path or method the API does not have, answered as the protocol's error."""
+    message = f"{request.method} {request.url.path}: {exc.detail}"
+    return json_response({"error": message}, exc.status_code, exc.headers)
+
+
+def _served(method: str, handler: Handler) -> Handler:
+    """`handler` in a server span of the caller's trace (W3C headers), counted and timed as
+    gRPC methods are, and with any failure answered as the protocol's error."""
+    duration = RPC_DURATION.labels(method)
+
+    async def served(request: Request) -> Response:
+        started = time.perf_counter()
+        code = "OK"
+        with server_span(method, _headers(request)) as span:
+            try:
+                response = await handler(request)
+            except Exception as exc:  # every failure must reach the caller as a status
+                response, status = error_response(exc, method)
+                code = status.name
+            if span.is_recording():
+                span.set_attribute("http.response.status_code", response.status_code)
+        RPCS.labels(method, code).inc()
+        duration.observe(time.perf_counter() - started)
+        return response
+
+    return served
+
+
+class _Api:
+    def __init__(self, pipelines: Pipelines, limits: Rest) -> None:
+        self._pipelines = pipelines
+        self._limits = limits
+        self._openapi = orjson.dumps(openapi.document(pipelines.names()))
+
+    async def live(self, request: Request) -> Response:
+        return json_response({"live": True})
+
+    async def ready(self, request: Request) -> Response:
+        ready = await self._pipelines.server_ready()
+        return json_response({"ready": ready}, 200 if ready else 400)
+
+    async def server_metadata(self, request: Request) -> Response:
+        metadata = self._pipelines.server_metadata()
+        return json_response(
+            {"name": metadata.name, "version": metadata.version, "extensions": EXTENSIONS}
+        )
+
+    async def openapi(self, request: Request) -> Response:
+        return Response(self._openapi, media_type=JSON)
+
+    async def metadata(self, request: Request) -> Response:
+        name, version = self._model(request)
+        metadata = self._pipelines.model_metadata(name, version)
+        return json_response(
+            {
+                "name": metadata.name,
+                "versions": list(metadata.versions),
+                "platform": metadata.platform,
+                "inputs": [_tensor(t) for t in metadata.inputs],
+                "outputs": [_tensor(t) for t in metadata.outputs],
+            }
+        )
+
+    async def model_ready(self, request: Request) -> Response:
+        name, version = self._model(request)
+        self._pipelines.pipeline(name, version)  # NOT_FOUND for no such pipeline
+        ready = await self._pipelines.model_ready(name, version)
+        return json_response({"name": name, "ready": ready}, 200 if ready else 400)
+
+    async def statistics(self, request: Request) -> Response:
+        name, version = self._model(request)
+        return json_response(_plain(self._pipelines.model_statistics(name, version)))
+
+    async def infer(self, request: Request) -> Response:
+        caller = _caller(request)
+        name, version = self._model(request, caller)  # an unknown caller sends no body
+        self._pipelines.pipeline(name, version)  # nor a request for no such pipeline
+        limits = self._limits
+        body = await _body(request, limits.max_body_bytes)
+        header, binary = tensors.split(body, _header_length(request))
+        check_json(header, limits.max_json_depth, limits.max_json_values)
+        parsed = tensors.to_request(tensors.parse(header), binary, name, version)
+        answer = await self._pipelines.infer(parsed.request, caller)
+        content, header_length = tensors.to_body(answer, parsed)
+        if header_length is None:
+            return Response(content, media_type=JSON)
+        return Response(
+            content,
+            media_type="application/octet-stream",
+            headers={tensors.HEADER_LENGTH: str(header_length)},
+        )
+
+    def _model(self, request: Request, caller: Caller | None = None) -> tuple[str, str]:
+        """The path's model and version; the caller identified first (API keys)."""
+        self._pipelines.identify(caller or _caller(request))
+        params = request.path_params
+        return params.get("name", ""), params.get("version", "")
+
+
+EXTENSIONS = ["binary_tensor_data", "statistics"]
+
+
+def _headers(request: Request) -> dict[str, str]:
+    return {
+        key.decode("latin-1"): value.decode("latin-1") for key, value in request.scope["headers"]
+    }
+
+
+def _caller(request: Request) -> Caller:
+    """The REST caller as admission sees a gRPC one: headers as metadata, gRPC's peer form."""
+    headers = _headers(request)
+    host, port = request.scope.get("client") or ("unknown", 0)
+    peer = f"ipv6:[{host}]:{port}" if ":" in host else f"ipv4:{host}:{port}"
+    return Caller(headers, peer, _timeout(headers.get(TIMEOUT_HEADER)), "rest")
+
+
+def _timeout(value: str | None) -> float | None:
+    if value is None:
+        return None
+    try:
+        milliseconds = float(value)
+    except ValueError:
+        milliseconds = -1
+    if not 0 < milliseconds < float("inf"):
+        raise InvalidArgument(f"{TIMEOUT_HEADER} must be a positive number of milliseconds")
+    return milliseconds / 1000
+
+
+async def _body(request: Request, limit: int) -> bytes:
+    """The body, refused (413) once it passes `limit` bytes, before any more is read."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise TooLarge(f"the body is {declared} bytes, more than the limit of {limit}")
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise TooLarge(f"the body is more than the limit of {limit} bytes")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _header_length(request: Request) -> int | None:
+    value = request.headers.get(tensors.HEADER_LENGTH)
+    if value is None:
+        return None
+    if not value.isdigit():
+        raise InvalidArgument(f"{tensors.HEADER_LENGTH} must be a non-negative integer")
+    return int(value)
+
+
+def _tensor(tensor: Any) -> dict[str, Any]:
+    return {"name": tensor.name, "datatype": tensor.datatype, "shape": list(tensor.shape)}
+
+
+def _plain(message: Message) -> Any:
+    """A message as JSON values, 64-bit integers as numbers (protobuf's JSON writes them as
+    strings), as Triton's statistics extension answers."""
+    out = {}
+    for field in message.DESCRIPTOR.fields:
+        value = getattr(message, field.name)
+        if field.label == field.LABEL_REPEATED:
+            out[field.name] = [_plain(v) if isinstance(v, Message) else v for v in value]
+        else:
+            out[field.name] = _plain(value) if isinstance(value, Message) else value
+    return out

@@ -1,0 +1,275 @@
+"""The OpenAPI document of the REST API (served at /openapi.json): the KServe v2 protocol's
+REST endpoints as published, the binary tensor extension, Triton's statistics extension, and
+the statuses Strata answers with."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from strata import __version__
+
+DATATYPES = [
+    "BOOL", "UINT8", "UINT16", "UINT32", "UINT64", "INT8", "INT16", "INT32", "INT64",
+    "FP16", "FP32", "FP64", "BYTES",
+]  # fmt: skip
+_ERRORS = {
+    "400": "Malformed request, or a pipeline that cannot answer it as sent.",
+    "401": "No valid API key, where keys are required.",
+    "404": "No such model (pipeline) or version.",
+    "413": "The body is larger than gateway.rest.max_body_bytes.",
+    "429": "Rate limit or overload: retry after Retry-After seconds (retry-after-ms).",
+    "500": "A bug: the server log has the details.",
+    "503": "No healthy upstream can answer now; retry.",
+    "504": "The deadline (x-strata-timeout-ms) passed.",
+}
+
+
+def _ref(name: str) -> dict[str, str]:
+    return {"$ref": f"#/components/schemas/{name}"}
+
+
+def _json(schema: dict[str, Any], description: str) -> dict[str, Any]:
+    return {"description": description, "content": {"application/json": {"schema": schema}}}
+
+
+def _errors(*codes: str) -> dict[str, Any]:
+    return {code: _json(_ref("Error"), _ERRORS[code]) for code in codes}
+
+
+def _parameters(pipelines: list[str], versioned: bool) -> list[dict[str, Any]]:
+    name = {"type": "string", "minLength": 1}
+    if pipelines:
+        name["examples"] = pipelines
+    out = [{"name": "name", "in": "path", "required": True, "schema": name}]
+    if versioned:
+        out.append(
+            {
+                "name": "version",
+                "in": "path",
+                "required": True,
+                "schema": {"type": "string", "minLength": 1, "examples": ["1"]},
+            }
+        )
+    return out
+
+
+def _model_paths(pipelines: list[str], versioned: bool) -> dict[str, Any]:
+    base = "/v2/models/{name}" + ("/versions/{version}" if versioned else "")
+    parameters = _parameters(pipelines, versioned)
+    infer = {
+        "summary": "Run the pipeline on the request's tensors.",
+        "parameters": [
+            *parameters,
+            {
+                "name": "Inference-Header-Content-Length",
+                "in": "header",
+                "required": False,
+                "description": "Binary tensor extension: the JSON header's length in bytes; "
+                "the binary tensors follow it.",
+                "schema": {"type": "integer", "minimum": 0},
+            },
+            {
+                "name": "x-strata-timeout-ms",
+                "in": "header",
+                "required": False,
+                "description": "The caller's deadline in milliseconds (default: the gateway's).",
+                "schema": {"type": "number", "exclusiveMinimum": 0},
+            },
+        ],
+        "requestBody": {
+            "required": True,
+            "content": {"application/json": {"schema": _ref("InferenceRequest")}},
+        },
+        "responses": {
+            "200": {
+                "description": "The outputs (binary data after the JSON header where asked).",
+                "content": {
+                    "application/json": {"schema": _ref("InferenceResponse")},
+                    "application/octet-stream": {},
+                },
+            },
+            **_errors("400", "401", "404", "413", "429", "500", "503", "504"),
+        },
+    }
+    return {
+        base: {
+            "get": {
+                "summary": "The pipeline's metadata: its inputs and outputs.",
+                "parameters": parameters,
+                "responses": {
+                    "200": _json(_ref("ModelMetadata"), "The model's metadata."),
+                    **_errors("401", "404"),
+                },
+            }
+        },
+        base + "/ready": {
+            "get": {
+                "summary": "Whether the pipeline can answer now (200) or not (400).",
+                "parameters": parameters,
+                "responses": {
+                    "200": _json(_ref("ModelReady"), "Ready."),
+                    "400": _json(_ref("ModelReady"), "Not ready."),
+                    **_errors("401", "404"),
+                },
+            }
+        },
+        base + "/stats": {
+            "get": {
+                "summary": "The pipeline's statistics (Triton's statistics extension).",
+                "parameters": parameters,
+                "responses": {
+                    "200": _json(_ref("Statistics"), "Counts and durations."),
+                    **_errors("401", "404"),
+                },
+            }
+        },
+        base + "/infer": {"post": infer},
+    }
+
+
+def _schemas() -> dict[str, Any]:
+    parameters = {
+        "type": "object",
+        "additionalProperties": {"type": ["string", "number", "integer", "boolean"]},
+    }
+    shape = {"type": "array", "items": {"type": "integer", "minimum": 0}}
+    tensor = {
+        "name": {"type": "string"},
+        "datatype": {"type": "string", "enum": DATATYPES},
+        "shape": shape,
+    }
+    data = {"description": "Values, flat or nested, row-major.", "type": "array"}
+    return {
+        "Error": {
+            "type": "object",
+            "required": ["error"],
+            "properties": {"error": {"type": "string"}},
+        },
+        "Parameters": parameters,
+        "RequestInput": {
+            "type": "object",
+            "required": ["name", "datatype", "shape"],
+            "properties": {**tensor, "parameters": parameters, "data": data},
+        },
+        "RequestOutput": {
+            "type": "object",
+            "required": ["name"],
+            "properties": {"name": {"type": "string"}, "parameters": parameters},
+        },
+        "InferenceRequest": {
+            "type": "object",
+            "required": ["inputs"],
+            "properties": {
+                "id": {"type": "string"},
+                "parameters": parameters,
+                "inputs": {"type": "array", "items": _ref("RequestInput")},
+                "outputs": {"type": "array", "items": _ref("RequestOutput")},
+            },
+        },
+        "ResponseOutput": {
+            "type": "object",
+            "required": ["name", "datatype", "shape"],
+            "properties": {**tensor, "parameters": parameters, "data": data},
+        },
+        "InferenceResponse": {
+            "type": "object",
+            "required": ["model_name", "outputs"],
+            "properties": {
+                "model_name": {"type": "string"},
+                "model_version": {"type": "string"},
+                "id": {"type": "string"},
+                "parameters": parameters,
+                "outputs": {"type": "array", "items": _ref("ResponseOutput")},
+            },
+        },
+        "MetadataTensor": {
+            "type": "object",
+            "required": ["name", "datatype", "shape"],
+            "properties": {**tensor, "shape": {"type": "array", "items": {"type": "integer"}}},
+        },
+        "ModelMetadata": {
+            "type": "object",
+            "required": ["name", "platform", "inputs", "outputs"],
+            "properties": {
+                "name": {"type": "string"},
+                "versions": {"type": "array", "items": {"type": "string"}},
+                "platform": {"type": "string"},
+                "inputs": {"type": "array", "items": _ref("MetadataTensor")},
+                "outputs": {"type": "array", "items": _ref("MetadataTensor")},
+            },
+        },
+        "ServerMetadata": {
+            "type": "object",
+            "required": ["name", "version", "extensions"],
+            "properties": {
+                "name": {"type": "string"},
+                "version": {"type": "string"},
+                "extensions": {"type": "array", "items": {"type": "string"}},
+            },
+        },
+        "Live": {
+            "type": "object",
+            "required": ["live"],
+            "properties": {"live": {"type": "boolean"}},
+        },
+        "Ready": {
+            "type": "object",
+            "required": ["ready"],
+            "properties": {"ready": {"type": "boolean"}},
+        },
+        "ModelReady": {
+            "type": "object",
+            "required": ["name", "ready"],
+            "properties": {"name": {"type": "string"}, "ready": {"type": "boolean"}},
+        },
+        "Statistics": {"type": "object", "properties": {"model_stats": {"type": "array"}}},
+    }
+
+
+def document(pipelines: list[str]) -> dict[str, Any]:
+    """The OpenAPI 3.1 document, the configured pipelines given as examples of model names."""
+    paths: dict[str, Any] = {
+        "/v2/health/live": {
+            "get": {
+                "summary": "Whether the server is live.",
+                "responses": {"200": _json(_ref("Live"), "Live.")},
+            }
+        },
+        "/v2/health/ready": {
+            "get": {
+                "summary": "Whether every layer can answer (200) or not (400).",
+                "responses": {
+                    "200": _json(_ref("Ready"), "Ready."),
+                    "400": _json(_ref("Ready"), "Not ready."),
+                },
+            }
+        },
+        "/v2": {
+            "get": {
+                "summary": "The server's name, version and extensions.",
+                "responses": {"200": _json(_ref("ServerMetadata"), "Server metadata.")},
+            }
+        },
+        "/v2/models/stats": {
+            "get": {
+                "summary": "Every pipeline's statistics.",
+                "responses": {
+                    "200": _json(_ref("Statistics"), "Counts and durations."),
+                    **_errors("401"),
+                },
+            }
+        },
+    }
+    for versioned in (False, True):
+        paths.update(_model_paths(pipelines, versioned))
+    return {
+        "openapi": "3.1.0",
+        "info": {
+            "title": "Strata: KServe v2 inference protocol (REST)",
+            "version": __version__,
+            "description": "Pipelines are the models: each request goes through preprocess, "
+            'inference and postprocess. Errors are {"error": message}.',
+        },
+        "paths": paths,
+        "components": {"schemas": _schemas()},
+    }

@@ -1,0 +1,72 @@
+"""uvicorn serving the REST API on the gateway's own event loop, beside the gRPC server.
+
+uvicorn's `serve()` takes over SIGTERM and SIGINT; the gateway's shutdown is strata.server's
+(health NOT_SERVING first, then drain), so this runs uvicorn's start-up, tick loop and
+graceful shutdown itself and leaves the signals alone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import uvicorn
+from starlette.types import ASGIApp
+
+from strata.config import ServerSettings
+from strata.security import CERT, KEY, TlsSettings, public_identity
+
+log = logging.getLogger(__name__)
+
+
+class RestServer:
+    """An ASGI app on `listen`: `start()` binds and serves, `stop(grace)` drains."""
+
+    def __init__(
+        self,
+        app: ASGIApp,
+        listen: str,
+        settings: ServerSettings,
+        tls: TlsSettings,
+        identity: str,
+    ) -> None:
+        host, _, port = listen.rpartition(":")
+        certificate = {}
+        if tls.enabled:  # the public certificate the gRPC port presents
+            folder = tls.certs / public_identity(identity)
+            certificate = {"ssl_certfile": str(folder / CERT), "ssl_keyfile": str(folder / KEY)}
+        self._config = uvicorn.Config(
+            app,
+            host=host,
+            port=int(port),
+            http="httptools",
+            ws="none",
+            lifespan="off",
+            log_config=None,
+            access_log=False,
+            server_header=False,
+            limit_concurrency=settings.max_concurrent_rpcs,
+            timeout_graceful_shutdown=int(settings.grace_seconds) or 1,
+            **certificate,
+        )
+        self._server = uvicorn.Server(self._config)
+        self._ticking: asyncio.Task | None = None
+        self.listen = listen
+
+    async def start(self) -> None:
+        self._config.load()
+        self._server.lifespan = self._config.lifespan_class(self._config)
+        try:
+            await self._server.startup()
+        except SystemExit:  # uvicorn's answer to a port it cannot bind
+            raise OSError(f"cannot bind the REST port {self.listen}") from None
+        self._ticking = asyncio.create_task(self._server.main_loop())
+        log.info("serving the v2 REST API on %s", self.listen)
+
+    async def stop(self, grace: float) -> None:
+        """Stop accepting connections, let requests in flight finish within `grace`."""
+        if self._ticking is None:
+            return
+        self._server.should_exit = True
+        await self._ticking
+        await self._server.shutdown()

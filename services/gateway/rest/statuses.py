@@ -1,0 +1,65 @@
+"""Failures as the v2 REST protocol reports them: `{"error": "..."}` with the HTTP status of
+the gRPC code, as google.rpc maps them (400, 401, 403, 404, 429, 499, 501, 503, 504; 500
+only for a bug), and a retry hint as `Retry-After` (whole seconds) and `retry-after-ms`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+
+import grpc
+import orjson
+from starlette.responses import Response
+
+from strata.errors import RETRY_AFTER, InvalidArgument, log_failure, retry_after_of, status_of
+
+JSON = "application/json"
+_HTTP = {
+    grpc.StatusCode.OK: 200,
+    grpc.StatusCode.CANCELLED: 499,
+    grpc.StatusCode.UNKNOWN: 500,
+    grpc.StatusCode.INVALID_ARGUMENT: 400,
+    grpc.StatusCode.DEADLINE_EXCEEDED: 504,
+    grpc.StatusCode.NOT_FOUND: 404,
+    grpc.StatusCode.ALREADY_EXISTS: 409,
+    grpc.StatusCode.PERMISSION_DENIED: 403,
+    grpc.StatusCode.UNAUTHENTICATED: 401,
+    grpc.StatusCode.RESOURCE_EXHAUSTED: 429,
+    grpc.StatusCode.FAILED_PRECONDITION: 400,
+    grpc.StatusCode.ABORTED: 409,
+    grpc.StatusCode.OUT_OF_RANGE: 400,
+    grpc.StatusCode.UNIMPLEMENTED: 501,
+    grpc.StatusCode.INTERNAL: 500,
+    grpc.StatusCode.UNAVAILABLE: 503,
+    grpc.StatusCode.DATA_LOSS: 500,
+}
+
+
+class TooLarge(InvalidArgument):
+    """A body over the size limit: 413, where gRPC would refuse the message outright."""
+
+    http_status = 413
+
+
+def http_status(code: grpc.StatusCode) -> int:
+    return _HTTP.get(code, 500)
+
+
+def json_response(
+    document: object, status: int = 200, headers: Mapping[str, str] | None = None
+) -> Response:
+    return Response(orjson.dumps(document), status, headers, media_type=JSON)
+
+
+def error_response(exc: BaseException, method: str) -> tuple[Response, grpc.StatusCode]:
+    """The protocol's error answer for any exception, logged as gRPC failures are."""
+    code, message = status_of(exc)
+    log_failure(method, code, message)
+    status = getattr(exc, "http_status", None) or http_status(code)
+    response = json_response({"error": message}, status)
+    wait = retry_after_of(exc)
+    if wait > 0:
+        response.headers["retry-after"] = str(max(1, math.ceil(wait)))
+        response.headers[RETRY_AFTER] = str(max(1, round(wait * 1000)))
+    return response, code
