@@ -5,6 +5,7 @@ statistics and inference. The gRPC servicer and the REST API are thin adapters o
 from __future__ import annotations
 
 import time
+from collections.abc import Awaitable, Callable
 
 import grpc
 
@@ -24,6 +25,7 @@ PLATFORM = "strata_pipeline"
 SERVER_NAME = "strata"
 PIPELINE_VERSION = "1"
 ARM_PARAMETER = "strata.arm"
+Work = Callable[[], Awaitable[v2.ModelInferResponse]]
 
 
 class Pipelines:
@@ -98,27 +100,33 @@ class Pipelines:
         )
 
     async def infer(self, request: v2.ModelInferRequest, caller: Caller) -> v2.ModelInferResponse:
-        """One inference, counted and timed by pipeline, status code and protocol, and in
-        the pipeline's statistics."""
+        """One inference, counted (below)."""
+        return await self.counted(
+            request.model_name, caller.protocol, lambda: self.answer(request, caller)
+        )
+
+    async def counted(self, name: str, protocol: str, work: Work) -> v2.ModelInferResponse:
+        """`work` for pipeline `name`, counted and timed by pipeline, status code and
+        protocol, and in the pipeline's statistics, whether it answers or fails."""
         started = time.monotonic()
         code = "OK"
         response = None
         try:
-            response = await self._infer(request, caller)
+            response = await work()
             return response
         except Exception as exc:
             code = status_of(exc)[0].name
             raise
         finally:
-            known = request.model_name in self._pipelines
-            name = request.model_name if known else "(unknown)"
+            known = name in self._pipelines
             seconds = time.monotonic() - started
-            REQUESTS(name, code, caller.protocol).inc()
-            LATENCY(name, caller.protocol).observe(seconds)
+            REQUESTS(name if known else "(unknown)", code, protocol).inc()
+            LATENCY(name if known else "(unknown)", protocol).observe(seconds)
             if known:
                 STATISTICS.finished(name, seconds, response)
 
-    async def _infer(self, request: v2.ModelInferRequest, caller: Caller) -> v2.ModelInferResponse:
+    async def answer(self, request: v2.ModelInferRequest, caller: Caller) -> v2.ModelInferResponse:
+        """One inference through admission, validation, the ladder, routing and flights."""
         runtime = self._runtime
         client = runtime.admission.admit(caller)
         pipeline = self.pipeline(request.model_name, request.model_version)

@@ -10,6 +10,7 @@ from pathlib import Path
 import grpc
 import numpy as np
 import pytest
+import requests
 
 from strata import codec
 from strata.launch import Supervisor
@@ -194,3 +195,27 @@ def test_the_log_of_a_failing_request_carries_its_trace_id(traced) -> None:
     events = [json.loads(line) for line in lines if line.startswith("{")]
     ours = [e for e in events if e.get("trace_id") == trace_id]
     assert ours and ours[0]["error_kind"] == "client" and "rank" in ours[0]["msg"]
+
+
+def test_a_rest_request_joins_the_trace_of_its_traceparent_header(traced) -> None:
+    system, receiver = traced
+    trace_id, parent = secrets.token_hex(16), secrets.token_hex(8)
+    document = {
+        "inputs": [{"name": "images", "datatype": "UINT8", "shape": [1, 8, 8], "data": [0] * 64}]
+    }
+    with requests.Session() as session:
+        session.trust_env = False  # loopback: no proxy from the environment
+        response = session.post(
+            f"http://{system.settings.services.gateway.rest}/v2/models/digits/infer",
+            json=document,
+            headers={"traceparent": f"00-{trace_id}-{parent}-01"},
+            timeout=10,
+        )
+    assert response.status_code == 200, response.text
+    spans = receiver.wait_for(trace_id, LAYERS)
+    assert {s.service for s in spans} == LAYERS
+    root = root_of(spans)
+    assert (root.service, root.name) == ("strata-gateway", "POST /v2/models/{name}/infer")
+    assert root.parent_id == parent, "the caller's span is the parent"
+    assert root.attributes["http.response.status_code"] == 200
+    assert root.attributes["strata.pipeline"] == "digits"

@@ -22,6 +22,7 @@ from services.gateway.rest.statuses import JSON, TooLarge, error_response, json_
 from strata.errors import InvalidArgument
 from strata.metrics import RPC_DURATION, RPCS
 from strata.policies import Rest
+from strata.proto.inference import grpc_service_pb2 as v2
 from strata.telemetry import server_span
 
 TIMEOUT_HEADER = "x-strata-timeout-ms"  # the caller's deadline, as gRPC's timeout would be
@@ -131,15 +132,22 @@ class _Api:
         return json_response(_plain(self._pipelines.model_statistics(name, version)))
 
     async def infer(self, request: Request) -> Response:
-        caller = _caller(request)
-        name, version = self._model(request, caller)  # an unknown caller sends no body
-        self._pipelines.pipeline(name, version)  # nor a request for no such pipeline
-        limits = self._limits
-        body = await _body(request, limits.max_body_bytes)
-        header, binary = tensors.split(body, _header_length(request))
-        check_json(header, limits.max_json_depth, limits.max_json_values)
-        parsed = tensors.to_request(tensors.parse(header), binary, name, version)
-        answer = await self._pipelines.infer(parsed.request, caller)
+        parsed: tensors.Parsed | None = None
+
+        async def work() -> v2.ModelInferResponse:
+            nonlocal parsed
+            caller = _caller(request)
+            name, version = self._model(request, caller)  # an unknown caller sends no body
+            self._pipelines.pipeline(name, version)  # nor a request for no such pipeline
+            limits = self._limits
+            body = await _body(request, limits.max_body_bytes)
+            header, binary = tensors.split(body, _header_length(request))
+            check_json(header, limits.max_json_depth, limits.max_json_values)
+            parsed = tensors.to_request(tensors.parse(header), binary, name, version)
+            return await self._pipelines.answer(parsed.request, caller)
+
+        name = request.path_params.get("name", "")
+        answer = await self._pipelines.counted(name, "rest", work)
         content, header_length = tensors.to_body(answer, parsed)
         if header_length is None:
             return Response(content, media_type=JSON)
@@ -188,7 +196,7 @@ def _timeout(value: str | None) -> float | None:
 async def _body(request: Request, limit: int) -> bytes:
     """The body, refused (413) once it passes `limit` bytes, before any more is read."""
     declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit:
+    if declared is not None and declared.isascii() and declared.isdigit() and int(declared) > limit:
         raise TooLarge(f"the body is {declared} bytes, more than the limit of {limit}")
     chunks, size = [], 0
     async for chunk in request.stream():
@@ -203,7 +211,7 @@ def _header_length(request: Request) -> int | None:
     value = request.headers.get(tensors.HEADER_LENGTH)
     if value is None:
         return None
-    if not value.isdigit():
+    if not (value.isascii() and value.isdigit()):
         raise InvalidArgument(f"{tensors.HEADER_LENGTH} must be a non-negative integer")
     return int(value)
 

@@ -25,9 +25,15 @@ BINARY_SIZE = "binary_data_size"
 BINARY_OUTPUT = "binary_data_output"  # request parameter: every output as binary data
 BINARY = "binary_data"  # output parameter: this output as binary data (or not)
 HEADER_LENGTH = "inference-header-content-length"
-# Which JSON values each datatype takes, as numpy kinds of the parsed list.
-_KINDS = {"BOOL": "b", "BYTES": "U"}
-_INTEGER, _REAL = "iu", "iuf"
+# Which JSON values (as parsed) each numpy kind takes: no bool among numbers, no number as
+# text, no float in an integer tensor.
+_JSON_TYPES = {
+    "b": frozenset({bool}),
+    "O": frozenset({str}),
+    "i": frozenset({int}),
+    "u": frozenset({int}),
+    "f": frozenset({int, float}),
+}
 _PARAMETER_FIELDS = {bool: "bool_param", int: "int64_param", float: "double_param"}
 
 
@@ -115,43 +121,35 @@ def _json_tensor(name: str, datatype: str, shape: list[int], data: Any) -> bytes
     count = check_declared(name, datatype, shape, None)
     if not isinstance(data, list):
         raise InvalidArgument(f"input {name!r} needs `data`, a list of values (or binary data)")
-    try:
-        values = np.array(data)
-    except (ValueError, OverflowError):
+    try:  # as Python objects, so no value is converted before its type is checked
+        values = np.array(data, dtype=object).reshape(-1).tolist()
+    except ValueError:
+        values = [data]  # ragged in a way numpy refuses outright: a list among values
+    kinds = set(map(type, values))
+    if list in kinds:
+        raise InvalidArgument(f"input {name!r}: `data` must be nested evenly, or flat")
+    if len(values) != count:
         raise InvalidArgument(
-            f"input {name!r}: `data` must be a list of {datatype} values, nested evenly"
-        ) from None
-    if values.size != count:
-        raise InvalidArgument(
-            f"input {name!r}: shape {shape} needs {count} values, got {values.size} in `data`"
+            f"input {name!r}: shape {shape} needs {count} values, got {len(values)} in `data`"
         )
-    if count == 0:
-        return b""
+    if not kinds <= _JSON_TYPES[codec.DTYPES[datatype].kind]:
+        raise InvalidArgument(f"input {name!r}: `data` holds a value that is not {datatype}")
     if datatype == "BYTES":
-        _expect(values, "U", name, datatype)
-        return codec.encode_bytes(values.reshape(-1).tolist())
+        return codec.encode_bytes(values)
     return _numbers(values, name, datatype).tobytes()
 
 
-def _numbers(values: np.ndarray, name: str, datatype: str) -> np.ndarray:
+def _numbers(values: list, name: str, datatype: str) -> np.ndarray:
     """`values` as `datatype`, refused where a value does not fit it."""
     dtype = codec.DTYPES[datatype]
-    kind = dtype.kind
-    _expect(values, _KINDS.get(datatype, _INTEGER if kind in "iu" else _REAL), name, datatype)
-    if kind in "iu":
-        info = np.iinfo(dtype)
-        if values.min() < info.min or values.max() > info.max:
-            raise InvalidArgument(f"input {name!r}: a value is out of range for {datatype}")
-    with np.errstate(over="ignore"):
-        converted = values.astype(dtype)
-    if kind == "f" and not np.isfinite(converted).all():
+    try:
+        with np.errstate(over="ignore"):
+            converted = np.array(values, dtype=dtype)
+    except OverflowError:  # an integer outside the datatype's range
+        converted = None
+    if converted is None or (dtype.kind == "f" and not np.isfinite(converted).all()):
         raise InvalidArgument(f"input {name!r}: a value is out of range for {datatype}")
     return converted
-
-
-def _expect(values: np.ndarray, kinds: str, name: str, datatype: str) -> None:
-    if values.dtype.kind not in kinds:
-        raise InvalidArgument(f"input {name!r}: `data` holds a value that is not {datatype}")
 
 
 def _add_outputs(request: v2.ModelInferRequest, outputs: Any) -> dict[str, bool]:
