@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
 
-from services.inference import exporter
+from services.inference import metrics
 from services.inference.manager import ModelManager
 from services.inference.servicer import InferenceServicer
 from strata import limits
@@ -27,7 +27,7 @@ async def build(settings: Settings) -> Service:
         executor.shutdown(wait=False)
         raise
     servicer = InferenceServicer(models, settings.inference)
-    unwatch = exporter.watch(models.statistics)
+    unwatch = metrics.watch(models.statistics)
     name = grpc_service_pb2.DESCRIPTOR.services_by_name["GRPCInferenceService"].full_name
 
     async def on_stop() -> None:

@@ -2,7 +2,7 @@
 
 A request of 5 rows counts 5, and no batch exceeds the model's max batch size. A batch takes
 the first request in priority order (services/inference/jobs.py) and every later one that can
-share a batch with it while the rows fit; the policy (services/inference/policy.py) says when
+share a batch with it while the rows fit; the batching policy (batching_policy.py) says when
 that batch starts. At most `max_concurrent_batches` of one version run at once, in the shared
 worker pool; only a batch whose measured run time is below `inline_max_ms` runs on the event
 loop, where it costs less than the hand-off to a worker would.
@@ -25,10 +25,10 @@ from concurrent.futures import Executor
 from opentelemetry.trace import Span, SpanContext
 
 from services.inference import spans
-from services.inference import stats as reasons
+from services.inference import statistics as reasons
+from services.inference.batching_policy import ArrivalRate, ExecutionModel, Utilization, make_policy
 from services.inference.jobs import Job, JobQueue, Request, State
-from services.inference.policy import ArrivalRate, ExecutionModel, Utilization, make_policy
-from services.inference.stats import VersionStats
+from services.inference.statistics import VersionStats
 from strata.codec import Arrays
 from strata.config import InferenceSettings
 from strata.errors import DeadlineExceeded, Overloaded, Unavailable

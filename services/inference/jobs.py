@@ -16,7 +16,7 @@ from enum import Enum
 
 from opentelemetry.trace import Span, SpanContext
 
-from services.inference.stats import DEADLINE, VersionStats
+from services.inference.statistics import DEADLINE, VersionStats
 from strata.codec import Arrays
 
 # How many queued entries forming one batch looks at, per row of the max batch size: keeps it

@@ -5,7 +5,8 @@ one beside those serving: open, run its validation cases, warm. Only when every 
 has passed does the model's set of serving versions switch, in one assignment; requests that
 were already queued on a replaced version still run on it, and its session is released once
 its last batch has finished. If any version fails, nothing switches: the versions serving
-keep serving, and the error names the version and the failing case.
+keep serving, and the error names the version and the failing case. Each step is told to the
+repository index (index.py), which RepositoryIndex answers from.
 """
 
 from __future__ import annotations
@@ -17,16 +18,16 @@ from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+from services.inference.index import IndexEntry, RepositoryIndex
 from services.inference.manifest import ModelSpec, read_spec
 from services.inference.model import ModelVersion, load_version
-from services.inference.stats import VersionStats
+from services.inference.statistics import VersionStats
 from strata import repository
 from strata.config import InferenceSettings
 from strata.errors import InvalidArgument, NotFound, NotReady, StrataError
 
 log = logging.getLogger(__name__)
 
-READY, LOADING, UNLOADING, UNAVAILABLE = "READY", "LOADING", "UNLOADING", "UNAVAILABLE"
 MAX_NAME_LENGTH = 255  # a model name is a folder name: the longest most filesystems allow
 MAX_VERSION_DIGITS = 18  # a version is a folder's number; any of 18 digits fits in an int64
 
@@ -42,16 +43,6 @@ class Served:
         return self.versions[max(self.versions)]
 
 
-@dataclass(frozen=True)
-class IndexEntry:
-    """One line of the repository index."""
-
-    name: str
-    version: str  # "" for the model as a whole
-    state: str
-    reason: str = ""
-
-
 class ModelManager:
     """The serving versions of every model, their loads, unloads and polls."""
 
@@ -61,7 +52,7 @@ class ModelManager:
         self._executor = executor
         self._loader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="model-loader")
         self._served: dict[str, Served] = {}
-        self._entries: dict[str, dict[str, IndexEntry]] = defaultdict(dict)
+        self._index = RepositoryIndex()
         self._bad: dict[str, set[str]] = defaultdict(set)  # fingerprints that failed to load
         self._unloaded: set[str] = set()
         self._spec_errors: dict[str, str] = {}  # the last bad model.yaml poll reported
@@ -122,12 +113,7 @@ class ModelManager:
 
     def index(self, ready_only: bool = False) -> list[IndexEntry]:
         """Every model in the repository, with each known version's state and reason."""
-        names = sorted(set(repository.models(self._root)) | set(self._served))
-        entries = []
-        for name in names:
-            known = self._entries.get(name) or {"": IndexEntry(name, "", UNAVAILABLE, "not loaded")}
-            entries += [known[v] for v in sorted(known, key=_version_order)]
-        return [e for e in entries if e.state == READY or not ready_only]
+        return self._index.entries([*repository.models(self._root), *self._served], ready_only)
 
     async def load(self, name: str) -> None:
         """Load or reload `name` from the repository; NotReady if a version must not serve."""
@@ -146,7 +132,7 @@ class ModelManager:
         async with self._locks[name]:
             served = self._served.pop(name, None)
             self._unloaded.add(name)
-            self._entries[name].pop("", None)
+            self._index.model_cleared(name)
             await self._retire(name, list((served.versions if served else {}).values()))
         log.info("model %s unloaded", name)
 
@@ -160,9 +146,9 @@ class ModelManager:
                     f"no version folder matches the version policy (found {sorted(available)})"
                 )
         except StrataError as exc:
-            self._entries[name][""] = IndexEntry(name, "", UNAVAILABLE, str(exc))
+            self._index.model_refused(name, str(exc))
             raise NotReady(f"model {name!r}: {exc}") from None
-        self._entries[name].pop("", None)
+        self._index.model_cleared(name)
         prints = {v: repository.fingerprint(folder, available[v]) for v in wanted}
         current = self._served.get(name)
         keep = {
@@ -192,7 +178,7 @@ class ModelManager:
         loop = asyncio.get_running_loop()
         loaded: dict[int, ModelVersion] = {}
         for v in fresh:
-            self._entries[name][str(v)] = IndexEntry(name, str(v), LOADING)
+            self._index.loading(name, v)
             try:
                 loaded[v] = await loop.run_in_executor(
                     self._loader,
@@ -216,9 +202,8 @@ class ModelManager:
             log.error("loading model %s version %s failed", name, version, exc_info=exc)
         reason = str(exc) if isinstance(exc, StrataError) else f"{type(exc).__name__}: {exc}"
         self._bad[name].add(print_)
-        self._entries[name][str(version)] = IndexEntry(name, str(version), UNAVAILABLE, reason)
-        for v in current.versions if current else {}:
-            self._entries[name][str(v)] = IndexEntry(name, str(v), READY)
+        self._index.refused(name, version, reason)
+        self._index.ready(name, current.versions if current else {})
         keeps = f"; version {current.latest.version} keeps serving" if current else ""
         log.warning("model %s version %s refused: %s", name, version, reason)
         return NotReady(f"model {name!r} version {version} refused: {reason}{keeps}")
@@ -226,8 +211,7 @@ class ModelManager:
     def _switch(self, name: str, served: Served) -> None:
         previous = self._served.get(name)
         self._served[name] = served  # the switch: new requests reach the new versions now
-        for v in served.versions:
-            self._entries[name][str(v)] = IndexEntry(name, str(v), READY)
+        self._index.ready(name, served.versions)
         log.info(
             "model %s serves versions %s (was %s)",
             name,
@@ -241,26 +225,18 @@ class ModelManager:
         serving = self._served.get(name)
         gone = [m for m in versions if serving is None or m.version not in serving.versions]
         for m in gone:
-            self._entries[name][str(m.version)] = IndexEntry(name, str(m.version), UNLOADING)
+            self._index.unloading(name, m.version)
         await asyncio.gather(*(m.retire() for m in versions))
         for m in gone:
-            self._entries[name][str(m.version)] = IndexEntry(
-                name, str(m.version), UNAVAILABLE, "unloaded"
-            )
+            self._index.unloaded(name, m.version)
 
     def _forget_missing(self, name: str, available: dict[int, Path]) -> None:
         """Forget the index entries of version folders that are gone and not serving."""
         serving = self._served.get(name)
-        for key in list(self._entries[name]):
-            if (
-                key
-                and int(key) not in available
-                and (serving is None or int(key) not in serving.versions)
-            ):
-                del self._entries[name][key]
+        self._index.forget_others(name, set(available) | set(serving.versions if serving else ()))
 
     def _not_serving(self, name: str) -> StrataError:
-        if name in self._entries or (repository.is_name(name) and (self._root / name).is_dir()):
+        if self._index.knows(name) or (repository.is_name(name) and (self._root / name).is_dir()):
             return NotReady(f"model {name!r} is not loaded; load it with RepositoryModelLoad")
         return NotFound(f"unknown model {name!r}; serving {sorted(self._served)}")
 
@@ -322,7 +298,3 @@ def checked_version(version: str) -> int:
 def _quoted(text: str) -> str:
     """A caller's string as a message quotes it: never more than its first 40 characters."""
     return repr(text) if len(text) <= 40 else f"{text[:40]!r}... ({len(text)} characters)"
-
-
-def _version_order(key: str) -> int:
-    return int(key) if key else -1

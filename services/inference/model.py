@@ -21,7 +21,7 @@ from services.inference.batcher import Batcher
 from services.inference.jobs import Request
 from services.inference.manifest import ModelSpec
 from services.inference.signature import Signature, TensorInfo
-from services.inference.stats import VersionStats
+from services.inference.statistics import VersionStats
 from strata.codec import Arrays
 from strata.config import InferenceSettings
 from strata.errors import InvalidArgument, NotReady, StrataError, Unavailable

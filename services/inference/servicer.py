@@ -22,12 +22,14 @@ import grpc
 import numpy as np
 from grpc_health.v1 import health_pb2
 
-from services.inference import reports, spans
+from services.inference import spans
+from services.inference.index import index_response
 from services.inference.jobs import Request
 from services.inference.manager import ModelManager
 from services.inference.model import ModelVersion
 from services.inference.params import request_options
-from strata import codec, flight
+from services.inference.statistics import statistics_response
+from strata import __version__, codec, flight
 from strata.config import InferenceSettings
 from strata.errors import (
     InvalidArgument,
@@ -45,7 +47,6 @@ from strata.v2stream import answer_stream
 
 PLATFORM = "onnxruntime_onnx"
 SERVER_NAME = "strata-inference"
-VERSION = "0.1.0"
 EXTENSIONS = ["model_repository", "statistics"]
 MODEL_HEALTH = "model/"  # health service name of a configured model: "model/digits"
 
@@ -90,7 +91,9 @@ class InferenceServicer(v2_grpc.GRPCInferenceServiceServicer):
         return v2.ModelReadyResponse(ready=self._models.ready(request.name, request.version))
 
     async def ServerMetadata(self, request, context) -> v2.ServerMetadataResponse:
-        return v2.ServerMetadataResponse(name=SERVER_NAME, version=VERSION, extensions=EXTENSIONS)
+        return v2.ServerMetadataResponse(
+            name=SERVER_NAME, version=__version__, extensions=EXTENSIONS
+        )
 
     @grpc_errors
     async def ModelMetadata(self, request, context) -> v2.ModelMetadataResponse:
@@ -194,11 +197,11 @@ class InferenceServicer(v2_grpc.GRPCInferenceServiceServicer):
 
     @grpc_errors
     async def ModelStatistics(self, request, context) -> v2.ModelStatisticsResponse:
-        return reports.statistics_response(self._models.statistics(request.name, request.version))
+        return statistics_response(self._models.statistics(request.name, request.version))
 
     @grpc_errors
     async def RepositoryIndex(self, request, context) -> v2.RepositoryIndexResponse:
-        return reports.index_response(self._models.index(ready_only=request.ready))
+        return index_response(self._models.index(ready_only=request.ready))
 
     @grpc_errors
     async def RepositoryModelLoad(self, request, context) -> v2.RepositoryModelLoadResponse:

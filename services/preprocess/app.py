@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+from services.preprocess.metrics import StepTimings
 from services.preprocess.pipeline import Pipelines, build_pipeline
 from services.preprocess.servicer import PreprocessServicer
-from services.preprocess.timings import StepTimings
 from strata import limits
 from strata.cli import Service
 from strata.config import Settings

@@ -8,10 +8,10 @@ from pathlib import Path
 
 from opentelemetry import trace
 
+from services.preprocess.metrics import StepTimings
 from services.preprocess.steps import Step, build_step
 from services.preprocess.steps.base import Tensors
 from services.preprocess.steps.validate import Validate
-from services.preprocess.timings import StepTimings
 from strata.config import Pipeline, StageSpec
 from strata.errors import NotFound
 from strata.telemetry import shapes

@@ -22,11 +22,11 @@ from PIL import Image
 from tokenizers import Tokenizer, models, pre_tokenizers
 
 from services.preprocess.app import build_pipelines
+from services.preprocess.metrics import StepTimings, Summary
 from services.preprocess.pipeline import Pipelines, build_pipeline
 from services.preprocess.servicer import PreprocessServicer
 from services.preprocess.steps import STEPS
 from services.preprocess.steps.base import Tensors
-from services.preprocess.timings import StepTimings, Summary
 from strata import codec
 from strata.config import Pipeline, ServerSettings, load_settings
 from strata.process import raise_for_result

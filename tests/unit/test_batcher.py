@@ -18,7 +18,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from services.inference import spans
 from services.inference.batcher import Batcher
 from services.inference.jobs import Request
-from services.inference.stats import VersionStats
+from services.inference.statistics import VersionStats
 from strata.config import InferenceSettings
 from strata.errors import DeadlineExceeded, InvalidArgument, Overloaded
 

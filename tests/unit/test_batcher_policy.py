@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from services.inference.policy import (
+from services.inference.batching_policy import (
     Adaptive,
     ArrivalRate,
     ExecutionModel,

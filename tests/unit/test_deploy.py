@@ -47,10 +47,16 @@ class Endpoint:
     listen: str
     metrics: str | None
     target: str | None
+    rest: str | None = None  # the gateway's REST API
 
     @property
     def port(self) -> int:
         return port_of(self.listen)
+
+    @property
+    def ports(self) -> set[int]:
+        """Every port the endpoint listens on: gRPC, metrics and (the gateway's) REST."""
+        return {port_of(a) for a in (self.listen, self.metrics, self.rest) if a}
 
     @property
     def metrics_port(self) -> int | None:
@@ -90,7 +96,7 @@ def endpoints(settings: Settings) -> dict[str, Endpoint]:
     for key, endpoint in services.inference.items():
         named[f"inference-{key}"] = ("inference", endpoint)
     return {
-        name: Endpoint(name, layer, e.listen, e.metrics, e.target)
+        name: Endpoint(name, layer, e.listen, e.metrics, e.target, getattr(e, "rest", None))
         for name, (layer, e) in named.items()
     }
 
@@ -240,7 +246,7 @@ def test_ports_health_checks_and_limits_match_the_config() -> None:
     compose = load_compose()
     for name, service in strata_services(compose).items():
         endpoint = endpoints(settings)[name]
-        assert set(service["expose"]) == {str(endpoint.port), str(endpoint.metrics_port)}, name
+        assert set(service["expose"]) == {str(port) for port in endpoint.ports}, name
         health = service["healthcheck"]["test"]
         config = parse_command(service["command"]).config
         assert health == [
@@ -254,8 +260,9 @@ def test_ports_health_checks_and_limits_match_the_config() -> None:
         assert grace > settings.server.grace_seconds, f"{name}: stop_grace_period cuts the drain"
         published = service.get("ports", [])
         if name == "gateway":
-            # Published on the host's loopback only: the admin API shares the port.
-            assert published == [f"127.0.0.1:{endpoint.port}:{endpoint.port}"]
+            # Published on the host's loopback only: the admin API shares the gRPC port.
+            public = [port_of(endpoint.listen), port_of(endpoint.rest)]
+            assert sorted(published) == sorted(f"127.0.0.1:{p}:{p}" for p in public)
         else:
             # A published host port or a container name would stop `--scale` working.
             assert not published and "container_name" not in service, name
@@ -344,7 +351,7 @@ def test_compose_config_is_the_default_outside_services_and_tls() -> None:
         config.pop("tls", None)
     assert compose == default, (
         "configs/compose.yaml must equal configs/default.yaml outside `services:` and `tls:`; "
-        "copy the change over (and into deploy/k8s/base/compose.yaml)"
+        "copy the change over"
     )
 
 
@@ -387,7 +394,7 @@ def test_the_image_exposes_every_configured_port() -> None:
     exposed = {int(p) for line in final if line.startswith("EXPOSE ") for p in line.split()[1:]}
     configured = set()
     for endpoint in endpoints(container_settings()).values():
-        configured |= {endpoint.port, endpoint.metrics_port}
+        configured |= endpoint.ports
     assert exposed == configured
 
 

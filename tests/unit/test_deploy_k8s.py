@@ -105,6 +105,8 @@ def test_every_endpoint_has_a_deployment_and_service_and_back(
         assert serving(deployment) == endpoint, f"{name} runs another endpoint"
         ports = {p["name"]: p["containerPort"] for p in container(deployment)["ports"]}
         expected = {"grpc": endpoint.port, "metrics": endpoint.metrics_port}
+        if endpoint.rest:
+            expected["rest"] = port_of(endpoint.rest)
         assert ports == {**expected, "probe": probe_port(deployment)}, name
         service = find(resources, "Service", name)
         assert selects(service["spec"]["selector"], deployment), name
@@ -208,7 +210,7 @@ def test_the_config_map_is_the_container_config(overlay: tuple[str, list[Resourc
     _, resources = overlay
     config_map = find(resources, "ConfigMap", CONFIG_MAP)
     assert config_map["data"] == {COMPOSE_CONFIG.name: COMPOSE_CONFIG.read_text()}, (
-        "deploy/k8s/base/compose.yaml must be a copy of configs/compose.yaml"
+        "the ConfigMap must be configs/compose.yaml (configs/kustomization.yaml generates it)"
     )
     for name, deployment in strata_workloads(resources).items():
         spec = deployment["spec"]["template"]["spec"]
@@ -259,9 +261,11 @@ def test_resources_live_in_the_overlay_namespace(overlay: tuple[str, list[Resour
             assert resource["metadata"]["namespace"] == namespace, resource["metadata"]
 
 
-def test_base_config_copy_is_checked_in() -> None:
-    copy = K8S / "base" / COMPOSE_CONFIG.name
-    assert copy.read_text() == COMPOSE_CONFIG.read_text(), f"cp {COMPOSE_CONFIG} {copy}"
+def test_the_config_is_not_copied_under_deploy() -> None:
+    # The ConfigMap is generated beside the file (configs/kustomization.yaml); a copy would drift.
+    config = COMPOSE_CONFIG.read_text()
+    copies = [p for p in DEPLOY.rglob("*.yaml") if p.read_text() == config]
+    assert not copies, f"{copies}: list ../../../configs as a resource instead (docs/deploy.md)"
 
 
 def test_images_are_tagged(overlay: tuple[str, list[Resource]]) -> None:

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from services.preprocess.fit_stats import main
-from services.preprocess.stats import fit_stats, load_stats
+from services.preprocess.normalisation import fit_stats, load_stats
 from services.preprocess.steps import build_step
 from tests.support.system import ROOT
 

@@ -12,7 +12,7 @@ from models import digits, tabular
 from models.build import write_model
 from models.common import BuiltModel
 from services.preprocess.app import build_pipelines
-from services.preprocess.timings import StepTimings
+from services.preprocess.metrics import StepTimings
 from strata.config import StageSpec, load_settings
 from tests.support.system import DEFAULT_CONFIG
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from services.preprocess.stats import Stats, save_stats
+from services.preprocess.normalisation import Stats, save_stats
 from services.preprocess.steps import StepError, build_step
 from services.preprocess.steps.numeric import Standardize
 from strata.errors import InvalidArgument

@@ -7,8 +7,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from services.preprocess.metrics import StepTimings
 from services.preprocess.pipeline import Pipelines, build_pipeline
-from services.preprocess.timings import StepTimings
 from strata.config import Pipeline
 from strata.errors import InvalidArgument, NotFound
 

@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 import yaml
 
-from services.preprocess.stats import Stats, load_stats
+from services.preprocess.normalisation import Stats, load_stats
 from services.preprocess.steps.base import STEPS, StepError, Tensors, take
 from strata.codec import DTYPES
 

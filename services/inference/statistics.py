@@ -1,8 +1,14 @@
-"""The batcher's numbers for one model version, kept in plain Python for any exporter to read.
+"""ModelStatistics at the inference layer: the batcher's numbers for each model version.
 
-The v2 `ModelStatistics` RPC reads them (services/inference/reports.py) and a Prometheus
-exporter can read the same objects: cumulative counters and fixed-bucket histograms that only
-the event loop thread updates, so reading them needs no lock.
+They are kept in plain Python, cumulative counters and fixed-bucket histograms that only the
+event loop thread updates, so reading them needs no lock: the v2 `ModelStatistics` RPC reads
+them (`statistics_response`) and so does the Prometheus collector (services/inference/metrics.py).
+
+`ModelStatistics` carries them in the protocol's own fields (request success and failure,
+queue and compute time, one `batch_stats` entry per batch size). What the protocol has no
+field for is carried in `response_stats` under `strata.` keys: `strata.rejected.<reason>`
+(fail.count: requests answered without running, by reason) and `strata.queue` (success.count:
+requests queued now; empty_response.count: rows queued now).
 """
 
 from __future__ import annotations
@@ -10,10 +16,12 @@ from __future__ import annotations
 import bisect
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-from strata.v2stats import Duration
+from strata.proto.inference import grpc_service_pb2 as v2
+from strata.v2stats import Duration, statistic
+from strata.v2stats import model_statistics as v2_statistics
 
 # Seconds; from 50 microseconds (a tiny model's run) to 10 seconds (a queue far behind).
 TIME_BUCKETS: tuple[float, ...] = (
@@ -112,3 +120,38 @@ class VersionStats:
     def mean_batch_rows(self) -> float:
         batches = sum(self.batch_sizes.values())
         return sum(r * n for r, n in self.batch_sizes.items()) / batches if batches else 0.0
+
+
+def _count(n: int) -> v2.StatisticDuration:
+    return v2.StatisticDuration(count=n)
+
+
+def model_statistics(stats: VersionStats) -> v2.ModelStatistics:
+    """One version's numbers as v2 `ModelStatistics`."""
+    message = v2_statistics(
+        stats.name,
+        stats.version,
+        stats.last_inference_ms,
+        stats.inference_count,
+        stats.execution_count,
+        success=stats.success,
+        fail=stats.fail,
+        queue=stats.queue,
+        compute_infer=stats.compute,
+    )
+    message.batch_stats.extend(
+        v2.InferBatchStatistics(batch_size=rows, compute_infer=statistic(stats.batch_compute[rows]))
+        for rows in sorted(stats.batch_compute)
+    )
+    for reason in REASONS:
+        message.response_stats[f"strata.rejected.{reason}"].fail.CopyFrom(
+            _count(stats.rejected[reason])
+        )
+    queue = message.response_stats["strata.queue"]
+    queue.success.CopyFrom(_count(stats.queued_requests))
+    queue.empty_response.CopyFrom(_count(stats.queued_rows))
+    return message
+
+
+def statistics_response(stats: Iterable[VersionStats]) -> v2.ModelStatisticsResponse:
+    return v2.ModelStatisticsResponse(model_stats=[model_statistics(s) for s in stats])

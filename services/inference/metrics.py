@@ -1,7 +1,7 @@
 """Prometheus metrics of the batcher, read from the served versions' statistics at scrape time.
 
-The batcher keeps its numbers in plain Python (stats.py) for the v2 ModelStatistics RPC; this
-collector turns the same objects into Prometheus families, so there is one source of truth.
+The batcher keeps its numbers in plain Python (statistics.py) for the v2 ModelStatistics RPC;
+this collector turns the same objects into Prometheus families, so there is one source of truth.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import REGISTRY
 
-from services.inference.stats import REASONS, Histogram, VersionStats
+from services.inference.statistics import REASONS, Histogram, VersionStats
 
 LABELS = ["model", "version"]
 

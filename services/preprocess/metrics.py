@@ -1,4 +1,8 @@
-"""Per-step durations of preprocess pipelines (exported as a Prometheus histogram)."""
+"""The preprocess service's Prometheus metrics: each step's duration, by pipeline.
+
+`strata_preprocess_step_duration_seconds`, fed by `StepTimings`, which also keeps a small
+in-memory summary per (pipeline, step) (see strata.timings).
+"""
 
 from strata.timings import Summary, Timings, stage_histogram
 
