@@ -183,6 +183,16 @@ class Concurrency(Strict):
         description="Share of the limit in use beyond which each client may hold at most an "
         "equal share of the limit among the clients holding requests.",
     )
+    wait_share: float = Field(
+        default=0.25,
+        ge=0,
+        le=1,
+        description="A request beyond the limit waits for a place (newest first) up to this "
+        "share of its pipeline's latency objective, then is refused; 0 refuses at once.",
+    )
+    max_waiting: int = Field(
+        default=1024, ge=0, description="Requests that may wait for a place, per pipeline."
+    )
 
 
 class Rest(Strict):

@@ -10,16 +10,24 @@ answers settles, rather than being refused for ever; the pipeline's latency obje
 what that drift can reach: a recent median above `objective_share` of the objective shrinks
 the limit whatever the baseline says.
 
-A request beyond the limit is refused at once (RESOURCE_EXHAUSTED) with a retry hint of one
-recent median: about when a place frees. When more than `contention` of the limit is in use,
-a client may hold at most an equal share of it among the clients holding requests, and a
-client that holds none may enter a little past the limit (its square root), so a lone
-client may use the whole limit, yet one flooding the door cannot keep a newcomer out or take
-the others' capacity once they hold requests too.
+A request beyond the limit waits for a place, up to `wait_share` of the pipeline's objective
+(and never past its deadline): a closed-loop client then waits instead of spinning on
+refusals. Places go oldest first while the queue moves; once its oldest has waited half its
+patience, newest first (adaptive LIFO, as Facebook's servers do under overload): the places
+then go to requests that can still make their deadline while the oldest wait out their
+patience, instead of every request waiting nearly all of it. A request that waits that
+long, or finds `max_waiting` ahead of it, is refused (RESOURCE_EXHAUSTED) with a retry hint
+of one recent median: about when a place frees. While the ladder sheds load nothing waits.
+
+When more than `contention` of the limit is in use, a client may hold at most an equal share
+of it among the clients holding requests, and a client that holds none may enter a little
+past the limit (its square root), so a lone client may use the whole limit, yet one flooding
+the door cannot keep a newcomer out or take the others' capacity once they hold requests too.
 """
 
 from __future__ import annotations
 
+import asyncio
 import math
 import statistics
 import time
@@ -47,6 +55,8 @@ class AdaptiveLimit:
         self.baseline: float | None = None
         self.recent = 0.0  # the median latency of the last update, seconds
         self.holders: dict[str, int] = {}
+        # Requests waiting for a place: (client, its place, since), oldest first.
+        self.waiting: list[tuple[str, asyncio.Future, float]] = []
         self._samples: list[float] = []
         self._busiest = 0
         self._clock = clock
@@ -67,6 +77,47 @@ class AdaptiveLimit:
                 return "client_share"
         return ""
 
+    async def wait(self, client: str, patience: float) -> bool:
+        """Wait up to `patience` seconds for a place; True once `client` holds one."""
+        place = asyncio.get_running_loop().create_future()
+        waiter = (client, place, time.monotonic())
+        self.waiting.append(waiter)
+        try:
+            async with asyncio.timeout(patience):
+                await place
+            return True
+        except TimeoutError:
+            return place.done() and not place.cancelled()  # given one as time ran out
+        except asyncio.CancelledError:  # the caller went away
+            if place.done() and not place.cancelled():
+                self.leave(client, None)
+            raise
+        finally:
+            if not place.done():
+                place.cancel()
+            if place.cancelled():  # awaiting it was cancelled by the timeout, or by the caller
+                self.waiting.remove(waiter)
+
+    def _wake(self) -> None:
+        """Give free places to waiting requests, oldest first, or newest first once the
+        oldest has waited half its patience; a client over its share stays waiting."""
+        if not self.waiting:
+            return
+        patience = self.settings.wait_share * self.objective
+        backed_up = time.monotonic() - self.waiting[0][2] > patience / 2
+        order = reversed(self.waiting) if backed_up else iter(self.waiting)
+        given = []
+        for waiter in order:
+            reason = self.refusal(waiter[0])
+            if reason == "concurrency":
+                break
+            if not reason:
+                self.enter(waiter[0])
+                waiter[1].set_result(None)
+                given.append(waiter)
+        for waiter in given:
+            self.waiting.remove(waiter)
+
     def enter(self, client: str) -> None:
         self.inflight += 1
         self.holders[client] = self.holders.get(client, 0) + 1
@@ -81,6 +132,7 @@ class AdaptiveLimit:
             self.holders[client] = held
         else:
             del self.holders[client]
+        self._wake()
         if seconds is not None:
             self._samples.append(seconds)
             now = self._clock()
@@ -105,6 +157,7 @@ class AdaptiveLimit:
         if wanted > self.limit:  # grow smoothly; shrink at once, before a queue builds
             wanted = self.limit * (1 - SMOOTHING) + wanted * SMOOTHING
         self.limit = min(float(settings.max_limit), max(float(settings.min_limit), wanted))
+        self._wake()
 
     def _baselined(self, short: float) -> float:
         if self.baseline is None:
@@ -144,19 +197,38 @@ class Door:
                 limit.settings, limit.objective = settings, objective
 
     def enter(self, pipeline: str, client: str, shedding: Ladder | None = None) -> Ticket:
-        """A place for one request of `client`, or RESOURCE_EXHAUSTED with a retry hint;
+        """A place for one request of `client` now, or RESOURCE_EXHAUSTED with a retry hint;
         `shedding`: the ladder's settings while it sheds load (level 4)."""
         limit = self.limits[pipeline]
-        share = shedding.shed_admit_fraction if shedding else 1.0
-        reason = limit.refusal(client, share)
+        reason = limit.refusal(client, shedding.shed_admit_fraction if shedding else 1.0)
         if reason:
-            SHED.labels(reason).inc()
-            retry = max(MIN_RETRY_SECONDS, limit.recent)
-            if shedding:
-                retry = max(retry, shedding.shed_retry_ms / 1000)
-            raise Overloaded(_refused(pipeline, reason, limit), retry)
+            self._refuse(pipeline, reason, shedding)
         limit.enter(client)
         return Ticket(pipeline, client, time.monotonic())
+
+    async def admit(
+        self, pipeline: str, client: str, shedding: Ladder | None, budget: float
+    ) -> Ticket:
+        """A place for one request of `client`, waiting for one when only the limit is in
+        the way, up to `wait_share` of the objective and `budget` seconds."""
+        limit = self.limits[pipeline]
+        patience = min(budget, self.settings.wait_share * limit.objective)
+        busy = shedding is None and limit.refusal(client) == "concurrency"
+        if not busy or patience <= 0:
+            return self.enter(pipeline, client, shedding)
+        if len(limit.waiting) >= self.settings.max_waiting:
+            self._refuse(pipeline, "queue", None)
+        if not await limit.wait(client, patience):
+            self._refuse(pipeline, "waited", None)
+        return Ticket(pipeline, client, time.monotonic())
+
+    def _refuse(self, pipeline: str, reason: str, shedding: Ladder | None) -> None:
+        limit = self.limits[pipeline]
+        SHED.labels(reason).inc()
+        retry = max(MIN_RETRY_SECONDS, limit.recent)
+        if shedding:
+            retry = max(retry, shedding.shed_retry_ms / 1000)
+        raise Overloaded(_refused(pipeline, reason, limit), retry)
 
     def leave(self, ticket: Ticket, counts: bool) -> None:
         """The ticket's request is done; `counts`: its latency says how the chain is doing."""
@@ -173,4 +245,9 @@ def _refused(pipeline: str, reason: str, limit: AdaptiveLimit) -> str:
         return f"pipeline {pipeline!r}: this client holds its share ({held}); retry later"
     if reason == "level":
         return f"pipeline {pipeline!r}: the gateway is shedding load ({held}); retry later"
+    if reason == "queue":
+        waiting = len(limit.waiting)
+        return f"pipeline {pipeline!r} is at its concurrency limit ({held}, {waiting} waiting)"
+    if reason == "waited":
+        return f"pipeline {pipeline!r}: no place freed in time ({held}); retry later"
     return f"pipeline {pipeline!r} is at its concurrency limit ({held}); retry later"

@@ -68,7 +68,7 @@ class Orchestrator:
         if early is not None:
             return early
         shedding = self.ladder.settings if level >= 4 else None
-        ticket = self.door.enter(name, req.client, shedding)
+        ticket = await self.door.admit(name, req.client, shedding, req.budget.left())
         signals = self.ladder.signals
         INFLIGHT.inc()
         started = time.monotonic()

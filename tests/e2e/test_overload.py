@@ -52,8 +52,8 @@ def burst(address: str, count: int, clients: int = 1) -> list[tuple[str, float, 
 def test_beyond_its_concurrency_limit_the_gateway_refuses_at_once_with_a_hint(
     tmp_path: Path,
 ) -> None:
-    changes = {"gateway": {"concurrency": {"initial": 2, "min_limit": 2, "max_limit": 2}}}
-    with running_system(tmp_path, changes) as system:
+    fixed = {"initial": 2, "min_limit": 2, "max_limit": 2, "wait_share": 0}
+    with running_system(tmp_path, {"gateway": {"concurrency": fixed}}) as system:
         outcomes = burst(system.address("gateway"), 300, clients=64)
     served = sorted(s for code, s, _ in outcomes if code == "OK")
     refused = [(s, hint) for code, s, hint in outcomes if code == "RESOURCE_EXHAUSTED"]
@@ -62,6 +62,18 @@ def test_beyond_its_concurrency_limit_the_gateway_refuses_at_once_with_a_hint(
     assert all(int(hint) >= 1 for _, hint in refused)
     refusal = float(np.median([s for s, _ in refused]))
     assert refusal < float(np.median(served)), "a refusal costs less than an answer"
+
+
+def test_requests_beyond_the_limit_wait_for_a_place_instead_of_being_refused(
+    tmp_path: Path,
+) -> None:
+    fixed = {"initial": 2, "min_limit": 2, "max_limit": 2, "wait_share": 1.0}
+    with running_system(tmp_path, {"gateway": {"concurrency": fixed}}) as system:
+        address = system.address("gateway")
+        pool_of = stubs(address, 2)
+        with ThreadPoolExecutor(8) as pool:
+            outcomes = list(pool.map(lambda i: call(pool_of[i % 2], "c", i), range(200)))
+    assert {code for code, _, _ in outcomes} == {"OK"}, "8 at once, 2 places: the rest wait"
 
 
 def test_a_full_inference_queue_refusal_carries_its_hint_through_the_gateway(

@@ -1,10 +1,14 @@
 """The door's adaptive concurrency limit and per-client shares, on a fake clock."""
 
+import asyncio
+import functools
+import time
+
 import pytest
 
 from services.gateway.concurrency import AdaptiveLimit, Door
 from strata.errors import Overloaded
-from strata.policies import Concurrency
+from strata.policies import Concurrency, Ladder
 
 SETTINGS = Concurrency(initial=16, min_limit=2, max_limit=256, update_seconds=0.1, min_samples=4)
 
@@ -95,3 +99,79 @@ def test_the_door_refuses_past_the_limit_with_a_retry_hint() -> None:
         door.enter("digits", "c")
     door.leave(tickets[1], counts=True)
     door.enter("digits", "c")
+
+
+def synchronously(test):
+    """An async test run to its end on a loop of its own."""
+    return functools.wraps(test)(lambda: asyncio.run(test()))
+
+
+def full_door(**settings: float) -> tuple[Door, list]:
+    """A door for `digits` (objective 1 s) with its one place taken."""
+    door = Door(Concurrency(initial=1, min_limit=1, contention=1.0, **settings), {"digits": 1.0})
+    return door, [door.enter("digits", "c")]
+
+
+@synchronously
+async def test_a_request_past_the_limit_waits_for_the_next_free_place() -> None:
+    door, held = full_door(wait_share=0.5)
+    waiting = asyncio.create_task(door.admit("digits", "c", None, budget=10.0))
+    await asyncio.sleep(0.01)
+    assert not waiting.done()
+    door.leave(held[0], counts=True)
+    ticket = await asyncio.wait_for(waiting, 1.0)
+    assert door.limits["digits"].inflight == 1 and ticket.client == "c"
+
+
+@synchronously
+async def test_places_go_oldest_first_until_the_oldest_has_waited_half_its_patience() -> None:
+    door, held = full_door(wait_share=0.2)  # patience 200 ms
+    first = asyncio.create_task(door.admit("digits", "c", None, budget=10.0))
+    await asyncio.sleep(0.01)
+    second = asyncio.create_task(door.admit("digits", "c", None, budget=10.0))
+    await asyncio.sleep(0.01)
+    door.leave(held[0], counts=True)
+    ticket = await asyncio.wait_for(first, 1.0)
+    await asyncio.sleep(0.12)  # the queue backs up: past half the oldest's patience
+    third = asyncio.create_task(door.admit("digits", "c", None, budget=10.0))
+    await asyncio.sleep(0.01)
+    door.leave(ticket, counts=True)
+    await asyncio.wait_for(third, 1.0)
+    assert not second.done()
+    second.cancel()
+
+
+@synchronously
+async def test_a_request_waits_no_longer_than_its_share_of_the_objective_or_its_budget() -> None:
+    door, _ = full_door(wait_share=0.05)
+    started = time.monotonic()
+    with pytest.raises(Overloaded, match="no place freed in time"):
+        await door.admit("digits", "c", None, budget=10.0)
+    assert 0.04 < time.monotonic() - started < 0.5
+    started = time.monotonic()
+    with pytest.raises(Overloaded):
+        await door.admit("digits", "c", None, budget=0.01)
+    assert time.monotonic() - started < 0.04
+    assert door.limits["digits"].waiting == []
+
+
+@synchronously
+async def test_a_caller_gone_while_waiting_takes_no_place() -> None:
+    door, held = full_door(wait_share=0.5)
+    waiting = asyncio.create_task(door.admit("digits", "c", None, budget=10.0))
+    await asyncio.sleep(0.01)
+    waiting.cancel()
+    await asyncio.sleep(0)
+    door.leave(held[0], counts=True)
+    limit = door.limits["digits"]
+    assert limit.inflight == 0 and limit.waiting == []
+
+
+@synchronously
+async def test_nothing_waits_while_shedding_or_once_the_queue_is_full() -> None:
+    door, _ = full_door(wait_share=0.5, max_waiting=0)
+    with pytest.raises(Overloaded, match="waiting"):
+        await door.admit("digits", "c", None, budget=10.0)
+    door, _ = full_door(wait_share=0.5)
+    with pytest.raises(Overloaded, match="shedding"):
+        await door.admit("digits", "c", Ladder(), budget=10.0)
