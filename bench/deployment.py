@@ -54,14 +54,14 @@ def bench_config(
     otlp_endpoint: str | None = None,
     gateway: dict[str, Any] | None = None,
 ) -> Path:
-    """`config` on free ports with an admin token, tracing as asked and the `gateway` settings
-    given replaced, written into `folder`."""
+    """`config` on free ports (REST too) with an admin token, tracing as asked and the
+    `gateway` settings given replaced, written into `folder`."""
     settings = load_settings(config)
     raw = yaml.safe_load(Path(config).read_text())
     raw["repository"] = str(settings.repository)
     services = settings.services
     raw["services"] = {
-        "gateway": _endpoint(),
+        "gateway": {**_endpoint(), "rest": f"127.0.0.1:{free_port()}"},
         "preprocess": _endpoint(services.preprocess.replicas),
         "postprocess": _endpoint(services.postprocess.replicas),
         "inference": {name: _endpoint(e.replicas) for name, e in services.inference.items()},

@@ -2,13 +2,17 @@
 
 JSON is the method's request message in protobuf's JSON mapping (a list of them is sent in
 turn). Arrays (an .npz file, or a demo data set under build/data) are cut into requests of
-`--batch` rows, each input named and typed as the model's metadata declares.
+`--batch` rows, each input named and typed as the model's metadata declares. Over HTTP the
+JSON (`-d`/`-D`) is the v2 REST body itself and `-B` a body file, both sent as they are;
+arrays become v2 JSON bodies, typed by the model's REST metadata.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import grpc
@@ -17,6 +21,7 @@ from google.protobuf import json_format, message_factory
 from google.protobuf.descriptor import MethodDescriptor
 from google.protobuf.message import DecodeError, Message
 
+from bench.load import codes, rest
 from bench.load.options import Options, UsageError
 from bench.load.transport import blocking_channel
 from strata import codec
@@ -45,7 +50,9 @@ def method(path: str) -> MethodDescriptor:
 
 
 def messages(options: Options) -> list[bytes]:
-    """Serialized request messages for the run, in the order they are sent."""
+    """Serialized request messages for the run (HTTP: JSON bodies), in the order they are sent."""
+    if options.http:
+        return _bodies(options)
     descriptor = method(options.call)
     cls = message_factory.GetMessageClass(descriptor.input_type)
     if options.data is not None:
@@ -55,19 +62,43 @@ def messages(options: Options) -> list[bytes]:
     if options.data_file is not None and options.data_file.suffix != ".npz":
         return from_json(cls, _read(options.data_file), str(options.data_file))
     _require_infer(descriptor)
-    path = options.data_file or dataset_path(options.dataset or "")
     model = options.model or options.dataset
     if not model:
         raise UsageError("--model names the model (pipeline) the .npz inputs are for")
-    inputs = model_inputs(options, model)
-    return from_arrays(model, load_arrays(path, inputs), options.batch)
+    return _from_data(options, model, model_inputs)
+
+
+def _bodies(options: Options) -> list[bytes]:
+    """HTTP: the JSON given (-d, -D) or the body file (-B) as they are; arrays as v2 JSON."""
+    if options.data is not None:
+        return json_bodies(options.data, "-d/--data")
+    if options.binary_file is not None:
+        return [_read_bytes(options.binary_file)]
+    if options.data_file is not None and options.data_file.suffix != ".npz":
+        return json_bodies(_read(options.data_file), str(options.data_file))
+    model = options.model or rest.model_of(options.call)
+    return [rest.json_body(m) for m in _from_data(options, model, http_inputs)]
+
+
+def _from_data(
+    options: Options, model: str, inputs_of: Callable[[Options, str], dict[str, str]]
+) -> list[bytes]:
+    """Requests made from the data set or .npz file, typed as `inputs_of` reads the model."""
+    path = options.data_file or dataset_path(options.dataset or "")
+    return from_arrays(model, load_arrays(path, inputs_of(options, model)), options.batch)
+
+
+def json_bodies(text: str, where: str) -> list[bytes]:
+    """v2 REST bodies from JSON text: one object, or a list of them sent in turn."""
+    value = _json(text, where)
+    items = value if isinstance(value, list) else [value]
+    if not items or not all(isinstance(item, dict) for item in items):
+        raise UsageError(f"{where} must hold a v2 request body (a JSON object) or a list of them")
+    return [json.dumps(item, separators=(",", ":")).encode() for item in items]
 
 
 def from_json(cls: type[Message], text: str, where: str) -> list[bytes]:
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise UsageError(f"{where} is not JSON: {exc}") from None
+    value = _json(text, where)
     items = value if isinstance(value, list) else [value]
     if not items:
         raise UsageError(f"{where} holds an empty list of messages")
@@ -81,9 +112,7 @@ def from_json(cls: type[Message], text: str, where: str) -> list[bytes]:
 
 
 def from_binary(cls: type[Message], path: Path) -> bytes:
-    data = Path(path).read_bytes() if Path(path).is_file() else None
-    if data is None:
-        raise UsageError(f"-B/--binary-file {path} does not exist")
+    data = _read_bytes(path)
     try:
         cls.FromString(data)
     except DecodeError as exc:
@@ -125,6 +154,24 @@ def model_inputs(options: Options, model: str) -> dict[str, str]:
                 f"{exc.code().name}: {exc.details()}"
             ) from None
     return {tensor.name: tensor.datatype for tensor in reply.inputs}
+
+
+def http_inputs(options: Options, model: str) -> dict[str, str]:
+    """The model's inputs and their datatypes, from its v2 REST metadata (GET /v2/models/NAME)."""
+    url = options.host + rest.model_path(model)
+    request = urllib.request.Request(url, headers=options.metadata)
+    try:
+        with urllib.request.urlopen(request, timeout=options.connect_timeout) as answer:
+            metadata = json.loads(answer.read())
+    except urllib.error.HTTPError as exc:
+        why = codes.http_error(exc.code, exc.read())
+        raise UsageError(f"cannot read model {model!r}'s inputs from {url}: {why}") from None
+    except OSError as exc:  # refused, unreachable, timed out (URLError is an OSError)
+        raise ConnectionError(
+            f"cannot connect to {options.host} within {options.connect_timeout:g}s "
+            f"({getattr(exc, 'reason', exc)}); is the server running there?"
+        ) from None
+    return {tensor["name"]: tensor["datatype"] for tensor in metadata.get("inputs", [])}
 
 
 def load_arrays(path: Path, inputs: Mapping[str, str]) -> dict[str, np.ndarray]:
@@ -184,6 +231,19 @@ def _cast(name: str, array: np.ndarray, datatype: str) -> np.ndarray:
     if dtype is None:
         raise UsageError(f"input {name!r} has datatype {datatype!r}, which has no numpy type")
     return array if datatype == "BYTES" else array.astype(dtype)
+
+
+def _json(text: str, where: str) -> object:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise UsageError(f"{where} is not JSON: {exc}") from None
+
+
+def _read_bytes(path: Path) -> bytes:
+    if not Path(path).is_file():
+        raise UsageError(f"-B/--binary-file {path} does not exist")
+    return Path(path).read_bytes()
 
 
 def _read(path: Path) -> str:

@@ -2,7 +2,9 @@
 
 Flags keep ghz's names and meanings where Strata's tool does the same thing, so a ghz command
 line runs unchanged. One difference: plaintext is the default (ghz's `--insecure`, accepted),
-and TLS is on when `--cacert` (or `--cert`/`--key` for mutual TLS) is given.
+and TLS is on when `--cacert` (or `--cert`/`--key` for mutual TLS) is given. A target given as
+a URL, `http://host:port/v2/models/NAME/infer`, is driven over the v2 REST API instead (HTTP/1.1
+POSTs of JSON bodies, plaintext), and needs no `--call`.
 Durations are Go-style (`500ms`, `10s`, `1m30s`); a bare number is seconds.
 """
 
@@ -15,11 +17,13 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from bench.load import rest
 from bench.load.transport import Tls
 
 FORMATS = ("summary", "json", "pretty")
 DEFAULT_TOTAL = 200  # ghz's default -n
 DEFAULT_CONCURRENCY = 50  # ghz's default -c (closed loop)
+EXAMPLE_CALL = "inference.GRPCInferenceService.ModelInfer"
 _UNITS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
 _PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|ms|s|m|h)")
 
@@ -48,10 +52,7 @@ def method_path(call: str) -> str:
     if not sep:
         service, _, method = call.rpartition(".")
     if not service or not method:
-        raise UsageError(
-            f"--call {call!r}: give package.Service.Method, e.g. "
-            "inference.GRPCInferenceService.ModelInfer"
-        )
+        raise UsageError(f"--call {call!r}: give package.Service.Method, e.g. {EXAMPLE_CALL}")
     return f"/{service}/{method}"
 
 
@@ -59,8 +60,8 @@ def method_path(call: str) -> str:
 class Options:
     """One load run, as the command line describes it."""
 
-    host: str
-    call: str  # the gRPC path, /package.Service/Method
+    host: str  # gRPC: host:port; HTTP: the URL's origin, http://host:port
+    call: str  # gRPC: the path, /package.Service/Method; HTTP: the URL's /v2/models/NAME/infer
     data: str | None = None
     data_file: Path | None = None
     binary_file: Path | None = None
@@ -86,6 +87,10 @@ class Options:
     def open_loop(self) -> bool:
         return self.rps is not None
 
+    @property
+    def http(self) -> bool:
+        return rest.is_url(self.host)
+
 
 def default_workers() -> int:
     """One worker process per two cores, at most four: enough to outpace this machine."""
@@ -95,11 +100,16 @@ def default_workers() -> int:
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m bench.load",
-        description="Drive a KServe v2 gRPC endpoint with load, ghz-style.",
+        description="Drive a KServe v2 endpoint (gRPC, or REST) with load, ghz-style.",
     )
-    p.add_argument("host", help="server address, host:port")
     p.add_argument(
-        "--call", required=True, help="method, e.g. inference.GRPCInferenceService.ModelInfer"
+        "host",
+        help="server address, host:port (gRPC), or a v2 REST endpoint's URL, "
+        "http://host:port/v2/models/NAME/infer",
+    )
+    p.add_argument(
+        "--call",
+        help="gRPC method, e.g. inference.GRPCInferenceService.ModelInfer (not for a URL)",
     )
     p.add_argument("-d", "--data", help="request message as JSON (a list: sent in turn)")
     p.add_argument(
@@ -128,7 +138,10 @@ def parser() -> argparse.ArgumentParser:
         help="open loop: this many requests per second, latency from when due",
     )
     p.add_argument(
-        "--connections", type=int, default=1, help="gRPC connections (at least one per worker)"
+        "--connections",
+        type=int,
+        help="connections, at least one per worker (default: gRPC 1; HTTP, one request at a "
+        "time on each, as many as -c)",
     )
     p.add_argument("-t", "--timeout", default="20s", help="per-request deadline (default 20s)")
     p.add_argument("--connect-timeout", default="10s", help="connection deadline (default 10s)")
@@ -168,9 +181,10 @@ def from_args(args: argparse.Namespace) -> Options:
         raise UsageError(
             "give exactly one of -d/--data, -D/--data-file, -B/--binary-file or --dataset"
         )
+    host, call = _target(args.host, args.call)
     options = Options(
-        host=args.host,
-        call=method_path(args.call),
+        host=host,
+        call=call,
         data=args.data,
         data_file=args.data_file,
         binary_file=args.binary_file,
@@ -181,7 +195,7 @@ def from_args(args: argparse.Namespace) -> Options:
         total=args.total,
         duration=parse_duration(args.duration) if args.duration else None,
         rps=args.rps,
-        connections=args.connections,
+        connections=args.connections or _connections(host, args.concurrency),
         timeout=parse_duration(args.timeout),
         connect_timeout=parse_duration(args.connect_timeout),
         metadata=_metadata(args.metadata),
@@ -194,6 +208,25 @@ def from_args(args: argparse.Namespace) -> Options:
     )
     check(options)
     return options
+
+
+def _target(host: str, call: str | None) -> tuple[str, str]:
+    """(host, call): host:port and a gRPC path, or a URL's origin and its v2 infer path."""
+    if not rest.is_url(host):
+        if not call:
+            raise UsageError(f"--call names the gRPC method, e.g. {EXAMPLE_CALL}")
+        return host, method_path(call)
+    if call:
+        raise UsageError(f"--call is for gRPC; the URL {host} names its endpoint itself")
+    try:
+        return rest.split_url(host)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+
+
+def _connections(host: str, concurrency: int | None) -> int:
+    """HTTP/1.1 carries one request at a time on a connection: one for each in flight."""
+    return (concurrency or DEFAULT_CONCURRENCY) if rest.is_url(host) else 1
 
 
 def _tls(args: argparse.Namespace) -> Tls | None:
@@ -230,7 +263,9 @@ def check(options: Options) -> None:
     for flag, seconds in (("-z/--duration", options.duration), ("-t/--timeout", options.timeout)):
         if seconds is not None and seconds <= 0:
             raise UsageError(f"{flag} must be positive")
-    if ":" not in options.host:
+    if options.http and options.tls is not None:
+        raise UsageError("TLS flags are for gRPC; the HTTP mode drives plaintext http:// URLs")
+    if not options.http and ":" not in options.host:
         raise UsageError(f"host {options.host!r} must be host:port")
 
 

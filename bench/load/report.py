@@ -14,8 +14,8 @@ from typing import Any
 
 import numpy as np
 
+from bench.load.codes import GO_NAMES
 from bench.load.results import Results
-from bench.load.worker import GO_NAMES
 
 PERCENTAGES = (10, 25, 50, 75, 90, 95, 99)
 BUCKETS = 10
@@ -112,7 +112,7 @@ def ghz_options(options: Any, plan: Any, data: object) -> dict[str, Any]:
     """ghz's `options` object for a run described by CLI options and its plan."""
     out = {
         "host": plan.target,
-        "call": plan.method.strip("/").replace("/", "."),
+        "call": plan.method if plan.http else plan.method.strip("/").replace("/", "."),
         "insecure": plan.tls is None,
         "skipFirst": options.skip_first,
         "total": plan.expected or 0,

@@ -12,6 +12,7 @@ import math
 from dataclasses import dataclass, replace
 
 from bench.load.options import DEFAULT_CONCURRENCY, DEFAULT_TOTAL
+from bench.load.rest import is_url
 from bench.load.transport import Tls
 
 
@@ -19,13 +20,13 @@ from bench.load.transport import Tls
 class Plan:
     """What to send, where, and how fast: one load run for the whole pool."""
 
-    target: str
-    method: str  # gRPC path, /package.Service/Method
-    requests: tuple[bytes, ...]  # serialized messages, sent in turn
+    target: str  # gRPC: host:port; HTTP: the origin, http://host:port
+    method: str  # gRPC: the path, /package.Service/Method; HTTP: /v2/models/NAME/infer
+    requests: tuple[bytes, ...]  # serialized messages (HTTP: v2 JSON bodies), sent in turn
     metadata: tuple[tuple[str, str], ...] = ()
     timeout: float = 20.0
     connect_timeout: float = 10.0
-    connections: int = 1
+    connections: int = 1  # gRPC: each carries many requests at once; HTTP/1.1: one at a time
     rps: float | None = None  # open loop when set
     total: int | None = None
     duration: float | None = None  # overrides total, as in ghz
@@ -36,6 +37,11 @@ class Plan:
     @property
     def open_loop(self) -> bool:
         return self.rps is not None
+
+    @property
+    def http(self) -> bool:
+        """Sent as HTTP/1.1 POSTs to a v2 REST endpoint rather than as gRPC calls."""
+        return is_url(self.target)
 
     @property
     def expected(self) -> int | None:

@@ -1,9 +1,10 @@
-"""A sending process: its own asyncio loop and grpc.aio channels, one job at a time.
+"""A sending process: its own asyncio loop and clients (gRPC or HTTP), one job at a time.
 
-Messages are serialized once, before the run, and sent as bytes; answers are not decoded
-beyond the v2 response parameters, so a request costs the client little more than gRPC's own
-work. In an open loop each request is due at a fixed time and its latency runs from then, so
-time spent queued anywhere — in the server, in the network, waiting for a free slot — counts.
+Requests are prepared once, before the run, and sent as bytes; answers are not decoded beyond
+the v2 response parameters, so a request costs the client little more than its transport's own
+work (bench/load/clients.py). In an open loop each request is due at a fixed time and its
+latency runs from then, so time spent queued anywhere — in the server, in the network, waiting
+for a free slot — counts.
 
 The parent talks to a worker over a pipe: ("job", Job) -> ("ready", None) | ("error", text);
 ("go", start on the wall clock) -> ("done", Record); ("close", None) ends the process.
@@ -19,28 +20,10 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from typing import Any
 
-import grpc
-
+from bench.load.clients import Client, Send, open_client
 from bench.load.schedule import Job, Plan
-from bench.load.transport import aio_channel
-from strata.proto.inference import grpc_service_pb2 as v2
 
 INFER = "/inference.GRPCInferenceService/ModelInfer"
-MAX_MESSAGE = 64 * 1024 * 1024
-
-
-def _go_name(code: grpc.StatusCode) -> str:
-    """Go's name of a status code (codes.Code.String()), the one ghz reports."""
-    special = {grpc.StatusCode.OK: "OK", grpc.StatusCode.CANCELLED: "Canceled"}
-    return special.get(code) or "".join(part.capitalize() for part in code.name.split("_"))
-
-
-GO_NAMES = {code.value[0]: _go_name(code) for code in grpc.StatusCode}
-
-
-def go_error(code: grpc.StatusCode, details: str | None) -> str:
-    """An error as ghz (Go's status package) prints it."""
-    return f"rpc error: code = {GO_NAMES[code.value[0]]} desc = {details or ''}"
 
 
 @dataclass
@@ -84,7 +67,7 @@ def main(index: int, conn: Connection, progress: Any, stop: Any) -> None:
 
 
 async def _serve(index: int, conn: Connection, progress: Any, stop: Any) -> None:
-    channels: dict[tuple, list[grpc.aio.Channel]] = {}
+    clients: dict[tuple, Client] = {}
     try:
         while True:
             kind, payload = await asyncio.to_thread(conn.recv)
@@ -92,7 +75,7 @@ async def _serve(index: int, conn: Connection, progress: Any, stop: Any) -> None
                 return
             job: Job = payload
             try:
-                calls = await _connect(job, channels)
+                sends = await _connect(job, clients)
             except ConnectionError as exc:
                 conn.send(("error", str(exc)))
                 continue
@@ -100,55 +83,41 @@ async def _serve(index: int, conn: Connection, progress: Any, stop: Any) -> None
             kind, start_wall = await asyncio.to_thread(conn.recv)
             if kind != "go":
                 continue
-            record = await Runner(job, calls, index, progress, stop).run(start_wall)
+            record = await Runner(job, sends, index, progress, stop).run(start_wall)
             conn.send(("done", record))
     finally:
-        for group in channels.values():
-            for channel in group:
-                await channel.close()
+        for client in clients.values():
+            await client.close()
 
 
-async def _connect(job: Job, cache: dict[tuple, list[grpc.aio.Channel]]) -> list:
-    """Open (or reuse) this job's channels, each its own connection, and wait until ready."""
+async def _connect(job: Job, cache: dict[tuple, Client]) -> list[Send]:
+    """Open (or reuse) this job's connections, wait until the target answers, and say how
+    its requests go out."""
     plan = job.plan
     key = (plan.target, job.connections, plan.tls)
     if key not in cache:
-        options = [
-            ("grpc.use_local_subchannel_pool", 1),  # one TCP connection per channel
-            ("grpc.max_receive_message_length", MAX_MESSAGE),
-            ("grpc.max_send_message_length", MAX_MESSAGE),
-        ]
-        cache[key] = [aio_channel(plan.target, plan.tls, options) for _ in range(job.connections)]
-    channels = cache[key]
+        cache[key] = open_client(plan, job.connections)
     try:
-        await asyncio.wait_for(
-            asyncio.gather(*(c.channel_ready() for c in channels)), plan.connect_timeout
-        )
-    except TimeoutError:
-        state = channels[0].get_state()
-        for channel in cache.pop(key):
-            await channel.close()
-        failed = state is grpc.ChannelConnectivity.TRANSIENT_FAILURE
-        why = "connection refused or unreachable" if failed else f"still {state.name}"
-        raise ConnectionError(
-            f"cannot connect to {plan.target} within {plan.connect_timeout:g}s ({why}); "
-            "is the server running there?"
-        ) from None
-    return [c.unary_unary(plan.method) for c in channels]
+        await cache[key].ready(plan.connect_timeout)
+    except ConnectionError:
+        await cache.pop(key).close()
+        raise
+    # Only a v2 infer answer carries the gateway's parameters; an HTTP plan is always one.
+    inspect = plan.inspect and (plan.http or plan.method == INFER)
+    return cache[key].senders(plan, inspect)
 
 
 class Runner:
     """One run of one job on this worker's event loop."""
 
-    def __init__(self, job: Job, calls: list, index: int, progress: Any, stop: Any) -> None:
+    def __init__(self, job: Job, sends: list[Send], index: int, progress: Any, stop: Any) -> None:
         self.job = job
         self.plan: Plan = job.plan
-        self.calls = calls
+        self.sends = sends
         self.index = index
         self.progress = progress
         self.stop = stop
         self.record = Record()
-        self.inspect = self.plan.inspect and self.plan.method == INFER
         self.loop = asyncio.get_running_loop()
         self.start = 0.0
 
@@ -217,29 +186,13 @@ class Runner:
         await asyncio.gather(*(client() for _ in range(self.job.concurrency or 1)))
 
     async def _call(self, i: int, due: float | None, lag: float) -> None:
-        plan = self.plan
-        message = plan.requests[i % len(plan.requests)]
-        call = self.calls[i % len(self.calls)]
+        requests = self.plan.requests
+        # By this worker's own count (i strides by the number of workers): every connection
+        # takes its turn, not only those whose index shares i's residue.
+        send = self.sends[i // self.job.stride % len(self.sends)]
         sent = self.loop.time()
-        code, error, flags = 0, None, 0
-        try:
-            reply = await call(message, timeout=plan.timeout, metadata=plan.metadata or None)
-            if self.inspect:
-                flags = _flags(reply)
-        except grpc.aio.AioRpcError as exc:
-            code, error = exc.code().value[0], go_error(exc.code(), exc.details())
+        code, error, flags = await send(requests[i % len(requests)])
         done = self.loop.time()
         since = sent if due is None else due
         self.record.add(since - self.start, lag, done - since, code, error, flags)
         self.progress[self.index] += 1
-
-
-def _flags(reply: bytes) -> int:
-    """1 if the gateway marked the answer degraded, 2 if it came from its cache."""
-    parameters = v2.ModelInferResponse.FromString(reply).parameters
-    flags = 0
-    if "strata.degraded" in parameters and parameters["strata.degraded"].bool_param:
-        flags |= 1
-    if "strata.cached" in parameters and parameters["strata.cached"].bool_param:
-        flags |= 2
-    return flags

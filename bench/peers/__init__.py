@@ -13,6 +13,9 @@ ports:
 5. a bare single-process grpc.aio + ONNX Runtime v2 server without batching (bench/bare.py):
    the floor.
 
+Strata's gateway and MLServer are driven over their v2 REST endpoints too (`pipeline-rest`,
+`mlserver-rest`: the same requests as v2 JSON bodies, HTTP/1.1 keep-alive), in the same run.
+
 MLServer and KServe run from venvs of their own under build/peers/, installed once from the
 pinned constraint files beside this module; a peer that cannot be installed is reported as
 skipped, with the reason. At each concurrency (closed loop: 1 and 64; --quick: 1 and 8) each

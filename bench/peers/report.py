@@ -19,6 +19,9 @@ if TYPE_CHECKING:
     from bench.peers.rows import Row, Timing
 
 PEERS = ("mlserver", "kserve", "bare")
+# Each server's REST target beside its gRPC one: ratio keys' prefix, REST row, gRPC row.
+REST_PAIRS = (("", "pipeline-rest", "pipeline"), ("mlserver_", "mlserver-rest", "mlserver"))
+REST_GOAL = 0.7  # the pipeline's REST throughput over its gRPC throughput, at the least
 
 
 def build(
@@ -65,7 +68,8 @@ def _minus(a: float | None, b: float | None) -> float | None:
 
 
 def ratios(servers: dict[str, Any], timing: Timing) -> dict[str, Any]:
-    """Pipeline against each peer at the top concurrency, and latencies at the bottom one."""
+    """Pipeline against each peer at the top concurrency, and latencies at the bottom one; REST
+    over gRPC throughput of the same server at both (`rest_over_grpc_c1`, `_c64` ...)."""
     low, high = min(timing.concurrencies), max(timing.concurrencies)
 
     def figure(server: str, concurrency: int, key: str) -> float | None:
@@ -84,6 +88,17 @@ def ratios(servers: dict[str, Any], timing: Timing) -> dict[str, Any]:
         out[f"{q[:3]}_pipeline_minus_inference_ms"] = _minus(
             figure("pipeline", low, q), figure("inference", low, q)
         )
+    for prefix, rest, grpc in REST_PAIRS:
+        for c in (low, high):
+            out[f"{prefix}rest_over_grpc_c{c}"] = _ratio(
+                figure(rest, c, "throughput"), figure(grpc, c, "throughput")
+            )
+    out["throughput_pipeline_rest_over_mlserver_rest"] = _ratio(
+        figure("pipeline-rest", high, "throughput"), figure("mlserver-rest", high, "throughput")
+    )
+    out["p50_pipeline_rest_over_mlserver_rest"] = _ratio(
+        figure("pipeline-rest", low, "p50_ms"), figure("mlserver-rest", low, "p50_ms")
+    )
     out["pipeline_cpu_ms_per_request"] = {
         str(c): figure("pipeline", c, "cpu_ms_per_request_total") for c in timing.concurrencies
     }
@@ -148,6 +163,22 @@ def _ratio_lines(r: dict[str, Any]) -> list[str]:
         f"P50 {_num(r['p50_pipeline_minus_inference_ms'], ' ms', signed=True)}, "
         f"P99 {_num(r['p99_pipeline_minus_inference_ms'], ' ms', signed=True)}",
         f"- pipeline CPU per request, all its processes: {cpu}",
+        *_rest_lines(r),
+    ]
+
+
+def _rest_lines(r: dict[str, Any]) -> list[str]:
+    low, high = r["low"], r["high"]
+
+    def pair(prefix: str) -> str:
+        return ", ".join(f"c={c}: {_x(r[f'{prefix}rest_over_grpc_c{c}'])}" for c in (low, high))
+
+    return [
+        f"- REST / gRPC throughput, Strata pipeline: {pair('')} (goal: at least {REST_GOAL:.2f}x); "
+        f"MLServer: {pair('mlserver_')}",
+        f"- pipeline REST / MLServer REST: throughput at c={high} "
+        f"{_x(r['throughput_pipeline_rest_over_mlserver_rest'])}, "
+        f"P50 at c={low} {_x(r['p50_pipeline_rest_over_mlserver_rest'])}",
     ]
 
 

@@ -12,11 +12,18 @@ from pathlib import Path
 
 from bench import peers
 from bench.load import LoadPool, Plan
-from bench.load.worker import INFER
 from bench.measure import closed, point
 from bench.peers import cpu, report
 from bench.peers.rows import FULL, QUICK, Row, Timing
-from bench.peers.servers import GROUPS, SERVERS, Context, Target, Unavailable, start
+from bench.peers.servers import (
+    GROUPS,
+    SERVERS,
+    Context,
+    Target,
+    Unavailable,
+    await_rest,
+    start,
+)
 from bench.workloads import has_dataset, workload
 from strata.config import load_settings
 
@@ -59,11 +66,27 @@ def measure_all(
             try:
                 with start(group, ctx) as targets:
                     for target in (t for t in targets if t.server in chosen):
-                        rows += measure(pool, target, timing, w.objective_seconds)
+                        rows += _measure_ready(pool, target, timing, w.objective_seconds, skipped)
             except Unavailable as exc:
-                skipped.update(dict.fromkeys(chosen, str(exc)))
-                print(f"{', '.join(chosen)} skipped: {exc}", flush=True)
+                _skip(skipped, chosen, exc)
     return rows, skipped
+
+
+def _measure_ready(
+    pool: LoadPool, target: Target, timing: Timing, objective: float, skipped: dict[str, str]
+) -> list[Row]:
+    """`target`'s rows once its REST side (if it is one) is ready; none, saying why, if not."""
+    try:
+        await_rest(target)
+    except Unavailable as exc:
+        _skip(skipped, [target.server], exc)
+        return []
+    return measure(pool, target, timing, objective)
+
+
+def _skip(skipped: dict[str, str], servers: list[str], why: Unavailable) -> None:
+    skipped.update(dict.fromkeys(servers, str(why)))
+    print(f"{', '.join(servers)} skipped: {why}", flush=True)
 
 
 def measure(pool: LoadPool, target: Target, timing: Timing, objective: float) -> list[Row]:
@@ -72,11 +95,11 @@ def measure(pool: LoadPool, target: Target, timing: Timing, objective: float) ->
     for concurrency in timing.concurrencies:
         plan = Plan(
             target=target.address,
-            method=INFER,
+            method=target.method,
             requests=target.requests,
             metadata=CLIENT,
             timeout=30,
-            connections=min(concurrency, 8),
+            connections=target.connections(concurrency),
         )
         closed(pool, plan, concurrency, timing.warmup_seconds)
         processes = cpu.processes(target.roots())

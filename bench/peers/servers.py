@@ -2,19 +2,24 @@
 
 Every one serves the same ONNX file (the digits model version the pipeline's first arm routes
 to). Starting one yields its `Target`s: where to send, what to send, and which processes are
-the server (for their CPU time). A peer that cannot be installed or started raises
-`Unavailable` with the reason, and the benchmark reports it as skipped.
+the server (for their CPU time). Strata's gateway and MLServer also yield a REST target beside
+the gRPC one: the same server and requests, as v2 JSON bodies posted over HTTP/1.1. A peer that
+cannot be installed or started raises `Unavailable` with the reason, and the benchmark reports
+it as skipped.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import signal
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
@@ -24,6 +29,8 @@ import grpc
 
 from bench.admin import Admin
 from bench.deployment import free_port, running, service_pids
+from bench.load import rest
+from bench.load.worker import INFER
 from bench.peers import venvs
 from bench.workloads import Workload
 from strata.proto.inference import grpc_service_pb2 as v2
@@ -32,9 +39,11 @@ from strata.proto.inference import grpc_service_pb2_grpc as v2_grpc
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 START_SECONDS = 120.0
+REST_READY_SECONDS = 20.0  # after the server's gRPC side is ready, its REST side is too
 STOP_SECONDS = 10.0
 IMAGES = "`images` UINT8 [1, 8, 8]"
 PIXELS = "`pixels` FP32 [1, 64]"
+AS_JSON = ", as JSON"
 
 
 class Unavailable(RuntimeError):
@@ -45,12 +54,22 @@ class Unavailable(RuntimeError):
 class Target:
     """One server to measure: its address, its requests and its processes."""
 
-    server: str  # the row's key: pipeline, inference, mlserver, kserve, bare
+    server: str  # the row's key: pipeline, pipeline-rest, inference, mlserver ...
     title: str
-    address: str
-    requests: tuple[bytes, ...]
+    address: str  # gRPC: host:port; REST: http://host:port
+    requests: tuple[bytes, ...]  # serialized v2 messages; REST: v2 JSON bodies
     carries: str  # what one request holds
     roots: Callable[[], dict[str, int]]  # the server's processes by name (descendants count too)
+    method: str = INFER  # REST: /v2/models/NAME/infer
+
+    @property
+    def http(self) -> bool:
+        return rest.is_url(self.address)
+
+    def connections(self, concurrency: int) -> int:
+        """HTTP/1.1 carries one request at a time on a connection: one for each in flight.
+        gRPC: at most 8, each carrying many at once (HTTP/2 streams)."""
+        return concurrency if self.http else min(concurrency, 8)
 
 
 @dataclass(frozen=True)
@@ -68,8 +87,8 @@ class Context:
 
 # The groups of targets, in the order they run, and the servers each group yields.
 GROUPS = {
-    "strata": ("pipeline", "inference"),
-    "mlserver": ("mlserver",),
+    "strata": ("pipeline", "pipeline-rest", "inference"),
+    "mlserver": ("mlserver", "mlserver-rest"),
     "kserve": ("kserve",),
     "bare": ("bare",),
 }
@@ -83,17 +102,20 @@ def start(group: str, ctx: Context) -> Iterator[list[Target]]:
 
 @contextmanager
 def strata(ctx: Context) -> Iterator[list[Target]]:
-    """The whole system from the config, the ladder pinned at level 0 (the full pipeline)."""
+    """The whole system from the config, the ladder pinned at level 0 (the full pipeline), its
+    gateway serving REST beside gRPC."""
     w = ctx.workload
     folder = ctx.folder / "strata"
     folder.mkdir()
     with running(ctx.config, folder) as (supervisor, token):
+        rest_address = supervisor.settings.services.gateway.rest
         admin = Admin(supervisor.address("gateway"), token)
         try:
             admin.force(0)
         finally:
             admin.close()
         deployment = f"inference-{w.deployment}"
+        pids = functools.partial(service_pids, supervisor)
         yield [
             Target(
                 "pipeline",
@@ -101,7 +123,16 @@ def strata(ctx: Context) -> Iterator[list[Target]]:
                 supervisor.address("gateway"),
                 w.pipeline_requests,
                 IMAGES,
-                lambda: service_pids(supervisor),
+                pids,
+            ),
+            Target(
+                "pipeline-rest",
+                "Strata pipeline (gateway REST)",
+                f"http://{rest_address}",
+                _bodies(w.pipeline_requests),
+                IMAGES + AS_JSON,
+                pids,
+                rest.infer_path(w.pipeline),
             ),
             Target(
                 "inference",
@@ -131,27 +162,38 @@ def bare(ctx: Context) -> Iterator[list[Target]]:
 def mlserver(ctx: Context) -> Iterator[list[Target]]:
     """MLServer with the custom ONNX runtime and adaptive batching (32 rows, 5 ms)."""
     python = _installed(venvs.MLSERVER)
-    address, folder = _address(), ctx.folder / "mlserver"
-    _mlserver_settings(folder, ctx, int(address.rsplit(":", 1)[1]))
+    address, http, folder = _address(), _address(), ctx.folder / "mlserver"
+    _mlserver_settings(folder, ctx, _port(address), _port(http))
     log = ctx.folder / "mlserver.log"
     env = {"PYTHONPATH": str(HERE)}
     command = [str(python.parent / "mlserver"), "start", str(folder)]  # its console script
     with _process(command, log, env) as process:
         _await_ready(address, ctx.workload.model, process, log)
-        title = "MLServer 1.7.1 (adaptive batching 32 / 5 ms)"
+        batching = "(adaptive batching 32 / 5 ms)"
         roots = {"mlserver": process.pid}
         requests = model_requests(ctx.workload)
-        yield [Target("mlserver", title, address, requests, PIXELS, roots.copy)]
+        yield [
+            Target("mlserver", f"MLServer 1.7.1 {batching}", address, requests, PIXELS, roots.copy),
+            Target(
+                "mlserver-rest",
+                f"MLServer 1.7.1 REST {batching}",
+                f"http://{http}",
+                _bodies(requests),
+                PIXELS + AS_JSON,
+                roots.copy,
+                rest.infer_path(ctx.workload.model),
+            ),
+        ]
 
 
-def _mlserver_settings(folder: Path, ctx: Context, grpc_port: int) -> None:
+def _mlserver_settings(folder: Path, ctx: Context, grpc_port: int, http_port: int) -> None:
     model = folder / ctx.workload.model
     model.mkdir(parents=True)
     server = {
         "debug": False,
         "host": "127.0.0.1",
         "grpc_port": grpc_port,
-        "http_port": free_port(),
+        "http_port": http_port,
         "metrics_port": free_port(),
         "model_repository_root": str(folder),
         "load_models_at_startup": True,
@@ -191,9 +233,8 @@ def kserve(ctx: Context) -> Iterator[list[Target]]:
 
 
 def _kserve_flags(address: str) -> list[str]:
-    grpc_port = address.rsplit(":", 1)[1]
     return [
-        *("--grpc_port", grpc_port, "--http_port", str(free_port())),
+        *("--grpc_port", str(_port(address)), "--http_port", str(free_port())),
         *("--predictor_protocol", "grpc-v2", "--enable_latency_logging", "False"),
     ]
 
@@ -206,6 +247,11 @@ def model_requests(w: Workload) -> tuple[bytes, ...]:
 def pipeline_requests(w: Workload) -> tuple[bytes, ...]:
     """The pipeline's requests without Strata's A/B parameter."""
     return _rewrite(w.pipeline_requests, lambda r: r.ClearField("parameters"))
+
+
+def _bodies(requests: Sequence[bytes]) -> tuple[bytes, ...]:
+    """The same requests as v2 REST JSON bodies."""
+    return tuple(rest.json_body(raw) for raw in requests)
 
 
 def _rewrite(
@@ -228,6 +274,10 @@ def _installed(env: venvs.Environment) -> Path:
 
 def _address() -> str:
     return f"127.0.0.1:{free_port()}"
+
+
+def _port(address: str) -> int:
+    return int(address.rsplit(":", 1)[1])
 
 
 @contextmanager
@@ -277,6 +327,26 @@ def _await_ready(address: str, model: str, process: subprocess.Popen, log: Path)
                 pass  # not listening yet
             time.sleep(0.2)
     raise Unavailable(f"not ready within {START_SECONDS:g} s (log {log})")
+
+
+def await_rest(target: Target) -> None:
+    """Until a REST target's `GET /v2/models/NAME/ready` answers 200; Unavailable if it does
+    not within REST_READY_SECONDS (a gRPC target is ready when it is yielded)."""
+    if not target.http:
+        return
+    url = target.address + rest.ready_path(target.method)
+    end = time.monotonic() + REST_READY_SECONDS
+    why = "no answer"
+    while time.monotonic() < end:
+        try:
+            with urllib.request.urlopen(url, timeout=1):
+                return  # urlopen raises for any status but 2xx
+        except urllib.error.HTTPError as exc:
+            why = f"HTTP {exc.code}"
+        except OSError as exc:  # not listening (URLError is an OSError)
+            why = str(getattr(exc, "reason", exc))
+        time.sleep(0.2)
+    raise Unavailable(f"GET {url} not ready within {REST_READY_SECONDS:g} s ({why})")
 
 
 def _tail(log: Path) -> str:

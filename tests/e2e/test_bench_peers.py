@@ -2,7 +2,8 @@
 
 Nothing here asserts speed: the machine is shared, so only the shape of the results counts.
 MLServer and KServe are installed into venvs of their own on the first run (which needs the
-package index); a peer whose venv cannot be built is skipped, never Strata or the bare server.
+package index); a peer whose venv cannot be built is skipped, never Strata (gRPC and REST) or
+the bare server.
 """
 
 from __future__ import annotations
@@ -14,8 +15,12 @@ import pytest
 
 from tests.support.bench import run_quick
 
-ALWAYS = ("pipeline", "inference", "bare")
-PEERS = ("mlserver", "kserve")
+ALWAYS = ("pipeline", "pipeline-rest", "inference", "bare")
+PEERS = {  # each peer, and the ratio of Strata's throughput to its
+    "mlserver": "throughput_pipeline_over_mlserver",
+    "mlserver-rest": "throughput_pipeline_rest_over_mlserver_rest",
+    "kserve": "throughput_pipeline_over_kserve",
+}
 
 pytestmark = pytest.mark.timeout(1800)  # the first run installs both peers' venvs
 
@@ -49,9 +54,11 @@ def test_strata_and_the_bare_server_always_run(report: dict, results: Path) -> N
     ratios = report["ratios"]
     assert ratios["throughput_pipeline_over_bare"] > 0
     assert ratios["p50_pipeline_minus_inference_ms"] is not None
+    assert ratios["rest_over_grpc_c1"] > 0 and ratios["rest_over_grpc_c8"] > 0
+    assert "REST / gRPC throughput, Strata pipeline: c=1: " in table
 
 
-@pytest.mark.parametrize("peer", PEERS)
+@pytest.mark.parametrize("peer", list(PEERS))
 def test_each_peer_runs_or_says_why_not(report: dict, results: Path, peer: str) -> None:
     if peer in report["skipped"]:
         assert report["skipped"][peer], "a skipped peer needs a reason"
@@ -59,7 +66,7 @@ def test_each_peer_runs_or_says_why_not(report: dict, results: Path, peer: str) 
         pytest.skip(f"{peer}: {report['skipped'][peer]}")
     _check_rows(report, peer)
     assert f"| {report['servers'][peer]['title']} |" in (results / "peers.md").read_text()
-    assert report["ratios"][f"throughput_pipeline_over_{peer}"] > 0
+    assert report["ratios"][PEERS[peer]] > 0
 
 
 def _check_rows(report: dict, server: str) -> None:

@@ -1,11 +1,12 @@
 """What the load tool sends: ghz-style JSON messages, binary messages, rows of arrays."""
 
+import json
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from bench.load.data import from_arrays, from_binary, from_json, method
+from bench.load.data import from_arrays, from_binary, from_json, json_bodies, method
 from bench.load.options import UsageError
 from strata import codec
 from strata.proto.inference import grpc_service_pb2 as v2
@@ -70,3 +71,11 @@ def test_inputs_that_disagree_on_rows_are_refused() -> None:
     arrays = {"a": np.zeros((2, 1), np.float32), "b": np.zeros((3, 1), np.float32)}
     with pytest.raises(UsageError, match="disagree"):
         from_arrays("m", arrays)
+
+
+def test_http_json_data_is_the_v2_body_itself_and_lists_are_sent_in_turn() -> None:
+    text = '[{"inputs": [{"name": "x", "datatype": "FP32", "shape": [1], "data": [1.5]}]}, {}]'
+    first, second = json_bodies(text, "-d")
+    assert json.loads(first)["inputs"][0]["data"] == [1.5] and second == b"{}"
+    with pytest.raises(UsageError, match="a v2 request body"):
+        json_bodies("[1, 2]", "-d")

@@ -100,3 +100,36 @@ def test_bad_values_are_refused_naming_the_flag(flag: str, value: str, message: 
 def test_the_command_exits_2_on_a_bad_command_line(capsys: pytest.CaptureFixture) -> None:
     assert main(["--call", "inference.Nope.Infer", "-d", DATA, "127.0.0.1:1"]) == 2
     assert "unknown service 'inference.Nope'" in capsys.readouterr().err
+
+
+def http_options(*args: str, url: str = "http://127.0.0.1:8000/v2/models/digits/infer"):
+    return from_args(parser().parse_args([*args, url]))
+
+
+def test_an_infer_url_is_an_http_run_with_a_connection_for_each_request_in_flight() -> None:
+    got = http_options("-d", "{}", "-c", "16")
+    assert got.http and (got.host, got.call) == ("http://127.0.0.1:8000", "/v2/models/digits/infer")
+    assert got.connections == 16  # HTTP/1.1: one request at a time on each
+    assert http_options("-d", "{}", "--connections", "4").connections == 4
+    assert (
+        options("--call", "inference.GRPCInferenceService.ModelInfer", "-d", DATA).connections == 1
+    )
+
+
+@pytest.mark.parametrize(
+    ("args", "url", "message"),
+    [
+        (("--call", "inference.GRPCInferenceService.ModelInfer"), None, "--call is for gRPC"),
+        (("--cacert", __file__), None, "TLS flags are for gRPC"),
+        ((), "https://127.0.0.1:8000/v2/models/digits/infer", "only plaintext http"),
+        ((), "http://127.0.0.1:8000/v2/models/digits", "not a v2 infer endpoint"),
+    ],
+)
+def test_http_runs_refuse_what_does_not_apply(args: tuple, url: str | None, message: str) -> None:
+    with pytest.raises(UsageError, match=message):
+        http_options(*args, "-d", "{}", **({"url": url} if url else {}))
+
+
+def test_a_grpc_target_still_needs_its_call() -> None:
+    with pytest.raises(UsageError, match="--call names the gRPC method"):
+        options("-d", DATA)

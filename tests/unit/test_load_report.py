@@ -6,11 +6,12 @@ import grpc
 import numpy as np
 import pytest
 
+from bench.load.codes import GO_NAMES, go_error
 from bench.load.report import ghz_report, histogram, latency_distribution
 from bench.load.results import Results, merge
 from bench.load.schedule import Plan
 from bench.load.summary import summary
-from bench.load.worker import GO_NAMES, Record, go_error
+from bench.load.worker import Record
 
 MS = 1_000_000  # ns
 PLAN = Plan(
