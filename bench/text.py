@@ -34,7 +34,8 @@ import yaml
 from tokenizers import Tokenizer
 
 from strata import codec
-from strata.config import Pipeline, Settings, load_settings
+from strata.config import Settings, load_settings
+from strata.config.pipelines import Pipeline
 from strata.launch import Supervisor
 from strata.proto.inference import grpc_service_pb2_grpc as v2_grpc
 

@@ -24,7 +24,8 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from strata.security import CA, CERT, GATEWAY, KEY, public_identity, spiffe_id
+from strata.config.tls import CA, CERT, GATEWAY, KEY, public_identity
+from strata.security import spiffe_id
 
 SERVER, CLIENT = ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH
 # Identity: (the hosts it is dialled by, its uses). A layer is a client too when its container

@@ -12,8 +12,9 @@ import json
 
 import grpc
 
-from strata.config import ServerSettings
-from strata.security import GATEWAY, TlsSettings, channel_credentials, channel_options
+from strata.config.server import ServerSettings
+from strata.config.tls import GATEWAY, TlsSettings
+from strata.security import channel_credentials, channel_options
 from strata.server import grpc_options
 
 # Eject a replica for 5 s (longer each time again) once at least half of its last second's

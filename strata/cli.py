@@ -10,7 +10,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from strata.config import ConfigError, ServiceEndpoint, Settings, load_settings
+from strata.config import ConfigError, Settings, load_settings
+from strata.config.endpoints import ServiceEndpoint
 from strata.metrics import serve_metrics
 from strata.server import Companion, Registration, Running, serve
 from strata.telemetry import setup_logging, setup_tracing
@@ -48,8 +49,9 @@ def run_service(name: str, build: Builder, argv: list[str] | None = None) -> Non
         settings = load_settings(args.config)
     except ConfigError as exc:
         sys.exit(str(exc))
-    setup_logging(name, settings.telemetry.log_level)
-    setup_tracing(f"strata-{name}", settings.telemetry)
+    telemetry = settings.telemetry
+    setup_logging(name, telemetry.log_level)
+    setup_tracing(f"strata-{name}", telemetry.otlp_endpoint, telemetry.sample_ratio)
     asyncio.run(_main(name, build, settings, args.listen))
 
 

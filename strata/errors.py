@@ -1,19 +1,15 @@
 """One error hierarchy and one mapping to gRPC status codes, for every hop.
 
-Domain code raises these; servicers wrap their methods with `grpc_errors`, which turns them
-into statuses. An unexpected exception becomes a generic INTERNAL that leaks no internals.
+Domain code raises these; servicers wrap their methods with strata.grpc_errors, which turns
+them into statuses. An unexpected exception becomes a generic INTERNAL that leaks no internals.
+This module depends on nothing else in the package: every floor above may raise its errors.
 """
 
 from __future__ import annotations
 
-import functools
 import logging
-from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
 
 import grpc
-
-from strata.telemetry import record_error
 
 log = logging.getLogger(__name__)
 RETRY_AFTER = "retry-after-ms"  # trailing metadata: how long to back off, in milliseconds
@@ -124,33 +120,6 @@ def _status_of(value: int) -> grpc.StatusCode:
     return grpc.StatusCode.UNKNOWN
 
 
-# How each failure is reported: its kind (for logs and span events) and log level.
-# Client mistakes are routine (INFO); overload is counted in metrics, not logged per request.
-_KINDS = {
-    grpc.StatusCode.INVALID_ARGUMENT: ("client", logging.INFO),
-    grpc.StatusCode.NOT_FOUND: ("client", logging.INFO),
-    grpc.StatusCode.FAILED_PRECONDITION: ("client", logging.INFO),
-    grpc.StatusCode.UNAUTHENTICATED: ("client", logging.INFO),
-    grpc.StatusCode.PERMISSION_DENIED: ("client", logging.INFO),
-    grpc.StatusCode.RESOURCE_EXHAUSTED: ("overload", logging.DEBUG),
-    grpc.StatusCode.UNAVAILABLE: ("retryable", logging.WARNING),
-    grpc.StatusCode.DEADLINE_EXCEEDED: ("deadline", logging.WARNING),
-    grpc.StatusCode.CANCELLED: ("cancelled", logging.DEBUG),
-}
-
-
-def error_kind(code: grpc.StatusCode) -> str:
-    """client, overload, retryable, deadline, cancelled or internal."""
-    return _KINDS.get(code, ("internal", logging.ERROR))[0]
-
-
-def log_failure(method: str, code: grpc.StatusCode, message: str) -> None:
-    """Log a failed call with its kind, and record it on the current span."""
-    kind, level = _KINDS.get(code, ("internal", logging.ERROR))
-    log.log(level, "%s failed: %s %s", method, code.name, message, extra={"error_kind": kind})
-    record_error(code.name, kind, message)
-
-
 def status_of(exc: BaseException) -> tuple[grpc.StatusCode, str]:
     """The status code and caller-safe message for any exception."""
     if isinstance(exc, StrataError):
@@ -159,26 +128,3 @@ def status_of(exc: BaseException) -> tuple[grpc.StatusCode, str]:
         return exc.code(), exc.details() or exc.code().name
     log.error("unexpected error", exc_info=exc, extra={"error_kind": "internal"})
     return grpc.StatusCode.INTERNAL, "internal error; the server log has the details"
-
-
-T = TypeVar("T")
-Handler = Callable[..., Awaitable[T]]
-
-
-def grpc_errors(method: Handler[T]) -> Handler[T]:
-    """Wrap a unary aio servicer method: exceptions become the mapped gRPC status."""
-
-    @functools.wraps(method)
-    async def wrapper(self: Any, request: Any, context: grpc.aio.ServicerContext) -> T:
-        try:
-            return await method(self, request, context)
-        except grpc.aio.AbortError:
-            raise
-        except Exception as exc:  # every failure must reach the caller as a status
-            code, message = status_of(exc)
-            log_failure(method.__name__, code, message)
-            trailers = exc.trailers() if isinstance(exc, StrataError) else ()
-            await context.abort(code, message, trailing_metadata=trailers)
-            raise AssertionError("unreachable") from exc
-
-    return wrapper

@@ -20,7 +20,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from strata.channels import blocking_channel
 from strata.config import load_settings
-from strata.security import GATEWAY, TlsSettings
+from strata.config.tls import GATEWAY, TlsSettings
 
 
 def check(

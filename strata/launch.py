@@ -24,8 +24,8 @@ from pathlib import Path
 import grpc
 
 from strata.config import ConfigError, Settings, load_settings
+from strata.config.tls import TlsSettings
 from strata.healthcheck import check
-from strata.security import TlsSettings
 
 log = logging.getLogger("strata.launch")
 ROOT = Path(__file__).resolve().parent.parent

@@ -11,10 +11,9 @@ shape. A service installs the configured limits at start-up (`install`).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
-from pydantic import Field
-
-from strata.strict import Strict
+from strata.errors import InvalidArgument
 
 # Wire bytes per element of each v2 datatype; for BYTES, its 4-byte length prefix, the least
 # an element can take.
@@ -36,40 +35,27 @@ WIDTHS = {
 _SHOWN_DIMS = 8  # dimensions a message quotes before it elides the rest
 
 
-class TensorLimits(Strict):
-    """What one tensor may declare, on every port of every layer."""
+@dataclass(frozen=True)
+class Limits:
+    """What one tensor may declare: the config's `limits` (strata.config.limits) as plain values."""
 
-    max_rank: int = Field(default=8, ge=1, le=32, description="Most dimensions a tensor has.")
-    max_dimension: int = Field(
-        default=1 << 24, gt=0, description="Largest size of any one dimension."
-    )
-    max_elements: int = Field(
-        default=1 << 26,
-        gt=0,
-        description="Most elements a tensor holds (its 0 dimensions counted as 1, so that an "
-        "empty tensor cannot declare a shape no array could take).",
-    )
-    max_bytes: int = Field(
-        default=1 << 26, gt=0, description="Largest tensor, in bytes on the wire."
-    )
-    max_strings: int = Field(
-        default=1 << 16,
-        gt=0,
-        description="Most elements a BYTES tensor holds: each becomes a Python object when "
-        "decoded, so this bounds the work a string tensor costs.",
-    )
+    max_rank: int = 8
+    max_dimension: int = 1 << 24
+    max_elements: int = 1 << 26
+    max_bytes: int = 1 << 26
+    max_strings: int = 1 << 16
 
 
-_installed = TensorLimits()
+_installed = Limits()
 
 
-def install(limits: TensorLimits) -> None:
+def install(limits: Limits) -> None:
     """Make `limits` the ones every check in this process applies (done at service start)."""
     global _installed
     _installed = limits
 
 
-def installed() -> TensorLimits:
+def installed() -> Limits:
     return _installed
 
 
@@ -78,7 +64,7 @@ def check_declared(
     datatype: str,
     shape: Sequence[int],
     sent_bytes: int | None,
-    limits: TensorLimits | None = None,
+    limits: Limits | None = None,
 ) -> int:
     """The element count of a declared tensor, once it is within `limits` (the installed
     ones by default) and `sent_bytes` can hold it; None for typed contents, whose values the
@@ -86,7 +72,7 @@ def check_declared(
     limits = _installed if limits is None else limits
     width = WIDTHS.get(datatype)
     if width is None:
-        raise _refused(
+        raise InvalidArgument(
             f"input {name!r}: unknown datatype {datatype!r} (known: {', '.join(WIDTHS)})"
         )
     count = _count(name, shape, limits)
@@ -97,34 +83,36 @@ def check_declared(
     return count
 
 
-def _count(name: str, shape: Sequence[int], limits: TensorLimits) -> int:
+def _count(name: str, shape: Sequence[int], limits: Limits) -> int:
     """The elements `shape` holds; the limit applies to those it spans with its 0 dimensions
     counted as 1 (numpy refuses a shape whose other dimensions could not fit in memory, even
     when it holds no element)."""
     if len(shape) > limits.max_rank:
-        raise _refused(
+        raise InvalidArgument(
             f"input {name!r}: shape {_shown(shape)} has rank {len(shape)}, more than the "
             f"limit of {limits.max_rank}"
         )
     count = cells = 1
     for size in shape:
         if not 0 <= size <= limits.max_dimension:
-            raise _dimension_refused(name, shape, limits.max_dimension)
+            raise _dimensionInvalidArgument(name, shape, limits.max_dimension)
         count *= size
         cells *= size or 1
     if cells > limits.max_elements:
-        raise _refused(
+        raise InvalidArgument(
             f"input {name!r}: shape {_shown(shape)} spans {cells} elements, more than the "
             f"limit of {limits.max_elements}"
         )
     return count
 
 
-def _dimension_refused(name: str, shape: Sequence[int], largest: int) -> Exception:
+def _dimensionInvalidArgument(name: str, shape: Sequence[int], largest: int) -> InvalidArgument:
     axis, size = next((a, d) for a, d in enumerate(shape) if not 0 <= d <= largest)
     if size < 0:
-        return _refused(f"input {name!r}: shape {_shown(shape)} has a negative dimension")
-    return _refused(f"input {name!r}: dimension {axis} is {size}, more than the limit of {largest}")
+        return InvalidArgument(f"input {name!r}: shape {_shown(shape)} has a negative dimension")
+    return InvalidArgument(
+        f"input {name!r}: dimension {axis} is {size}, more than the limit of {largest}"
+    )
 
 
 def _check_fixed(
@@ -133,36 +121,36 @@ def _check_fixed(
     shape: Sequence[int],
     needed: int,
     sent: int | None,
-    limits: TensorLimits,
+    limits: Limits,
 ) -> None:
     if needed > limits.max_bytes:
-        raise _refused(
+        raise InvalidArgument(
             f"input {name!r}: shape {_shown(shape)} of {datatype} takes {needed} bytes, more "
             f"than the limit of {limits.max_bytes}"
         )
     if sent is not None and sent != needed:
-        raise _refused(
+        raise InvalidArgument(
             f"input {name!r}: shape {_shown(shape)} of {datatype} needs {needed} bytes, got {sent}"
         )
 
 
 def _check_strings(
-    name: str, shape: Sequence[int], count: int, sent: int | None, limits: TensorLimits
+    name: str, shape: Sequence[int], count: int, sent: int | None, limits: Limits
 ) -> None:
     if count > limits.max_strings:
-        raise _refused(
+        raise InvalidArgument(
             f"input {name!r}: BYTES shape {_shown(shape)} holds {count} elements, more than "
             f"the limit of {limits.max_strings}"
         )
     if sent is None:
         return
     if sent > limits.max_bytes:
-        raise _refused(
+        raise InvalidArgument(
             f"input {name!r}: {sent} bytes of BYTES data, more than the limit of {limits.max_bytes}"
         )
     least = count * WIDTHS["BYTES"]
     if least > sent:
-        raise _refused(
+        raise InvalidArgument(
             f"input {name!r}: BYTES shape {_shown(shape)} needs at least {least} bytes "
             f"(a 4-byte length per element), got {sent}"
         )
@@ -174,11 +162,3 @@ def _shown(shape: Sequence[int]) -> str:
         return str(list(shape))
     head = ", ".join(str(d) for d in shape[:_SHOWN_DIMS])
     return f"[{head}, ... {len(shape) - _SHOWN_DIMS} more]"
-
-
-def _refused(message: str) -> Exception:
-    # strata.errors imports strata.config (through strata.telemetry), which imports this
-    # module for TensorLimits: the import waits until a refusal needs it.
-    from strata.errors import InvalidArgument
-
-    return InvalidArgument(message)

@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 from strata.codec import datatype_of
-from strata.config import TensorSpec
+from strata.config.pipelines import TensorSpec
 from strata.errors import InvalidArgument
 
 

@@ -22,80 +22,21 @@ import secrets
 import sys
 import types
 from collections.abc import Callable
-from pathlib import Path
 
 import grpc
 from google.protobuf import descriptor_pool
-from pydantic import Field, model_validator
 
-from strata.strict import Strict
+from strata.config.gateway import ApiKey
+from strata.config.tls import CA, CERT, GATEWAY, KEY, TlsSettings, public_identity
 
 log = logging.getLogger(__name__)
 
-GATEWAY = "gateway"  # what the gateway presents to the layers, and tools by default
-CERT, KEY, CA = "tls.crt", "tls.key", "ca.crt"  # an identity's files, as in a TLS Secret
 TRUST_DOMAIN = "strata"
-INTERNAL = ("preprocess", "inference", "postprocess")
 
 
 def spiffe_id(identity: str) -> str:
     """The URI a certificate of `identity` carries as a subject alternative name."""
     return f"spiffe://{TRUST_DOMAIN}/{identity}"
-
-
-def public_identity(identity: str) -> str:
-    """The identity a public (client-facing) server of `identity` presents."""
-    return f"{identity}-public"
-
-
-class TlsSettings(Strict):
-    """Certificates by identity; a relative `certs` resolves against the config file's folder."""
-
-    enabled: bool = Field(default=False, description="TLS everywhere; false means plaintext.")
-    certs: Path | None = Field(
-        default=None,
-        description="Folder with a folder per identity (gateway, gateway-public, preprocess, "
-        "inference, postprocess), each holding tls.crt, tls.key and ca.crt (`make certs`).",
-    )
-    allowed_clients: dict[str, list[str]] = Field(
-        default_factory=lambda: {name: [GATEWAY] for name in INTERNAL},
-        description="The identities each internal layer admits as callers, by the layer's "
-        "identity; a layer not listed admits none. Health checks admit any CA-signed caller.",
-    )
-    server_name: str | None = Field(
-        default=None,
-        description="Name to verify in servers' certificates instead of the dialled host "
-        "(e.g. localhost when dialling 127.0.0.1).",
-    )
-    probe_listen: str | None = Field(
-        default=None,
-        description="host:port of a plaintext server with only the health service, for "
-        "probes that cannot present a certificate (Kubernetes `grpc:` probes). Each process "
-        "needs its own port: set it per container (STRATA_TLS__PROBE_LISTEN).",
-    )
-
-    @model_validator(mode="after")
-    def _complete(self) -> TlsSettings:
-        if self.enabled and self.certs is None:
-            raise ValueError("tls.enabled needs certs, the folder of identities (make certs)")
-        return self
-
-    def resolved(self, base: Path) -> TlsSettings:
-        """A copy with a relative `certs` made absolute against `base`."""
-        if self.certs is None or self.certs.is_absolute():
-            return self
-        return self.model_copy(update={"certs": (base / self.certs).resolve()})
-
-    def pem(self, identity: str, name: str) -> bytes:
-        """One file (CERT, KEY or CA) of `identity`, with a clear error when it is missing."""
-        path = self.certs / identity / name
-        try:
-            return path.read_bytes()
-        except OSError as exc:
-            raise OSError(
-                f"TLS identity {identity!r}: cannot read {path} ({exc.strerror}); "
-                "run `make certs`, or mount the identity's Secret there"
-            ) from None
 
 
 def server_credentials(
@@ -181,16 +122,6 @@ def _checked(handler: Callable, check: Callable) -> Callable:
         return await handler(request, context)
 
     return call
-
-
-class ApiKey(Strict):
-    """A client's API key, stored only as its SHA-256."""
-
-    client_id: str = Field(min_length=1, description="Who the key belongs to.")
-    sha256: str = Field(
-        pattern=r"^[0-9a-f]{64}$",
-        description="Hex SHA-256 of the key (`python -m strata.security`).",
-    )
 
 
 def key_hash(key: str) -> str:

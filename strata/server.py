@@ -22,8 +22,9 @@ from grpc_reflection.v1alpha import reflection, reflection_pb2_grpc
 from grpc_reflection.v1alpha._async import ReflectionServicer
 from opentelemetry import trace
 
-from strata.config import ServerSettings
-from strata.security import TlsSettings, caller_guard, server_credentials
+from strata.config.server import ServerSettings
+from strata.config.tls import TlsSettings
+from strata.security import caller_guard, server_credentials
 from strata.telemetry import traced_servicer
 
 log = logging.getLogger(__name__)

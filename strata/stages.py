@@ -15,7 +15,6 @@ import numpy as np
 from strata.codec import Arrays
 from strata.errors import InvalidArgument
 
-Tensors = Arrays
 T = TypeVar("T")
 Factory = Callable[[Mapping[str, Any], Path], T]
 
@@ -47,7 +46,7 @@ class Registry(Generic[T]):
             raise ValueError(f"{self.what} {kind!r} needs option {exc.args[0]!r}") from None
 
 
-def take(tensors: Tensors, name: str, stage: str) -> np.ndarray:
+def take(tensors: Arrays, name: str, stage: str) -> np.ndarray:
     """Fetch a tensor a stage needs, or fail naming it."""
     try:
         return tensors[name]

@@ -27,7 +27,6 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor
 from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ParentBased, TraceIdRatioBased
 from opentelemetry.trace import NonRecordingSpan, SpanContext, SpanKind, Status, StatusCode
 
-from strata.config import TelemetrySettings
 from strata.metrics import RPC_DURATION, RPCS, Children
 
 log = logging.getLogger(__name__)
@@ -71,17 +70,20 @@ def setup_logging(service: str, level: str) -> None:
     root.setLevel(level.upper())
 
 
-def setup_tracing(service: str, settings: TelemetrySettings) -> TracerProvider:
-    """Install a tracer provider for `service`, exporting over OTLP if an endpoint is set;
-    without one, spans would go nowhere, so none is sampled."""
+def setup_tracing(
+    service: str, otlp_endpoint: str | None = None, sample_ratio: float = 1.0
+) -> TracerProvider:
+    """Install a tracer provider for `service`, exporting over OTLP if an endpoint is set
+    (here or in OTEL_EXPORTER_OTLP_ENDPOINT), sampling `sample_ratio` of new traces; without
+    an endpoint, spans would go nowhere, so none is sampled."""
     global _sampling
-    endpoint = settings.otlp_endpoint or os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT")
+    endpoint = otlp_endpoint or os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT")
     sampler = None  # the SDK then honours OTEL_TRACES_SAMPLER / OTEL_TRACES_SAMPLER_ARG
     _sampling = "sdk"
     if not endpoint:
         sampler, _sampling = ALWAYS_OFF, "off"
     elif "OTEL_TRACES_SAMPLER" not in os.environ:
-        sampler, _sampling = ParentBased(TraceIdRatioBased(settings.sample_ratio)), "parent"
+        sampler, _sampling = ParentBased(TraceIdRatioBased(sample_ratio)), "parent"
     provider = TracerProvider(resource=Resource.create({"service.name": service}), sampler=sampler)
     if endpoint:
         from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter

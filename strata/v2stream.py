@@ -10,7 +10,8 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable
 
-from strata.errors import log_failure, status_of
+from strata.errors import status_of
+from strata.grpc_errors import log_failure
 from strata.proto.inference import grpc_service_pb2 as v2
 
 Infer = Callable[[v2.ModelInferRequest], Awaitable[v2.ModelInferResponse]]

@@ -13,7 +13,8 @@ from services.gateway.concurrency import AdaptiveLimit
 from services.gateway.ladder import Reading
 from services.gateway.metrics import RATE_LIMITED, SHED, UPSTREAM_CALLS
 from services.gateway.runtime import Runtime
-from strata.errors import InvalidArgument, grpc_errors
+from strata.errors import InvalidArgument
+from strata.grpc_errors import grpc_errors
 from strata.proto.v1 import admin_pb2, admin_pb2_grpc
 from strata.tokens import authorize
 

@@ -12,8 +12,8 @@ from collections.abc import Mapping
 from services.gateway.caller import Caller
 from services.gateway.limiter import RateLimiter
 from services.gateway.metrics import RATE_LIMITED
+from strata.config.gateway import RateLimits
 from strata.errors import Overloaded, Unauthenticated
-from strata.policies import RateLimits
 from strata.security import KeyRing, key_hash
 
 

@@ -17,7 +17,7 @@ from strata.proto.v1 import admin_pb2, admin_pb2_grpc
 
 
 async def build(settings: Settings) -> Service:
-    limits.install(settings.limits)
+    limits.install(settings.limits.plain())
     runtime = Runtime(settings)
     runtime.start()
     pipelines = Pipelines(runtime)

@@ -15,7 +15,7 @@ from collections.abc import Callable
 
 import grpc
 
-from strata.policies import Breaker
+from strata.config.gateway import Breaker
 
 # Codes that say the upstream itself is unwell; any other answer proves it is up, except a
 # call we gave up on (cancelled, or out of budget), which says nothing either way.

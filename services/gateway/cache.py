@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from strata.policies import Cache
+from strata.config.gateway import Cache
 from strata.stack import Raw
 
 

@@ -25,7 +25,7 @@ from services.gateway.shadow import ShadowRunner
 from services.gateway.statistics import STATISTICS, Hops
 from services.gateway.upstreams import Hop, Upstreams
 from strata import codec, stack
-from strata.config import Route
+from strata.config.pipelines import Route
 from strata.errors import DeadlineExceeded, StrataError, Unavailable, from_code
 from strata.flight import ROWS, TIMEOUTS, TRACE_CONTEXTS, member_errors
 from strata.proto.inference import grpc_service_pb2 as v2

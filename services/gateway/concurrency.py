@@ -35,8 +35,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from services.gateway.metrics import CONCURRENCY_LIMIT, SHED
+from strata.config.gateway import Concurrency, Ladder
 from strata.errors import Overloaded
-from strata.policies import Concurrency, Ladder
 
 MIN_RETRY_SECONDS = 0.001
 SMOOTHING = 0.2

@@ -31,8 +31,8 @@ from opentelemetry import propagate, trace
 from opentelemetry.trace import Link
 
 from services.gateway.metrics import FLIGHT_REQUESTS, FLIGHTS_IN_AIR
+from strata.config.gateway import Flights as FlightSettings
 from strata.errors import DeadlineExceeded
-from strata.policies import Flights as FlightSettings
 
 TRACER = trace.get_tracer("strata.gateway")
 

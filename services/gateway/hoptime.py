@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from strata.policies import HopTimeouts
+from strata.config.gateway import HopTimeouts
 
 RECOMPUTE_EVERY = 32  # answered calls between two P99 estimates
 

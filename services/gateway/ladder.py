@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from services.gateway.metrics import LADDER_SIGNAL
-from strata.policies import Ladder
+from strata.config.gateway import Ladder
 
 log = logging.getLogger(__name__)
 

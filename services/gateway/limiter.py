@@ -12,7 +12,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable
 
-from strata.policies import RateLimits, TokenBucket
+from strata.config.gateway import RateLimits, TokenBucket
 
 
 class Bucket:

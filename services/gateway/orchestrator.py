@@ -26,9 +26,9 @@ from services.gateway.router import Router
 from services.gateway.shadow import ShadowRunner
 from services.gateway.upstreams import Upstreams
 from strata import codec, stack
-from strata.config import Pipeline, Route
+from strata.config.gateway import Flights as FlightSettings
+from strata.config.pipelines import Pipeline, Route
 from strata.errors import StrataError
-from strata.policies import Flights as FlightSettings
 from strata.schema import validate_inputs
 
 UNWELL = {"UNAVAILABLE", "INTERNAL", "UNKNOWN"}

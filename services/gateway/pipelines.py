@@ -15,7 +15,7 @@ from services.gateway.request import Answer, Budget, ClientRequest
 from services.gateway.runtime import Runtime
 from services.gateway.statistics import STATISTICS
 from strata import __version__, codec
-from strata.config import Pipeline
+from strata.config.pipelines import Pipeline
 from strata.errors import NotFound, Unavailable, status_of
 from strata.proto.inference import grpc_service_pb2 as v2
 from strata.telemetry import annotate, recording, shapes

@@ -6,7 +6,7 @@ import time
 from dataclasses import dataclass, field
 
 from strata.codec import Arrays
-from strata.config import Pipeline, Route
+from strata.config.pipelines import Pipeline, Route
 from strata.errors import DeadlineExceeded
 from strata.stack import Raw
 

@@ -14,7 +14,7 @@ import hashlib
 import math
 from collections.abc import Callable, Mapping, Sequence
 
-from strata.config import Route, Shadow
+from strata.config.pipelines import Route, Shadow
 from strata.errors import InvalidArgument, Unavailable
 
 

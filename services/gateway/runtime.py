@@ -25,7 +25,8 @@ from services.gateway.orchestrator import Orchestrator
 from services.gateway.router import Router
 from services.gateway.shadow import ShadowRunner
 from services.gateway.upstreams import Upstreams
-from strata.config import ConfigError, Route, Settings, load_settings
+from strata.config import ConfigError, Settings, load_settings
+from strata.config.pipelines import Route
 from strata.errors import NotFound, NotReady
 from strata.security import KeyRing
 

@@ -8,7 +8,7 @@ import grpc
 
 from services.gateway.caller import grpc_caller
 from services.gateway.pipelines import Pipelines
-from strata.errors import grpc_errors
+from strata.grpc_errors import grpc_errors
 from strata.proto.inference import grpc_service_pb2 as v2
 from strata.proto.inference import grpc_service_pb2_grpc as v2_grpc
 from strata.v2stream import answer_stream

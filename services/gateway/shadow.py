@@ -19,7 +19,7 @@ from services.gateway.metrics import SHADOW
 from services.gateway.upstreams import Upstreams
 from strata import codec
 from strata.codec import Arrays
-from strata.config import Pipeline
+from strata.config.pipelines import Pipeline
 from strata.errors import StrataError
 
 log = logging.getLogger(__name__)

@@ -22,7 +22,8 @@ from services.gateway.breaker import Breakers, CircuitBreaker
 from services.gateway.hoptime import HopTimer
 from services.gateway.metrics import BREAKER_OPEN, UPSTREAM_CALLS
 from strata.channels import open_channel
-from strata.config import ServiceEndpoint, Settings
+from strata.config import Settings
+from strata.config.endpoints import ServiceEndpoint
 from strata.errors import Unavailable, from_code, hinted_retry
 from strata.proto.inference import grpc_service_pb2_grpc as v2_grpc
 from strata.proto.v1 import postprocess_pb2_grpc, preprocess_pb2_grpc

@@ -15,7 +15,7 @@ from strata.proto.inference import grpc_service_pb2, grpc_service_pb2_grpc
 
 async def build(settings: Settings) -> Service:
     """The servicer over a model manager that has loaded every configured model."""
-    limits.install(settings.limits)
+    limits.install(settings.limits.plain())
     executor = ThreadPoolExecutor(
         max_workers=settings.inference.workers, thread_name_prefix="onnxruntime"
     )

@@ -30,7 +30,7 @@ from services.inference.batching_policy import ArrivalRate, ExecutionModel, Util
 from services.inference.jobs import Job, JobQueue, Request, State
 from services.inference.statistics import VersionStats
 from strata.codec import Arrays
-from strata.config import InferenceSettings
+from strata.config.inference import InferenceSettings
 from strata.errors import DeadlineExceeded, Overloaded, Unavailable
 
 log = logging.getLogger(__name__)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from typing import Protocol
 
-from strata.config import InferenceSettings
+from strata.config.inference import InferenceSettings
 
 
 class ExecutionModel:

@@ -23,7 +23,7 @@ from services.inference.manifest import ModelSpec, read_spec
 from services.inference.model import ModelVersion, load_version
 from services.inference.statistics import VersionStats
 from strata import repository
-from strata.config import InferenceSettings
+from strata.config.inference import InferenceSettings
 from strata.errors import InvalidArgument, NotFound, NotReady, StrataError
 
 log = logging.getLogger(__name__)

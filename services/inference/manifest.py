@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from strata.config import InferenceSettings
+from strata.config.inference import InferenceSettings
 from strata.errors import NotReady
 
 

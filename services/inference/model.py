@@ -23,7 +23,7 @@ from services.inference.manifest import ModelSpec
 from services.inference.signature import Signature, TensorInfo
 from services.inference.statistics import VersionStats
 from strata.codec import Arrays
-from strata.config import InferenceSettings
+from strata.config.inference import InferenceSettings
 from strata.errors import InvalidArgument, NotReady, StrataError, Unavailable
 
 log = logging.getLogger(__name__)

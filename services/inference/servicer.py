@@ -30,14 +30,9 @@ from services.inference.model import ModelVersion
 from services.inference.params import request_options
 from services.inference.statistics import statistics_response
 from strata import __version__, codec, flight
-from strata.config import InferenceSettings
-from strata.errors import (
-    InvalidArgument,
-    NotReady,
-    StrataError,
-    Unavailable,
-    grpc_errors,
-)
+from strata.config.inference import InferenceSettings
+from strata.errors import InvalidArgument, NotReady, StrataError, Unavailable
+from strata.grpc_errors import grpc_errors
 from strata.proto.inference import grpc_service_pb2 as v2
 from strata.proto.inference import grpc_service_pb2_grpc as v2_grpc
 from strata.server import Running

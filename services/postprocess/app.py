@@ -21,7 +21,7 @@ def build_engine(settings: Settings) -> RuleEngine:
 
 
 async def build(settings: Settings) -> Service:
-    limits.install(settings.limits)
+    limits.install(settings.limits.plain())
     engine = build_engine(settings)
     name = postprocess_pb2.DESCRIPTOR.services_by_name["Postprocess"].full_name
     servicer = PostprocessServicer(engine)

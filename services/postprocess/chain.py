@@ -20,8 +20,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from services.postprocess.rules import Rule, build_rule
-from services.postprocess.rules.base import Tensors
-from strata.config import Pipeline, PostprocessSettings, StageSpec
+from strata.codec import Arrays
+from strata.config.pipelines import Pipeline, StageSpec
+from strata.config.postprocess import PostprocessSettings
 from strata.stages import take
 
 
@@ -44,7 +45,7 @@ class Condition:
             negate=bool(when.get("negate", False)),
         )
 
-    def holds(self, tensors: Tensors, parameters: Mapping[str, str]) -> bool:
+    def holds(self, tensors: Arrays, parameters: Mapping[str, str]) -> bool:
         if self.tensor is not None:
             found = self.tensor in tensors
         elif self.equals is None:
@@ -119,7 +120,7 @@ class Pass:
     def __init__(
         self,
         chain: RuleChain,
-        tensors: Tensors,
+        tensors: Arrays,
         parameters: Mapping[str, str],
         core_only: bool,
     ) -> None:
@@ -137,7 +138,7 @@ class Pass:
 
     # The worker thread's side.
 
-    def claim(self, generation: int) -> tuple[int, ChainRule, Tensors, float] | None:
+    def claim(self, generation: int) -> tuple[int, ChainRule, Arrays, float] | None:
         """The next rule to run, its input and its deadline; None when done or abandoned."""
         rules = self.chain.rules
         with self.lock:
@@ -149,7 +150,7 @@ class Pass:
                 self.index += 1
             return None
 
-    def finish(self, generation: int, index: int, result: Tensors | None) -> None:
+    def finish(self, generation: int, index: int, result: Arrays | None) -> None:
         """Store a rule's result (None: it stopped at its limit), unless abandoned meanwhile."""
         with self.lock:
             if self.generation != generation:
@@ -215,7 +216,7 @@ class Pass:
 
     # After the pass.
 
-    def outputs(self) -> Tensors:
+    def outputs(self) -> Arrays:
         """The declared outputs; after a skip, only those that were made."""
         names = self.chain.outputs
         if self.skipped or self.passed_over:

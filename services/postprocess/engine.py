@@ -26,8 +26,8 @@ from opentelemetry import trace
 from services.postprocess.chain import Pass, RuleChain
 from services.postprocess.metrics import RuleMetrics
 from services.postprocess.rules import RuleContext
-from services.postprocess.rules.base import Tensors
-from strata.config import PostprocessSettings
+from strata.codec import Arrays
+from strata.config.postprocess import PostprocessSettings
 from strata.errors import InvalidArgument, NotFound
 from strata.telemetry import annotate
 
@@ -76,8 +76,8 @@ class RuleEngine:
             raise NotFound(f"unknown pipeline {name!r}") from None
 
     async def run(
-        self, pipeline: str, tensors: Tensors, parameters: Mapping[str, str]
-    ) -> tuple[Tensors, dict[str, str]]:
+        self, pipeline: str, tensors: Arrays, parameters: Mapping[str, str]
+    ) -> tuple[Arrays, dict[str, str]]:
         """One request (or flight) through its pipeline's rules: outputs, and caller info."""
         chain = self.get(pipeline)
         state = Pass(chain, tensors, parameters, core_only(parameters))

@@ -9,7 +9,7 @@ from __future__ import annotations
 import grpc
 
 from services.postprocess.engine import RuleEngine
-from strata.errors import grpc_errors
+from strata.grpc_errors import grpc_errors
 from strata.process import process_all_async
 from strata.proto.v1 import postprocess_pb2_grpc, tensor_pb2
 

@@ -22,7 +22,7 @@ def build_pipelines(settings: Settings, timings: StepTimings) -> Pipelines:
 
 
 async def build(settings: Settings) -> Service:
-    limits.install(settings.limits)
+    limits.install(settings.limits.plain())
     timings = StepTimings()
     servicer = PreprocessServicer(
         build_pipelines(settings, timings), settings.preprocess.inline_max_bytes

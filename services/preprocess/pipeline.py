@@ -10,9 +10,9 @@ from opentelemetry import trace
 
 from services.preprocess.metrics import StepTimings
 from services.preprocess.steps import Step, build_step
-from services.preprocess.steps.base import Tensors
 from services.preprocess.steps.validate import Validate
-from strata.config import Pipeline, StageSpec
+from strata.codec import Arrays
+from strata.config.pipelines import Pipeline, StageSpec
 from strata.errors import NotFound
 from strata.telemetry import shapes
 
@@ -30,7 +30,7 @@ class PreprocessPipeline:
     steps: list[tuple[str, Step]]
     timings: StepTimings = field(default_factory=StepTimings)
 
-    def run(self, tensors: Tensors) -> Tensors:
+    def run(self, tensors: Arrays) -> Arrays:
         for label, step in self.steps:
             start = time.perf_counter()
             attributes = {"strata.pipeline": self.name, "strata.step": label}

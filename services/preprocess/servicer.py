@@ -15,7 +15,7 @@ from collections.abc import Mapping
 import grpc
 
 from services.preprocess.pipeline import Pipelines
-from strata.errors import grpc_errors
+from strata.grpc_errors import grpc_errors
 from strata.process import Arrays, process_all
 from strata.proto.v1 import preprocess_pb2_grpc, tensor_pb2
 

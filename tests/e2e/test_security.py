@@ -18,10 +18,11 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from scripts.make_certs import make_certs
 from strata import codec, healthcheck
+from strata.config.tls import CA, CERT, KEY, TlsSettings
 from strata.launch import ROOT, Supervisor, wait_serving
 from strata.proto.inference import grpc_service_pb2 as v2
 from strata.proto.inference import grpc_service_pb2_grpc as v2_grpc
-from strata.security import CA, CERT, KEY, TlsSettings, key_hash
+from strata.security import key_hash
 from tests.support.system import free_port, running_system
 
 KEY_VALUE = "s3cret-api-key-for-tests"

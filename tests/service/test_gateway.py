@@ -193,7 +193,10 @@ def test_a_flooding_client_is_limited_and_a_polite_one_is_not(gateway) -> None:
     elapsed = time.monotonic() - started
     assert results["polite"] == ["OK"] * 10
     admitted = results["flood"].count("OK")
-    assert admitted == pytest.approx(20 * elapsed + 5, rel=0.05)
+    # The bucket admits at most its rate plus its burst; a client slowed down by a loaded
+    # machine may leave some of those tokens unused, never take more.
+    allowed = 20 * elapsed + 5
+    assert 0.8 * allowed <= admitted <= 1.05 * allowed
     assert set(results["flood"]) == {"OK", "RESOURCE_EXHAUSTED"}
 
 

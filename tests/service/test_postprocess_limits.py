@@ -22,10 +22,13 @@ from services.postprocess.app import build_engine
 from services.postprocess.chain import build_chain
 from services.postprocess.engine import RuleEngine
 from services.postprocess.rules import RULES, RuleContext
-from services.postprocess.rules.base import Tensors
 from services.postprocess.servicer import PostprocessServicer
 from strata import codec
-from strata.config import Pipeline, PostprocessSettings, ServerSettings, load_settings
+from strata.codec import Arrays
+from strata.config import load_settings
+from strata.config.pipelines import Pipeline
+from strata.config.postprocess import PostprocessSettings
+from strata.config.server import ServerSettings
 from strata.errors import InvalidArgument
 from strata.process import raise_for_result
 from strata.proto.v1 import postprocess_pb2_grpc
@@ -53,7 +56,7 @@ class Nap:
     def inputs(self) -> tuple[str, ...]:
         return (self.input,)
 
-    def apply(self, tensors: Tensors, context: RuleContext) -> Tensors:
+    def apply(self, tensors: Arrays, context: RuleContext) -> Arrays:
         time.sleep(1.0)
         return tensors
 
@@ -74,7 +77,7 @@ class Refuse:
     def inputs(self) -> tuple[str, ...]:
         return (self.input,)
 
-    def apply(self, tensors: Tensors, context: RuleContext) -> Tensors:
+    def apply(self, tensors: Arrays, context: RuleContext) -> Arrays:
         if (tensors[self.input][:, 0] < 0).any():
             raise InvalidArgument("a negative first logit")
         return tensors

@@ -26,9 +26,11 @@ from services.preprocess.metrics import StepTimings, Summary
 from services.preprocess.pipeline import Pipelines, build_pipeline
 from services.preprocess.servicer import PreprocessServicer
 from services.preprocess.steps import STEPS
-from services.preprocess.steps.base import Tensors
 from strata import codec
-from strata.config import Pipeline, ServerSettings, load_settings
+from strata.codec import Arrays
+from strata.config import load_settings
+from strata.config.pipelines import Pipeline
+from strata.config.server import ServerSettings
 from strata.process import raise_for_result
 from strata.proto.v1 import preprocess_pb2_grpc
 from strata.proto.v1 import tensor_pb2 as v1
@@ -44,7 +46,7 @@ class Pause:
     seconds: float
     name: str = "test_pause"
 
-    def process(self, tensors: Tensors) -> Tensors:
+    def process(self, tensors: Arrays) -> Arrays:
         time.sleep(self.seconds)
         return tensors
 
@@ -270,7 +272,7 @@ class ThreadNoting:
     def __init__(self) -> None:
         self.threads: list[int] = []
 
-    def run(self, tensors: Tensors) -> Tensors:
+    def run(self, tensors: Arrays) -> Arrays:
         self.threads.append(threading.get_ident())
         return tensors
 

@@ -19,7 +19,7 @@ from services.inference import spans
 from services.inference.batcher import Batcher
 from services.inference.jobs import Request
 from services.inference.statistics import VersionStats
-from strata.config import InferenceSettings
+from strata.config.inference import InferenceSettings
 from strata.errors import DeadlineExceeded, InvalidArgument, Overloaded
 
 Arrays = dict[str, np.ndarray]

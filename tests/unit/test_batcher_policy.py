@@ -15,7 +15,7 @@ from services.inference.batching_policy import (
     Utilization,
     make_policy,
 )
-from strata.config import InferenceSettings
+from strata.config.inference import InferenceSettings
 
 
 def test_execution_model_recovers_fixed_and_per_row_cost() -> None:

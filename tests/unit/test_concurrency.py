@@ -7,8 +7,8 @@ import time
 import pytest
 
 from services.gateway.concurrency import AdaptiveLimit, Door
+from strata.config.gateway import Concurrency, Ladder
 from strata.errors import Overloaded
-from strata.policies import Concurrency, Ladder
 
 SETTINGS = Concurrency(initial=16, min_limit=2, max_limit=256, update_seconds=0.1, min_samples=4)
 

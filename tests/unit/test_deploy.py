@@ -25,7 +25,7 @@ from pydantic import BaseModel, SecretStr
 
 from scripts.make_certs import IDENTITIES
 from strata.config import Settings, load_settings
-from strata.security import GATEWAY, public_identity
+from strata.config.tls import GATEWAY, public_identity
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"

@@ -22,7 +22,7 @@ import pytest
 import yaml
 
 from scripts.make_certs import make_certs, secret_name
-from strata.security import CA, CERT, GATEWAY, KEY
+from strata.config.tls import CA, CERT, GATEWAY, KEY
 from tests.unit.test_deploy import (
     COLLECTOR,
     COMPOSE_CONFIG,

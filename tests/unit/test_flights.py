@@ -7,8 +7,8 @@ import functools
 import pytest
 
 from services.gateway.flights import Flights, Member
+from strata.config.gateway import Flights as FlightSettings
 from strata.errors import DeadlineExceeded
-from strata.policies import Flights as FlightSettings
 
 
 def run(test):

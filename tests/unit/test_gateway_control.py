@@ -12,9 +12,9 @@ from services.gateway.limiter import RateLimiter
 from services.gateway.router import Router
 from services.gateway.statistics import Hops, Statistics
 from strata import codec
-from strata.config import Route
+from strata.config.gateway import Breaker, RateLimits, TokenBucket
+from strata.config.pipelines import Route
 from strata.errors import InvalidArgument, Unauthenticated
-from strata.policies import Breaker, RateLimits, TokenBucket
 from strata.proto.inference import grpc_service_pb2 as v2
 from strata.tokens import ControlOff, authorize
 

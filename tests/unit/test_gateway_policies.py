@@ -11,9 +11,9 @@ from services.gateway.ladder import LadderController
 from services.gateway.limiter import RateLimiter
 from services.gateway.router import Router
 from strata import codec
-from strata.config import Route, Shadow
+from strata.config.gateway import Breaker, Cache, Ladder, RateLimits, TokenBucket
+from strata.config.pipelines import Route, Shadow
 from strata.errors import InvalidArgument, Unavailable
-from strata.policies import Breaker, Cache, Ladder, RateLimits, TokenBucket
 from strata.stack import Raw
 
 

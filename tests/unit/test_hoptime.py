@@ -3,7 +3,7 @@
 import pytest
 
 from services.gateway.hoptime import HopTimer
-from strata.policies import HopTimeouts
+from strata.config.gateway import HopTimeouts
 
 SETTINGS = HopTimeouts(multiplier=5, floor_seconds=0.05, window=64, min_samples=32)
 

@@ -14,7 +14,7 @@ from onnx import TensorProto, helper
 from services.inference.jobs import Request
 from services.inference.manifest import read_spec
 from services.inference.model import ModelVersion, load_version
-from strata.config import InferenceSettings
+from strata.config.inference import InferenceSettings
 from strata.errors import InvalidArgument, NotReady
 from tests.unit.test_inference_toymodels import _finish, pooling_model, tokens, write_version
 

@@ -19,7 +19,7 @@ import pytest
 from services.inference.jobs import Request
 from services.inference.manager import ModelManager
 from services.inference.manifest import VersionPolicy, read_spec
-from strata.config import InferenceSettings
+from strata.config.inference import InferenceSettings
 from strata.errors import InvalidArgument, NotFound, NotReady
 from tests.unit.test_inference_toymodels import (
     dense,

@@ -18,7 +18,7 @@ from services.gateway.breaker import FAILURES
 from services.inference.jobs import Request
 from services.inference.manifest import read_spec
 from services.inference.model import ModelVersion, load_version
-from strata.config import InferenceSettings
+from strata.config.inference import InferenceSettings
 from strata.errors import InvalidArgument, Unavailable
 from tests.unit.test_inference_toymodels import _finish, write_version
 

@@ -14,13 +14,14 @@ import yaml
 
 from strata import codec, limits, process, stack
 from strata.config import load_settings
+from strata.config.limits import TensorLimits
 from strata.errors import InvalidArgument
-from strata.limits import TensorLimits, check_declared
+from strata.limits import Limits, check_declared
 from strata.proto.inference import grpc_service_pb2 as v2
 from strata.proto.v1 import tensor_pb2 as v1
 from tests.support.system import DEFAULT_CONFIG, ROOT
 
-DEFAULTS = TensorLimits()
+DEFAULTS = Limits()
 
 # (datatype, shape, data sent, words the refusal must say): the hostile client's findings.
 HOSTILE = [
@@ -134,7 +135,7 @@ def test_check_declared_returns_the_count_and_takes_other_limits() -> None:
     assert check_declared("x", "FP32", [5, 0], 0) == 0
     assert check_declared("x", "BYTES", [2], 8) == 2
     assert check_declared("x", "INT8", [3], None) == 3
-    tight = TensorLimits(max_rank=2, max_dimension=10, max_elements=50, max_bytes=64)
+    tight = Limits(max_rank=2, max_dimension=10, max_elements=50, max_bytes=64)
     for shape, words in [
         ([1, 1, 1], "limit of 2"),
         ([11], "limit of 10"),
@@ -148,7 +149,7 @@ def test_check_declared_returns_the_count_and_takes_other_limits() -> None:
 
 
 def test_installed_limits_apply_to_every_decode(installed) -> None:
-    limits.install(TensorLimits(max_strings=2))
+    limits.install(Limits(max_strings=2))
     assert codec.from_raw("s", "BYTES", [2], codec.encode_bytes([b"a", b"b"])).shape == (2,)
     with pytest.raises(InvalidArgument, match="holds 3 elements, more than the limit of 2"):
         codec.from_raw("s", "BYTES", [3], codec.encode_bytes([b"a", b"b", b"c"]))
@@ -168,7 +169,7 @@ SHIPPED = sorted(p for p in (ROOT / "configs").glob("*.yaml") if p.name != "kust
 @pytest.mark.parametrize("config", SHIPPED, ids=lambda p: p.name)
 def test_every_shipped_pipeline_input_fits_the_defaults(config: Path) -> None:
     settings = load_settings(config)
-    assert settings.limits == DEFAULTS
+    assert settings.limits.plain() == DEFAULTS
     for pipeline in settings.pipelines.values():
         for spec in pipeline.inputs:
             largest = [
@@ -186,7 +187,9 @@ def test_the_config_sets_the_limits(tmp_path: Path) -> None:
     raw["limits"] = {"max_rank": 4, "max_strings": 1000}
     path = tmp_path / "c.yaml"
     path.write_text(yaml.safe_dump(raw))
-    assert load_settings(path).limits == TensorLimits(max_rank=4, max_strings=1000)
+    configured = load_settings(path).limits
+    assert configured == TensorLimits(max_rank=4, max_strings=1000)
+    assert configured.plain() == Limits(max_rank=4, max_strings=1000)
 
 
 def test_a_stack_is_cut_only_when_its_shape_matches_its_bytes() -> None:

@@ -13,7 +13,8 @@ from models.build import write_model
 from models.common import BuiltModel
 from services.preprocess.app import build_pipelines
 from services.preprocess.metrics import StepTimings
-from strata.config import StageSpec, load_settings
+from strata.config import load_settings
+from strata.config.pipelines import StageSpec
 from tests.support.system import DEFAULT_CONFIG
 
 # Pipeline -> (client input, model input).

@@ -18,8 +18,10 @@ from opentelemetry.sdk.trace import TracerProvider
 from services.postprocess.chain import build_chain
 from services.postprocess.engine import RuleEngine
 from services.postprocess.rules import RULES, RuleContext
-from services.postprocess.rules.base import Misconfigured, Tensors
-from strata.config import Pipeline, PostprocessSettings, StageSpec
+from services.postprocess.rules.base import Misconfigured
+from strata.codec import Arrays
+from strata.config.pipelines import Pipeline, StageSpec
+from strata.config.postprocess import PostprocessSettings
 from strata.errors import InvalidArgument, NotFound
 
 LIMIT = 0.2
@@ -41,7 +43,7 @@ class Sleep:
     def inputs(self) -> tuple[str, ...]:
         return (self.input,)
 
-    def apply(self, tensors: Tensors, context: RuleContext) -> Tensors:
+    def apply(self, tensors: Arrays, context: RuleContext) -> Arrays:
         time.sleep(self.seconds)
         self.finished.set()
         return {**tensors, self.output: np.ones(1, np.float32)}
@@ -59,7 +61,7 @@ class Record:
     def inputs(self) -> tuple[str, ...]:
         return (self.input,)
 
-    def apply(self, tensors: Tensors, context: RuleContext) -> Tensors:
+    def apply(self, tensors: Arrays, context: RuleContext) -> Arrays:
         self.calls.append(time.monotonic())
         return tensors
 

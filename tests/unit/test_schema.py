@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from strata.config import TensorSpec
+from strata.config.pipelines import TensorSpec
 from strata.errors import InvalidArgument
 from strata.schema import check_tensor
 

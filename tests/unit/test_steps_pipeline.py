@@ -9,7 +9,7 @@ import pytest
 
 from services.preprocess.metrics import StepTimings
 from services.preprocess.pipeline import Pipelines, build_pipeline
-from strata.config import Pipeline
+from strata.config.pipelines import Pipeline
 from strata.errors import InvalidArgument, NotFound
 
 

@@ -5,7 +5,6 @@ import pytest
 from opentelemetry import trace
 
 from strata import telemetry
-from strata.config import TelemetrySettings
 
 TRACE_ID = "0af7651916cd43dd8448eb211c80319c"
 
@@ -26,7 +25,7 @@ def sampling(monkeypatch: pytest.MonkeyPatch):
         # setup_tracing installs the global provider once per process; only the policy it
         # records is under test here.
         monkeypatch.setattr(trace, "set_tracer_provider", lambda provider: None)
-        telemetry.setup_tracing("test", TelemetrySettings())
+        telemetry.setup_tracing("test")
 
     yield install
     monkeypatch.setattr(telemetry, "_sampling", "sdk")

@@ -8,8 +8,9 @@ from pydantic import ValidationError
 
 from scripts.make_certs import make_certs
 from strata import healthcheck
+from strata.config.tls import CERT, TlsSettings
 from strata.proto.inference import grpc_service_pb2_grpc as v2_grpc
-from strata.security import CERT, TlsSettings, caller_guard, server_credentials
+from strata.security import caller_guard, server_credentials
 from tests.support.system import make_config
 
 INFERENCE = "inference.GRPCInferenceService"

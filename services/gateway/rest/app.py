@@ -19,9 +19,9 @@ from services.gateway.pipelines import Pipelines
 from services.gateway.rest import openapi, tensors
 from services.gateway.rest.scan import check_json
 from services.gateway.rest.statuses import JSON, TooLarge, error_response, json_response
+from strata.config.gateway import Rest
 from strata.errors import InvalidArgument
 from strata.metrics import RPC_DURATION, RPCS
-from strata.policies import Rest
 from strata.proto.inference import grpc_service_pb2 as v2
 from strata.telemetry import server_span
 

@@ -13,8 +13,8 @@ import logging
 import uvicorn
 from starlette.types import ASGIApp
 
-from strata.config import ServerSettings
-from strata.security import CERT, KEY, TlsSettings, public_identity
+from strata.config.server import ServerSettings
+from strata.config.tls import CERT, KEY, TlsSettings, public_identity
 
 log = logging.getLogger(__name__)
 

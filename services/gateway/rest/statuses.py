@@ -12,7 +12,8 @@ import grpc
 import orjson
 from starlette.responses import Response
 
-from strata.errors import RETRY_AFTER, InvalidArgument, log_failure, retry_after_of, status_of
+from strata.errors import RETRY_AFTER, InvalidArgument, retry_after_of, status_of
+from strata.grpc_errors import log_failure
 
 JSON = "application/json"
 _HTTP = {

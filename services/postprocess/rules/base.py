@@ -18,8 +18,9 @@ from typing import Any, Protocol
 import numpy as np
 import yaml
 
+from strata.codec import Arrays
 from strata.errors import InvalidArgument, NotReady
-from strata.stages import Registry, Tensors, take
+from strata.stages import Registry, take
 
 __all__ = [
     "RULES",
@@ -27,7 +28,6 @@ __all__ = [
     "Rule",
     "RuleContext",
     "RuleTimeout",
-    "Tensors",
     "load_list",
     "numbers",
     "take",
@@ -67,7 +67,7 @@ class Rule(Protocol):
         """The tensors the rule reads (the engine skips it when an earlier skip left them out)."""
         ...
 
-    def apply(self, tensors: Tensors, context: RuleContext) -> Tensors:
+    def apply(self, tensors: Arrays, context: RuleContext) -> Arrays:
         """Return the tensors after this rule, leaving the given arrays untouched."""
         ...
 
@@ -79,7 +79,7 @@ class NotFinite(NotReady):
     """A model answered NaN or infinity: no rule can make a meaningful answer of it."""
 
 
-def numbers(tensors: Tensors, name: str, rule: str) -> np.ndarray:
+def numbers(tensors: Arrays, name: str, rule: str) -> np.ndarray:
     """A numeric tensor as FP32 (bool and integer tensors are widened); NaN and infinities
     (which a model answering finite input should never give) are refused, never passed on."""
     values = take(tensors, name, rule)

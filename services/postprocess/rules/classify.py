@@ -13,11 +13,11 @@ from services.postprocess.rules.base import (
     RULES,
     Misconfigured,
     RuleContext,
-    Tensors,
     load_list,
     numbers,
     take,
 )
+from strata.codec import Arrays
 from strata.errors import InvalidArgument
 
 
@@ -52,7 +52,7 @@ class Softmax:
     def inputs(self) -> tuple[str, ...]:
         return (self.input,)
 
-    def apply(self, tensors: Tensors, context: RuleContext) -> Tensors:
+    def apply(self, tensors: Arrays, context: RuleContext) -> Arrays:
         return {**tensors, self.output: softmax(numbers(tensors, self.input, self.name))}
 
 
@@ -66,7 +66,7 @@ class Sigmoid:
     def inputs(self) -> tuple[str, ...]:
         return (self.input,)
 
-    def apply(self, tensors: Tensors, context: RuleContext) -> Tensors:
+    def apply(self, tensors: Arrays, context: RuleContext) -> Arrays:
         return {**tensors, self.output: sigmoid(numbers(tensors, self.input, self.name))}
 
 
@@ -83,7 +83,7 @@ class Threshold:
     def inputs(self) -> tuple[str, ...]:
         return (self.input,)
 
-    def apply(self, tensors: Tensors, context: RuleContext) -> Tensors:
+    def apply(self, tensors: Arrays, context: RuleContext) -> Arrays:
         scores = numbers(tensors, self.input, self.name)
         if self.threshold.ndim and (scores.ndim == 0 or scores.shape[-1] != self.threshold.size):
             raise Misconfigured(
@@ -108,7 +108,7 @@ class Sort:
     def inputs(self) -> tuple[str, ...]:
         return (self.input,)
 
-    def apply(self, tensors: Tensors, context: RuleContext) -> Tensors:
+    def apply(self, tensors: Arrays, context: RuleContext) -> Arrays:
         scores = numbers(tensors, self.input, self.name)
         if scores.ndim == 0:
             raise InvalidArgument(f"{self.name} needs classes on a last axis of {self.input!r}")
@@ -140,7 +140,7 @@ class Labels:
     def inputs(self) -> tuple[str, ...]:
         return (self.input,)
 
-    def apply(self, tensors: Tensors, context: RuleContext) -> Tensors:
+    def apply(self, tensors: Arrays, context: RuleContext) -> Arrays:
         indices = take(tensors, self.input, self.name)
         if self.classes_of is not None:
             width = take(tensors, self.classes_of, self.name).shape[-1]

@@ -13,7 +13,8 @@ from typing import Any
 
 import numpy as np
 
-from services.postprocess.rules.base import RULES, RuleContext, Tensors, numbers
+from services.postprocess.rules.base import RULES, RuleContext, numbers
+from strata.codec import Arrays
 from strata.errors import InvalidArgument
 
 # sentence-transformers' floors: token counts (clamp min=1e-9) and norms (F.normalize eps).
@@ -41,7 +42,7 @@ class MeanPool:
     def inputs(self) -> tuple[str, ...]:
         return (self.input,) if self.mask is None else (self.input, self.mask)
 
-    def apply(self, tensors: Tensors, context: RuleContext) -> Tensors:
+    def apply(self, tensors: Arrays, context: RuleContext) -> Arrays:
         tokens = numbers(tensors, self.input, self.name)
         if tokens.ndim != 3:
             raise InvalidArgument(
@@ -54,7 +55,7 @@ class MeanPool:
         pooled = (summed / counts).astype(np.float32)
         return {**tensors, self.output: l2_normalize(pooled) if self.normalize else pooled}
 
-    def _weights(self, tensors: Tensors, shape: tuple[int, ...]) -> np.ndarray:
+    def _weights(self, tensors: Arrays, shape: tuple[int, ...]) -> np.ndarray:
         if self.mask is None:
             return np.ones(shape, dtype=np.float32)
         mask = numbers(tensors, self.mask, self.name)
@@ -76,7 +77,7 @@ class L2Normalize:
     def inputs(self) -> tuple[str, ...]:
         return (self.input,)
 
-    def apply(self, tensors: Tensors, context: RuleContext) -> Tensors:
+    def apply(self, tensors: Arrays, context: RuleContext) -> Arrays:
         return {**tensors, self.output: l2_normalize(numbers(tensors, self.input, self.name))}
 
 

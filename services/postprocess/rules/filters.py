@@ -16,7 +16,8 @@ from typing import Any
 import numpy as np
 import regex
 
-from services.postprocess.rules.base import RULES, RuleContext, Tensors, load_list, take, texts
+from services.postprocess.rules.base import RULES, RuleContext, load_list, take, texts
+from strata.codec import Arrays
 
 ACTIONS = ("flag", "replace", "redact")
 
@@ -36,7 +37,7 @@ class TextFilter:
     def inputs(self) -> tuple[str, ...]:
         return (self.input,)
 
-    def apply(self, tensors: Tensors, context: RuleContext) -> Tensors:
+    def apply(self, tensors: Arrays, context: RuleContext) -> Arrays:
         values = take(tensors, self.input, self.name)
         items = texts(values, self.input)
         if self.action == "flag":

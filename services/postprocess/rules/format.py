@@ -17,7 +17,8 @@ from typing import Any
 
 import numpy as np
 
-from services.postprocess.rules.base import RULES, Misconfigured, RuleContext, Tensors, take
+from services.postprocess.rules.base import RULES, Misconfigured, RuleContext, take
+from strata.codec import Arrays
 from strata.errors import InvalidArgument
 
 STYLES = ("json", "template")
@@ -35,7 +36,7 @@ class Format:
     def inputs(self) -> tuple[str, ...]:
         return tuple(self.fields.values())
 
-    def apply(self, tensors: Tensors, context: RuleContext) -> Tensors:
+    def apply(self, tensors: Arrays, context: RuleContext) -> Arrays:
         columns = {key: take(tensors, tensor, self.name) for key, tensor in self.fields.items()}
         rows = _batch_size(columns, self.fields)
         out = np.empty(rows, dtype=object)

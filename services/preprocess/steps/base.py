@@ -8,14 +8,14 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from strata.codec import Arrays
 from strata.errors import InvalidArgument
-from strata.stages import Registry, Tensors, take
+from strata.stages import Registry, take
 
 __all__ = [
     "STEPS",
     "Step",
     "StepError",
-    "Tensors",
     "positive_int",
     "resolve",
     "strings",
@@ -33,7 +33,7 @@ class Step(Protocol):
 
     name: str
 
-    def process(self, tensors: Tensors) -> Tensors:
+    def process(self, tensors: Arrays) -> Arrays:
         """Return the tensors after this step; raise StepError for bad input."""
         ...
 
@@ -41,7 +41,7 @@ class Step(Protocol):
 STEPS: Registry[Step] = Registry("preprocess step")
 
 
-def strings(tensors: Tensors, name: str, stage: str) -> np.ndarray:
+def strings(tensors: Arrays, name: str, stage: str) -> np.ndarray:
     """A BYTES tensor of shape [batch] or [batch, 1], as a flat object array of bytes."""
     values = take(tensors, name, stage)
     if values.dtype != object:

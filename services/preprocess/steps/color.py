@@ -14,7 +14,8 @@ from typing import Any
 
 import numpy as np
 
-from services.preprocess.steps.base import STEPS, StepError, Tensors, take
+from services.preprocess.steps.base import STEPS, StepError, take
+from strata.codec import Arrays
 
 MODES = ("L", "RGB", "RGBA")
 _CHANNELS = {1: "L", 3: "RGB", 4: "RGBA"}
@@ -89,7 +90,7 @@ class ColorConvert:
     background: tuple[int, int, int] | None = None
     name: str = "color"
 
-    def process(self, tensors: Tensors) -> Tensors:
+    def process(self, tensors: Arrays) -> Arrays:
         images = take(tensors, self.input, self.name)
         converted = convert_pixels(images, self.mode, self.input, self.background)
         rest = {k: v for k, v in tensors.items() if k != self.input}

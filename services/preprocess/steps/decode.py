@@ -18,9 +18,10 @@ from typing import Any
 import numpy as np
 from PIL import Image, ImageOps, UnidentifiedImageError
 
-from services.preprocess.steps.base import STEPS, StepError, Tensors, positive_int, strings, take
+from services.preprocess.steps.base import STEPS, StepError, positive_int, strings, take
 from services.preprocess.steps.color import convert_pixels, mode_of, parse_background, parse_mode
 from services.preprocess.steps.image import INTERPOLATIONS, resize_images
+from strata.codec import Arrays
 
 FORMATS = ("PNG", "JPEG")
 # Pillow modes that map to ours without losing anything; 16-bit gray is shifted to 8 bits.
@@ -47,7 +48,7 @@ class Decode:
     exif_orientation: bool = True
     name: str = "decode"
 
-    def process(self, tensors: Tensors) -> Tensors:
+    def process(self, tensors: Arrays) -> Arrays:
         values = take(tensors, self.input, self.name)
         if values.dtype == object:
             images = self._decode_all(strings(tensors, self.input, self.name))

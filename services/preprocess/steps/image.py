@@ -9,7 +9,8 @@ from typing import Any
 
 import numpy as np
 
-from services.preprocess.steps.base import STEPS, StepError, Tensors, positive_int, take
+from services.preprocess.steps.base import STEPS, StepError, positive_int, take
+from strata.codec import Arrays
 
 
 def _source_coords(out_size: int, in_size: int) -> np.ndarray:
@@ -74,7 +75,7 @@ class Resize:
     interpolation: str = "area"
     name: str = "resize"
 
-    def process(self, tensors: Tensors) -> Tensors:
+    def process(self, tensors: Arrays) -> Arrays:
         images = take(tensors, self.input, self.name)
         if images.dtype.kind not in "biuf":
             raise StepError(f"input {self.input!r}: resize needs pixel numbers, got {images.dtype}")

@@ -12,8 +12,8 @@ import numpy as np
 import yaml
 
 from services.preprocess.normalisation import Stats, load_stats
-from services.preprocess.steps.base import STEPS, StepError, Tensors, take
-from strata.codec import DTYPES
+from services.preprocess.steps.base import STEPS, StepError, take
+from strata.codec import DTYPES, Arrays
 
 
 @dataclass
@@ -25,7 +25,7 @@ class Scale:
     offset: float = 0.0
     name: str = "scale"
 
-    def process(self, tensors: Tensors) -> Tensors:
+    def process(self, tensors: Arrays) -> Arrays:
         values = take(tensors, self.input, self.name).astype(np.float32)
         return {**tensors, self.input: values * np.float32(self.factor) + np.float32(self.offset)}
 
@@ -43,7 +43,7 @@ class Clip:
     nan: float | None = None
     name: str = "clip"
 
-    def process(self, tensors: Tensors) -> Tensors:
+    def process(self, tensors: Arrays) -> Arrays:
         values = take(tensors, self.input, self.name)
         if values.dtype.kind == "f":
             clipped = self._clip_floats(values)
@@ -85,7 +85,7 @@ class Cast:
     round: bool = False
     name: str = "cast"
 
-    def process(self, tensors: Tensors) -> Tensors:
+    def process(self, tensors: Arrays) -> Arrays:
         values = take(tensors, self.input, self.name)
         if values.dtype.kind not in "biuf":
             raise StepError(f"input {self.input!r}: cast needs numbers, got {values.dtype}")
@@ -139,7 +139,7 @@ class Flatten:
     output: str
     name: str = "flatten"
 
-    def process(self, tensors: Tensors) -> Tensors:
+    def process(self, tensors: Arrays) -> Arrays:
         values = take(tensors, self.input, self.name)
         rest = {k: v for k, v in tensors.items() if k != self.input}
         # An explicit width, since reshape cannot infer -1 for an empty batch.
@@ -155,7 +155,7 @@ class Standardize:
     stats: Stats
     name: str = "standardize"
 
-    def process(self, tensors: Tensors) -> Tensors:
+    def process(self, tensors: Arrays) -> Arrays:
         values = take(tensors, self.input, self.name)
         features = self.stats.mean.shape[0]
         if values.ndim != 2 or values.shape[1] != features:

@@ -14,15 +14,8 @@ from typing import Any, Literal
 import numpy as np
 from tokenizers import Encoding, Tokenizer
 
-from services.preprocess.steps.base import (
-    STEPS,
-    StepError,
-    Tensors,
-    positive_int,
-    resolve,
-    strings,
-    utf8,
-)
+from services.preprocess.steps.base import STEPS, StepError, positive_int, resolve, strings, utf8
+from strata.codec import Arrays
 
 UNICODE_FORMS = ("NFC", "NFKC", "NFD", "NFKD", "none")
 
@@ -38,7 +31,7 @@ class NormalizeText:
     unicode: str = "NFC"
     name: str = "normalize_text"
 
-    def process(self, tensors: Tensors) -> Tensors:
+    def process(self, tensors: Arrays) -> Arrays:
         flat = strings(tensors, self.input, self.name)
         out = np.empty(flat.shape[0], dtype=object)
         for index, item in enumerate(flat):
@@ -71,7 +64,7 @@ class Tokenize:
     add_special_tokens: bool = True
     name: str = "tokenize"
 
-    def process(self, tensors: Tensors) -> Tensors:
+    def process(self, tensors: Arrays) -> Arrays:
         texts = self._texts(tensors, self.input)
         inputs: list[Any] = texts
         if self.pair is not None:
@@ -96,7 +89,7 @@ class Tokenize:
             rest[output] = np.array(rows, dtype=np.int64).reshape(len(encodings), length)
         return rest
 
-    def _texts(self, tensors: Tensors, name: str) -> list[str]:
+    def _texts(self, tensors: Arrays, name: str) -> list[str]:
         flat = strings(tensors, name, self.name)
         return [utf8(item, name, index) for index, item in enumerate(flat)]
 

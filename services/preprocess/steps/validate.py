@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from services.preprocess.steps.base import Tensors
-from strata.config import TensorSpec
+from strata.codec import Arrays
+from strata.config.pipelines import TensorSpec
 from strata.schema import validate_inputs
 
 
@@ -18,6 +18,6 @@ class Validate:
     max_batch_size: int
     name: str = "validate"
 
-    def process(self, tensors: Tensors) -> Tensors:
+    def process(self, tensors: Arrays) -> Arrays:
         validate_inputs(tensors, self.inputs, self.max_batch_size)
         return tensors

@@ -14,7 +14,8 @@ from typing import Any
 
 import numpy as np
 
-from services.preprocess.steps.base import STEPS, StepError, Tensors, resolve, take
+from services.preprocess.steps.base import STEPS, StepError, resolve, take
+from strata.codec import Arrays
 
 # How much of an unknown entry an error message quotes.
 _QUOTE = 40
@@ -30,7 +31,7 @@ class VocabularyLookup:
     oov_id: int | None = None
     name: str = "vocabulary"
 
-    def process(self, tensors: Tensors) -> Tensors:
+    def process(self, tensors: Arrays) -> Arrays:
         values = take(tensors, self.input, self.name)
         if values.dtype != object:
             raise StepError(f"input {self.input!r}: {self.name} needs BYTES, got {values.dtype}")

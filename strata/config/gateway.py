@@ -6,20 +6,19 @@ running gateway without a restart.
 
 from __future__ import annotations
 
-from typing import Annotated
+from pydantic import Field
 
-from pydantic import AfterValidator, Field, SecretStr
-
-from strata.security import ApiKey
-from strata.strict import Strict
+from strata.config.base import AdminToken, Strict
 
 
-def _empty_is_unset(token: SecretStr | None) -> SecretStr | None:
-    return token if token is not None and token.get_secret_value() else None
+class ApiKey(Strict):
+    """A client's API key, stored only as its SHA-256."""
 
-
-# A control-API token (strata.tokens); unset or empty turns those calls off.
-AdminToken = Annotated[SecretStr | None, AfterValidator(_empty_is_unset)]
+    client_id: str = Field(min_length=1, description="Who the key belongs to.")
+    sha256: str = Field(
+        pattern=r"^[0-9a-f]{64}$",
+        description="Hex SHA-256 of the key (`python -m strata.security`).",
+    )
 
 
 class TokenBucket(Strict):

@@ -1,0 +1,137 @@
+"""The inference service: the models it loads, their sessions and their batching."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from strata.config.base import AdminToken, Strict
+
+
+class InferenceSettings(Strict):
+    """What the inference service loads at start-up, and the defaults model.yaml files override.
+
+    `session` and `batching` are defaults for every model; a model's `model.yaml` may override
+    any of their fields in sections of the same names.
+    """
+
+    class Session(Strict):
+        """ONNX Runtime session options."""
+
+        intra_op_threads: int = Field(
+            default=1, ge=0, description="Threads inside one operator (0: ONNX Runtime decides)."
+        )
+        inter_op_threads: int = Field(
+            default=1, ge=0, description="Threads across operators (0: ONNX Runtime decides)."
+        )
+        graph_optimization: Literal["disable", "basic", "extended", "all"] = Field(
+            default="all", description="ONNX Runtime graph optimisation level."
+        )
+        execution_providers: list[str] = Field(
+            default=["CUDAExecutionProvider", "CPUExecutionProvider"],
+            min_length=1,
+            description="Execution providers in order of preference; those not installed are "
+            "skipped and CPUExecutionProvider is always the last resort.",
+        )
+        allow_spinning: bool = Field(
+            default=False,
+            description="Let idle ONNX Runtime threads spin; off since processes share cores.",
+        )
+
+        @field_validator("execution_providers")
+        @classmethod
+        def _provider_names(cls, names: list[str]) -> list[str]:
+            for name in names:
+                if not name.endswith("ExecutionProvider"):
+                    raise ValueError(f"{name!r} is not an execution provider name")
+            if len(set(names)) != len(names):
+                raise ValueError(f"execution providers repeat: {names}")
+            return names
+
+    class Batching(Strict):
+        """How requests to one model version are queued and formed into batches."""
+
+        policy: Literal["adaptive", "fixed", "none"] = Field(
+            default="adaptive",
+            description="adaptive: run at once when idle, else wait a bound set by measured "
+            "execution time; fixed: wait up to max_queue_delay_ms for a fuller batch; "
+            "none: every request runs alone.",
+        )
+        max_queue_delay_ms: float = Field(
+            default=4.0,
+            ge=0,
+            description="Longest a request waits for others to join (fixed: the window; "
+            "adaptive: the upper bound of the adapted wait).",
+        )
+        wait_fraction: float = Field(
+            default=1.0,
+            gt=0,
+            le=4,
+            description="adaptive: the wait is at most this fraction of a batch's measured "
+            "execution time.",
+        )
+        max_queue_rows: int = Field(
+            default=1024,
+            gt=0,
+            description="Rows one version's queue holds; beyond it RESOURCE_EXHAUSTED at once.",
+        )
+        max_padding: float = Field(
+            default=0.5,
+            gt=0,
+            le=1,
+            description="Models with padded inputs: the largest share of a batch's cells that "
+            "padding may fill. A request that would push a batch past it waits for one of "
+            "lengths nearer its own (a batch pays for its longest request); 1 pads anything.",
+        )
+        inline_max_ms: float = Field(
+            default=0.2,
+            ge=0,
+            description="Run a batch on the event loop, not a worker thread, when its measured "
+            "run time is at most this (a thread hand-off costs about 0.2 ms, more than a small "
+            "model's whole batch); 0: always on a worker thread.",
+        )
+        max_concurrent_batches: int | None = Field(
+            default=None,
+            gt=0,
+            description="Batches of one version running at once; default: inference.workers.",
+        )
+        priority_levels: int = Field(
+            default=3, gt=0, description="Request priorities 1 (first) to this number."
+        )
+        default_priority: int = Field(
+            default=2, gt=0, description="Priority of a request that sets none (or 0)."
+        )
+
+        @model_validator(mode="after")
+        def _default_is_a_level(self) -> InferenceSettings.Batching:
+            if self.default_priority > self.priority_levels:
+                raise ValueError(
+                    f"default_priority {self.default_priority} is above "
+                    f"priority_levels {self.priority_levels}"
+                )
+            return self
+
+    models: list[str] = Field(min_length=1, description="Repository models to load and warm.")
+    workers: int = Field(default=2, gt=0, description="Model runs allowed at once (threads).")
+    session: Session = Field(default_factory=Session, description="Session option defaults.")
+    batching: Batching = Field(default_factory=Batching, description="Batching defaults.")
+    poll_seconds: float = Field(
+        default=0.0,
+        ge=0,
+        description="Rescan the repository for new or changed versions this often (0: never; "
+        "RepositoryModelLoad still reloads on demand).",
+    )
+    admin_token: AdminToken = Field(
+        default=None,
+        description="Token RepositoryModelLoad and RepositoryModelUnload require, as "
+        "'authorization: Bearer <token>' (STRATA_INFERENCE__ADMIN_TOKEN); unset or empty "
+        "turns model load and unload off.",
+    )
+
+    @field_validator("models")
+    @classmethod
+    def _models_unique(cls, names: list[str]) -> list[str]:
+        if len(set(names)) != len(names):
+            raise ValueError(f"model names repeat: {names}")
+        return names

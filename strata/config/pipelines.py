@@ -1,0 +1,191 @@
+"""Pipelines: what clients see as one model, from the tensors they send to the answer."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from strata.config.base import Datatype, Strict
+
+
+class TensorSpec(Strict):
+    """A tensor a pipeline takes or returns."""
+
+    name: str = Field(description="Tensor name on the wire.")
+    datatype: Datatype = Field(description="KServe v2 datatype.")
+    shape: list[int] = Field(description="Dimensions; -1 marks a variable one (batch first).")
+    max_shape: list[int] | None = Field(
+        default=None, description="Upper bound of each dimension, for variable ones."
+    )
+    allow_nonfinite: bool = Field(default=False, description="Accept NaN and infinities.")
+    range: tuple[float, float] | None = Field(
+        default=None,
+        description="Inputs of a numeric datatype: the lowest and highest value accepted "
+        "(inclusive), checked at the gateway before any upstream call; NaN is outside it.",
+    )
+    utf8: bool = Field(default=False, description="BYTES elements must be valid UTF-8 text.")
+    max_element_bytes: int = Field(
+        default=1 << 20, gt=0, description="Largest BYTES element (a string or an image)."
+    )
+    optional: bool = Field(
+        default=False,
+        description="Outputs only: an answer may lack it when the rule making it was skipped "
+        "(its time limit, level 1 for a rule that is not core, a `when:` that did not hold); "
+        "the answer names the skipped rules in strata.skipped_rules. A required output that "
+        "cannot be made fails the request with UNAVAILABLE naming it.",
+    )
+
+    @model_validator(mode="after")
+    def _shapes_agree(self) -> TensorSpec:
+        if any(d < -1 or d == 0 for d in self.shape):
+            raise ValueError(f"{self.name}: dimensions must be positive or -1, got {self.shape}")
+        if self.max_shape is not None and len(self.max_shape) != len(self.shape):
+            raise ValueError(f"{self.name}: max_shape must have {len(self.shape)} dimensions")
+        if self.range is not None and not self.range[0] <= self.range[1]:
+            raise ValueError(f"{self.name}: range {list(self.range)} must be [low, high]")
+        if self.range is not None and self.datatype in ("BYTES", "BOOL"):
+            raise ValueError(f"{self.name}: range applies to numeric datatypes only")
+        return self
+
+    def limit(self, axis: int) -> float:
+        """The largest size dimension `axis` may take."""
+        if self.shape[axis] != -1:
+            return self.shape[axis]
+        return self.max_shape[axis] if self.max_shape else math.inf
+
+
+class StageSpec(BaseModel):
+    """One preprocess step or postprocess rule: its kind, a few shared keys, its own options.
+
+    `core`, `when` and `timeout_seconds` apply to postprocess rules only; the preprocess
+    service refuses them on a step.
+    """
+
+    model_config = ConfigDict(extra="allow")
+
+    kind: str = Field(description="Registered step or rule name, e.g. resize or softmax.")
+    name: str | None = Field(
+        default=None,
+        min_length=1,
+        description="Name in timings, logs and skipped_rules; defaults to kind; unique per list.",
+    )
+    core: bool = Field(
+        default=True,
+        description="Rules only: a core rule still runs when a request asks for core_only.",
+    )
+    when: dict[str, str | bool] | None = Field(
+        default=None,
+        description="Rules only: run only if {parameter: P} is sent (equals: V, that value) "
+        "or {tensor: T} exists at that point; negate: true inverts it.",
+    )
+    timeout_seconds: float | None = Field(
+        default=None,
+        gt=0,
+        description="Rules only: this rule's limit; postprocess.rule_timeout_seconds when unset.",
+    )
+
+    @field_validator("when")
+    @classmethod
+    def _condition(cls, when: dict[str, str | bool] | None) -> dict[str, str | bool] | None:
+        if when is None:
+            return None
+        unknown = sorted(set(when) - {"parameter", "equals", "tensor", "negate"})
+        if unknown:
+            raise ValueError(
+                f"when: unknown key {unknown[0]!r} (parameter, equals, tensor, negate)"
+            )
+        if ("parameter" in when) == ("tensor" in when):
+            raise ValueError("when: give exactly one of 'parameter' or 'tensor'")
+        if "equals" in when and "parameter" not in when:
+            raise ValueError("when: 'equals' goes with 'parameter'")
+        for key in ("parameter", "tensor", "equals"):
+            if key in when and not isinstance(when[key], str):
+                raise ValueError(f"when: {key!r} must be a string")
+        if not isinstance(when.get("negate", False), bool):
+            raise ValueError("when: 'negate' must be true or false")
+        return when
+
+    @property
+    def label(self) -> str:
+        """The stage's name in timings, logs and responses."""
+        return self.name or self.kind
+
+    @property
+    def options(self) -> dict[str, Any]:
+        return dict(self.model_extra or {})
+
+
+class Route(Strict):
+    """One arm of a pipeline's A/B split: an inference deployment and model version."""
+
+    arm: str = Field(description="Arm name, reported in metrics and response parameters.")
+    deployment: str = Field(description="Inference deployment (a key of services.inference).")
+    version: str = Field(default="", description="Model version; empty means the model's.")
+    weight: float = Field(
+        default=1.0, ge=0, allow_inf_nan=False, description="Share of traffic, relative to others."
+    )
+
+
+class Shadow(Strict):
+    """A mirror route: it gets copies of requests; its answers are compared, never returned."""
+
+    deployment: str = Field(description="Inference deployment the copies go to.")
+    version: str = Field(default="", description="Model version; empty means the model's.")
+    fraction: float = Field(default=1.0, gt=0, le=1, description="Share of requests mirrored.")
+
+
+class ModelRef(Strict):
+    """The model a pipeline runs, and how its traffic splits across deployments."""
+
+    name: str = Field(description="Model name in the repository.")
+    version: str = Field(default="", description="Version to call; empty means the latest.")
+    routes: list[Route] = Field(
+        default_factory=list,
+        description="A/B arms; none means one arm on the first inference deployment.",
+    )
+    shadow: Shadow | None = Field(default=None, description="Optional mirror route.")
+
+    @field_validator("routes")
+    @classmethod
+    def _arms_unique_and_weighted(cls, routes: list[Route]) -> list[Route]:
+        arms = [r.arm for r in routes]
+        if len(set(arms)) != len(arms):
+            raise ValueError(f"arm names repeat: {arms}")
+        if routes and sum(r.weight for r in routes) <= 0:
+            raise ValueError("at least one route needs a positive weight")
+        return routes
+
+
+class Pipeline(Strict):
+    """A pipeline: what clients see as one model."""
+
+    inputs: list[TensorSpec] = Field(min_length=1, description="Inputs clients send.")
+    outputs: list[TensorSpec] = Field(min_length=1, description="Outputs clients receive.")
+    max_batch_size: int = Field(default=64, gt=0, description="Largest batch a request may carry.")
+    preprocess: list[StageSpec] = Field(default_factory=list, description="Steps after validation.")
+    model: ModelRef = Field(description="The model the inputs feed, and its routes.")
+    latency_objective_ms: float = Field(
+        default=250.0, gt=0, description="P95 latency the ladder defends for this pipeline."
+    )
+    cache: bool = Field(default=False, description="Answer repeated requests from the cache.")
+    forward_to_postprocess: list[str] = Field(
+        default_factory=list,
+        description="Preprocess outputs (e.g. attention_mask) postprocess receives beside the "
+        "model's outputs.",
+    )
+    default_answer: dict[str, list] | None = Field(
+        default=None,
+        description="One row of output values returned, marked degraded, when the ladder "
+        "is at level 3 and the cache has no answer.",
+    )
+    postprocess: list[StageSpec] = Field(default_factory=list, description="Rules, in order.")
+
+    @field_validator("inputs", "outputs")
+    @classmethod
+    def _unique(cls, specs: list[TensorSpec]) -> list[TensorSpec]:
+        names = [s.name for s in specs]
+        if len(set(names)) != len(names):
+            raise ValueError(f"tensor names repeat: {names}")
+        return specs

@@ -1,0 +1,132 @@
+"""The deployment's one YAML file, typed and validated at load time.
+
+Every service reads the same file and uses its own section. Environment variables prefixed
+`STRATA_` override the file (nested keys joined by `__`, e.g.
+`STRATA_SERVICES__GATEWAY__LISTEN=0.0.0.0:8001`), so containers need no edited copy.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import yaml
+from pydantic import Field, PrivateAttr, ValidationError, model_validator
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+
+from strata.config.endpoints import Services
+from strata.config.gateway import GatewaySettings
+from strata.config.inference import InferenceSettings
+from strata.config.limits import TensorLimits
+from strata.config.pipelines import Pipeline, Route
+from strata.config.postprocess import PostprocessSettings
+from strata.config.preprocess import PreprocessSettings
+from strata.config.server import ServerSettings, TelemetrySettings
+from strata.config.tls import TlsSettings
+
+
+class ConfigError(ValueError):
+    """The config file is missing, unreadable or invalid; the message says where."""
+
+
+class Settings(BaseSettings):
+    """The whole deployment."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="STRATA_", env_nested_delimiter="__", extra="forbid"
+    )
+    # The file these settings came from, so a running service can reload it.
+    _source: Path | None = PrivateAttr(default=None)
+
+    services: Services = Field(description="Where each layer listens.")
+    server: ServerSettings = Field(
+        default_factory=ServerSettings, description="Shared server behaviour."
+    )
+    tls: TlsSettings = Field(default_factory=TlsSettings, description="TLS on every hop.")
+    telemetry: TelemetrySettings = Field(
+        default_factory=TelemetrySettings, description="Tracing and logs."
+    )
+    repository: Path = Field(description="Model repository folder (relative to the config file).")
+    gateway: GatewaySettings = Field(default_factory=GatewaySettings, description="Policies.")
+    inference: InferenceSettings = Field(description="Models the inference service serves.")
+    preprocess: PreprocessSettings = Field(
+        default_factory=PreprocessSettings, description="Where the steps run."
+    )
+    postprocess: PostprocessSettings = Field(
+        default_factory=PostprocessSettings, description="Rule time limits and threads."
+    )
+    limits: TensorLimits = Field(
+        default_factory=TensorLimits,
+        description="What one tensor may declare (rank, dimensions, elements, bytes), checked "
+        "on every port of every layer before anything is allocated.",
+    )
+    pipelines: dict[str, Pipeline] = Field(min_length=1, description="Pipelines by name.")
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        return env_settings, init_settings
+
+    @model_validator(mode="after")
+    def _pipelines_use_served_models(self) -> Settings:
+        for name, pipeline in self.pipelines.items():
+            if pipeline.model.name not in self.inference.models:
+                raise ValueError(
+                    f"pipeline {name!r} uses model {pipeline.model.name!r}, "
+                    f"which inference.models does not load"
+                )
+            routes = [*pipeline.model.routes, *filter(None, [pipeline.model.shadow])]
+            for route in routes:
+                if route.deployment not in self.services.inference:
+                    raise ValueError(
+                        f"pipeline {name!r} routes to deployment {route.deployment!r}, "
+                        f"not one of services.inference: {sorted(self.services.inference)}"
+                    )
+        return self
+
+    @property
+    def source(self) -> Path | None:
+        """The config file these settings were loaded from."""
+        return self._source
+
+    def routes(self, pipeline: str) -> list[Route]:
+        """A pipeline's arms; with none configured, one arm on the first deployment."""
+        model = self.pipelines[pipeline].model
+        if model.routes:
+            return model.routes
+        first = next(iter(self.services.inference))
+        return [Route(arm=first, deployment=first, version=model.version)]
+
+
+def load_settings(path: Path) -> Settings:
+    """Read and validate the config file; relative paths resolve against its folder."""
+    try:
+        raw = yaml.safe_load(Path(path).read_text())
+    except OSError as exc:
+        raise ConfigError(f"cannot read config {path}: {exc.strerror}") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"config {path} is not valid YAML: {exc}") from None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"config {path} must be a mapping at the top level")
+    try:
+        settings = Settings(**raw)
+    except ValidationError as exc:
+        raise ConfigError(_describe(path, exc)) from None
+    if not settings.repository.is_absolute():
+        settings.repository = (Path(path).parent / settings.repository).resolve()
+    settings.tls = settings.tls.resolved(Path(path).parent)
+    settings._source = Path(path)
+    return settings
+
+
+def _describe(path: Path, exc: ValidationError) -> str:
+    lines = [f"config {path} is invalid:"]
+    for error in exc.errors():
+        where = ".".join(str(part) for part in error["loc"]) or "(top level)"
+        lines.append(f"  {where}: {error['msg']}")
+    return "\n".join(lines)
