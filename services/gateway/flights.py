@@ -31,7 +31,7 @@ from opentelemetry import propagate, trace
 from opentelemetry.trace import Link
 
 from services.gateway.metrics import FLIGHT_REQUESTS, FLIGHTS_IN_AIR
-from strata.config.gateway import Flights as FlightSettings
+from strata.config.gateway import FlightSettings
 from strata.errors import DeadlineExceeded
 
 TRACER = trace.get_tracer("strata.gateway")

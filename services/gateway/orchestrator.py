@@ -26,7 +26,7 @@ from services.gateway.router import Router
 from services.gateway.shadow import ShadowRunner
 from services.gateway.upstreams import Upstreams
 from strata import codec, stack
-from strata.config.gateway import Flights as FlightSettings
+from strata.config.gateway import FlightSettings
 from strata.config.pipelines import Pipeline, Route
 from strata.errors import StrataError
 from strata.schema import validate_inputs

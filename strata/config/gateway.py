@@ -131,7 +131,7 @@ class HopTimeouts(Strict):
     )
 
 
-class Flights(Strict):
+class FlightSettings(Strict):
     """How the gateway carries concurrent client requests through the chain together."""
 
     max_in_air: int = Field(
@@ -240,8 +240,8 @@ class GatewaySettings(Strict):
     ladder: Ladder = Field(default_factory=Ladder, description="The degradation ladder.")
     cache: Cache = Field(default_factory=Cache, description="The result cache.")
     breaker: Breaker = Field(default_factory=Breaker, description="Upstream circuit breakers.")
-    flights: Flights = Field(
-        default_factory=Flights,
+    flights: FlightSettings = Field(
+        default_factory=FlightSettings,
         description="Flights: concurrent requests through every hop in one call each.",
     )
     rest: Rest = Field(default_factory=Rest, description="The REST API's request limits.")

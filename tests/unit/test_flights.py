@@ -7,7 +7,7 @@ import functools
 import pytest
 
 from services.gateway.flights import Flights, Member
-from strata.config.gateway import Flights as FlightSettings
+from strata.config.gateway import FlightSettings
 from strata.errors import DeadlineExceeded
 
 
