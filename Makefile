@@ -9,7 +9,7 @@ STAMP_PROTO := strata/proto/.generated
 STAMP_MODELS := build/.models
 STAMP_MODELS_TEXT := build/.models-text
 
-.PHONY: venv proto models models-text run test lint fmt bench trace fuzz certs clean
+.PHONY: venv proto models models-text run test lint fmt bench trace fuzz certs clean config-docs
 .PHONY: compose-up compose-down soak bench-peers bench-overload
 
 # The Compose specification's JSON schema, as the docker-compose package on PyPI ships it.
@@ -65,6 +65,10 @@ fmt: $(STAMP_VENV)
 # A long property-based fuzzing run against the running system (make test runs a short one).
 fuzz: $(STAMP_MODELS)
 	HYPOTHESIS_PROFILE=long $(PY) -m pytest tests/fuzz -q
+
+# docs/configuration.md, every config key, rendered from strata/config/ (a test fails when stale).
+config-docs: $(STAMP_VENV)
+	$(PY) scripts/config_reference.py
 
 # A development CA and certificates for TLS on every hop (see README, Security).
 certs: $(STAMP_VENV)
