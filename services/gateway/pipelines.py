@@ -5,7 +5,9 @@ statistics and inference. The gRPC servicer and the REST API are thin adapters o
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 
 import grpc
 
@@ -25,7 +27,17 @@ PLATFORM = "strata_pipeline"
 SERVER_NAME = "strata"
 PIPELINE_VERSION = "1"
 ARM_PARAMETER = "strata.arm"
-Work = Callable[[], Awaitable[v2.ModelInferResponse]]
+
+
+@dataclass
+class Count:
+    """A counted request's answer, None until it has one."""
+
+    response: v2.ModelInferResponse | None = None
+
+    def answered(self, response: v2.ModelInferResponse) -> v2.ModelInferResponse:
+        self.response = response
+        return response
 
 
 class Pipelines:
@@ -101,19 +113,18 @@ class Pipelines:
 
     async def infer(self, request: v2.ModelInferRequest, caller: Caller) -> v2.ModelInferResponse:
         """One inference, counted (below)."""
-        return await self.counted(
-            request.model_name, caller.protocol, lambda: self.answer(request, caller)
-        )
+        with self.counted(request.model_name, caller.protocol) as count:
+            return count.answered(await self.answer(request, caller))
 
-    async def counted(self, name: str, protocol: str, work: Work) -> v2.ModelInferResponse:
-        """`work` for pipeline `name`, counted and timed by pipeline, status code and
-        protocol, and in the pipeline's statistics, whether it answers or fails."""
+    @contextmanager
+    def counted(self, name: str, protocol: str) -> Iterator[Count]:
+        """The block's request for pipeline `name`, counted and timed by pipeline, status code
+        and protocol, and in the pipeline's statistics, whether it answers or fails."""
         started = time.monotonic()
         code = "OK"
-        response = None
+        count = Count()
         try:
-            response = await work()
-            return response
+            yield count
         except Exception as exc:
             code = status_of(exc)[0].name
             raise
@@ -123,7 +134,7 @@ class Pipelines:
             REQUESTS(name if known else "(unknown)", code, protocol).inc()
             LATENCY(name if known else "(unknown)", protocol).observe(seconds)
             if known:
-                STATISTICS.finished(name, seconds, response)
+                STATISTICS.finished(name, seconds, count.response)
 
     async def answer(self, request: v2.ModelInferRequest, caller: Caller) -> v2.ModelInferResponse:
         """One inference through admission, validation, the ladder, routing and flights."""

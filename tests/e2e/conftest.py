@@ -1,17 +1,9 @@
-"""One running system shared by the end-to-end tests of a module."""
-
-from collections.abc import Iterator
+"""One running system shared by the end-to-end tests of a module, and its gateway's address."""
 
 import pytest
 
 from strata.launch import Supervisor
-from tests.support.system import running_system
-
-
-@pytest.fixture(scope="module")
-def system(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Supervisor]:
-    with running_system(tmp_path_factory.mktemp("system")) as supervisor:
-        yield supervisor
+from tests.support.fixtures import system as system  # re-exported: pytest finds fixtures here
 
 
 @pytest.fixture(scope="module")

@@ -23,7 +23,6 @@ from schemathesis.specs.openapi.checks import (
 )
 
 from strata.launch import Supervisor
-from tests.support.system import running_system
 
 EXAMPLES = 400 if os.environ.get("HYPOTHESIS_PROFILE") == "long" else 100
 CHECKS = [
@@ -32,12 +31,6 @@ CHECKS = [
     content_type_conformance,
     response_schema_conformance,
 ]
-
-
-@pytest.fixture(scope="module")
-def system(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Supervisor]:
-    with running_system(tmp_path_factory.mktemp("fuzz-rest")) as supervisor:
-        yield supervisor
 
 
 @pytest.fixture(scope="module")

@@ -22,7 +22,6 @@ from services.gateway.rest.statuses import JSON, TooLarge, error_response, json_
 from strata.config.gateway import Rest
 from strata.errors import InvalidArgument
 from strata.metrics import RPC_DURATION, RPCS
-from strata.proto.inference import grpc_service_pb2 as v2
 from strata.telemetry import server_span
 
 TIMEOUT_HEADER = "x-strata-timeout-ms"  # the caller's deadline, as gRPC's timeout would be
@@ -132,22 +131,9 @@ class _Api:
         return json_response(_plain(self._pipelines.model_statistics(name, version)))
 
     async def infer(self, request: Request) -> Response:
-        parsed: tensors.Parsed | None = None
-
-        async def work() -> v2.ModelInferResponse:
-            nonlocal parsed
-            caller = _caller(request)
-            name, version = self._model(request, caller)  # an unknown caller sends no body
-            self._pipelines.pipeline(name, version)  # nor a request for no such pipeline
-            limits = self._limits
-            body = await _body(request, limits.max_body_bytes)
-            header, binary = tensors.split(body, _header_length(request))
-            check_json(header, limits.max_json_depth, limits.max_json_values)
-            parsed = tensors.to_request(tensors.parse(header), binary, name, version)
-            return await self._pipelines.answer(parsed.request, caller)
-
-        name = request.path_params.get("name", "")
-        answer = await self._pipelines.counted(name, "rest", work)
+        with self._pipelines.counted(request.path_params.get("name", ""), "rest") as count:
+            caller, parsed = await self._parse(request)
+            answer = count.answered(await self._pipelines.answer(parsed.request, caller))
         content, header_length = tensors.to_body(answer, parsed)
         if header_length is None:
             return Response(content, media_type=JSON)
@@ -156,6 +142,18 @@ class _Api:
             media_type="application/octet-stream",
             headers={tensors.HEADER_LENGTH: str(header_length)},
         )
+
+    async def _parse(self, request: Request) -> tuple[Caller, tensors.Parsed]:
+        """The caller and its request as a v2 message, the cheapest refusals first: an unknown
+        caller sends no body, nor does a request for no such pipeline."""
+        caller = _caller(request)
+        name, version = self._model(request, caller)
+        self._pipelines.pipeline(name, version)
+        limits = self._limits
+        body = await _body(request, limits.max_body_bytes)
+        header, binary = tensors.split(body, _header_length(request))
+        check_json(header, limits.max_json_depth, limits.max_json_values)
+        return caller, tensors.to_request(tensors.parse(header), binary, name, version)
 
     def _model(self, request: Request, caller: Caller | None = None) -> tuple[str, str]:
         """The path's model and version; the caller identified first (API keys)."""

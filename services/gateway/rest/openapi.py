@@ -22,6 +22,8 @@ _ERRORS = {
     "503": "No healthy upstream can answer now; retry.",
     "504": "The deadline (x-strata-timeout-ms) passed.",
 }
+_MODEL_ERRORS = ("401", "404")
+_STATISTICS = "Counts and durations."
 
 
 def _ref(name: str) -> dict[str, str]:
@@ -34,6 +36,30 @@ def _json(schema: dict[str, Any], description: str) -> dict[str, Any]:
 
 def _errors(*codes: str) -> dict[str, Any]:
     return {code: _json(_ref("Error"), _ERRORS[code]) for code in codes}
+
+
+def _answers(schema: str, description: str, *errors: str) -> dict[str, Any]:
+    """The responses of a GET: `schema` with 200, then the error statuses `errors`."""
+    return {"200": _json(_ref(schema), description), **_errors(*errors)}
+
+
+def _readiness(schema: str, *errors: str) -> dict[str, Any]:
+    """The responses of a readiness GET: `schema` with 200 (ready) and 400 (not ready)."""
+    return {
+        "200": _json(_ref(schema), "Ready."),
+        "400": _json(_ref(schema), "Not ready."),
+        **_errors(*errors),
+    }
+
+
+def _get(
+    summary: str, responses: dict[str, Any], parameters: list[dict[str, Any]] | None = None
+) -> dict[str, Any]:
+    """A path item with one GET operation."""
+    operation: dict[str, Any] = {"summary": summary}
+    if parameters is not None:
+        operation["parameters"] = parameters
+    return {"get": {**operation, "responses": responses}}
 
 
 def _parameters(pipelines: list[str], versioned: bool) -> list[dict[str, Any]]:
@@ -92,37 +118,21 @@ def _model_paths(pipelines: list[str], versioned: bool) -> dict[str, Any]:
         },
     }
     return {
-        base: {
-            "get": {
-                "summary": "The pipeline's metadata: its inputs and outputs.",
-                "parameters": parameters,
-                "responses": {
-                    "200": _json(_ref("ModelMetadata"), "The model's metadata."),
-                    **_errors("401", "404"),
-                },
-            }
-        },
-        base + "/ready": {
-            "get": {
-                "summary": "Whether the pipeline can answer now (200) or not (400).",
-                "parameters": parameters,
-                "responses": {
-                    "200": _json(_ref("ModelReady"), "Ready."),
-                    "400": _json(_ref("ModelReady"), "Not ready."),
-                    **_errors("401", "404"),
-                },
-            }
-        },
-        base + "/stats": {
-            "get": {
-                "summary": "The pipeline's statistics (Triton's statistics extension).",
-                "parameters": parameters,
-                "responses": {
-                    "200": _json(_ref("Statistics"), "Counts and durations."),
-                    **_errors("401", "404"),
-                },
-            }
-        },
+        base: _get(
+            "The pipeline's metadata: its inputs and outputs.",
+            _answers("ModelMetadata", "The model's metadata.", *_MODEL_ERRORS),
+            parameters,
+        ),
+        base + "/ready": _get(
+            "Whether the pipeline can answer now (200) or not (400).",
+            _readiness("ModelReady", *_MODEL_ERRORS),
+            parameters,
+        ),
+        base + "/stats": _get(
+            "The pipeline's statistics (Triton's statistics extension).",
+            _answers("Statistics", _STATISTICS, *_MODEL_ERRORS),
+            parameters,
+        ),
         base + "/infer": {"post": infer},
     }
 
@@ -229,36 +239,17 @@ def _schemas() -> dict[str, Any]:
 def document(pipelines: list[str]) -> dict[str, Any]:
     """The OpenAPI 3.1 document, the configured pipelines given as examples of model names."""
     paths: dict[str, Any] = {
-        "/v2/health/live": {
-            "get": {
-                "summary": "Whether the server is live.",
-                "responses": {"200": _json(_ref("Live"), "Live.")},
-            }
-        },
-        "/v2/health/ready": {
-            "get": {
-                "summary": "Whether every layer can answer (200) or not (400).",
-                "responses": {
-                    "200": _json(_ref("Ready"), "Ready."),
-                    "400": _json(_ref("Ready"), "Not ready."),
-                },
-            }
-        },
-        "/v2": {
-            "get": {
-                "summary": "The server's name, version and extensions.",
-                "responses": {"200": _json(_ref("ServerMetadata"), "Server metadata.")},
-            }
-        },
-        "/v2/models/stats": {
-            "get": {
-                "summary": "Every pipeline's statistics.",
-                "responses": {
-                    "200": _json(_ref("Statistics"), "Counts and durations."),
-                    **_errors("401"),
-                },
-            }
-        },
+        "/v2/health/live": _get("Whether the server is live.", _answers("Live", "Live.")),
+        "/v2/health/ready": _get(
+            "Whether every layer can answer (200) or not (400).", _readiness("Ready")
+        ),
+        "/v2": _get(
+            "The server's name, version and extensions.",
+            _answers("ServerMetadata", "Server metadata."),
+        ),
+        "/v2/models/stats": _get(
+            "Every pipeline's statistics.", _answers("Statistics", _STATISTICS, "401")
+        ),
     }
     for versioned in (False, True):
         paths.update(_model_paths(pipelines, versioned))
