@@ -36,6 +36,7 @@ from tokenizers import Tokenizer
 from strata import codec
 from strata.config import Settings, load_settings
 from strata.config.pipelines import Pipeline
+from strata.config.preprocess import TokenizeStep
 from strata.launch import Supervisor
 from strata.proto.inference import grpc_service_pb2_grpc as v2_grpc
 
@@ -99,10 +100,9 @@ def sentences(start: int, count: int) -> list[str]:
 
 def tokenizer_of(settings: Settings, pipeline: Pipeline) -> tuple[Tokenizer, list[str]]:
     """The pipeline's tokenize step, as the preprocess service configures it."""
-    (step,) = [s for s in pipeline.preprocess if s.kind == "tokenize"]
-    options = step.options
-    tokenizer = Tokenizer.from_file(str(settings.repository / options["tokenizer"]))
-    tokenizer.enable_truncation(int(options["max_length"]))
+    (step,) = [s for s in pipeline.preprocess if isinstance(s, TokenizeStep)]
+    tokenizer = Tokenizer.from_file(str(settings.repository / step.tokenizer))
+    tokenizer.enable_truncation(step.max_length)
     tokenizer.enable_padding(pad_token=(tokenizer.padding or {}).get("pad_token", "[PAD]"))
     return tokenizer, ["input_ids", "attention_mask", "token_type_ids"]
 

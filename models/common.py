@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 import onnx
 
-from services.preprocess.steps import build_step
+from services.preprocess.steps import build_step_options
 
 SEED = 0
 TEST_SIZE = 0.25
@@ -41,5 +41,5 @@ def run_steps(
 ) -> dict[str, np.ndarray]:
     """Run the preprocess steps the serving config names, with the serving code itself."""
     for kind, options in steps:
-        tensors = build_step(kind, options, base_dir).process(tensors)
+        tensors = build_step_options(kind, options, base_dir).process(tensors)
     return tensors

@@ -78,6 +78,23 @@ def datatype_of(array: np.ndarray) -> str:
         raise InvalidArgument(f"numpy dtype {array.dtype} has no KServe v2 datatype") from None
 
 
+def utf8(
+    item: object, what: str, index: int, error: type[InvalidArgument] = InvalidArgument
+) -> str:
+    """One BYTES element as text; `what` names its tensor in the message ("input 'x'").
+
+    Anything but valid UTF-8 bytes (or a str) is refused with `error`, naming the element.
+    """
+    if isinstance(item, str):
+        return item
+    if not isinstance(item, bytes | bytearray):
+        raise error(f"{what}: element {index} is not a string")
+    try:
+        return bytes(item).decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise error(f"{what}: element {index} is not valid UTF-8 (byte {exc.start})") from None
+
+
 def encode_bytes(items: Iterable[bytes | str]) -> bytes:
     """v2 BYTES encoding of a flat sequence of elements."""
     parts = []

@@ -10,7 +10,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from strata.codec import datatype_of
+from strata.codec import datatype_of, utf8
 from strata.config.pipelines import TensorSpec
 from strata.errors import InvalidArgument
 
@@ -90,9 +90,4 @@ def _check_sizes(spec: TensorSpec, array: np.ndarray) -> None:
 
 def _check_utf8(name: str, array: np.ndarray) -> None:
     for index, item in enumerate(array.reshape(-1)):
-        try:
-            item.decode("utf-8")
-        except UnicodeDecodeError as exc:
-            raise InvalidArgument(
-                f"input {name!r}: element {index} is not valid UTF-8 (byte {exc.start})"
-            ) from None
+        utf8(item, f"input {name!r}", index)

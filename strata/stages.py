@@ -1,49 +1,68 @@
 """What preprocess steps and postprocess rules share: a registry of named factories.
 
-A stage maps a request's tensors (name -> array, batch first) to new tensors. Factories take
-the stage's options from the config and the folder relative paths resolve against.
+A stage maps a request's tensors (name -> array, batch first) to new tensors. The config
+declares each kind's options as a model (strata.config.preprocess and .postprocess); a
+factory takes that model, already validated, and the folder relative paths resolve against.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
 import numpy as np
+from pydantic import TypeAdapter
 
 from strata.codec import Arrays
 from strata.errors import InvalidArgument
 
+
+class Spec(Protocol):
+    """A stage's config: its kind picks the factory."""
+
+    @property
+    def kind(self) -> str: ...
+
+
+S = TypeVar("S", bound=Spec)
 T = TypeVar("T")
-Factory = Callable[[Mapping[str, Any], Path], T]
+F = TypeVar("F", bound=Callable[..., Any])
 
 
-class Registry(Generic[T]):
-    """Factories by config name, for one kind of stage ("preprocess step", "rule")."""
+class Registry(Generic[S, T]):
+    """Factories by kind, for one family of stage ("preprocess step", "postprocess rule").
 
-    def __init__(self, what: str) -> None:
+    Each factory takes its kind's spec and the repository folder; `factories` maps every
+    kind this family implements to its factory. `specs` is the family's config type (a union
+    of models chosen by kind), for building from a plain mapping.
+    """
+
+    def __init__(self, what: str, specs: Any) -> None:
         self.what = what
-        self._factories: dict[str, Factory[T]] = {}
+        self._specs: TypeAdapter[S] = TypeAdapter(specs)
+        self.factories: dict[str, Callable[[Any, Path], T]] = {}
 
-    def register(self, kind: str) -> Callable[[Factory[T]], Factory[T]]:
-        def wrap(factory: Factory[T]) -> Factory[T]:
-            self._factories[kind] = factory
+    def register(self, kind: str) -> Callable[[F], F]:
+        def wrap(factory: F) -> F:
+            self.factories[kind] = factory
             return factory
 
         return wrap
 
-    def build(self, kind: str, options: Mapping[str, Any], base_dir: Path) -> T:
-        """Build the stage named `kind`; config mistakes raise ValueError naming it."""
+    def build(self, spec: S, base_dir: Path) -> T:
+        """Build the stage `spec` describes; what a file makes wrong raises ValueError."""
         try:
-            factory = self._factories[kind]
+            factory = self.factories[spec.kind]
         except KeyError:
-            known = ", ".join(sorted(self._factories))
-            raise ValueError(f"unknown {self.what} {kind!r} (known: {known})") from None
-        try:
-            return factory(options, base_dir)
-        except KeyError as exc:
-            raise ValueError(f"{self.what} {kind!r} needs option {exc.args[0]!r}") from None
+            known = ", ".join(sorted(self.factories))
+            raise ValueError(f"unknown {self.what} {spec.kind!r} (known: {known})") from None
+        return factory(spec, base_dir)
+
+    def build_options(self, kind: str, options: Mapping[str, Any], base_dir: Path) -> T:
+        """Build from a plain mapping, validated as the config file's stages are (for tools
+        and tests; pydantic's ValidationError names a wrong option)."""
+        return self.build(self._specs.validate_python({"kind": kind, **options}), base_dir)
 
 
 def take(tensors: Arrays, name: str, stage: str) -> np.ndarray:

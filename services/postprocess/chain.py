@@ -21,8 +21,8 @@ from pathlib import Path
 
 from services.postprocess.rules import Rule, build_rule
 from strata.codec import Arrays
-from strata.config.pipelines import Pipeline, StageSpec
-from strata.config.postprocess import PostprocessSettings
+from strata.config.pipelines import Pipeline
+from strata.config.postprocess import PostprocessSettings, RuleSpec
 from strata.stages import take
 
 
@@ -37,7 +37,7 @@ class Condition:
 
     @classmethod
     def from_config(cls, when: Mapping[str, str | bool]) -> Condition:
-        """From a StageSpec's `when`, whose keys and types the config has already checked."""
+        """From a rule's `when`, whose keys and types the config has already checked."""
         return cls(
             parameter=_text(when.get("parameter")),
             equals=_text(when.get("equals")),
@@ -98,10 +98,10 @@ def build_chain(
     return RuleChain(name=name, rules=rules, outputs=[o.name for o in spec.outputs])
 
 
-def _chain_rule(stage: StageSpec, repository: Path, settings: PostprocessSettings) -> ChainRule:
+def _chain_rule(stage: RuleSpec, repository: Path, settings: PostprocessSettings) -> ChainRule:
     return ChainRule(
         name=stage.label,
-        rule=build_rule(stage.kind, stage.options, repository),
+        rule=build_rule(stage, repository),
         core=stage.core,
         timeout=stage.timeout_seconds or settings.rule_timeout_seconds,
         condition=Condition.from_config(stage.when) if stage.when else None,

@@ -63,6 +63,8 @@ def save_stats(stats: Stats, path: Path) -> None:
 def load_stats(path: Path) -> Stats:
     """Load a stats file, checking that its values still match its fingerprint."""
     body = json.loads(path.read_text())
+    if not isinstance(body, dict) or not {"mean", "std"} <= set(body):
+        raise ValueError(f"{path}: a stats file holds mean and std (see fit-stats)")
     stats = Stats(
         mean=np.asarray(body["mean"], dtype=np.float32),
         std=np.asarray(body["std"], dtype=np.float32),

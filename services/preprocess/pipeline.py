@@ -12,14 +12,11 @@ from services.preprocess.metrics import StepTimings
 from services.preprocess.steps import Step, build_step
 from services.preprocess.steps.validate import Validate
 from strata.codec import Arrays
-from strata.config.pipelines import Pipeline, StageSpec
+from strata.config.pipelines import Pipeline
 from strata.errors import NotFound
 from strata.telemetry import shapes
 
 TRACER = trace.get_tracer("strata.preprocess")
-
-# StageSpec keys that only mean something to postprocess rules.
-_RULE_ONLY = ("core", "when", "timeout_seconds")
 
 
 @dataclass
@@ -50,20 +47,13 @@ def build_pipeline(
     steps: list[tuple[str, Step]] = [("validate", Validate(spec.inputs, spec.max_batch_size))]
     for stage in spec.preprocess:
         where = f"pipeline {name!r}: preprocess step {stage.label!r}"
-        _check_stage(stage, [label for label, _ in steps], where)
+        if any(label == stage.label for label, _ in steps):
+            raise ValueError(f"{where}: the name is taken; give the step a distinct 'name'")
         try:
-            steps.append((stage.label, build_step(stage.kind, stage.options, repository)))
-        except (KeyError, ValueError, OSError) as exc:
+            steps.append((stage.label, build_step(stage, repository)))
+        except (ValueError, OSError) as exc:
             raise ValueError(f"{where}: {exc}") from exc
     return PreprocessPipeline(name=name, steps=steps, timings=timings or StepTimings())
-
-
-def _check_stage(stage: StageSpec, taken: list[str], where: str) -> None:
-    misplaced = [key for key in _RULE_ONLY if key in stage.model_fields_set]
-    if misplaced:
-        raise ValueError(f"{where}: {misplaced[0]!r} applies to postprocess rules only")
-    if stage.label in taken:
-        raise ValueError(f"{where}: the name is taken; give the step a distinct 'name'")
 
 
 class Pipelines:

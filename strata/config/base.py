@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, SecretStr
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, SecretStr
 
 
 class Strict(BaseModel):
@@ -12,6 +12,11 @@ class Strict(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
+
+# Step and rule options as YAML writes them: `true` is not 1, and "8" is not 8.
+Count = Annotated[int, Field(strict=True, gt=0)]
+Number = Annotated[float, Field(strict=True)]
+OUTPUT = "Where the result goes; defaults to input."
 
 Datatype = Literal[
     "BOOL", "UINT8", "UINT16", "UINT32", "UINT64", "INT8", "INT16", "INT32", "INT64",

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import math
-from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from strata.config.base import Datatype, Strict
+from strata.config.postprocess import Rule
+from strata.config.preprocess import Step
 
 
 class TensorSpec(Strict):
@@ -54,67 +55,6 @@ class TensorSpec(Strict):
         if self.shape[axis] != -1:
             return self.shape[axis]
         return self.max_shape[axis] if self.max_shape else math.inf
-
-
-class StageSpec(BaseModel):
-    """One preprocess step or postprocess rule: its kind, a few shared keys, its own options.
-
-    `core`, `when` and `timeout_seconds` apply to postprocess rules only; the preprocess
-    service refuses them on a step.
-    """
-
-    model_config = ConfigDict(extra="allow")
-
-    kind: str = Field(description="Registered step or rule name, e.g. resize or softmax.")
-    name: str | None = Field(
-        default=None,
-        min_length=1,
-        description="Name in timings, logs and skipped_rules; defaults to kind; unique per list.",
-    )
-    core: bool = Field(
-        default=True,
-        description="Rules only: a core rule still runs when a request asks for core_only.",
-    )
-    when: dict[str, str | bool] | None = Field(
-        default=None,
-        description="Rules only: run only if {parameter: P} is sent (equals: V, that value) "
-        "or {tensor: T} exists at that point; negate: true inverts it.",
-    )
-    timeout_seconds: float | None = Field(
-        default=None,
-        gt=0,
-        description="Rules only: this rule's limit; postprocess.rule_timeout_seconds when unset.",
-    )
-
-    @field_validator("when")
-    @classmethod
-    def _condition(cls, when: dict[str, str | bool] | None) -> dict[str, str | bool] | None:
-        if when is None:
-            return None
-        unknown = sorted(set(when) - {"parameter", "equals", "tensor", "negate"})
-        if unknown:
-            raise ValueError(
-                f"when: unknown key {unknown[0]!r} (parameter, equals, tensor, negate)"
-            )
-        if ("parameter" in when) == ("tensor" in when):
-            raise ValueError("when: give exactly one of 'parameter' or 'tensor'")
-        if "equals" in when and "parameter" not in when:
-            raise ValueError("when: 'equals' goes with 'parameter'")
-        for key in ("parameter", "tensor", "equals"):
-            if key in when and not isinstance(when[key], str):
-                raise ValueError(f"when: {key!r} must be a string")
-        if not isinstance(when.get("negate", False), bool):
-            raise ValueError("when: 'negate' must be true or false")
-        return when
-
-    @property
-    def label(self) -> str:
-        """The stage's name in timings, logs and responses."""
-        return self.name or self.kind
-
-    @property
-    def options(self) -> dict[str, Any]:
-        return dict(self.model_extra or {})
 
 
 class Route(Strict):
@@ -164,7 +104,9 @@ class Pipeline(Strict):
     inputs: list[TensorSpec] = Field(min_length=1, description="Inputs clients send.")
     outputs: list[TensorSpec] = Field(min_length=1, description="Outputs clients receive.")
     max_batch_size: int = Field(default=64, gt=0, description="Largest batch a request may carry.")
-    preprocess: list[StageSpec] = Field(default_factory=list, description="Steps after validation.")
+    preprocess: list[Step] = Field(
+        default_factory=list, description="Steps after validation, in order, chosen by kind."
+    )
     model: ModelRef = Field(description="The model the inputs feed, and its routes.")
     latency_objective_ms: float = Field(
         default=250.0, gt=0, description="P95 latency the ladder defends for this pipeline."
@@ -180,7 +122,9 @@ class Pipeline(Strict):
         description="One row of output values returned, marked degraded, when the ladder "
         "is at level 3 and the cache has no answer.",
     )
-    postprocess: list[StageSpec] = Field(default_factory=list, description="Rules, in order.")
+    postprocess: list[Rule] = Field(
+        default_factory=list, description="Rules, in order, chosen by kind."
+    )
 
     @field_validator("inputs", "outputs")
     @classmethod

@@ -1,10 +1,47 @@
-"""The preprocess service."""
+"""The preprocess service, and the options of every preprocess step.
+
+Each step kind has a model here, picked by its `kind`: the keys it takes, their defaults and
+limits, checked when the config loads. services/preprocess/steps builds each step from its
+model; what needs a file (a vocabulary, a tokenizer, statistics) is checked there.
+"""
 
 from __future__ import annotations
 
-from pydantic import Field
+from typing import Annotated, Literal
 
-from strata.config.base import Strict
+from pydantic import BeforeValidator, Field, model_validator
+
+from strata.config.base import OUTPUT, Count, Number, Strict
+
+Level = Annotated[int, Field(strict=True, ge=0, le=255)]
+
+
+def _gray_as_rgb(value: object) -> object:
+    return [value] * 3 if isinstance(value, int) and not isinstance(value, bool) else value
+
+
+# An opaque colour, [r, g, b]; a gray level stands for all three.
+Colour = Annotated[tuple[Level, Level, Level], BeforeValidator(_gray_as_rgb)]
+
+Mode = Literal["L", "RGB", "RGBA"]
+Interpolation = Literal["area", "bilinear", "nearest"]
+NumericDatatype = Literal[
+    "BOOL", "UINT8", "UINT16", "UINT32", "UINT64", "INT8", "INT16", "INT32", "INT64",
+    "FP16", "FP32", "FP64",
+]  # fmt: skip
+
+DEFAULT_MAX_PIXELS = 4096 * 4096
+DEFAULT_MAX_BYTES = 16 * 1024 * 1024
+
+KIND = "Which step this is; picks the keys it takes."
+BACKGROUND = (
+    "A gray level 0-255 or [r, g, b] that transparent pixels are laid over when the alpha "
+    "channel is dropped; without it, alpha is simply dropped."
+)
+INTERPOLATION = (
+    "area (averages the pixels each output pixel covers), bilinear or nearest "
+    "(half-pixel centres, as OpenCV and Pillow)."
+)
 
 
 class PreprocessSettings(Strict):
@@ -17,3 +54,244 @@ class PreprocessSettings(Strict):
         "event loop (a thread hand-off costs more than the steps of a small input); larger "
         "calls, e.g. big images or long texts, run on a worker thread so the loop stays free.",
     )
+
+
+class StepSpec(Strict):
+    """What every preprocess step takes beside its own options."""
+
+    kind: str = Field(description=KIND)
+    name: str | None = Field(
+        default=None,
+        min_length=1,
+        description="Name in timings and logs; defaults to kind; unique among the pipeline's "
+        "steps (give one a name to use a kind twice).",
+    )
+
+    @property
+    def label(self) -> str:
+        """The step's name in timings and logs."""
+        return self.name or self.kind
+
+
+class NormalizeTextStep(StepSpec):
+    """Strip, lowercase and Unicode-normalise each string; the shape is kept."""
+
+    kind: Literal["normalize_text"] = Field(description=KIND)
+    input: str = Field(description="BYTES tensor.")
+    output: str | None = Field(default=None, description=OUTPUT)
+    strip: bool = Field(default=True, description="Remove leading and trailing whitespace.")
+    lowercase: bool = Field(default=False, description="Lowercase (str.lower()).")
+    unicode: Literal["NFC", "NFKC", "NFD", "NFKD", "none"] = Field(
+        default="NFC", description="Unicode normal form, or none to leave the text as it is."
+    )
+
+
+class TokenizeStep(StepSpec):
+    """INT64 [batch, length] token ids, attention mask and token type ids."""
+
+    kind: Literal["tokenize"] = Field(description=KIND)
+    input: str = Field(description="BYTES tensor of texts; consumed, not passed on.")
+    tokenizer: str = Field(description="Path of the tokenizer.json, relative to the repository.")
+    max_length: Count = Field(description="Most tokens per text (special tokens included).")
+    truncation: bool = Field(
+        default=True, description="Cut longer texts; false refuses them with INVALID_ARGUMENT."
+    )
+    padding: Literal["longest", "max_length"] = Field(
+        default="longest",
+        description="Pad to the longest text in the batch (longest) or to max_length.",
+    )
+    pair: str | None = Field(
+        default=None,
+        description="A second BYTES tensor: sentence pairs (token_type_ids tell them apart); "
+        "consumed too.",
+    )
+    add_special_tokens: bool = Field(default=True, description="Add e.g. [CLS] and [SEP].")
+    pad_token: str | None = Field(
+        default=None,
+        description="The pad token; the file's own, else [PAD], when unset. Must be in the "
+        "vocabulary.",
+    )
+    input_ids: str | None = Field(
+        default="input_ids", description="Output tensor of token ids; null drops it."
+    )
+    attention_mask: str | None = Field(
+        default="attention_mask", description="Output tensor of the attention mask; null drops it."
+    )
+    token_type_ids: str | None = Field(
+        default="token_type_ids", description="Output tensor of token type ids; null drops it."
+    )
+
+    @model_validator(mode="after")
+    def _some_output(self) -> TokenizeStep:
+        if self.input_ids is None and self.attention_mask is None and self.token_type_ids is None:
+            raise ValueError("every output is switched off; keep at least input_ids")
+        return self
+
+
+class VocabularyStep(StepSpec):
+    """Each string to its INT64 id from a vocabulary file, same shape."""
+
+    kind: Literal["vocabulary"] = Field(description=KIND)
+    input: str = Field(description="BYTES tensor (any shape).")
+    vocabulary: str = Field(
+        description="The file, relative to the repository: .txt (one entry a line; the id is "
+        "the line number from 0) or .json (a list, ids by position, or an object of entry -> id)."
+    )
+    output: str | None = Field(default=None, description=OUTPUT)
+    oov_id: Annotated[int, Field(strict=True)] | None = Field(
+        default=None,
+        description="Id of unknown entries; without it an unknown entry is INVALID_ARGUMENT.",
+    )
+
+
+class DecodeStep(StepSpec):
+    """PNG or JPEG bytes, or raw UINT8 pixel arrays, to one UINT8 image batch."""
+
+    kind: Literal["decode"] = Field(description=KIND)
+    input: str = Field(description="BYTES of PNG/JPEG ([batch]), or UINT8 images.")
+    output: str | None = Field(default=None, description=OUTPUT)
+    mode: Mode = Field(
+        default="RGB", description="L (grayscale), RGB or RGBA, converted as color does."
+    )
+    max_pixels: Count = Field(
+        default=DEFAULT_MAX_PIXELS,
+        description="Largest width x height accepted, checked from the header before decoding.",
+    )
+    max_bytes: Count = Field(
+        default=DEFAULT_MAX_BYTES, description="Largest encoded image accepted."
+    )
+    max_batch_pixels: Count = Field(
+        default=4 * DEFAULT_MAX_PIXELS,
+        description="Most pixels all the images of one request may decode to.",
+    )
+    height: int | None = Field(
+        default=None,
+        strict=True,
+        gt=0,
+        description="Resize every image to this height (give width too).",
+    )
+    width: int | None = Field(
+        default=None,
+        strict=True,
+        gt=0,
+        description="Resize every image to this width (give height too).",
+    )
+    interpolation: Interpolation = Field(
+        default="area", description=f"For that resize: {INTERPOLATION}"
+    )
+    background: Colour | None = Field(default=None, description=BACKGROUND)
+    exif_orientation: bool = Field(default=True, description="Rotate/flip by the EXIF tag.")
+
+    @model_validator(mode="after")
+    def _both_sizes(self) -> DecodeStep:
+        if (self.height is None) != (self.width is None):
+            raise ValueError("give both height and width, or neither")
+        return self
+
+
+class ColorStep(StepSpec):
+    """Convert UINT8 images between grayscale, RGB and RGBA."""
+
+    kind: Literal["color"] = Field(description=KIND)
+    input: str = Field(description="UINT8 images.")
+    output: str | None = Field(default=None, description=OUTPUT)
+    mode: Mode = Field(description="L (grayscale), RGB or RGBA.")
+    background: Colour | None = Field(default=None, description=BACKGROUND)
+
+
+class ResizeStep(StepSpec):
+    """Resize [batch, H, W] or [batch, H, W, C] images (any numeric type) to FP32."""
+
+    kind: Literal["resize"] = Field(description=KIND)
+    input: str = Field(description="Images, resized in place.")
+    height: Count = Field(description="Output height.")
+    width: Count = Field(description="Output width.")
+    interpolation: Interpolation = Field(default="area", description=INTERPOLATION)
+
+
+class ScaleStep(StepSpec):
+    """x * factor + offset, cast to FP32."""
+
+    kind: Literal["scale"] = Field(description=KIND)
+    input: str = Field(description="Numeric tensor, scaled in place.")
+    factor: Number = Field(default=1.0, description="Multiplier.")
+    offset: Number = Field(default=0.0, description="Added after the multiplication.")
+
+
+class ClipStep(StepSpec):
+    """Clamp values into [low, high]; infinities go to the bounds."""
+
+    kind: Literal["clip"] = Field(description=KIND)
+    input: str = Field(description="Numeric tensor, clipped in place; integers keep their type.")
+    low: Number | None = Field(default=None, description="Lowest value; open when unset.")
+    high: Number | None = Field(default=None, description="Highest value; open when unset.")
+    nan: Number | None = Field(
+        default=None, description="What NaN becomes; without it, NaN is INVALID_ARGUMENT."
+    )
+
+    @model_validator(mode="after")
+    def _a_range(self) -> ClipStep:
+        if self.low is None and self.high is None:
+            raise ValueError("clip needs 'low', 'high' or both")
+        if self.low is not None and self.high is not None and self.low > self.high:
+            raise ValueError(f"clip: low {self.low} is above high {self.high}")
+        return self
+
+
+class CastStep(StepSpec):
+    """Convert to another numeric datatype, refusing values it cannot hold."""
+
+    kind: Literal["cast"] = Field(description=KIND)
+    input: str = Field(description="Numeric tensor.")
+    output: str | None = Field(default=None, description=OUTPUT)
+    datatype: NumericDatatype = Field(description="The v2 datatype to convert to.")
+    round: bool = Field(
+        default=False, description="Round floats to the nearest integer instead of truncating."
+    )
+
+
+class FlattenStep(StepSpec):
+    """Every dimension after the batch into one."""
+
+    kind: Literal["flatten"] = Field(description=KIND)
+    input: str = Field(description="Tensor to flatten.")
+    output: str | None = Field(default=None, description=OUTPUT)
+
+
+class StandardizeStep(StepSpec):
+    """(x - mean) / std per feature, with statistics from a stats file."""
+
+    kind: Literal["standardize"] = Field(description=KIND)
+    input: str = Field(description="FP32 [batch, features], standardised in place.")
+    stats: str = Field(
+        description="The stats file (written by fit-stats), relative to the repository."
+    )
+    fingerprint: str | None = Field(
+        default=None, description="The fingerprint the stats must have."
+    )
+    model_yaml: str | None = Field(
+        default=None,
+        description="The model's model.yaml, whose preprocess_fingerprint the stats must have.",
+    )
+
+    @model_validator(mode="after")
+    def _one_fingerprint(self) -> StandardizeStep:
+        if self.fingerprint is not None and self.model_yaml is not None:
+            raise ValueError("give fingerprint or model_yaml, not both")
+        return self
+
+
+Step = Annotated[
+    NormalizeTextStep
+    | TokenizeStep
+    | VocabularyStep
+    | DecodeStep
+    | ColorStep
+    | ResizeStep
+    | ScaleStep
+    | ClipStep
+    | CastStep
+    | FlattenStep
+    | StandardizeStep,
+    Field(discriminator="kind"),
+]

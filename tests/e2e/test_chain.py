@@ -6,8 +6,8 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
+from models.common import run_steps
 from models.digits import STEPS as DIGITS_STEPS
-from services.preprocess.steps import build_step
 from tests.support.system import ROOT, run_client
 
 BUILD = ROOT / "build"
@@ -48,9 +48,7 @@ def test_bad_requests_get_clear_errors(probe: dict, case: str, code: str, words:
 
 
 def in_process_digits_accuracy(images: np.ndarray, labels: np.ndarray) -> float:
-    tensors = {"images": images}
-    for kind, options in DIGITS_STEPS:
-        tensors = build_step(kind, options, BUILD / "repository").process(tensors)
+    tensors = run_steps(DIGITS_STEPS, {"images": images}, BUILD / "repository")
     session = ort.InferenceSession(str(BUILD / "repository" / "digits" / "1" / "model.onnx"))
     logits = session.run(None, tensors)[0]
     return float((logits.argmax(axis=1) == labels).mean())

@@ -8,15 +8,16 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Literal
 
 import grpc
 import numpy as np
 import pytest
+from pydantic import Field
 
 from services.postprocess.app import build_engine
 from services.postprocess.chain import build_chain
@@ -27,7 +28,7 @@ from strata import codec
 from strata.codec import Arrays
 from strata.config import load_settings
 from strata.config.pipelines import Pipeline
-from strata.config.postprocess import PostprocessSettings
+from strata.config.postprocess import PostprocessSettings, Rule, RuleSpec
 from strata.config.server import ServerSettings
 from strata.errors import InvalidArgument
 from strata.process import raise_for_result
@@ -61,9 +62,13 @@ class Nap:
         return tensors
 
 
-@RULES.register("test_nap")
-def _nap(options: Mapping[str, Any], base_dir: Path) -> Nap:
-    return Nap(options["input"])
+class NapSpec(RuleSpec):
+    kind: Literal["test_nap"]
+    input: str
+
+
+def _nap(spec: NapSpec, base_dir: Path) -> Nap:
+    return Nap(spec.input)
 
 
 @dataclass
@@ -83,12 +88,28 @@ class Refuse:
         return tensors
 
 
-@RULES.register("test_refuse")
-def _refuse(options: Mapping[str, Any], base_dir: Path) -> Refuse:
-    return Refuse(options["input"])
+class RefuseSpec(RuleSpec):
+    kind: Literal["test_refuse"]
+    input: str
 
 
-PIPELINE = Pipeline.model_validate(
+def _refuse(spec: RefuseSpec, base_dir: Path) -> Refuse:
+    return Refuse(spec.input)
+
+
+@pytest.fixture(autouse=True)
+def _test_rules(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(RULES.factories, "test_nap", _nap)
+    monkeypatch.setitem(RULES.factories, "test_refuse", _refuse)
+
+
+class WithTestRules(Pipeline):
+    """A pipeline whose rules may also be this module's test-only ones."""
+
+    postprocess: list[Annotated[Rule | NapSpec | RefuseSpec, Field(discriminator="kind")]] = []
+
+
+PIPELINE = WithTestRules.model_validate(
     {
         "inputs": [{"name": "x", "datatype": "FP32", "shape": [-1, 3]}],
         "outputs": [

@@ -8,17 +8,18 @@ import asyncio
 import io
 import threading
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Literal
 
 import grpc
 import numpy as np
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from PIL import Image
+from pydantic import Field
 from tokenizers import Tokenizer, models, pre_tokenizers
 
 from services.preprocess.app import build_pipelines
@@ -30,6 +31,7 @@ from strata import codec
 from strata.codec import Arrays
 from strata.config import load_settings
 from strata.config.pipelines import Pipeline
+from strata.config.preprocess import Step, StepSpec
 from strata.config.server import ServerSettings
 from strata.process import raise_for_result
 from strata.proto.v1 import preprocess_pb2_grpc
@@ -51,13 +53,28 @@ class Pause:
         return tensors
 
 
-@STEPS.register("test_pause")
-def _pause(options: Mapping[str, Any], base_dir: Path) -> Pause:
-    return Pause(float(options["seconds"]))
+class PauseSpec(StepSpec):
+    kind: Literal["test_pause"]
+    seconds: float
+
+
+def _pause(spec: PauseSpec, base_dir: Path) -> Pause:
+    return Pause(spec.seconds)
+
+
+@pytest.fixture(autouse=True)
+def _test_steps(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(STEPS.factories, "test_pause", _pause)
+
+
+class WithTestSteps(Pipeline):
+    """A pipeline whose steps may also be this module's test-only one."""
+
+    preprocess: list[Annotated[Step | PauseSpec, Field(discriminator="kind")]] = []
 
 
 def pipeline(inputs: list[dict], steps: list[dict]) -> Pipeline:
-    return Pipeline.model_validate(
+    return WithTestSteps.model_validate(
         {
             "inputs": inputs,
             "outputs": [{"name": "out", "datatype": "FP32", "shape": [-1]}],

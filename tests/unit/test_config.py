@@ -6,6 +6,7 @@ import pytest
 import yaml
 
 from strata.config import ConfigError, load_settings
+from strata.config.preprocess import ResizeStep
 from tests.support.system import DEFAULT_CONFIG, merge
 
 
@@ -26,8 +27,8 @@ def test_default_config_loads_with_paths_resolved() -> None:
     assert set(settings.pipelines) == {"digits", "tabular"}
     assert settings.services.gateway.listen.endswith(":8001")
     assert settings.repository.is_absolute()
-    assert settings.pipelines["digits"].preprocess[0].kind == "resize"
-    assert settings.pipelines["digits"].preprocess[0].options["height"] == 8
+    resize = settings.pipelines["digits"].preprocess[0]
+    assert isinstance(resize, ResizeStep) and resize.height == 8
 
 
 @pytest.mark.parametrize(

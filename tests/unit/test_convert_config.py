@@ -5,6 +5,7 @@ from pathlib import Path
 import yaml
 
 from strata.config import load_settings
+from strata.config.preprocess import TokenizeStep
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 TEXT_MODELS = {"minilm", "minilm-int8", "topics"}
@@ -32,7 +33,5 @@ def test_the_text_config_loads_and_its_pipelines_use_the_text_models() -> None:
     assert used == TEXT_MODELS
     for name in TEXT_PIPELINES:
         (step,) = settings.pipelines[name].preprocess
-        assert step.kind == "tokenize"
-        assert (
-            step.options["tokenizer"] == f"{settings.pipelines[name].model.name}/1/tokenizer.json"
-        )
+        assert isinstance(step, TokenizeStep)
+        assert step.tokenizer == f"{settings.pipelines[name].model.name}/1/tokenizer.json"

@@ -12,6 +12,7 @@ import pytest
 from services.preprocess.fit_stats import main
 from services.preprocess.normalisation import fit_stats, load_stats
 from services.preprocess.steps import build_step
+from strata.config.preprocess import StandardizeStep
 from tests.support.system import ROOT
 
 DATA = np.array([[1.0, 10.0, 5.0], [3.0, 30.0, 5.0], [5.0, 20.0, 5.0]])
@@ -34,8 +35,10 @@ def test_the_written_file_feeds_standardize_with_its_fingerprint(tmp_path: Path)
     np.save(tmp_path / "train.npy", DATA.astype(np.float32))
     assert fit(tmp_path, "--data", str(tmp_path / "train.npy")) == 0
     fingerprint = load_stats(tmp_path / "stats.json").fingerprint
-    options = {"input": "x", "stats": "stats.json", "fingerprint": fingerprint}
-    step = build_step("standardize", options, tmp_path)
+    spec = StandardizeStep(
+        kind="standardize", input="x", stats="stats.json", fingerprint=fingerprint
+    )
+    step = build_step(spec, tmp_path)
     out = step.process({"x": DATA.astype(np.float32)})["x"]
     np.testing.assert_allclose(out.mean(axis=0), 0, atol=1e-6)
 

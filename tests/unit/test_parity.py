@@ -14,7 +14,7 @@ from models.common import BuiltModel
 from services.preprocess.app import build_pipelines
 from services.preprocess.metrics import StepTimings
 from strata.config import load_settings
-from strata.config.pipelines import StageSpec
+from strata.config.preprocess import ResizeStep
 from tests.support.system import DEFAULT_CONFIG
 
 # Pipeline -> (client input, model input).
@@ -61,8 +61,8 @@ def test_parity_would_catch_a_drifted_step(built: tuple[Path, dict[str, BuiltMod
     repository, _ = built
     settings = load_settings(DEFAULT_CONFIG)
     settings.repository = repository
-    drifted = {"kind": "resize", "input": "images", "height": 8, "width": 8}
-    settings.pipelines["digits"].preprocess[0] = StageSpec(**drifted, interpolation="nearest")
+    drifted = ResizeStep(kind="resize", input="images", height=8, width=8, interpolation="nearest")
+    settings.pipelines["digits"].preprocess[0] = drifted
     pipeline = build_pipelines(settings, StepTimings()).get("digits")
     images = np.random.default_rng(0).integers(0, 256, (4, 20, 20), dtype=np.uint8)
     served = pipeline.run({"images": images})["pixels"]

@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 import yaml
 
-from services.postprocess.rules import RuleContext, build_rule
+from services.postprocess.rules import RuleContext
+from services.postprocess.rules import build_rule_options as build
 from services.postprocess.rules.base import Misconfigured, NotFinite
 from strata.errors import InvalidArgument
 
@@ -21,7 +22,7 @@ INF, NAN = np.inf, np.nan
 
 
 def apply(kind: str, tensors: dict, base_dir: Path = Path("."), **options) -> dict:
-    rule = build_rule(kind, options, base_dir)
+    rule = build(kind, options, base_dir)
     return rule.apply(tensors, RuleContext(time.monotonic() + 10))
 
 
@@ -88,8 +89,8 @@ def test_threshold_scalar_and_per_class() -> None:
 def test_threshold_per_class_must_fit_the_scores() -> None:
     with pytest.raises(Misconfigured, match="2 per-class values but 's' has shape"):
         apply("threshold", {"s": f32([0.1, 0.2, 0.3])}, input="s", output="t", threshold=[1, 2])
-    with pytest.raises(ValueError, match="threshold must be a number"):
-        build_rule("threshold", {"input": "s", "output": "t", "threshold": "high"}, Path("."))
+    with pytest.raises(ValueError, match=r"threshold.threshold.float\n  Input should be a valid"):
+        build("threshold", {"input": "s", "output": "t", "threshold": "high"}, Path("."))
 
 
 # sort and topk
@@ -117,10 +118,13 @@ def test_topk_best_first_and_k_above_the_class_count() -> None:
     assert empty["i"].shape == (0, 2)
 
 
-@pytest.mark.parametrize("k", [0, -1, 1.5, True])
-def test_topk_refuses_bad_k(k) -> None:
-    with pytest.raises(ValueError, match="k must be a positive integer"):
-        build_rule("topk", {"input": "s", "k": k, "values": "v", "indices": "i"}, Path("."))
+@pytest.mark.parametrize(
+    ("k", "words"),
+    [(0, "greater than 0"), (-1, "greater than 0"), (1.5, "a valid int"), (True, "a valid int")],
+)
+def test_topk_refuses_bad_k(k, words: str) -> None:
+    with pytest.raises(ValueError, match=f"topk.k\n  Input should be {words}"):
+        build("topk", {"input": "s", "k": k, "values": "v", "indices": "i"}, Path("."))
 
 
 # labels
@@ -155,12 +159,12 @@ def test_a_labels_file_shorter_than_the_outputs_is_refused_at_start_up(tmp_path:
     with pytest.raises(
         ValueError, match=re.escape("'labels.txt' has 2 labels, fewer than the model's 3")
     ):
-        build_rule("labels", options, tmp_path)
+        build("labels", options, tmp_path)
 
 
 def test_a_short_labels_file_unchecked_gives_a_clear_error_per_request(tmp_path: Path) -> None:
     (tmp_path / "labels.txt").write_text("cat\ndog\n")
-    rule = build_rule("labels", {"input": "c", "output": "l", "file": "labels.txt"}, tmp_path)
+    rule = build("labels", {"input": "c", "output": "l", "file": "labels.txt"}, tmp_path)
     context = RuleContext(time.monotonic() + 10)
     with pytest.raises(Misconfigured) as info:
         rule.apply({"c": np.array([[0, 2]])}, context)
@@ -177,19 +181,20 @@ def test_a_short_labels_file_unchecked_gives_a_clear_error_per_request(tmp_path:
     [
         ({"labels": ["a"], "file": "l.txt"}, "a\n", "either 'labels'"),
         ({}, "a\n", "either 'labels'"),
-        ({"labels": []}, "", "non-empty strings"),
+        ({"labels": []}, "", "labels.labels\n  List should have at least 1 item"),
+        ({"labels": ["a", ""]}, "", "labels.labels.1\n  String should have at least 1"),
         ({"file": "l.txt"}, "a\n\nb\n", "entry 1 is empty"),
         ({"file": "l.txt"}, "", "non-empty list of strings"),
         ({"file": "missing.txt"}, "", "not found"),
         ({"file": "l.csv"}, "", "not found"),
-        ({"labels": ["a"], "classes": "ten"}, "", "classes must be an integer"),
+        ({"labels": ["a"], "classes": "ten"}, "", "labels.classes\n  Input should be a valid"),
         ({"file": "l.yaml"}, "", "not found"),
     ],
 )
 def test_labels_config_mistakes(tmp_path: Path, options: dict, body: str, words: str) -> None:
     (tmp_path / "l.txt").write_text(body)
     with pytest.raises(ValueError, match=words):
-        build_rule("labels", {"input": "c", "output": "l", **options}, tmp_path)
+        build("labels", {"input": "c", "output": "l", **options}, tmp_path)
 
 
 @pytest.mark.parametrize(
@@ -204,7 +209,7 @@ def test_labels_config_mistakes(tmp_path: Path, options: dict, body: str, words:
 def test_labels_file_mistakes(tmp_path: Path, name: str, body: str, words: str) -> None:
     (tmp_path / name).write_text(body)
     with pytest.raises(ValueError, match=words):
-        build_rule("labels", {"input": "c", "output": "l", "file": name}, tmp_path)
+        build("labels", {"input": "c", "output": "l", "file": name}, tmp_path)
 
 
 def test_labels_refuse_a_model_with_more_classes_than_labels() -> None:

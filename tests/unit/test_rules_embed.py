@@ -9,7 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from services.postprocess.rules import RuleContext, build_rule
+from services.postprocess.rules import RuleContext
+from services.postprocess.rules import build_rule_options as build
 from strata.errors import InvalidArgument
 
 TOKENS = np.random.default_rng(3).normal(size=(3, 4, 5)).astype(np.float32)
@@ -17,7 +18,7 @@ MASK = np.array([[1, 1, 0, 0], [1, 1, 1, 1], [0, 0, 0, 0]], np.int64)
 
 
 def apply(kind: str, tensors: dict, **options) -> dict:
-    rule = build_rule(kind, options, Path("."))
+    rule = build(kind, options, Path("."))
     return rule.apply(tensors, RuleContext(time.monotonic() + 10))
 
 

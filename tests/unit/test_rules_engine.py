@@ -6,22 +6,22 @@ import asyncio
 import logging
 import threading
 import time
-from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Literal
 
 import numpy as np
 import pytest
 from opentelemetry.sdk.trace import TracerProvider
+from pydantic import Field, ValidationError
 
 from services.postprocess.chain import build_chain
 from services.postprocess.engine import RuleEngine
 from services.postprocess.rules import RULES, RuleContext
 from services.postprocess.rules.base import Misconfigured
 from strata.codec import Arrays
-from strata.config.pipelines import Pipeline, StageSpec
-from strata.config.postprocess import PostprocessSettings
+from strata.config.pipelines import Pipeline
+from strata.config.postprocess import PostprocessSettings, Rule, RuleSpec, SoftmaxRule
 from strata.errors import InvalidArgument, NotFound
 
 LIMIT = 0.2
@@ -70,14 +70,30 @@ FINISHED = threading.Event()
 CALLS: list = []
 
 
-@RULES.register("test_sleep")
-def _sleep(options: Mapping[str, Any], base_dir: Path) -> Sleep:
-    return Sleep(options["input"], options["output"], float(options["seconds"]), FINISHED)
+class SleepSpec(RuleSpec):
+    kind: Literal["test_sleep"]
+    input: str
+    output: str
+    seconds: float
 
 
-@RULES.register("test_record")
-def _record(options: Mapping[str, Any], base_dir: Path) -> Record:
-    return Record(options["input"], CALLS)
+class RecordSpec(RuleSpec):
+    kind: Literal["test_record"]
+    input: str
+
+
+class WithTestRules(Pipeline):
+    """A pipeline whose rules may also be this module's test-only ones."""
+
+    postprocess: list[Annotated[Rule | SleepSpec | RecordSpec, Field(discriminator="kind")]] = []
+
+
+def _sleep(spec: SleepSpec, base_dir: Path) -> Sleep:
+    return Sleep(spec.input, spec.output, spec.seconds, FINISHED)
+
+
+def _record(spec: RecordSpec, base_dir: Path) -> Record:
+    return Record(spec.input, CALLS)
 
 
 SOFTMAX = {"kind": "softmax", "input": "logits", "output": "probabilities"}
@@ -89,7 +105,7 @@ CLASSIFY = ("labels", "scores", "probabilities")
 def engine_for(
     *rules: dict, outputs: tuple[str, ...] = CLASSIFY, workers: int = 4, **settings: Any
 ) -> RuleEngine:
-    spec = Pipeline.model_validate(
+    spec = WithTestRules.model_validate(
         {
             "inputs": [{"name": "x", "datatype": "FP32", "shape": [-1, 3]}],
             "outputs": [{"name": n, "datatype": "FP32", "shape": [-1]} for n in outputs],
@@ -113,9 +129,11 @@ def run(engine: RuleEngine, parameters: dict | None = None, tensors: dict | None
 
 
 @pytest.fixture(autouse=True)
-def _reset() -> None:
+def _reset(monkeypatch: pytest.MonkeyPatch) -> None:
     FINISHED.clear()
     CALLS.clear()
+    monkeypatch.setitem(RULES.factories, "test_sleep", _sleep)
+    monkeypatch.setitem(RULES.factories, "test_record", _record)
 
 
 # order, outputs and errors
@@ -185,13 +203,13 @@ def test_core_only_skips_optional_rules_and_what_depends_on_them_naming_each() -
 
 def test_bad_conditions_and_names_fail_at_start_up() -> None:
     with pytest.raises(ValueError, match="exactly one of 'parameter' or 'tensor'"):
-        StageSpec(kind="softmax", when={"equals": "x"})
+        SoftmaxRule(kind="softmax", input="x", when={"equals": "x"})
     with pytest.raises(ValueError, match="unknown key 'value'"):
-        StageSpec(kind="softmax", when={"parameter": "a", "value": "x"})
+        SoftmaxRule(kind="softmax", input="x", when={"parameter": "a", "value": "x"})
     with pytest.raises(ValueError, match="postprocess rule 'softmax': the name is taken"):
         engine_for(SOFTMAX, SOFTMAX)
     engine_for(SOFTMAX, {**SOFTMAX, "name": "again"})
-    with pytest.raises(ValueError, match="pipeline 'p': postprocess rule 'glow'"):
+    with pytest.raises(ValidationError, match=r"postprocess.0\n  Input tag 'glow' found"):
         engine_for({"kind": "glow"})
 
 

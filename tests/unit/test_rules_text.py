@@ -11,7 +11,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from services.postprocess.rules import RuleContext, RuleTimeout, build_rule
+from services.postprocess.rules import RuleContext, RuleTimeout
+from services.postprocess.rules import build_rule_options as build
 from services.postprocess.rules.base import Misconfigured
 from strata.errors import InvalidArgument
 
@@ -26,7 +27,7 @@ def strings(*items: bytes | str) -> np.ndarray:
 
 
 def apply(kind: str, tensors: dict, base_dir: Path = Path("."), seconds: float = 10, **options):
-    rule = build_rule(kind, options, base_dir)
+    rule = build(kind, options, base_dir)
     return rule.apply(tensors, RuleContext(time.monotonic() + seconds))
 
 
@@ -151,7 +152,7 @@ def test_a_catastrophic_regex_stops_at_the_rule_limit_without_holding_the_gil() 
 
 
 def test_an_expired_limit_stops_the_rule_before_it_starts() -> None:
-    rule = build_rule("regex_filter", {"input": "t", "output": "f", "pattern": "a"}, Path("."))
+    rule = build("regex_filter", {"input": "t", "output": "f", "pattern": "a"}, Path("."))
     with pytest.raises(RuleTimeout):
         rule.apply({"t": strings("a")}, RuleContext(time.monotonic() - 1))
 
@@ -160,15 +161,21 @@ def test_an_expired_limit_stops_the_rule_before_it_starts() -> None:
     ("kind", "options", "words"),
     [
         ("regex_filter", {"pattern": "(unclosed"}, "does not compile"),
-        ("regex_filter", {"pattern": "a", "action": "drop"}, "action must be one of"),
+        (
+            "regex_filter",
+            {"pattern": "a", "action": "drop"},
+            "action\n  Input should be 'flag', 'replace'",
+        ),
         ("regex_filter", {"pattern": "a", "output": None}, "needs 'output'"),
-        ("keyword_filter", {"keywords": []}, "non-empty list"),
-        ("keyword_filter", {"keywords": ["ok", ""]}, "non-empty strings"),
+        ("keyword_filter", {"keywords": []}, "keywords\n  List should have at least 1 item"),
+        ("keyword_filter", {"keywords": ["ok", ""]}, "keywords.1\n  String should have at"),
+        ("keyword_filter", {}, "give either 'keywords'"),
+        ("regex_filter", {"pattern": "a", "patterns": ["b"]}, "either 'pattern' or 'patterns'"),
     ],
 )
 def test_filter_config_mistakes(kind: str, options: dict, words: str) -> None:
     with pytest.raises(ValueError, match=words):
-        build_rule(kind, {"input": "t", "output": "f", **options}, Path("."))
+        build(kind, {"input": "t", "output": "f", **options}, Path("."))
 
 
 # format
@@ -236,8 +243,8 @@ def test_template_type_mismatch_is_a_configuration_error() -> None:
 @pytest.mark.parametrize(
     ("options", "words"),
     [
-        ({"fields": {}}, "'fields' must map"),
-        ({"fields": {"a": "a"}, "style": "xml"}, "style must be one of"),
+        ({"fields": {}}, "format.fields\n  Dictionary should have at least 1 item"),
+        ({"fields": {"a": "a"}, "style": "xml"}, "format.style\n  Input should be 'json' or"),
         ({"fields": {"a": "a"}, "style": "template"}, "needs a 'template'"),
         ({"fields": {"a": "a"}, "style": "template", "template": "{b}"}, "uses 'b'"),
         ({"fields": {"a": "a"}, "style": "template", "template": "{a.__class__}"}, "plain name"),
@@ -247,4 +254,4 @@ def test_template_type_mismatch_is_a_configuration_error() -> None:
 )
 def test_format_config_mistakes(options: dict, words: str) -> None:
     with pytest.raises(ValueError, match=words):
-        build_rule("format", {"output": "o", **options}, Path("."))
+        build("format", {"output": "o", **options}, Path("."))

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from pydantic import ValidationError
 
 from services.preprocess.metrics import StepTimings
 from services.preprocess.pipeline import Pipelines, build_pipeline
@@ -70,19 +71,31 @@ def test_every_step_is_timed_and_hooks_see_each_one() -> None:
 
 
 @pytest.mark.parametrize(
-    ("steps", "words"),
+    "steps",
     [
-        ((CLIP, CLIP), "name is taken"),
-        (({**CLIP, "name": "validate"},), "name is taken"),
-        (({**CLIP, "core": False},), "'core' applies to postprocess rules only"),
-        (({**CLIP, "timeout_seconds": 1},), "'timeout_seconds' applies to postprocess"),
-        (({"kind": "sharpen", "input": "x"},), "unknown preprocess step 'sharpen'"),
-        (({"kind": "clip", "low": 0},), "needs option 'input'"),
+        (CLIP, CLIP),
+        ({**CLIP, "name": "validate"},),
+        ({**CLIP, "name": "s"}, {**SCALE, "name": "s"}),
     ],
 )
-def test_config_mistakes_name_the_pipeline_and_step(steps: tuple, words: str) -> None:
+def test_a_taken_name_is_refused_naming_the_pipeline_and_step(steps: tuple) -> None:
     with pytest.raises(ValueError, match="pipeline 'p': preprocess step") as info:
         build_pipeline("p", spec(*steps), Path("."))
+    assert "the name is taken" in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("step", "words"),
+    [
+        ({**CLIP, "core": False}, "preprocess.0.clip.core\n  Extra inputs are not permitted"),
+        ({**CLIP, "timeout_seconds": 1}, "preprocess.0.clip.timeout_seconds\n  Extra inputs"),
+        ({"kind": "sharpen", "input": "x"}, "preprocess.0\n  Input tag 'sharpen' found using"),
+        ({"kind": "clip", "low": 0}, "preprocess.0.clip.input\n  Field required"),
+    ],
+)
+def test_rule_keys_and_unknown_kinds_are_refused_by_the_config(step: dict, words: str) -> None:
+    with pytest.raises(ValidationError) as info:
+        spec(step)
     assert words in str(info.value)
 
 

@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors
 
-from services.preprocess.steps import StepError, build_step
+from services.preprocess.steps import StepError
+from services.preprocess.steps import build_step_options as build
 
 VOCAB = {"[PAD]": 0, "[UNK]": 1, "[CLS]": 2, "[SEP]": 3, "hello": 4, "world": 5, "the": 6, "cat": 7}
 
@@ -36,9 +37,7 @@ def tokenizer_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def tokenize(folder: Path, **options) -> object:
-    return build_step(
-        "tokenize", {"input": "text", "tokenizer": "tokenizer.json", **options}, folder
-    )
+    return build("tokenize", {"input": "text", "tokenizer": "tokenizer.json", **options}, folder)
 
 
 # normalize_text
@@ -59,13 +58,13 @@ def tokenize(folder: Path, **options) -> object:
     ],
 )
 def test_normalize_text(options: dict, given: str, expected: str) -> None:
-    step = build_step("normalize_text", {"input": "t", **options}, Path("."))
+    step = build("normalize_text", {"input": "t", **options}, Path("."))
     out = step.process({"t": texts(given.encode())})["t"]
     assert out.tolist() == [expected.encode()]
 
 
 def test_normalize_text_keeps_shape_and_other_tensors() -> None:
-    step = build_step("normalize_text", {"input": "t", "output": "n", "lowercase": True}, Path("."))
+    step = build("normalize_text", {"input": "t", "output": "n", "lowercase": True}, Path("."))
     values = texts(b"A", b"B").reshape(2, 1)
     out = step.process({"t": values, "other": np.ones(2)})
     assert out["n"].shape == (2, 1) and out["n"].tolist() == [[b"a"], [b"b"]]
@@ -73,13 +72,13 @@ def test_normalize_text_keeps_shape_and_other_tensors() -> None:
 
 
 def test_normalize_text_empty_batch() -> None:
-    step = build_step("normalize_text", {"input": "t"}, Path("."))
+    step = build("normalize_text", {"input": "t"}, Path("."))
     out = step.process({"t": np.empty(0, dtype=object)})["t"]
     assert out.shape == (0,) and out.dtype == object
 
 
 def test_normalize_text_refuses_non_utf8_naming_the_element() -> None:
-    step = build_step("normalize_text", {"input": "t"}, Path("."))
+    step = build("normalize_text", {"input": "t"}, Path("."))
     with pytest.raises(StepError, match=r"input 't': element 1 is not valid UTF-8 \(byte 1\)"):
         step.process({"t": texts(b"ok", b"a\xff")})
 
@@ -92,14 +91,14 @@ def test_normalize_text_refuses_non_utf8_naming_the_element() -> None:
     ],
 )
 def test_normalize_text_refuses_wrong_tensors(values: np.ndarray, words: str) -> None:
-    step = build_step("normalize_text", {"input": "t"}, Path("."))
+    step = build("normalize_text", {"input": "t"}, Path("."))
     with pytest.raises(StepError, match=words.replace("[", r"\[")):
         step.process({"t": values})
 
 
 def test_normalize_text_refuses_unknown_form() -> None:
-    with pytest.raises(ValueError, match="unicode must be one of"):
-        build_step("normalize_text", {"input": "t", "unicode": "NFX"}, Path("."))
+    with pytest.raises(ValueError, match=r"normalize_text.unicode\n  Input should be 'NFC'"):
+        build("normalize_text", {"input": "t", "unicode": "NFX"}, Path("."))
 
 
 # tokenize
@@ -154,8 +153,13 @@ def test_tokenize_refuses_non_utf8_and_mismatched_pairs(tokenizer_dir: Path) -> 
 @pytest.mark.parametrize(
     ("options", "words"),
     [
-        ({"max_length": 0}, "'max_length' must be a positive integer"),
-        ({"max_length": 4, "padding": "left"}, "padding must be"),
+        ({"max_length": 0}, r"tokenize.max_length\n  Input should be greater than 0"),
+        ({"max_length": 4, "padding": "left"}, "Input should be 'longest' or 'max_length'"),
+        ({"max_length": True}, r"tokenize.max_length\n  Input should be a valid integer"),
+        (
+            {"max_length": 4, "input_ids": None, "attention_mask": None, "token_type_ids": None},
+            "every output is switched off",
+        ),
         ({"max_length": 4, "tokenizer": "missing.json"}, "not found"),
         ({"max_length": 4, "pad_token": "<pad>"}, "not in the tokenizer's vocabulary"),
     ],

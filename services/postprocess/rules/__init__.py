@@ -5,5 +5,6 @@ from services.postprocess.rules import classify, embed, filters, format  # noqa:
 from services.postprocess.rules.base import RULES, Rule, RuleContext, RuleTimeout
 
 build_rule = RULES.build
+build_rule_options = RULES.build_options
 
-__all__ = ["RULES", "Rule", "RuleContext", "RuleTimeout", "build_rule"]
+__all__ = ["RULES", "Rule", "RuleContext", "RuleTimeout", "build_rule", "build_rule_options"]

@@ -18,7 +18,9 @@ from typing import Any, Protocol
 import numpy as np
 import yaml
 
-from strata.codec import Arrays
+from strata.codec import Arrays, utf8
+from strata.config import postprocess as options
+from strata.config.postprocess import RuleSpec
 from strata.errors import InvalidArgument, NotReady
 from strata.stages import Registry, take
 
@@ -72,7 +74,7 @@ class Rule(Protocol):
         ...
 
 
-RULES: Registry[Rule] = Registry("postprocess rule")
+RULES: Registry[RuleSpec, Rule] = Registry("postprocess rule", options.Rule)
 
 
 class NotFinite(NotReady):
@@ -99,15 +101,7 @@ def texts(values: np.ndarray, name: str) -> list[str]:
     """The elements of a BYTES tensor as text, in flat order; non-UTF-8 is refused."""
     if values.dtype != object:
         raise InvalidArgument(f"tensor {name!r} must be BYTES, got {values.dtype}")
-    out = []
-    for index, item in enumerate(values.reshape(-1)):
-        try:
-            out.append(item if isinstance(item, str) else bytes(item).decode("utf-8"))
-        except UnicodeDecodeError as exc:
-            raise InvalidArgument(
-                f"tensor {name!r}: element {index} is not valid UTF-8 (byte {exc.start})"
-            ) from None
-    return out
+    return [utf8(item, f"tensor {name!r}", index) for index, item in enumerate(values.reshape(-1))]
 
 
 def load_list(path: Path, what: str, key: str | None = None) -> list[str]:

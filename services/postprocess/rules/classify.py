@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
@@ -18,6 +17,14 @@ from services.postprocess.rules.base import (
     take,
 )
 from strata.codec import Arrays
+from strata.config.postprocess import (
+    LabelsRule,
+    SigmoidRule,
+    SoftmaxRule,
+    SortRule,
+    ThresholdRule,
+    TopkRule,
+)
 from strata.errors import InvalidArgument
 
 
@@ -162,79 +169,53 @@ class Labels:
 
 
 @RULES.register("softmax")
-def _build_softmax(options: Mapping[str, Any], base_dir: Path) -> Softmax:
-    return Softmax(input=options["input"], output=options.get("output", options["input"]))
+def _build_softmax(spec: SoftmaxRule, base_dir: Path) -> Softmax:
+    return Softmax(input=spec.input, output=spec.output or spec.input)
 
 
 @RULES.register("sigmoid")
-def _build_sigmoid(options: Mapping[str, Any], base_dir: Path) -> Sigmoid:
-    return Sigmoid(input=options["input"], output=options.get("output", options["input"]))
+def _build_sigmoid(spec: SigmoidRule, base_dir: Path) -> Sigmoid:
+    return Sigmoid(input=spec.input, output=spec.output or spec.input)
 
 
 @RULES.register("threshold")
-def _build_threshold(options: Mapping[str, Any], base_dir: Path) -> Threshold:
-    raw = options.get("threshold", 0.5)
-    values = np.asarray(raw, dtype=np.float32) if _numeric(raw) else None
-    if values is None or values.ndim > 1 or values.size == 0:
-        raise ValueError(f"threshold must be a number or a list of numbers, got {raw!r}")
-    return Threshold(input=options["input"], output=options["output"], threshold=values)
-
-
-def _numeric(raw: Any) -> bool:
-    items = raw if isinstance(raw, list) else [raw]
-    return all(isinstance(v, int | float) and not isinstance(v, bool) for v in items)
+def _build_threshold(spec: ThresholdRule, base_dir: Path) -> Threshold:
+    threshold = np.asarray(spec.threshold, dtype=np.float32)
+    return Threshold(input=spec.input, output=spec.output, threshold=threshold)
 
 
 @RULES.register("sort")
-def _build_sort(options: Mapping[str, Any], base_dir: Path) -> Sort:
+def _build_sort(spec: SortRule, base_dir: Path) -> Sort:
     return Sort(
-        input=options["input"],
-        values=options.get("values", options["input"]),
-        indices=options["indices"],
-        descending=bool(options.get("descending", True)),
+        input=spec.input,
+        values=spec.values or spec.input,
+        indices=spec.indices,
+        descending=spec.descending,
     )
 
 
 @RULES.register("topk")
-def _build_topk(options: Mapping[str, Any], base_dir: Path) -> Sort:
-    k = options["k"]
-    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
-        raise ValueError(f"topk: k must be a positive integer, got {k!r}")
-    return Sort(
-        input=options["input"],
-        values=options["values"],
-        indices=options["indices"],
-        k=k,
-        name="topk",
-    )
+def _build_topk(spec: TopkRule, base_dir: Path) -> Sort:
+    return Sort(input=spec.input, values=spec.values, indices=spec.indices, k=spec.k, name="topk")
 
 
 @RULES.register("labels")
-def _build_labels(options: Mapping[str, Any], base_dir: Path) -> Labels:
+def _build_labels(spec: LabelsRule, base_dir: Path) -> Labels:
     """Inline `labels`, or a `file` beside the model; `classes` is checked at start-up."""
-    if ("labels" in options) == ("file" in options):
-        raise ValueError("labels: give either 'labels' (a list) or 'file', not both or neither")
-    if "file" in options:
-        labels = load_list(base_dir / options["file"], "labels", key="labels")
-        source = f"labels file {options['file']!r}"
+    if spec.file is not None:
+        labels = load_list(base_dir / spec.file, "labels", key="labels")
+        source = f"labels file {spec.file!r}"
     else:
-        labels = options["labels"]
-        if not isinstance(labels, list) or not all(isinstance(v, str) and v for v in labels):
-            raise ValueError("labels: 'labels' must be a list of non-empty strings")
-        if not labels:
-            raise ValueError("labels: 'labels' must list at least one label (non-empty strings)")
+        labels = spec.labels or []
         source = "the inline labels"
-    classes = options.get("classes")
-    if classes is not None and (isinstance(classes, bool) or not isinstance(classes, int)):
-        raise ValueError(f"labels: classes must be an integer, got {classes!r}")
-    if classes is not None and len(labels) < classes:
+    if spec.classes is not None and len(labels) < spec.classes:
         raise ValueError(
-            f"{source} has {len(labels)} labels, fewer than the model's {classes} classes"
+            f"{source} has {len(labels)} labels, fewer than the model's {spec.classes} classes"
         )
     return Labels(
-        input=options["input"],
-        output=options["output"],
+        input=spec.input,
+        output=spec.output,
         labels=labels,
         source=source,
-        classes_of=options.get("classes_of"),
+        classes_of=spec.classes_of,
     )

@@ -6,15 +6,14 @@ pools to zeros, and a zero vector stays zero when normalised.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
 from services.postprocess.rules.base import RULES, RuleContext, numbers
 from strata.codec import Arrays
+from strata.config.postprocess import L2NormalizeRule, MeanPoolRule
 from strata.errors import InvalidArgument
 
 # sentence-transformers' floors: token counts (clamp min=1e-9) and norms (F.normalize eps).
@@ -82,15 +81,15 @@ class L2Normalize:
 
 
 @RULES.register("mean_pool")
-def _build_mean_pool(options: Mapping[str, Any], base_dir: Path) -> MeanPool:
+def _build_mean_pool(spec: MeanPoolRule, base_dir: Path) -> MeanPool:
     return MeanPool(
-        input=options["input"],
-        output=options.get("output", options["input"]),
-        mask=options.get("mask"),
-        normalize=bool(options.get("normalize", False)),
+        input=spec.input,
+        output=spec.output or spec.input,
+        mask=spec.mask,
+        normalize=spec.normalize,
     )
 
 
 @RULES.register("l2_normalize")
-def _build_l2_normalize(options: Mapping[str, Any], base_dir: Path) -> L2Normalize:
-    return L2Normalize(input=options["input"], output=options.get("output", options["input"]))
+def _build_l2_normalize(spec: L2NormalizeRule, base_dir: Path) -> L2Normalize:
+    return L2Normalize(input=spec.input, output=spec.output or spec.input)

@@ -8,7 +8,6 @@ stops at the rule's limit and never stalls other requests.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -18,8 +17,7 @@ import regex
 
 from services.postprocess.rules.base import RULES, RuleContext, load_list, take, texts
 from strata.codec import Arrays
-
-ACTIONS = ("flag", "replace", "redact")
+from strata.config.postprocess import FilterSpec, KeywordFilterRule, RegexFilterRule
 
 
 @dataclass
@@ -66,19 +64,13 @@ def _bytes_array(items: list[str], shape: tuple[int, ...]) -> np.ndarray:
     return out.reshape(shape)
 
 
-def _common(options: Mapping[str, Any]) -> dict[str, Any]:
-    action = options.get("action", "flag")
-    if action not in ACTIONS:
-        raise ValueError(f"action must be one of {list(ACTIONS)}, got {action!r}")
-    output = options.get("output", None if action == "flag" else options["input"])
-    if output is None:
-        raise ValueError("action 'flag' needs 'output', the BOOL tensor it writes")
-    default = "***" if action == "redact" else ""
+def _common(spec: FilterSpec) -> dict[str, Any]:
+    default = "***" if spec.action == "redact" else ""
     return {
-        "input": options["input"],
-        "output": output,
-        "action": action,
-        "replacement": str(options.get("replacement", default)),
+        "input": spec.input,
+        "output": spec.output or spec.input,
+        "action": spec.action,
+        "replacement": default if spec.replacement is None else spec.replacement,
     }
 
 
@@ -91,31 +83,24 @@ def _compile(source: str, ignore_case: bool) -> regex.Pattern:
 
 
 @RULES.register("regex_filter")
-def _build_regex_filter(options: Mapping[str, Any], base_dir: Path) -> TextFilter:
+def _build_regex_filter(spec: RegexFilterRule, base_dir: Path) -> TextFilter:
     """One `pattern`, or a list of `patterns` (any of them matches)."""
-    patterns = options.get("patterns") or [options["pattern"]]
-    if not all(isinstance(p, str) and p for p in patterns):
-        raise ValueError("patterns must be non-empty strings")
+    patterns = spec.patterns or [spec.pattern]
     source = "|".join(f"(?:{p})" for p in patterns)
-    pattern = _compile(source, bool(options.get("ignore_case", False)))
-    return TextFilter(pattern=pattern, name="regex_filter", **_common(options))
+    pattern = _compile(source, spec.ignore_case)
+    return TextFilter(pattern=pattern, name="regex_filter", **_common(spec))
 
 
 @RULES.register("keyword_filter")
-def _build_keyword_filter(options: Mapping[str, Any], base_dir: Path) -> TextFilter:
+def _build_keyword_filter(spec: KeywordFilterRule, base_dir: Path) -> TextFilter:
     """`keywords` inline or a `keywords_file`; whole words and any case unless told otherwise."""
-    if "keywords_file" in options:
-        keywords = load_list(base_dir / options["keywords_file"], "keywords")
+    if spec.keywords_file is not None:
+        keywords = load_list(base_dir / spec.keywords_file, "keywords")
     else:
-        keywords = options["keywords"]
-    if not isinstance(keywords, list) or not keywords:
-        raise ValueError("keywords must be a non-empty list of strings")
-    if not all(isinstance(k, str) and k for k in keywords):
-        raise ValueError("keywords must be non-empty strings")
+        keywords = spec.keywords or []
     # Longest first, so "ice cream" wins over "ice" when both are listed.
     escaped = "|".join(regex.escape(k) for k in sorted(keywords, key=len, reverse=True))
-    whole = bool(options.get("whole_words", True))
     # Lookarounds rather than \b, so keywords that end in punctuation ("c++") still match.
-    source = rf"(?<!\w)(?:{escaped})(?!\w)" if whole else escaped
-    pattern = _compile(source, not bool(options.get("case_sensitive", False)))
-    return TextFilter(pattern=pattern, name="keyword_filter", **_common(options))
+    source = rf"(?<!\w)(?:{escaped})(?!\w)" if spec.whole_words else escaped
+    pattern = _compile(source, not spec.case_sensitive)
+    return TextFilter(pattern=pattern, name="keyword_filter", **_common(spec))

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import math
-import string
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,9 +18,8 @@ import numpy as np
 
 from services.postprocess.rules.base import RULES, Misconfigured, RuleContext, take
 from strata.codec import Arrays
+from strata.config.postprocess import FormatRule
 from strata.errors import InvalidArgument
-
-STYLES = ("json", "template")
 
 
 @dataclass
@@ -83,31 +81,8 @@ def _clean(value: Any) -> Any:
     return value
 
 
-def _template_fields(template: str) -> set[str]:
-    """The names a template uses; positional, attribute and index access are refused."""
-    names = set()
-    for _, field, _, _ in string.Formatter().parse(template):
-        if field is None:
-            continue
-        if not field.isidentifier():
-            raise ValueError(f"template field {{{field}}} must be a plain name from 'fields'")
-        names.add(field)
-    return names
-
-
 @RULES.register("format")
-def _build_format(options: Mapping[str, Any], base_dir: Path) -> Format:
-    fields = options["fields"]
-    if not isinstance(fields, dict) or not fields:
-        raise ValueError("format: 'fields' must map output names to tensor names")
-    style = options.get("style", "json")
-    if style not in STYLES:
-        raise ValueError(f"format: style must be one of {list(STYLES)}, got {style!r}")
-    template = options.get("template", "")
-    if style == "template":
-        if not isinstance(template, str) or not template:
-            raise ValueError("format: style 'template' needs a 'template' string")
-        unknown = sorted(_template_fields(template) - set(fields))
-        if unknown:
-            raise ValueError(f"format: template uses {unknown[0]!r}, which 'fields' lacks")
-    return Format(output=options["output"], fields=dict(fields), style=style, template=template)
+def _build_format(spec: FormatRule, base_dir: Path) -> Format:
+    return Format(
+        output=spec.output, fields=dict(spec.fields), style=spec.style, template=spec.template
+    )

@@ -10,5 +10,6 @@ from services.preprocess.steps import color, decode, image, numeric, text, vocab
 from services.preprocess.steps.base import STEPS, Step, StepError
 
 build_step = STEPS.build
+build_step_options = STEPS.build_options
 
-__all__ = ["STEPS", "Step", "StepError", "build_step"]
+__all__ = ["STEPS", "Step", "StepError", "build_step", "build_step_options"]

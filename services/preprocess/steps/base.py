@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
 
 import numpy as np
 
 from strata.codec import Arrays
+from strata.config import preprocess as options
+from strata.config.preprocess import StepSpec
 from strata.errors import InvalidArgument
 from strata.stages import Registry, take
 
@@ -16,11 +17,9 @@ __all__ = [
     "STEPS",
     "Step",
     "StepError",
-    "positive_int",
     "resolve",
     "strings",
     "take",
-    "utf8",
 ]
 
 
@@ -38,7 +37,7 @@ class Step(Protocol):
         ...
 
 
-STEPS: Registry[Step] = Registry("preprocess step")
+STEPS: Registry[StepSpec, Step] = Registry("preprocess step", options.Step)
 
 
 def strings(tensors: Arrays, name: str, stage: str) -> np.ndarray:
@@ -52,28 +51,6 @@ def strings(tensors: Arrays, name: str, stage: str) -> np.ndarray:
             f"got shape {list(values.shape)}"
         )
     return values.reshape(-1)
-
-
-def utf8(item: object, name: str, index: int) -> str:
-    """One BYTES element as text, refusing anything that is not valid UTF-8."""
-    if isinstance(item, str):
-        return item
-    try:
-        return bytes(item).decode("utf-8")  # type: ignore[call-overload]
-    except UnicodeDecodeError as exc:
-        raise StepError(
-            f"input {name!r}: element {index} is not valid UTF-8 (byte {exc.start})"
-        ) from None
-    except TypeError:
-        raise StepError(f"input {name!r}: element {index} is not a string") from None
-
-
-def positive_int(options: Mapping[str, Any], key: str, default: int | None = None) -> int:
-    """An integer option that must be at least 1 (ValueError naming it otherwise)."""
-    raw = options[key] if default is None else options.get(key, default)
-    if isinstance(raw, bool) or not isinstance(raw, int) or raw < 1:
-        raise ValueError(f"{key!r} must be a positive integer, got {raw!r}")
-    return raw
 
 
 def resolve(base_dir: Path, relative: str) -> Path:

@@ -7,17 +7,16 @@ raw and the same image sent as a PNG become the same pixels.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
 from services.preprocess.steps.base import STEPS, StepError, take
 from strata.codec import Arrays
+from strata.config.preprocess import ColorStep
 
-MODES = ("L", "RGB", "RGBA")
 _CHANNELS = {1: "L", 3: "RGB", 4: "RGBA"}
 # Pillow's L = (R*19595 + G*38470 + B*7471 + 0x8000) >> 16.
 _LUMA = np.array([19595, 38470, 7471], dtype=np.uint32)
@@ -97,29 +96,11 @@ class ColorConvert:
         return {**rest, self.output: converted}
 
 
-def parse_mode(options: Mapping[str, Any], default: str | None = None) -> str:
-    mode = options.get("mode", default) if default else options["mode"]
-    if mode not in MODES:
-        raise ValueError(f"mode must be one of {list(MODES)}, got {mode!r}")
-    return mode
-
-
-def parse_background(options: Mapping[str, Any]) -> tuple[int, int, int] | None:
-    """`background`: a gray level or [r, g, b] that transparent pixels are laid over."""
-    value = options.get("background")
-    if value is None:
-        return None
-    levels = [value] * 3 if isinstance(value, int) else list(value)
-    if len(levels) != 3 or not all(isinstance(v, int) and 0 <= v <= 255 for v in levels):
-        raise ValueError(f"background must be 0..255 or [r, g, b] of 0..255, got {value!r}")
-    return levels[0], levels[1], levels[2]
-
-
 @STEPS.register("color")
-def _build_color(options: Mapping[str, Any], base_dir: Path) -> ColorConvert:
+def _build_color(spec: ColorStep, base_dir: Path) -> ColorConvert:
     return ColorConvert(
-        input=options["input"],
-        output=options.get("output", options["input"]),
-        mode=parse_mode(options),
-        background=parse_background(options),
+        input=spec.input,
+        output=spec.output or spec.input,
+        mode=spec.mode,
+        background=spec.background,
     )

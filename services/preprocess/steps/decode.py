@@ -10,26 +10,22 @@ each is resized.
 from __future__ import annotations
 
 import io
-from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 from PIL import Image, ImageOps, UnidentifiedImageError
 
-from services.preprocess.steps.base import STEPS, StepError, positive_int, strings, take
-from services.preprocess.steps.color import convert_pixels, mode_of, parse_background, parse_mode
-from services.preprocess.steps.image import INTERPOLATIONS, resize_images
+from services.preprocess.steps.base import STEPS, StepError, strings, take
+from services.preprocess.steps.color import convert_pixels, mode_of
+from services.preprocess.steps.image import resize_images
 from strata.codec import Arrays
+from strata.config.preprocess import DecodeStep
 
 FORMATS = ("PNG", "JPEG")
 # Pillow modes that map to ours without losing anything; 16-bit gray is shifted to 8 bits.
 _NATIVE = {"L": "L", "RGB": "RGB", "RGBA": "RGBA"}
 _SIXTEEN_BIT = ("I;16", "I;16B", "I;16L", "I")
-DEFAULT_MAX_PIXELS = 4096 * 4096
-DEFAULT_MAX_BYTES = 16 * 1024 * 1024
-DEFAULT_MAX_BATCH_PIXELS = 4 * DEFAULT_MAX_PIXELS
 
 
 @dataclass
@@ -38,10 +34,10 @@ class Decode:
 
     input: str
     output: str
-    mode: str = "RGB"
-    max_pixels: int = DEFAULT_MAX_PIXELS
-    max_bytes: int = DEFAULT_MAX_BYTES
-    max_batch_pixels: int = DEFAULT_MAX_BATCH_PIXELS
+    mode: str
+    max_pixels: int
+    max_bytes: int
+    max_batch_pixels: int
     size: tuple[int, int] | None = None
     interpolation: str = "area"
     background: tuple[int, int, int] | None = None
@@ -143,22 +139,16 @@ def _native_pixels(image: Image.Image) -> np.ndarray:
 
 
 @STEPS.register("decode")
-def _build_decode(options: Mapping[str, Any], base_dir: Path) -> Decode:
-    size = None
-    if "height" in options or "width" in options:
-        size = (positive_int(options, "height"), positive_int(options, "width"))
-    interpolation = options.get("interpolation", "area")
-    if interpolation not in INTERPOLATIONS:
-        raise ValueError(f"interpolation {interpolation!r} unknown (known: {list(INTERPOLATIONS)})")
+def _build_decode(spec: DecodeStep, base_dir: Path) -> Decode:
     return Decode(
-        input=options["input"],
-        output=options.get("output", options["input"]),
-        mode=parse_mode(options, default="RGB"),
-        max_pixels=positive_int(options, "max_pixels", DEFAULT_MAX_PIXELS),
-        max_bytes=positive_int(options, "max_bytes", DEFAULT_MAX_BYTES),
-        max_batch_pixels=positive_int(options, "max_batch_pixels", DEFAULT_MAX_BATCH_PIXELS),
-        size=size,
-        interpolation=interpolation,
-        background=parse_background(options),
-        exif_orientation=bool(options.get("exif_orientation", True)),
+        input=spec.input,
+        output=spec.output or spec.input,
+        mode=spec.mode,
+        max_pixels=spec.max_pixels,
+        max_bytes=spec.max_bytes,
+        max_batch_pixels=spec.max_batch_pixels,
+        size=None if spec.height is None or spec.width is None else (spec.height, spec.width),
+        interpolation=spec.interpolation,
+        background=spec.background,
+        exif_orientation=spec.exif_orientation,
     )

@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
-from services.preprocess.steps.base import STEPS, StepError, positive_int, take
+from services.preprocess.steps.base import STEPS, StepError, take
 from strata.codec import Arrays
+from strata.config.preprocess import ResizeStep
 
 
 def _source_coords(out_size: int, in_size: int) -> np.ndarray:
@@ -89,15 +88,7 @@ class Resize:
 
 
 @STEPS.register("resize")
-def _build_resize(options: Mapping[str, Any], base_dir: Path) -> Resize:
-    interpolation = options.get("interpolation", "area")
-    if interpolation not in INTERPOLATIONS:
-        raise ValueError(
-            f"resize: interpolation {interpolation!r} unknown (known: {sorted(INTERPOLATIONS)})"
-        )
+def _build_resize(spec: ResizeStep, base_dir: Path) -> Resize:
     return Resize(
-        input=options["input"],
-        height=positive_int(options, "height"),
-        width=positive_int(options, "width"),
-        interpolation=interpolation,
+        input=spec.input, height=spec.height, width=spec.width, interpolation=spec.interpolation
     )

@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import yaml
@@ -14,6 +12,13 @@ import yaml
 from services.preprocess.normalisation import Stats, load_stats
 from services.preprocess.steps.base import STEPS, StepError, take
 from strata.codec import DTYPES, Arrays
+from strata.config.preprocess import (
+    CastStep,
+    ClipStep,
+    FlattenStep,
+    ScaleStep,
+    StandardizeStep,
+)
 
 
 @dataclass
@@ -178,65 +183,43 @@ class Standardize:
 
 
 @STEPS.register("scale")
-def _build_scale(options: Mapping[str, Any], base_dir: Path) -> Scale:
-    return Scale(
-        input=options["input"],
-        factor=float(options.get("factor", 1.0)),
-        offset=float(options.get("offset", 0.0)),
-    )
+def _build_scale(spec: ScaleStep, base_dir: Path) -> Scale:
+    return Scale(input=spec.input, factor=spec.factor, offset=spec.offset)
 
 
 @STEPS.register("clip")
-def _build_clip(options: Mapping[str, Any], base_dir: Path) -> Clip:
-    low, high, nan = (_number(options, key) for key in ("low", "high", "nan"))
-    if low is None and high is None:
-        raise ValueError("clip needs 'low', 'high' or both")
-    if low is not None and high is not None and low > high:
-        raise ValueError(f"clip: low {low} is above high {high}")
-    return Clip(input=options["input"], low=low, high=high, nan=nan)
+def _build_clip(spec: ClipStep, base_dir: Path) -> Clip:
+    return Clip(input=spec.input, low=spec.low, high=spec.high, nan=spec.nan)
 
 
 @STEPS.register("cast")
-def _build_cast(options: Mapping[str, Any], base_dir: Path) -> Cast:
-    datatype = options["datatype"]
-    if datatype not in DTYPES or datatype == "BYTES":
-        known = ", ".join(name for name in DTYPES if name != "BYTES")
-        raise ValueError(f"cast: datatype {datatype!r} unknown (known: {known})")
+def _build_cast(spec: CastStep, base_dir: Path) -> Cast:
     return Cast(
-        input=options["input"],
-        output=options.get("output", options["input"]),
-        datatype=datatype,
-        round=bool(options.get("round", False)),
+        input=spec.input,
+        output=spec.output or spec.input,
+        datatype=spec.datatype,
+        round=spec.round,
     )
 
 
-def _number(options: Mapping[str, Any], key: str) -> float | None:
-    value = options.get(key)
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise ValueError(f"{key!r} must be a number, got {value!r}")
-    return float(value)
-
-
 @STEPS.register("flatten")
-def _build_flatten(options: Mapping[str, Any], base_dir: Path) -> Flatten:
-    return Flatten(input=options["input"], output=options.get("output", options["input"]))
+def _build_flatten(spec: FlattenStep, base_dir: Path) -> Flatten:
+    return Flatten(input=spec.input, output=spec.output or spec.input)
 
 
 @STEPS.register("standardize")
-def _build_standardize(options: Mapping[str, Any], base_dir: Path) -> Standardize:
+def _build_standardize(spec: StandardizeStep, base_dir: Path) -> Standardize:
     """Stats must match `fingerprint`, or the `preprocess_fingerprint` in `model_yaml`."""
-    stats = load_stats(base_dir / options["stats"])
-    expected = options.get("fingerprint")
-    if "model_yaml" in options:
-        model_yaml = yaml.safe_load((base_dir / options["model_yaml"]).read_text()) or {}
+    stats = load_stats(base_dir / spec.stats)
+    expected = spec.fingerprint
+    if spec.model_yaml is not None:
+        model_yaml = yaml.safe_load((base_dir / spec.model_yaml).read_text()) or {}
         expected = model_yaml.get("preprocess_fingerprint")
         if expected is None:
-            raise ValueError(f"{options['model_yaml']} records no preprocess_fingerprint")
+            raise ValueError(f"{spec.model_yaml} records no preprocess_fingerprint")
     if expected is not None and expected != stats.fingerprint:
         raise ValueError(
-            f"stats {options['stats']!r} have fingerprint {stats.fingerprint}, "
+            f"stats {spec.stats!r} have fingerprint {stats.fingerprint}, "
             f"but the model was built with {expected}"
         )
-    return Standardize(input=options["input"], stats=stats)
+    return Standardize(input=spec.input, stats=stats)

@@ -6,7 +6,6 @@ Both take BYTES tensors of shape [batch] or [batch, 1] whose elements must be UT
 from __future__ import annotations
 
 import unicodedata
-from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -14,10 +13,9 @@ from typing import Any, Literal
 import numpy as np
 from tokenizers import Encoding, Tokenizer
 
-from services.preprocess.steps.base import STEPS, StepError, positive_int, resolve, strings, utf8
-from strata.codec import Arrays
-
-UNICODE_FORMS = ("NFC", "NFKC", "NFD", "NFKD", "none")
+from services.preprocess.steps.base import STEPS, StepError, resolve, strings
+from strata.codec import Arrays, utf8
+from strata.config.preprocess import NormalizeTextStep, TokenizeStep
 
 
 @dataclass
@@ -35,7 +33,8 @@ class NormalizeText:
         flat = strings(tensors, self.input, self.name)
         out = np.empty(flat.shape[0], dtype=object)
         for index, item in enumerate(flat):
-            out[index] = self.normalize(utf8(item, self.input, index)).encode("utf-8")
+            text = utf8(item, f"input {self.input!r}", index, StepError)
+            out[index] = self.normalize(text).encode("utf-8")
         return {**tensors, self.output: out.reshape(tensors[self.input].shape)}
 
     def normalize(self, text: str) -> str:
@@ -91,7 +90,7 @@ class Tokenize:
 
     def _texts(self, tensors: Arrays, name: str) -> list[str]:
         flat = strings(tensors, name, self.name)
-        return [utf8(item, name, index) for index, item in enumerate(flat)]
+        return [utf8(item, f"input {name!r}", index, StepError) for index, item in enumerate(flat)]
 
     def _check_lengths(self, encodings: list[Encoding]) -> None:
         for index, encoding in enumerate(encodings):
@@ -104,72 +103,56 @@ class Tokenize:
 
 
 @STEPS.register("normalize_text")
-def _build_normalize_text(options: Mapping[str, Any], base_dir: Path) -> NormalizeText:
-    unicode = options.get("unicode", "NFC")
-    if unicode not in UNICODE_FORMS:
-        raise ValueError(f"unicode must be one of {list(UNICODE_FORMS)}, got {unicode!r}")
+def _build_normalize_text(spec: NormalizeTextStep, base_dir: Path) -> NormalizeText:
     return NormalizeText(
-        input=options["input"],
-        output=options.get("output", options["input"]),
-        strip=bool(options.get("strip", True)),
-        lowercase=bool(options.get("lowercase", False)),
-        unicode=unicode,
+        input=spec.input,
+        output=spec.output or spec.input,
+        strip=spec.strip,
+        lowercase=spec.lowercase,
+        unicode=spec.unicode,
     )
-
-
-# Encoding attribute -> option naming the output tensor, and its default name.
-_OUTPUTS = {
-    "ids": ("input_ids", "input_ids"),
-    "attention_mask": ("attention_mask", "attention_mask"),
-    "type_ids": ("token_type_ids", "token_type_ids"),
-}
 
 
 @STEPS.register("tokenize")
-def _build_tokenize(options: Mapping[str, Any], base_dir: Path) -> Tokenize:
-    max_length = positive_int(options, "max_length")
-    padding = options.get("padding", "longest")
-    if padding not in ("longest", "max_length"):
-        raise ValueError(f"padding must be 'longest' or 'max_length', got {padding!r}")
-    truncation = bool(options.get("truncation", True))
-    tokenizer = _load_tokenizer(resolve(base_dir, options["tokenizer"]), options)
-    if truncation:
-        tokenizer.enable_truncation(max_length)
+def _build_tokenize(spec: TokenizeStep, base_dir: Path) -> Tokenize:
+    tokenizer = _load_tokenizer(resolve(base_dir, spec.tokenizer), spec.tokenizer)
+    if spec.truncation:
+        tokenizer.enable_truncation(spec.max_length)
     else:
         # Encode in full so over-long texts can be refused, not silently cut.
         tokenizer.no_truncation()
-    _set_padding(tokenizer, options, max_length if padding == "max_length" else None)
-    outputs = {}
-    for attribute, (key, default) in _OUTPUTS.items():
-        name = options.get(key, default)
-        if name is not None:
-            outputs[attribute] = name
-    if not outputs:
-        raise ValueError("every output is switched off; keep at least input_ids")
+    length = spec.max_length if spec.padding == "max_length" else None
+    _set_padding(tokenizer, spec.pad_token, length)
+    # Encoding attribute -> output tensor, for the outputs not switched off.
+    named = {
+        "ids": spec.input_ids,
+        "attention_mask": spec.attention_mask,
+        "type_ids": spec.token_type_ids,
+    }
     return Tokenize(
-        input=options["input"],
+        input=spec.input,
         tokenizer=tokenizer,
-        max_length=max_length,
-        truncation=truncation,
-        padding=padding,
-        outputs=outputs,
-        pair=options.get("pair"),
-        add_special_tokens=bool(options.get("add_special_tokens", True)),
+        max_length=spec.max_length,
+        truncation=spec.truncation,
+        padding=spec.padding,
+        outputs={attribute: name for attribute, name in named.items() if name is not None},
+        pair=spec.pair,
+        add_special_tokens=spec.add_special_tokens,
     )
 
 
-def _load_tokenizer(path: Path, options: Mapping[str, Any]) -> Tokenizer:
+def _load_tokenizer(path: Path, relative: str) -> Tokenizer:
     try:
         return Tokenizer.from_file(str(path))
     except Exception as exc:  # the library raises a bare Exception for a bad file
-        raise ValueError(f"cannot load tokenizer {options['tokenizer']!r}: {exc}") from None
+        raise ValueError(f"cannot load tokenizer {relative!r}: {exc}") from None
 
 
-def _set_padding(tokenizer: Tokenizer, options: Mapping[str, Any], length: int | None) -> None:
+def _set_padding(tokenizer: Tokenizer, pad_token: str | None, length: int | None) -> None:
     """Pad with the file's own pad token unless the config names one."""
     configured = tokenizer.padding or {}
-    pad_token = options.get("pad_token", configured.get("pad_token", "[PAD]"))
-    pad_id = tokenizer.token_to_id(pad_token)
+    token = configured.get("pad_token", "[PAD]") if pad_token is None else pad_token
+    pad_id = tokenizer.token_to_id(token)
     if pad_id is None:
-        raise ValueError(f"pad token {pad_token!r} is not in the tokenizer's vocabulary")
-    tokenizer.enable_padding(pad_id=pad_id, pad_token=pad_token, length=length)
+        raise ValueError(f"pad token {token!r} is not in the tokenizer's vocabulary")
+    tokenizer.enable_padding(pad_id=pad_id, pad_token=token, length=length)

@@ -7,15 +7,14 @@ from 0), or `.json` holding a list (ids by position) or an object of entry -> id
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
 from services.preprocess.steps.base import STEPS, StepError, resolve, take
 from strata.codec import Arrays
+from strata.config.preprocess import VocabularyStep
 
 # How much of an unknown entry an error message quotes.
 _QUOTE = 40
@@ -90,14 +89,10 @@ def load_vocabulary(path: Path) -> dict[bytes, int]:
 
 
 @STEPS.register("vocabulary")
-def _build_vocabulary(options: Mapping[str, Any], base_dir: Path) -> VocabularyLookup:
-    table = load_vocabulary(resolve(base_dir, options["vocabulary"]))
-    oov_id = options.get("oov_id")
-    if oov_id is not None and (isinstance(oov_id, bool) or not isinstance(oov_id, int)):
-        raise ValueError(f"oov_id must be an integer, got {oov_id!r}")
+def _build_vocabulary(spec: VocabularyStep, base_dir: Path) -> VocabularyLookup:
     return VocabularyLookup(
-        input=options["input"],
-        output=options.get("output", options["input"]),
-        table=table,
-        oov_id=oov_id,
+        input=spec.input,
+        output=spec.output or spec.input,
+        table=load_vocabulary(resolve(base_dir, spec.vocabulary)),
+        oov_id=spec.oov_id,
     )
