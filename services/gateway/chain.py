@@ -31,7 +31,8 @@ from strata.flight import ROWS, TIMEOUTS, TRACE_CONTEXTS, member_errors
 from strata.proto.inference import grpc_service_pb2 as v2
 from strata.proto.v1 import tensor_pb2 as v1
 
-Tensors = list[v1.Tensor]
+# A flight's tensors as the hops carry them (strata.v1 raw bytes), not decoded Arrays.
+WireTensors = list[v1.Tensor]
 
 
 class Chain:
@@ -65,7 +66,7 @@ class Chain:
         self,
         route: Route,
         members: list[Member],
-        features: Tensors,
+        features: WireTensors,
         may_fail_over: bool,
         preprocess_seconds: float,
     ) -> None:
@@ -93,8 +94,8 @@ class Chain:
             STATISTICS.flew(first.pipeline_name, answered, hops)
 
     async def _layer(
-        self, hop: Hop, members: list[Member], tensors: Tensors, flags: dict[str, str]
-    ) -> tuple[list[Member], Tensors, dict[str, str]]:
+        self, hop: Hop, members: list[Member], tensors: WireTensors, flags: dict[str, str]
+    ) -> tuple[list[Member], WireTensors, dict[str, str]]:
         """One strata.v1 Process call for the flight: who is left, their tensors, the info."""
         members, tensors = _aboard(members, tensors)
         if not members:
@@ -117,8 +118,8 @@ class Chain:
         return _survivors(members, result), list(result.tensors), dict(result.info)
 
     async def _infer(
-        self, route: Route, members: list[Member], features: Tensors, spare: bool
-    ) -> tuple[list[Member], Tensors, Tensors, str]:
+        self, route: Route, members: list[Member], features: WireTensors, spare: bool
+    ) -> tuple[list[Member], WireTensors, WireTensors, str]:
         """One ModelInfer over the flight's rows on `route`'s deployment; `spare`: whether
         another arm could take them, should this one hang."""
         members, features = _aboard(members, features)
@@ -159,7 +160,7 @@ class Chain:
         self,
         failed: Route,
         members: list[Member],
-        features: Tensors,
+        features: WireTensors,
         exc: Unavailable,
         preprocess_seconds: float,
     ) -> None:
@@ -182,7 +183,7 @@ class Chain:
             moves.append(_answering(group, moved))
         await asyncio.gather(*moves)
 
-    def _mirror(self, members: list[Member], features: Tensors, scores: Tensors) -> None:
+    def _mirror(self, members: list[Member], features: WireTensors, scores: WireTensors) -> None:
         """Submit the members the pipeline's shadow route mirrors (decoded: rare and off the
         answer's path)."""
         first = _request(members[0])
@@ -221,7 +222,7 @@ def _fail(member: Member, exc: BaseException) -> None:
         member.future.set_exception(exc)
 
 
-def _aboard(members: list[Member], tensors: Tensors) -> tuple[list[Member], Tensors]:
+def _aboard(members: list[Member], tensors: WireTensors) -> tuple[list[Member], WireTensors]:
     """The members whose callers still wait, and their rows of `tensors`."""
     kept = [i for i, member in enumerate(members) if member.waiting]
     if len(kept) == len(members):
@@ -260,7 +261,7 @@ def _survivors(members: list[Member], result: v1.Result) -> list[Member]:
 
 
 def _model_request(
-    first: ClientRequest, route: Route, members: list[Member], features: Tensors
+    first: ClientRequest, route: Route, members: list[Member], features: WireTensors
 ) -> v2.ModelInferRequest:
     """A v2 ModelInfer over the stacked rows; for several members, each one's rows, trace
     context and time budget in the parameters (another v2 server just sees a batch)."""
@@ -287,7 +288,7 @@ def _model_request(
     return request
 
 
-def _outputs(reply: v2.ModelInferResponse) -> Tensors:
+def _outputs(reply: v2.ModelInferResponse) -> WireTensors:
     """The reply's outputs as strata.v1 tensors (raw bytes passed on as they are)."""
     if reply.raw_output_contents:
         return [
@@ -297,7 +298,7 @@ def _outputs(reply: v2.ModelInferResponse) -> Tensors:
     return codec.arrays_to_tensors(codec.response_outputs(reply))
 
 
-def _forwarded(first: ClientRequest, features: Tensors) -> Tensors:
+def _forwarded(first: ClientRequest, features: WireTensors) -> WireTensors:
     """The preprocess outputs the pipeline passes on to postprocess."""
     wanted = first.pipeline.forward_to_postprocess
     forwarded = [t for t in features if t.name in wanted]
@@ -307,7 +308,9 @@ def _forwarded(first: ClientRequest, features: Tensors) -> Tensors:
     return forwarded
 
 
-def _answer(members: list[Member], outputs: Tensors, arm: str, version: str, skipped: str) -> int:
+def _answer(
+    members: list[Member], outputs: WireTensors, arm: str, version: str, skipped: str
+) -> int:
     """Decode the flight's answer once and give each member its rows; how many got it."""
     level = _request(members[0]).level
     answered = 0
