@@ -108,6 +108,8 @@ class AdaptiveLimit:
         order = reversed(self.waiting) if backed_up else iter(self.waiting)
         given = []
         for waiter in order:
+            if waiter[1].done():  # timed out or its caller left; it removes itself when it runs
+                continue
             reason = self.refusal(waiter[0])
             if reason == "concurrency":
                 break

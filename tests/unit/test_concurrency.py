@@ -168,6 +168,24 @@ async def test_a_caller_gone_while_waiting_takes_no_place() -> None:
 
 
 @synchronously
+async def test_a_place_freed_before_a_gone_waiter_unwinds_goes_to_the_next_one() -> None:
+    door, held = full_door(wait_share=0.5)
+    gone = asyncio.create_task(door.admit("digits", "c", None, budget=10.0))
+    await asyncio.sleep(0.01)
+    staying = asyncio.create_task(door.admit("digits", "c", None, budget=10.0))
+    await asyncio.sleep(0.01)
+    gone.cancel()  # its place is cancelled now; its own clean-up runs later
+    door.leave(held[0], counts=True)  # the answer that frees the place is not refused
+    ticket = await asyncio.wait_for(staying, 1.0)
+    with pytest.raises(asyncio.CancelledError):
+        await gone
+    limit = door.limits["digits"]
+    assert limit.inflight == 1 and limit.holders == {"c": 1} and limit.waiting == []
+    door.leave(ticket, counts=True)
+    assert limit.inflight == 0 and limit.holders == {}
+
+
+@synchronously
 async def test_nothing_waits_while_shedding_or_once_the_queue_is_full() -> None:
     door, _ = full_door(wait_share=0.5, max_waiting=0)
     with pytest.raises(Overloaded, match="waiting"):
