@@ -5,6 +5,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import NamedTuple
 
 import grpc
 import numpy as np
@@ -23,16 +24,33 @@ def image(i: int) -> np.ndarray:
     return np.full((1, 8, 8), i % 256, np.uint8)
 
 
-def call(stub, client: str, i: int) -> tuple[str, float, str]:
-    """(code, seconds, retry-after-ms or "") of one digits request."""
+class Outcome(NamedTuple):
+    """How one digits request ended."""
+
+    code: str
+    seconds: float
+    hint: str  # retry-after-ms; "" without one
+    details: str = ""
+
+
+def call(stub, client: str, i: int) -> Outcome:
     started = time.perf_counter()
     request = codec.build_request("digits", {"images": image(i)})
     try:
         stub.ModelInfer(request, metadata=(("x-client-id", client),), timeout=10)
-        return "OK", time.perf_counter() - started, ""
+        return Outcome("OK", time.perf_counter() - started, "")
     except grpc.RpcError as exc:
         hint = dict(exc.trailing_metadata() or ()).get("retry-after-ms", "")
-        return exc.code().name, time.perf_counter() - started, hint
+        return Outcome(exc.code().name, time.perf_counter() - started, hint, exc.details())
+
+
+def codes(outcomes: list[Outcome]) -> set[str]:
+    return {o.code for o in outcomes}
+
+
+def surprises(outcomes: list[Outcome], expected: set[str]) -> list[str]:
+    """Each unexpected code once, with its message: what a failing assertion shows."""
+    return sorted({f"{o.code}: {o.details}" for o in outcomes if o.code not in expected})
 
 
 def stubs(address: str, count: int) -> list[v2_grpc.GRPCInferenceServiceStub]:
@@ -43,7 +61,7 @@ def stubs(address: str, count: int) -> list[v2_grpc.GRPCInferenceServiceStub]:
     return [v2_grpc.GRPCInferenceServiceStub(channel) for channel in channels]
 
 
-def burst(address: str, count: int, clients: int = 1) -> list[tuple[str, float, str]]:
+def burst(address: str, count: int, clients: int = 1) -> list[Outcome]:
     pool_of = stubs(address, 4)
     with ThreadPoolExecutor(32) as pool:
         return list(pool.map(lambda i: call(pool_of[i % 4], f"c{i % clients}", i), range(count)))
@@ -55,12 +73,12 @@ def test_beyond_its_concurrency_limit_the_gateway_refuses_at_once_with_a_hint(
     fixed = {"initial": 2, "min_limit": 2, "max_limit": 2, "wait_share": 0}
     with running_system(tmp_path, {"gateway": {"concurrency": fixed}}) as system:
         outcomes = burst(system.address("gateway"), 300, clients=64)
-    served = sorted(s for code, s, _ in outcomes if code == "OK")
-    refused = [(s, hint) for code, s, hint in outcomes if code == "RESOURCE_EXHAUSTED"]
-    assert served and refused, {code for code, _, _ in outcomes}
-    assert {code for code, _, _ in outcomes} == {"OK", "RESOURCE_EXHAUSTED"}
-    assert all(int(hint) >= 1 for _, hint in refused)
-    refusal = float(np.median([s for s, _ in refused]))
+    served = sorted(o.seconds for o in outcomes if o.code == "OK")
+    refused = [o for o in outcomes if o.code == "RESOURCE_EXHAUSTED"]
+    assert served and refused, codes(outcomes)
+    assert codes(outcomes) == {"OK", "RESOURCE_EXHAUSTED"}, surprises(outcomes, {"OK"})
+    assert all(int(o.hint) >= 1 for o in refused)
+    refusal = float(np.median([o.seconds for o in refused]))
     assert refusal < float(np.median(served)), "a refusal costs less than an answer"
 
 
@@ -73,7 +91,7 @@ def test_requests_beyond_the_limit_wait_for_a_place_instead_of_being_refused(
         pool_of = stubs(address, 2)
         with ThreadPoolExecutor(8) as pool:
             outcomes = list(pool.map(lambda i: call(pool_of[i % 2], "c", i), range(200)))
-    assert {code for code, _, _ in outcomes} == {"OK"}, "8 at once, 2 places: the rest wait"
+    assert codes(outcomes) == {"OK"}, surprises(outcomes, {"OK"})  # 8 at once, 2 places
 
 
 def test_a_full_inference_queue_refusal_carries_its_hint_through_the_gateway(
@@ -87,7 +105,7 @@ def test_a_full_inference_queue_refusal_carries_its_hint_through_the_gateway(
     }
     with running_system(tmp_path, changes) as system:
         outcomes = burst(system.address("gateway"), 200, clients=200)
-    full = [hint for code, _, hint in outcomes if code == "RESOURCE_EXHAUSTED"]
+    full = [o.hint for o in outcomes if o.code == "RESOURCE_EXHAUSTED"]
     assert full, "a flight of many met a queue of one row"
     assert all(int(hint) >= 1 for hint in full)
 
@@ -138,7 +156,8 @@ def test_the_ladder_climbs_on_queueing_delay_says_why_and_comes_back_down(admin_
         time.sleep(0.05)
     stop.set()
     watcher.join()
-    assert {code for code, _, _ in outcomes} <= {"OK", "RESOURCE_EXHAUSTED"}
+    unexpected = surprises(outcomes, {"OK", "RESOURCE_EXHAUSTED"})
+    assert not unexpected, unexpected
     assert max(levels) >= 1 and levels[-1] == 0
     assert max(levels) <= 2, "queueing alone never gives up full answers"
     assert any(r.startswith("queue_delay:digits") and "against" in r for r in reasons), reasons
@@ -167,10 +186,10 @@ def test_a_flooding_client_cannot_take_another_clients_share(tmp_path: Path) -> 
             thread.start()
         try:
             time.sleep(0.5)
-            quiet = [call(quiet_stub, "quiet", i)[0] for i in range(40)]
+            quiet = [call(quiet_stub, "quiet", i) for i in range(40)]
         finally:
             stop.set()
             for thread in floods:
                 thread.join()
-    assert quiet == ["OK"] * 40
-    assert {code for code, _, _ in flooded} == {"OK", "RESOURCE_EXHAUSTED"}
+    assert [o.code for o in quiet] == ["OK"] * 40, surprises(quiet, {"OK"})
+    assert codes(flooded) == {"OK", "RESOURCE_EXHAUSTED"}, surprises(flooded, {"OK"})
