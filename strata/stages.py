@@ -7,6 +7,7 @@ factory takes that model, already validated, and the folder relative paths resol
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Generic, Protocol, TypeVar
@@ -40,7 +41,7 @@ class Registry(Generic[S, T]):
 
     def __init__(self, what: str, specs: Any) -> None:
         self.what = what
-        self._specs: TypeAdapter[S] = TypeAdapter(specs)
+        self._spec_type = specs
         self.factories: dict[str, Callable[[Any, Path], T]] = {}
 
     def register(self, kind: str) -> Callable[[F], F]:
@@ -63,6 +64,11 @@ class Registry(Generic[S, T]):
         """Build from a plain mapping, validated as the config file's stages are (for tools
         and tests; pydantic's ValidationError names a wrong option)."""
         return self.build(self._specs.validate_python({"kind": kind, **options}), base_dir)
+
+    @functools.cached_property
+    def _specs(self) -> TypeAdapter[S]:
+        """Built on first use: serving validates stages with the config, never here."""
+        return TypeAdapter(self._spec_type)
 
 
 def take(tensors: Arrays, name: str, stage: str) -> np.ndarray:

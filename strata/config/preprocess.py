@@ -7,11 +7,11 @@ model; what needs a file (a vocabulary, a tokenizer, statistics) is checked ther
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Literal, get_args
 
 from pydantic import BeforeValidator, Field, model_validator
 
-from strata.config.base import OUTPUT, Count, Number, Strict
+from strata.config.base import OUTPUT, Count, Datatype, Number, Strict
 
 Level = Annotated[int, Field(strict=True, ge=0, le=255)]
 
@@ -25,10 +25,7 @@ Colour = Annotated[tuple[Level, Level, Level], BeforeValidator(_gray_as_rgb)]
 
 Mode = Literal["L", "RGB", "RGBA"]
 Interpolation = Literal["area", "bilinear", "nearest"]
-NumericDatatype = Literal[
-    "BOOL", "UINT8", "UINT16", "UINT32", "UINT64", "INT8", "INT16", "INT32", "INT64",
-    "FP16", "FP32", "FP64",
-]  # fmt: skip
+NumericDatatype = Literal[tuple(d for d in get_args(Datatype) if d != "BYTES")]  # type: ignore[misc]
 
 DEFAULT_MAX_PIXELS = 4096 * 4096
 DEFAULT_MAX_BYTES = 16 * 1024 * 1024

@@ -11,7 +11,9 @@ import yaml
 
 from services.postprocess.rules import RULES
 from services.preprocess.steps import STEPS
-from strata.config import ConfigError, load_settings
+from services.preprocess.steps.image import INTERPOLATIONS
+from strata.codec import DTYPES
+from strata.config import ConfigError, load_settings, preprocess
 from strata.config.postprocess import Rule
 from strata.config.preprocess import Step
 from tests.support.system import DEFAULT_CONFIG
@@ -29,6 +31,11 @@ def kinds(union: Any) -> set[str]:
 @pytest.mark.parametrize(("union", "registry"), [(Step, STEPS), (Rule, RULES)])
 def test_the_config_accepts_exactly_the_kinds_the_services_build(union: Any, registry) -> None:
     assert kinds(union) == set(registry.factories)
+
+
+def test_the_config_offers_exactly_the_choices_the_steps_implement() -> None:
+    assert set(get_args(preprocess.Interpolation)) == set(INTERPOLATIONS)
+    assert set(get_args(preprocess.NumericDatatype)) == set(DTYPES) - {"BYTES"}
 
 
 def load_with(tmp_path: Path, section: str, position: int, **changes: Any) -> None:
