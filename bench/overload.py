@@ -126,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
             requests=w.pipeline_requests,
             metadata=CLIENT,
             timeout=1.0,
-            connections=8,
+            connections=2,  # one per client worker, as a tritonclient user has
         )
         rows = sweep(pool, plan, w.objective_seconds, seconds, fractions)
         crashed = supervisor.failed()

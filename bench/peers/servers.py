@@ -68,8 +68,8 @@ class Target:
 
     def connections(self, concurrency: int) -> int:
         """HTTP/1.1 carries one request at a time on a connection: one for each in flight.
-        gRPC: at most 8, each carrying many at once (HTTP/2 streams)."""
-        return concurrency if self.http else min(concurrency, 8)
+        gRPC: one, carrying every request at once (HTTP/2 streams), as tritonclient does."""
+        return concurrency if self.http else 1
 
 
 @dataclass(frozen=True)
