@@ -8,6 +8,8 @@ request of its own: its own deadline, its own error, its own link from the batch
 - `strata.rows`: the members' row counts, in order ("1,1,3").
 - `strata.trace_contexts`: each member's W3C traceparent ("" for none), comma-separated.
 - `strata.timeouts_us`: each member's remaining budget in microseconds.
+- `strata.trace_context`: on a stream, the traceparent of the call itself (a unary call
+  carries it in its metadata); any request may have it, a flight or not.
 - `strata.errors` (in the response): JSON `{"<member index>": [code, message, retry_ms]}`
   for members that failed (retry_ms: the back-off an overload asks for, 0 for none); the
   outputs are stacked over the others, in order.
@@ -25,6 +27,7 @@ from strata.proto.inference import grpc_service_pb2 as v2
 ROWS = "strata.rows"
 TRACE_CONTEXTS = "strata.trace_contexts"
 TIMEOUTS = "strata.timeouts_us"
+TRACE_CONTEXT = "strata.trace_context"
 ERRORS = "strata.errors"
 
 Parameters = Mapping[str, v2.InferParameter]
@@ -90,6 +93,12 @@ def member_errors(parameters: Parameters, count: int) -> dict[int, StrataError]:
 
 def _error(code: int, message: str, retry_ms: float = 0) -> StrataError:
     return from_code(int(code), str(message), float(retry_ms) / 1000)
+
+
+def call_traceparent(parameters: Parameters) -> str:
+    """The traceparent a request sent on a stream carries for its call ("" for none): what a
+    unary call would carry in its metadata."""
+    return _text(parameters, TRACE_CONTEXT) if TRACE_CONTEXT in parameters else ""
 
 
 def _text(parameters: Parameters, name: str) -> str:

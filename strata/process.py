@@ -85,7 +85,7 @@ async def process(item: v1.Request, handler: AsyncHandler) -> v1.Result:
 
 def failed(item: v1.Request, exc: Exception) -> v1.Result:
     """The result of a request whose handler raised: its status code and message."""
-    return v1.Result(id=item.id, error=_error(status_of(exc)))
+    return v1.Result(id=item.id, error=error(status_of(exc)))
 
 
 @contextlib.contextmanager
@@ -279,7 +279,7 @@ def _flight_result(item: v1.Request, roster: _Roster, landing: _Landing) -> v1.R
         if failure is None:
             add(id=rid, rows=count)
         else:
-            add(id=rid, error=_error(failure))
+            add(id=rid, error=error(failure))
     return result
 
 
@@ -351,6 +351,7 @@ def _merge_info(infos: list[Info]) -> Info:
     return {key: ",".join(values) for key, values in merged.items()}
 
 
-def _error(failure: Failure) -> v1.Error:
+def error(failure: Failure) -> v1.Error:
+    """A failure as a strata.v1 Error."""
     code, message = failure
     return v1.Error(code=code.value[0], message=message)

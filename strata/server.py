@@ -25,6 +25,7 @@ from opentelemetry import trace
 from strata.config.server import ServerSettings
 from strata.config.tls import TlsSettings
 from strata.security import caller_guard, server_credentials
+from strata.streams import Drain
 from strata.telemetry import traced_servicer
 
 log = logging.getLogger(__name__)
@@ -93,10 +94,7 @@ async def start_server(
         raise ValueError("a server under TLS needs its identity, to pick its certificate")
     options = [
         *grpc_options(settings),
-        (
-            "grpc.max_concurrent_streams",
-            settings.public_max_concurrent_streams if public else settings.max_concurrent_streams,
-        ),
+        ("grpc.max_concurrent_streams", settings.max_concurrent_streams),
     ]
     if not public:
         # Internal callers (the gateway) retry UNAVAILABLE, so ageing their connections out to
@@ -171,6 +169,7 @@ async def serve(
 
     log.info("stopping: draining in-flight calls for up to %.1fs", settings.grace_seconds)
     await running.set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
+    Drain.start()  # open streams refuse new messages; those in flight finish
     grace = settings.grace_seconds
     await asyncio.gather(running.stop(grace), *(c.stop(grace) for c in companions))
     if on_stop is not None:

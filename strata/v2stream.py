@@ -2,51 +2,52 @@
 
 Each request of the stream is answered on its own, in the order answers are ready. A failed
 request gets `error_message` (its status code's name, then what was wrong) and the stream goes
-on, as Triton's does; the `id` a client sets tells its answers apart.
+on, as Triton's does; the `id` a client sets tells its answers apart. At most
+`max_in_flight` requests of one stream are unanswered at once; past that the stream is not
+read until one is answered (strata.streams).
 """
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable
+
+import grpc
 
 from strata.errors import status_of
 from strata.grpc_errors import log_failure
 from strata.proto.inference import grpc_service_pb2 as v2
+from strata.streams import answer_each
 
 Infer = Callable[[v2.ModelInferRequest], Awaitable[v2.ModelInferResponse]]
 
 
+def failed_answer(
+    request: v2.ModelInferRequest, code: grpc.StatusCode, detail: str
+) -> v2.ModelStreamInferResponse:
+    """The stream's answer for a request that failed: `CODE: what was wrong`."""
+    failed = v2.ModelInferResponse(model_name=request.model_name, id=request.id)
+    return v2.ModelStreamInferResponse(
+        error_message=f"{code.name}: {detail}", infer_response=failed
+    )
+
+
+def _refused(request: v2.ModelInferRequest, detail: str) -> v2.ModelStreamInferResponse:
+    return failed_answer(request, grpc.StatusCode.UNAVAILABLE, detail)
+
+
 async def answer_stream(
-    requests: AsyncIterator[v2.ModelInferRequest], infer: Infer
+    requests: AsyncIterator[v2.ModelInferRequest], infer: Infer, max_in_flight: int
 ) -> AsyncIterator[v2.ModelStreamInferResponse]:
     """Run `infer` on every request of the stream concurrently; yield each answer when ready."""
-    answers: asyncio.Queue[v2.ModelStreamInferResponse | None] = asyncio.Queue()
 
-    async def answer(request: v2.ModelInferRequest) -> None:
+    async def answer(request: v2.ModelInferRequest) -> v2.ModelStreamInferResponse:
         try:
             reply = await infer(request)
         except Exception as exc:  # one request's failure, reported in the stream
             code, detail = status_of(exc)
             log_failure("ModelStreamInfer", code, detail)
-            failed = v2.ModelInferResponse(model_name=request.model_name, id=request.id)
-            await answers.put(
-                v2.ModelStreamInferResponse(
-                    error_message=f"{code.name}: {detail}", infer_response=failed
-                )
-            )
-        else:
-            await answers.put(v2.ModelStreamInferResponse(infer_response=reply))
+            return failed_answer(request, code, detail)
+        return v2.ModelStreamInferResponse(infer_response=reply)
 
-    async def read() -> None:
-        async with asyncio.TaskGroup() as group:
-            async for request in requests:
-                group.create_task(answer(request))
-        await answers.put(None)
-
-    reader = asyncio.create_task(read())
-    try:
-        while (item := await answers.get()) is not None:
-            yield item
-    finally:
-        reader.cancel()
+    async for item in answer_each(requests, answer, _refused, max_in_flight):
+        yield item

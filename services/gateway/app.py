@@ -24,7 +24,7 @@ async def build(settings: Settings) -> Service:
     v2_name = grpc_service_pb2.DESCRIPTOR.services_by_name["GRPCInferenceService"].full_name
     registrations = [
         (
-            GatewayServicer(pipelines),
+            GatewayServicer(pipelines, settings.server.max_stream_in_flight),
             grpc_service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server,
             v2_name,
         )

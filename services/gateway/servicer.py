@@ -11,12 +11,16 @@ from services.gateway.pipelines import Pipelines
 from strata.grpc_errors import grpc_errors
 from strata.proto.inference import grpc_service_pb2 as v2
 from strata.proto.inference import grpc_service_pb2_grpc as v2_grpc
+from strata.streams import DEFAULT_MAX_IN_FLIGHT
 from strata.v2stream import answer_stream
 
 
 class GatewayServicer(v2_grpc.GRPCInferenceServiceServicer):
-    def __init__(self, pipelines: Pipelines) -> None:
+    def __init__(
+        self, pipelines: Pipelines, max_stream_in_flight: int = DEFAULT_MAX_IN_FLIGHT
+    ) -> None:
         self._pipelines = pipelines
+        self._max_stream_in_flight = max_stream_in_flight
 
     def _client(self, context: grpc.aio.ServicerContext) -> str:
         return self._pipelines.identify(grpc_caller(context))
@@ -65,5 +69,5 @@ class GatewayServicer(v2_grpc.GRPCInferenceServiceServicer):
         async def infer(request: v2.ModelInferRequest) -> v2.ModelInferResponse:
             return await self._pipelines.infer(request, grpc_caller(context))
 
-        async for answer in answer_stream(requests, infer):
+        async for answer in answer_stream(requests, infer, self._max_stream_in_flight):
             yield answer

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import grpc
@@ -20,7 +20,9 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from services.gateway.breaker import Breakers, CircuitBreaker
 from services.gateway.hoptime import HopTimer
+from services.gateway.lanes import LaneBroken, Lanes, StreamMethod
 from services.gateway.metrics import BREAKER_OPEN, UPSTREAM_CALLS
+from services.gateway.stream_methods import infer_stream, process_stream
 from strata.channels import open_channel
 from strata.config import Settings
 from strata.config.endpoints import ServiceEndpoint
@@ -33,6 +35,7 @@ INFERENCE_SERVICE = "inference.GRPCInferenceService"
 
 
 TIMEOUT_ATTEMPTS = 3
+LANE_SECONDS = 10.0
 
 
 class HopTimedOut(Unavailable):
@@ -43,11 +46,25 @@ class Hop:
     """One upstream: a traced channel with retries, a stub, and a circuit breaker."""
 
     def __init__(
-        self, name: str, endpoint: ServiceEndpoint, stub: type, service: str, settings: Settings
+        self,
+        name: str,
+        endpoint: ServiceEndpoint,
+        stub: type,
+        service: str,
+        settings: Settings,
+        streams: dict[str, Callable[[Any], StreamMethod]] | None = None,
     ) -> None:
         self.name = name
         self.channel = open_channel(endpoint.address, settings.server, [service], settings.tls)
         self.stub = stub(self.channel)
+        # Lanes turn over well before the server ages their connection out, and often enough
+        # that round-robin soon spreads them over replicas that were not ready at the start.
+        lifetime = min(settings.server.max_connection_age_seconds / 2, LANE_SECONDS)
+        count = settings.gateway.stream_lanes
+        self.lanes = {
+            method: Lanes(f"{name} {method}", make(self.stub), count, lifetime)
+            for method, make in (streams or {}).items()
+        }
         self.breaker = Breakers(name, settings.gateway.breaker)
         gateway = settings.gateway
         self.timer = HopTimer(gateway.hop_timeouts, gateway.upstream_timeout_seconds)
@@ -103,9 +120,7 @@ class Hop:
         code = grpc.StatusCode.CANCELLED
         started = time.monotonic()
         try:
-            reply = await getattr(self.stub, method)(
-                request, timeout=min(budget, timeout), metadata=metadata
-            )
+            reply = await self._send(method, request, min(budget, timeout), metadata, hop_bound)
             code = grpc.StatusCode.OK
             self.timer.observe(time.monotonic() - started)
             return reply
@@ -134,6 +149,27 @@ class Hop:
             UPSTREAM_CALLS(self.name, code.name).inc()
             BREAKER_OPEN(breaker.name).set(breaker.state == "open")
 
+    async def _send(
+        self, method: str, request: Any, timeout: float, metadata: Sequence, hop_bound: bool
+    ) -> Any:
+        """The reply: as a message on a lane where the hop has them for `method`; as a unary
+        call otherwise, or when the lane broke or the layer answered UNAVAILABLE (gRPC's
+        retry policy then sends it to another replica)."""
+        lanes = self.lanes.get(method)
+        if lanes is not None and lanes.usable:
+            started = time.monotonic()
+            try:
+                return await lanes.call(request, timeout, cancel_on_timeout=hop_bound)
+            except LaneBroken:
+                pass
+            except grpc.aio.AioRpcError as exc:
+                if exc.code() != grpc.StatusCode.UNAVAILABLE:
+                    raise
+            timeout -= time.monotonic() - started
+        return await getattr(self.stub, method)(
+            request, timeout=max(timeout, 0.0), metadata=metadata
+        )
+
     async def healthy(self, timeout: float) -> bool:
         stub = health_pb2_grpc.HealthStub(self.channel)
         try:
@@ -154,6 +190,7 @@ class Upstreams:
             preprocess_pb2_grpc.PreprocessStub,
             "strata.v1.Preprocess",
             settings,
+            {"Process": process_stream},
         )
         self.postprocess = Hop(
             "postprocess",
@@ -161,6 +198,7 @@ class Upstreams:
             postprocess_pb2_grpc.PostprocessStub,
             "strata.v1.Postprocess",
             settings,
+            {"Process": process_stream},
         )
         self.inference = {
             name: Hop(
@@ -169,6 +207,7 @@ class Upstreams:
                 v2_grpc.GRPCInferenceServiceStub,
                 INFERENCE_SERVICE,
                 settings,
+                {"ModelInfer": infer_stream},
             )
             for name, endpoint in services.inference.items()
         }
@@ -184,4 +223,6 @@ class Upstreams:
 
     async def close(self) -> None:
         for hop in self.hops:
+            for lanes in hop.lanes.values():
+                lanes.close()
             await hop.channel.close()

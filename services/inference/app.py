@@ -26,7 +26,7 @@ async def build(settings: Settings) -> Service:
         await models.close()
         executor.shutdown(wait=False)
         raise
-    servicer = InferenceServicer(models, settings.inference)
+    servicer = InferenceServicer(models, settings.inference, settings.server.max_stream_in_flight)
     unwatch = metrics.watch(models.statistics)
     name = grpc_service_pb2.DESCRIPTOR.services_by_name["GRPCInferenceService"].full_name
 

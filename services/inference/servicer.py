@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 from collections.abc import AsyncIterator
 from dataclasses import replace
 from itertools import accumulate
@@ -36,6 +35,8 @@ from strata.grpc_errors import grpc_errors
 from strata.proto.inference import grpc_service_pb2 as v2
 from strata.proto.inference import grpc_service_pb2_grpc as v2_grpc
 from strata.server import Running
+from strata.streams import DEFAULT_MAX_IN_FLIGHT
+from strata.telemetry import server_span
 from strata.tokens import authorize
 from strata.v2meta import metadata_response, model_config
 from strata.v2stream import answer_stream
@@ -43,14 +44,21 @@ from strata.v2stream import answer_stream
 PLATFORM = "onnxruntime_onnx"
 SERVER_NAME = "strata-inference"
 EXTENSIONS = ["model_repository", "statistics"]
+STREAM_METHOD = "/inference.GRPCInferenceService/ModelStreamInfer"
 MODEL_HEALTH = "model/"  # health service name of a configured model: "model/digits"
 
 
 class InferenceServicer(v2_grpc.GRPCInferenceServiceServicer):
     """The v2 protocol over the model manager."""
 
-    def __init__(self, models: ModelManager, settings: InferenceSettings) -> None:
+    def __init__(
+        self,
+        models: ModelManager,
+        settings: InferenceSettings,
+        max_stream_in_flight: int = DEFAULT_MAX_IN_FLIGHT,
+    ) -> None:
         self._models = models
+        self._max_stream_in_flight = max_stream_in_flight
         self._configured = list(settings.models)
         token = settings.admin_token
         self._token = token.get_secret_value() if token is not None else None
@@ -122,8 +130,15 @@ class InferenceServicer(v2_grpc.GRPCInferenceServiceServicer):
     ) -> AsyncIterator[v2.ModelStreamInferResponse]:
         """Each request of the stream batched and answered on its own (strata.v2stream); a
         request's deadline is its `timeout` parameter, or the stream's."""
-        infer = functools.partial(self._infer, context=context)
-        async for answer in answer_stream(requests, infer):
+
+        async def infer(request: v2.ModelInferRequest) -> v2.ModelInferResponse:
+            traceparent = flight.call_traceparent(request.parameters)
+            if not traceparent:
+                return await self._infer(request, context)
+            with server_span(STREAM_METHOD, {"traceparent": traceparent}):
+                return await self._infer(request, context)
+
+        async for answer in answer_stream(requests, infer, self._max_stream_in_flight):
             yield answer
 
     async def _infer(

@@ -24,7 +24,7 @@ async def build(settings: Settings) -> Service:
     limits.install(settings.limits.plain())
     engine = build_engine(settings)
     name = postprocess_pb2.DESCRIPTOR.services_by_name["Postprocess"].full_name
-    servicer = PostprocessServicer(engine)
+    servicer = PostprocessServicer(engine, settings.server.max_stream_in_flight)
     return Service(
         registrations=[(servicer, postprocess_pb2_grpc.add_PostprocessServicer_to_server, name)],
         endpoint=settings.services.postprocess,

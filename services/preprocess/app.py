@@ -25,7 +25,9 @@ async def build(settings: Settings) -> Service:
     limits.install(settings.limits.plain())
     timings = StepTimings()
     servicer = PreprocessServicer(
-        build_pipelines(settings, timings), settings.preprocess.inline_max_bytes
+        build_pipelines(settings, timings),
+        settings.preprocess.inline_max_bytes,
+        settings.server.max_stream_in_flight,
     )
     name = preprocess_pb2.DESCRIPTOR.services_by_name["Preprocess"].full_name
     return Service(

@@ -10,7 +10,7 @@ stacked rows (strata.process has the mechanism).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
 
 import grpc
 
@@ -18,17 +18,38 @@ from services.preprocess.pipeline import Pipelines
 from strata.grpc_errors import grpc_errors
 from strata.process import Arrays, process_all
 from strata.proto.v1 import preprocess_pb2_grpc, tensor_pb2
+from strata.streams import DEFAULT_MAX_IN_FLIGHT
+from strata.v1stream import serve_stream
 
 
 class PreprocessServicer(preprocess_pb2_grpc.PreprocessServicer):
-    def __init__(self, pipelines: Pipelines, inline_max_bytes: int = 0) -> None:
+    def __init__(
+        self,
+        pipelines: Pipelines,
+        inline_max_bytes: int = 0,
+        max_stream_in_flight: int = DEFAULT_MAX_IN_FLIGHT,
+    ) -> None:
         self._pipelines = pipelines
         self._inline_max_bytes = inline_max_bytes
+        self._max_stream_in_flight = max_stream_in_flight
 
     @grpc_errors
     async def Process(
         self, request: tensor_pb2.ProcessRequest, context: grpc.aio.ServicerContext
     ) -> tensor_pb2.ProcessResponse:
+        return await self._process(request)
+
+    async def ProcessStream(
+        self,
+        requests: AsyncIterator[tensor_pb2.ProcessRequest],
+        context: grpc.aio.ServicerContext,
+    ) -> AsyncIterator[tensor_pb2.ProcessResponse]:
+        method = "/strata.v1.Preprocess/ProcessStream"
+        limit = self._max_stream_in_flight
+        async for answer in serve_stream(requests, self._process, method, limit):
+            yield answer
+
+    async def _process(self, request: tensor_pb2.ProcessRequest) -> tensor_pb2.ProcessResponse:
         size = sum(len(t.data) for item in request.requests for t in item.tensors)
         if size <= self._inline_max_bytes:
             return process_all(request, self._run)

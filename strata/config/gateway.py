@@ -233,6 +233,13 @@ class GatewaySettings(Strict):
     hop_timeouts: HopTimeouts = Field(
         default_factory=HopTimeouts, description="Upstream calls' own timeouts, adaptive."
     )
+    stream_lanes: int = Field(
+        default=2,
+        ge=0,
+        description="Streams the gateway keeps open to each layer (each inference deployment, "
+        "the preprocess replicas, postprocess); a flight's call to the layer is one message "
+        "on the least busy one, at about half a unary call's cost. 0: a unary call each.",
+    )
     rate_limits: RateLimits = Field(default_factory=RateLimits, description="Token buckets.")
     concurrency: Concurrency = Field(
         default_factory=Concurrency, description="Adaptive concurrency limit and fair shares."

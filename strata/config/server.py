@@ -7,6 +7,7 @@ from typing import Literal
 from pydantic import Field
 
 from strata.config.base import Strict
+from strata.streams import DEFAULT_MAX_IN_FLIGHT
 
 
 class ServerSettings(Strict):
@@ -17,15 +18,19 @@ class ServerSettings(Strict):
         default=16 * 1024 * 1024, gt=0, description="Largest gRPC message sent or received."
     )
     max_concurrent_streams: int = Field(
-        default=256, gt=0, description="Calls one client connection may have open at once."
-    )
-    public_max_concurrent_streams: int = Field(
-        default=16,
+        default=256,
         gt=0,
-        description="The same on the gateway's public port. Past capacity, calls beyond it are "
-        "refused by HTTP/2 itself (REFUSED_STREAM, which clients see as UNAVAILABLE) before any "
-        "Python runs, so a backlog cannot build inside gRPC where no handler sees it; a client "
-        "that needs more calls in flight opens more connections (channels).",
+        description="Calls one client connection may have open at once, on every port (the "
+        "gateway's public one included). A client's ordinary concurrency is queued at the "
+        "gateway's door and answered, never refused by HTTP/2; past capacity the door refuses "
+        "with RESOURCE_EXHAUSTED and a retry hint.",
+    )
+    max_stream_in_flight: int = Field(
+        default=DEFAULT_MAX_IN_FLIGHT,
+        gt=0,
+        description="Messages of one stream (ModelStreamInfer, ProcessStream) unanswered at "
+        "once; past it the server stops reading that stream until one is answered, so a "
+        "client that writes without reading holds at most this much of the server's memory.",
     )
     max_concurrent_rpcs: int = Field(
         default=2048,

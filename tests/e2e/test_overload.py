@@ -54,8 +54,7 @@ def surprises(outcomes: list[Outcome], expected: set[str]) -> list[str]:
 
 
 def stubs(address: str, count: int) -> list[v2_grpc.GRPCInferenceServiceStub]:
-    """Stubs on `count` connections of their own: the gateway takes 16 calls at once per
-    connection (server.public_max_concurrent_streams), as a client pool would spread them."""
+    """Stubs on `count` connections of their own, as a client pool would spread them."""
     options = [("grpc.use_local_subchannel_pool", 1)]
     channels = [grpc.insecure_channel(address, options=options) for _ in range(count)]
     return [v2_grpc.GRPCInferenceServiceStub(channel) for channel in channels]

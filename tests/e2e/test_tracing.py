@@ -37,11 +37,7 @@ def traced(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Superviso
 
 
 def send(system: Supervisor, arrays: dict, trace_id: str, **params: str) -> grpc.RpcError | None:
-    # A connection of its own (gRPC shares one per target otherwise): the gateway takes 16
-    # calls at once per connection (server.public_max_concurrent_streams).
-    channel = grpc.insecure_channel(
-        system.address("gateway"), options=[("grpc.use_local_subchannel_pool", 1)]
-    )
+    channel = grpc.insecure_channel(system.address("gateway"))
     stub = v2_grpc.GRPCInferenceServiceStub(channel)
     request = codec.build_request("digits", arrays)
     for key, value in params.items():

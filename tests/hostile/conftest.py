@@ -17,7 +17,7 @@ MAX_MESSAGE = 1 << 20
 def system(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Supervisor]:
     changes = {
         # Good and bad requests go out together on one connection, to share flights.
-        "server": {"max_message_bytes": MAX_MESSAGE, "public_max_concurrent_streams": 256},
+        "server": {"max_message_bytes": MAX_MESSAGE},
         # A level would change good answers under the tests' feet; the ladder has its own.
         "gateway": {"ladder": {"max_level": 0}},
         "services": {"gateway": {"metrics": f"127.0.0.1:{free_port()}"}},

@@ -1,0 +1,183 @@
+"""A hop's calls as messages on long-lived bidirectional streams: lanes.
+
+A unary gRPC call costs about twice what a message on an open stream costs, on both sides
+(2-core VM: 0.25 against 0.16 ms of the caller's CPU, 0.32 against 0.19 ms of the server's,
+0.49 against 0.29 ms round trip), and the gateway pays it on every hop of every flight. So
+each hop keeps a few streams open on its channel and sends a call as a message on the lane
+owing the fewest answers; the answer comes back with the message's tag. The channel's
+round-robin balancing spreads lanes over the replicas as they open, and its outlier
+detection keeps new lanes off a replica whose calls keep failing.
+
+What a unary call had from gRPC, a lane does for itself:
+- a message's deadline: its caller waits at most its timeout; a lane that misses a hop's
+  own timeout (a hung replica) is cancelled, so its next message opens a lane elsewhere;
+- a lane that breaks (its replica died or drained, the connection was cut) fails the
+  messages it owes with `LaneBroken`: the hop sends them again as unary calls, which gRPC
+  retries on another replica, and the next message opens a new lane;
+- a lane takes new messages for `lifetime` seconds (less a random part, so that lanes do
+  not all turn over at once), then half-closes once its answers are in: well before the
+  server's `max_connection_age` cuts its connection;
+- a server without the stream method (UNIMPLEMENTED: any plain v2 server behind a route)
+  gets unary calls from then on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import random
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+
+log = logging.getLogger(__name__)
+
+_TAGS = itertools.count(1)
+
+
+class LaneBroken(Exception):
+    """The stream ended before it answered: the message may go again, elsewhere."""
+
+    def __init__(self, code: grpc.StatusCode, details: str) -> None:
+        super().__init__(f"{code.name}: {details}")
+        self.code = code
+
+
+@dataclass(frozen=True)
+class StreamMethod:
+    """How one protocol's calls travel as stream messages."""
+
+    open: Callable[[], grpc.aio.StreamStreamCall]
+    # The request as the stream carries it, with its tag and its timeout (seconds).
+    tag: Callable[[Any, int, float], Any]
+    tag_of: Callable[[Any], int | None]
+    # The reply a unary call would have returned, or the AioRpcError it would have raised.
+    result: Callable[[Any], Any]
+
+
+def rpc_error(code: grpc.StatusCode, details: str) -> grpc.aio.AioRpcError:
+    """The error a unary call would have raised, for a message's failure."""
+    return grpc.aio.AioRpcError(code, grpc.aio.Metadata(), grpc.aio.Metadata(), details)
+
+
+class Lane:
+    """One open stream and the answers it still owes."""
+
+    def __init__(self, method: StreamMethod, expires: float) -> None:
+        self._method = method
+        self.expires = expires
+        self.accepting = True
+        self.owed: dict[int, asyncio.Future] = {}
+        self._writing = asyncio.Lock()
+        self._call = method.open()
+        self._reader = asyncio.get_running_loop().create_task(self._read())
+        self._closing: asyncio.Task | None = None
+
+    async def send(self, request: Any, timeout: float) -> Any:
+        """The reply to `request`, within `timeout` seconds."""
+        tag = next(_TAGS)
+        answer = asyncio.get_running_loop().create_future()
+        self.owed[tag] = answer
+        try:
+            async with asyncio.timeout(timeout):
+                await self._write(self._method.tag(request, tag, timeout))
+                reply = await answer
+        except TimeoutError:
+            raise rpc_error(grpc.StatusCode.DEADLINE_EXCEEDED, "no answer in time") from None
+        finally:
+            self.owed.pop(tag, None)
+            self._close_if_done()
+        return self._method.result(reply)
+
+    def retire(self) -> None:
+        """Take no new messages; half-close once every owed answer is in."""
+        self.accepting = False
+        self._close_if_done()
+
+    def cancel(self) -> None:
+        """End the stream now: what it owes fails with LaneBroken."""
+        self.accepting = False
+        self._call.cancel()
+
+    async def _write(self, message: Any) -> None:
+        async with self._writing:  # grpc.aio allows one write at a time per call
+            if self._call.done():
+                raise LaneBroken(grpc.StatusCode.UNAVAILABLE, "the stream had ended")
+            try:
+                await self._call.write(message)
+            except (grpc.aio.AioRpcError, asyncio.InvalidStateError) as exc:
+                raise LaneBroken(grpc.StatusCode.UNAVAILABLE, f"writing failed: {exc}") from None
+
+    async def _read(self) -> None:
+        ended = LaneBroken(grpc.StatusCode.UNAVAILABLE, "the stream ended before answering")
+        try:
+            while (reply := await self._call.read()) is not grpc.aio.EOF:
+                answer = self.owed.get(self._method.tag_of(reply))
+                if answer is not None and not answer.done():
+                    answer.set_result(reply)
+        except grpc.aio.AioRpcError as exc:
+            ended = LaneBroken(exc.code(), exc.details() or exc.code().name)
+        except asyncio.CancelledError:
+            ended = LaneBroken(grpc.StatusCode.UNAVAILABLE, "the stream was cancelled")
+        finally:
+            self.accepting = False
+            for answer in self.owed.values():
+                if not answer.done():
+                    answer.set_exception(ended)
+
+    def _close_if_done(self) -> None:
+        if self.accepting or self.owed or self._closing is not None or self._call.done():
+            return
+        self._closing = asyncio.get_running_loop().create_task(self._half_close())
+
+    async def _half_close(self) -> None:
+        async with self._writing:
+            with contextlib.suppress(grpc.aio.AioRpcError, asyncio.InvalidStateError):
+                await self._call.done_writing()  # unless it already ended
+
+
+class Lanes:
+    """A hop's lanes for one method; `count` of them at most, each open `lifetime` seconds."""
+
+    def __init__(self, name: str, method: StreamMethod, count: int, lifetime: float) -> None:
+        self.name = name
+        self._method = method
+        self._lifetime = lifetime
+        self._lanes: list[Lane | None] = [None] * count
+        self.usable = count > 0
+
+    async def call(self, request: Any, timeout: float, cancel_on_timeout: bool) -> Any:
+        """The reply to `request` over a lane. LaneBroken: send it some other way;
+        `cancel_on_timeout`: a missed timeout condemns the lane (the hop's own timeout)."""
+        lane = self._pick()
+        try:
+            return await lane.send(request, timeout)
+        except LaneBroken as exc:
+            if exc.code == grpc.StatusCode.UNIMPLEMENTED and self.usable:
+                self.usable = False
+                log.warning("%s serves no stream method; unary calls from now on", self.name)
+            raise
+        except grpc.aio.AioRpcError as exc:
+            if cancel_on_timeout and exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
+                lane.cancel()
+            raise
+
+    def close(self) -> None:
+        for lane in self._lanes:
+            if lane is not None:
+                lane.cancel()
+
+    def _pick(self) -> Lane:
+        """The lane owing the fewest answers, after replacing any that ended or expired."""
+        now = asyncio.get_running_loop().time()
+        for index, lane in enumerate(self._lanes):
+            if lane is None or not lane.accepting or lane.expires <= now:
+                if lane is not None:
+                    lane.retire()
+                expires = now + self._lifetime * random.uniform(0.5, 1.0)
+                self._lanes[index] = Lane(self._method, expires)
+        return min(self._lanes, key=lambda lane: len(lane.owed))  # type: ignore[arg-type,return-value]

@@ -1,0 +1,43 @@
+"""ProcessStream as preprocess and postprocess serve it: the gateway's hops as messages.
+
+Each message is handled as a `Process` call of its own would be, in a server span of the
+trace its `trace_context` names (what a unary call carries in its metadata), and answered
+with its tag when ready; one that fails as a whole carries the status its call would have
+ended with. strata.streams bounds what one stream can make the server hold.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+import grpc
+
+from strata.errors import status_of
+from strata.process import error
+from strata.proto.v1 import tensor_pb2 as v1
+from strata.streams import answer_each
+from strata.telemetry import server_span
+
+Handle = Callable[[v1.ProcessRequest], Awaitable[v1.ProcessResponse]]
+
+
+async def serve_stream(
+    requests: AsyncIterator[v1.ProcessRequest], handle: Handle, method: str, max_in_flight: int
+) -> AsyncIterator[v1.ProcessResponse]:
+    """Answer every message of the stream; `method` names the server spans."""
+
+    async def answer(request: v1.ProcessRequest) -> v1.ProcessResponse:
+        with server_span(method, request.trace_context):
+            try:
+                response = await handle(request)
+            except Exception as exc:  # the message's failure, not the stream's
+                return v1.ProcessResponse(tag=request.tag, error=error(status_of(exc)))
+        response.tag = request.tag
+        return response
+
+    def refuse(request: v1.ProcessRequest, detail: str) -> v1.ProcessResponse:
+        failure = error((grpc.StatusCode.UNAVAILABLE, detail))
+        return v1.ProcessResponse(tag=request.tag, error=failure)
+
+    async for item in answer_each(requests, answer, refuse, max_in_flight):
+        yield item
