@@ -117,9 +117,15 @@ def load_settings(path: Path) -> Settings:
         settings = Settings(**raw)
     except ValidationError as exc:
         raise ConfigError(_describe(path, exc)) from None
+    base = Path(path).parent
     if not settings.repository.is_absolute():
-        settings.repository = (Path(path).parent / settings.repository).resolve()
-    settings.tls = settings.tls.resolved(Path(path).parent)
+        settings.repository = (base / settings.repository).resolve()
+    settings.tls = settings.tls.resolved(base)
+    try:  # secrets from files (mounted secrets), read now and at every reload
+        settings.gateway = settings.gateway.with_files(base)
+        settings.inference = settings.inference.with_files(base)
+    except ValueError as exc:
+        raise ConfigError(f"config {path} is invalid:\n  {exc}") from None
     settings._source = Path(path)
     return settings
 
