@@ -64,8 +64,16 @@ async def build(settings: Settings) -> Service:
         else:
             companions.append(AdminServer(admin, endpoint.admin_listen, settings))
     if endpoint.rest is not None:
-        app = build_app(pipelines, settings.gateway.rest)
-        companions.append(RestServer(app, endpoint.rest, settings.server, settings.tls, "gateway"))
+        rest = settings.gateway.rest
+        server = RestServer(
+            build_app(pipelines, rest),
+            endpoint.rest,
+            settings.server,
+            settings.tls,
+            GATEWAY,
+            rest.forwarded_allow_ips,
+        )
+        companions.append(server)
     if not runtime.admission.keys:
         _warn_open_door(settings)
     return Service(

@@ -226,6 +226,12 @@ class Rest(Strict):
         description="Most values one JSON body holds: each becomes a Python object when "
         "parsed, so this bounds what a body costs; larger tensors go as binary data.",
     )
+    forwarded_allow_ips: list[str] = Field(
+        default_factory=list,
+        description="Addresses or networks of proxies whose X-Forwarded-For and "
+        "X-Forwarded-Proto headers are believed (the caller's address then comes from them); "
+        "empty: no one's, the caller is the connection's own address.",
+    )
 
 
 class GatewaySettings(Strict):
