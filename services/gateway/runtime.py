@@ -125,7 +125,7 @@ class Runtime:
         if self.settings.source is None:
             raise NotFound("these settings were not loaded from a file")
         try:
-            new = load_settings(self.settings.source)
+            new = load_settings(self.settings.source, "gateway")
         except ConfigError as exc:
             raise NotReady(f"config not reloaded, nothing applied: {exc}") from None
         restart = _needs_restart(self.settings, new)

@@ -38,8 +38,17 @@ def test_a_short_admin_token_in_the_environment_fails_too(
 @pytest.mark.parametrize("section", ["gateway", "inference"])
 def test_the_admin_token_is_read_from_its_file(tmp_path: Path, section: str) -> None:
     (tmp_path / "token").write_text(TOKEN + "\n")
-    settings = load_settings(write(tmp_path, {section: {"admin_token_file": "token"}}))
+    settings = load_settings(write(tmp_path, {section: {"admin_token_file": "token"}}), section)
     assert getattr(settings, section).admin_token.get_secret_value() == TOKEN
+
+
+def test_only_the_own_sections_files_are_read(tmp_path: Path) -> None:
+    # Each container mounts its own secrets alone: preprocess never sees the gateway's.
+    changes = {"gateway": {"admin_token_file": "absent", "api_keys_file": "absent.yaml"}}
+    settings = load_settings(write(tmp_path, changes), "preprocess")
+    assert settings.gateway.admin_token is None and settings.gateway.api_keys == []
+    with pytest.raises(ConfigError, match="cannot read"):
+        load_settings(write(tmp_path, changes), "gateway")
 
 
 @pytest.mark.parametrize(
@@ -55,7 +64,7 @@ def test_an_unusable_token_file_fails_the_load(
     if content is not None:
         (tmp_path / "token").write_text(content)
     with pytest.raises(ConfigError) as info:
-        load_settings(write(tmp_path, {"gateway": {"admin_token_file": "token"}}))
+        load_settings(write(tmp_path, {"gateway": {"admin_token_file": "token"}}), "gateway")
     assert all(word in str(info.value) for word in words), str(info.value)
     assert "short" not in str(info.value).replace("shorter", "")
 
@@ -71,7 +80,7 @@ def test_api_keys_are_read_from_their_file_beside_the_inline_ones(tmp_path: Path
     (tmp_path / "keys.yaml").write_text(yaml.safe_dump(keys))
     inline = [{"client_id": "alice", "sha256": key_hash("alice-key")}]
     changes = {"gateway": {"api_keys": inline, "api_keys_file": "keys.yaml"}}
-    settings = load_settings(write(tmp_path, changes))
+    settings = load_settings(write(tmp_path, changes), "gateway")
     assert [k.client_id for k in settings.gateway.api_keys] == ["alice", "bob"]
 
 
@@ -87,7 +96,7 @@ def test_a_broken_api_keys_file_names_the_problem(
 ) -> None:
     (tmp_path / "keys.yaml").write_text(content)
     with pytest.raises(ConfigError) as info:
-        load_settings(write(tmp_path, {"gateway": {"api_keys_file": "keys.yaml"}}))
+        load_settings(write(tmp_path, {"gateway": {"api_keys_file": "keys.yaml"}}), "gateway")
     assert all(word in str(info.value) for word in words), str(info.value)
 
 
