@@ -7,7 +7,8 @@ import grpc
 import pytest
 import yaml
 
-from strata.config import ConfigError, load_settings
+from services.gateway.runtime import _needs_restart
+from strata.config import ConfigError, Settings, load_settings
 from strata.errors import Overloaded, Unauthenticated
 from strata.security import key_hash
 from strata.tokens import ControlAuth, ControlOff, Throttle
@@ -176,3 +177,13 @@ def test_a_success_forgets_the_failures_and_sources_stay_bounded() -> None:
 def test_without_a_token_control_is_off_whatever_is_sent() -> None:
     check = auth(Clock(), token=None)
     assert outcome(check, Context(TOKEN)) == grpc.StatusCode.PERMISSION_DENIED
+
+
+def test_a_reload_applies_a_new_token_but_not_turning_the_admin_api_on(tmp_path: Path) -> None:
+    def gateway(token: str | None) -> Settings:
+        return load_settings(write(tmp_path, {"gateway": {"admin_token": token}}), "gateway")
+
+    assert _needs_restart(gateway(TOKEN), gateway(TOKEN[::-1])) == []
+    # The admin service is registered at start, or not: turning it on or off needs a restart.
+    assert _needs_restart(gateway(None), gateway(TOKEN)) == ["gateway.admin_token"]
+    assert _needs_restart(gateway(TOKEN), gateway(None)) == ["gateway.admin_token"]
