@@ -102,7 +102,7 @@ $(CERTS): $(STAMP_VENV) scripts/make_certs.py
 	$(PY) scripts/make_certs.py --out build/certs
 
 compose-up: $(STAMP_MODELS) $(CERTS)
-	$(COMPOSE) up -d --build
+	STRATA_UID=$$(id -u) STRATA_GID=$$(id -g) $(COMPOSE) up -d --build
 
 compose-down:
 	$(COMPOSE) down

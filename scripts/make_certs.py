@@ -8,7 +8,14 @@ to the layers), `gateway-public` (its client-facing port), `preprocess`, `infere
 deployments) and `postprocess`. Each certificate carries its SPIFFE ID (spiffe://strata/NAME,
 what servers admit callers by) and the names its layer is dialled by: compose service names,
 Kubernetes Service names in each namespace, localhost and 127.0.0.1.
-For development only: production certificates come from your own CA (e.g. cert-manager).
+It also writes the gateway's development secrets, never committed: an admin token
+(`strata-admin/token`), an API key for a client `dev` (its hash in
+`strata-api-keys/api-keys.yaml`, the key itself in `client/api-key`, for the client alone), and
+Secrets `strata-admin` and `strata-api-keys` of them in the same kustomization. Every private
+key, token and API key is written 0600: readable by the user who ran this alone (compose runs
+the containers as that user).
+For development only: production certificates come from your own CA (e.g. cert-manager), and
+production secrets from your secrets manager.
 """
 
 from __future__ import annotations
@@ -16,6 +23,8 @@ from __future__ import annotations
 import argparse
 import datetime
 import ipaddress
+import os
+import secrets
 from pathlib import Path
 
 import yaml
@@ -25,7 +34,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from strata.config.tls import CA, CERT, GATEWAY, KEY, public_identity
-from strata.security import spiffe_id
+from strata.security import key_hash, spiffe_id
 
 SERVER, CLIENT = ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH
 # Identity: (the hosts it is dialled by, its uses). A layer is a client too when its container
@@ -39,6 +48,10 @@ IDENTITIES = {
 }
 NAMESPACES = ("strata", "strata-dev")  # the overlays'
 DAYS = 365
+# The gateway's secrets (Secret name: its file), mounted beside the identities' folders.
+ADMIN_SECRET, ADMIN_FILE = "strata-admin", "token"
+KEYS_SECRET, KEYS_FILE = "strata-api-keys", "api-keys.yaml"
+CLIENT, CLIENT_KEY = "dev", "client/api-key"  # the development client and where its key goes
 
 
 def secret_name(identity: str) -> str:
@@ -100,10 +113,25 @@ def _write_identity(
         serialization.PrivateFormat.PKCS8,
         serialization.NoEncryption(),
     )
-    (out / KEY).write_bytes(private)
-    # Readable by the containers' user (uid 10001), which compose's bind mounts keep the host's
-    # owner for: development keys only; a cluster's come from Secrets.
-    (out / KEY).chmod(0o644)
+    write_private(out / KEY, private)
+
+
+def write_private(path: Path, content: bytes) -> None:
+    """Write `content` readable and writable by its owner alone (0600), from the start."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.unlink(missing_ok=True)
+    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(descriptor, "wb") as file:
+        file.write(content)
+
+
+def _write_secrets(folder: Path) -> None:
+    """A new admin token, and a new API key for the development client."""
+    write_private(folder / ADMIN_SECRET / ADMIN_FILE, secrets.token_hex(32).encode())
+    key = secrets.token_urlsafe(32)
+    keys = [{"client_id": CLIENT, "sha256": key_hash(key)}]
+    write_private(folder / KEYS_SECRET / KEYS_FILE, yaml.safe_dump(keys).encode())
+    write_private(folder / CLIENT_KEY, key.encode())
 
 
 def _kustomization() -> str:
@@ -115,12 +143,17 @@ def _kustomization() -> str:
         }
         for identity in IDENTITIES
     ]
+    generators += [
+        {"name": name, "type": "Opaque", "files": [f"{file}={name}/{file}"]}
+        for name, file in ((ADMIN_SECRET, ADMIN_FILE), (KEYS_SECRET, KEYS_FILE))
+    ]
     spec = {"secretGenerator": generators, "generatorOptions": {"disableNameSuffixHash": True}}
     return yaml.safe_dump(spec, sort_keys=False)
 
 
 def make_certs(folder: Path, namespaces: tuple[str, ...] = NAMESPACES) -> None:
-    """A new CA and every identity's certificate under `folder`, replacing what was there."""
+    """A new CA, every identity's certificate and the gateway's secrets under `folder`,
+    replacing what was there."""
     ca_key = _key()
     ca = (
         _builder("Strata development CA", _name("Strata development CA"), ca_key.public_key())
@@ -130,6 +163,7 @@ def make_certs(folder: Path, namespaces: tuple[str, ...] = NAMESPACES) -> None:
     for identity, (hosts, uses) in IDENTITIES.items():
         names = _names(identity, hosts, namespaces)
         _write_identity(folder, ca, ca_key, identity, names, uses)
+    _write_secrets(folder)
     (folder / "kustomization.yaml").write_text(_kustomization())
 
 

@@ -46,7 +46,7 @@ def run_service(name: str, build: Builder, argv: list[str] | None = None) -> Non
     )
     args = parser.parse_args(argv)
     try:
-        settings = load_settings(args.config)
+        settings = load_settings(args.config, name)
     except ConfigError as exc:
         sys.exit(str(exc))
     telemetry = settings.telemetry

@@ -1,12 +1,11 @@
 """strata.v1.Admin on the gateway: status, route weights, forced levels, config reload.
 
 Registered only when an admin token is configured; every call must carry it as
-`authorization: Bearer <token>` (strata.tokens).
+`authorization: Bearer <token>` (strata.tokens), the token of the config as last (re)loaded.
 """
 
 from __future__ import annotations
 
-import grpc
 import numpy as np
 
 from services.gateway.concurrency import AdaptiveLimit
@@ -16,31 +15,32 @@ from services.gateway.runtime import Runtime
 from strata.errors import InvalidArgument
 from strata.grpc_errors import grpc_errors
 from strata.proto.v1 import admin_pb2, admin_pb2_grpc
-from strata.tokens import authorize
+from strata.tokens import ControlAuth
 
 
 class AdminServicer(admin_pb2_grpc.AdminServicer):
-    def __init__(self, runtime: Runtime, token: str) -> None:
+    def __init__(self, runtime: Runtime) -> None:
         self._runtime = runtime
-        self._token = token
+        self._auth = ControlAuth("the admin API", "gateway.admin_token", self._token)
 
-    def _authorize(self, context: grpc.aio.ServicerContext) -> None:
-        authorize(context, self._token, "the admin API", "gateway.admin_token")
+    def _token(self) -> str | None:
+        token = self._runtime.settings.gateway.admin_token
+        return token.get_secret_value() if token is not None else None
 
     @grpc_errors
     async def Status(self, request, context) -> admin_pb2.StatusResponse:
-        self._authorize(context)
+        self._auth.check(context)
         return await self._status()
 
     @grpc_errors
     async def SetWeights(self, request, context) -> admin_pb2.StatusResponse:
-        self._authorize(context)
+        self._auth.check(context)
         self._runtime.router(request.pipeline).set_weights(dict(request.weights))
         return await self._status()
 
     @grpc_errors
     async def ForceLevel(self, request, context) -> admin_pb2.StatusResponse:
-        self._authorize(context)
+        self._auth.check(context)
         if request.release:
             self._runtime.ladder.force(None)
         elif not 0 <= request.level <= 4:
@@ -51,7 +51,7 @@ class AdminServicer(admin_pb2_grpc.AdminServicer):
 
     @grpc_errors
     async def Reload(self, request, context) -> admin_pb2.ReloadResponse:
-        self._authorize(context)
+        self._auth.check(context)
         applied, restart = self._runtime.reload()
         return admin_pb2.ReloadResponse(applied=applied, needs_restart=restart)
 

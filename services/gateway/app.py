@@ -1,7 +1,9 @@
 """Builds the gateway: the public v2 endpoint (gRPC, and REST where configured) in front of
-the layers, and its admin API."""
+the layers, and its admin API (on the public port, or on `admin_listen` of its own)."""
 
 from __future__ import annotations
+
+import logging
 
 from services.gateway.admin import AdminServicer
 from services.gateway.pipelines import Pipelines
@@ -12,8 +14,31 @@ from services.gateway.servicer import GatewayServicer
 from strata import limits
 from strata.cli import Service
 from strata.config import Settings
+from strata.config.tls import GATEWAY
 from strata.proto.inference import grpc_service_pb2, grpc_service_pb2_grpc
 from strata.proto.v1 import admin_pb2, admin_pb2_grpc
+from strata.server import Registration, Running, start_server
+
+log = logging.getLogger(__name__)
+
+
+class AdminServer:
+    """strata.v1.Admin (and health) on a port of its own, beside the public server: it
+    presents the gateway's public certificate under TLS, and every call needs the token."""
+
+    def __init__(self, admin: Registration, listen: str, settings: Settings) -> None:
+        self._admin, self.listen, self._settings = admin, listen, settings
+        self._running: Running | None = None
+
+    async def start(self) -> None:
+        settings = self._settings
+        self._running = await start_server(
+            [self._admin], self.listen, settings.server, settings.tls, True, GATEWAY
+        )
+
+    async def stop(self, grace: float) -> None:
+        if self._running is not None:
+            await self._running.stop(grace)
 
 
 async def build(settings: Settings) -> Service:
@@ -22,27 +47,50 @@ async def build(settings: Settings) -> Service:
     runtime.start()
     pipelines = Pipelines(runtime)
     v2_name = grpc_service_pb2.DESCRIPTOR.services_by_name["GRPCInferenceService"].full_name
-    registrations = [
+    registrations: list[Registration] = [
         (
             GatewayServicer(pipelines, settings.server.max_stream_in_flight),
             grpc_service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server,
             v2_name,
         )
     ]
-    token = settings.gateway.admin_token
-    if token is not None:
-        admin_name = admin_pb2.DESCRIPTOR.services_by_name["Admin"].full_name
-        admin = AdminServicer(runtime, token.get_secret_value())
-        registrations.append((admin, admin_pb2_grpc.add_AdminServicer_to_server, admin_name))
     endpoint = settings.services.gateway
     companions = []
+    if settings.gateway.admin_token is not None:
+        admin_name = admin_pb2.DESCRIPTOR.services_by_name["Admin"].full_name
+        admin = (AdminServicer(runtime), admin_pb2_grpc.add_AdminServicer_to_server, admin_name)
+        if endpoint.admin_listen is None:
+            registrations.append(admin)
+        else:
+            companions.append(AdminServer(admin, endpoint.admin_listen, settings))
     if endpoint.rest is not None:
-        app = build_app(pipelines, settings.gateway.rest)
-        companions.append(RestServer(app, endpoint.rest, settings.server, settings.tls, "gateway"))
+        rest = settings.gateway.rest
+        server = RestServer(
+            build_app(pipelines, rest),
+            endpoint.rest,
+            settings.server,
+            settings.tls,
+            GATEWAY,
+            rest.forwarded_allow_ips,
+        )
+        companions.append(server)
+    if not runtime.admission.keys:
+        _warn_open_door(settings)
     return Service(
         registrations=registrations,
         endpoint=endpoint,
         on_stop=runtime.close,
         public=True,
         companions=companions,
+    )
+
+
+def _warn_open_door(settings: Settings) -> None:
+    """Say once, at start, that any caller is served and names itself."""
+    log.warning(
+        "no API keys configured (gateway.api_keys, gateway.api_keys_file): the door is open, "
+        "anyone who reaches %s can call, and a caller's identity for rate limits and fair "
+        "shares is the %r header it chooses; fine on a laptop, not on a network",
+        settings.services.gateway.listen,
+        settings.gateway.rate_limits.client_header,
     )

@@ -1,10 +1,11 @@
 """The gateway's live state: its policies, routes and ladder, and how a reload changes them.
 
 Settings that are safe to change live (rate limits, ladder thresholds, cache, breakers,
-route weights, latency objectives, default answers) are applied to the running objects. A
-reload applies the file whole or nothing of it: when anything else changed (a pipeline added
-or removed, an address, a pipeline's inputs...), it says what needs a restart and applies
-nothing, so the running gateway is always the old file or the new one, never a mix.
+route weights, latency objectives, default answers, API keys and the admin token, their
+files re-read) are applied to the running objects. A reload applies the file whole or nothing
+of it: when anything else changed (a pipeline added or removed, an address, a pipeline's
+inputs...), it says what needs a restart and applies nothing, so the running gateway is
+always the old file or the new one, never a mix.
 """
 
 from __future__ import annotations
@@ -33,7 +34,8 @@ from strata.security import KeyRing
 log = logging.getLogger(__name__)
 LIVE_GATEWAY = (
     "rate_limits", "ladder", "cache", "breaker", "flights", "default_timeout_seconds",
-    "upstream_timeout_seconds", "hop_timeouts", "concurrency", "api_keys",
+    "upstream_timeout_seconds", "hop_timeouts", "concurrency", "api_keys", "api_keys_file",
+    "admin_token", "admin_token_file",
 )  # fmt: skip
 LIVE_PIPELINE = ("latency_objective_ms", "cache", "default_answer")
 
@@ -123,7 +125,7 @@ class Runtime:
         if self.settings.source is None:
             raise NotFound("these settings were not loaded from a file")
         try:
-            new = load_settings(self.settings.source)
+            new = load_settings(self.settings.source, "gateway")
         except ConfigError as exc:
             raise NotReady(f"config not reloaded, nothing applied: {exc}") from None
         restart = _needs_restart(self.settings, new)
@@ -188,6 +190,8 @@ def _needs_restart(old: Settings, new: Settings) -> list[str]:
         for key in type(old.gateway).model_fields
         if key not in LIVE_GATEWAY and getattr(old.gateway, key) != getattr(new.gateway, key)
     ]
+    if (old.gateway.admin_token is None) != (new.gateway.admin_token is None):
+        changed.append("gateway.admin_token")  # the admin API is registered at start, or not
     for name in sorted(set(old.pipelines) | set(new.pipelines)):
         before, after = old.pipelines.get(name), new.pipelines.get(name)
         if before is None or after is None:

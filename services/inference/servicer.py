@@ -37,7 +37,7 @@ from strata.proto.inference import grpc_service_pb2_grpc as v2_grpc
 from strata.server import Running
 from strata.streams import DEFAULT_MAX_IN_FLIGHT
 from strata.telemetry import server_span
-from strata.tokens import authorize
+from strata.tokens import ControlAuth
 from strata.v2meta import metadata_response, model_config
 from strata.v2stream import answer_stream
 
@@ -60,8 +60,8 @@ class InferenceServicer(v2_grpc.GRPCInferenceServiceServicer):
         self._models = models
         self._max_stream_in_flight = max_stream_in_flight
         self._configured = list(settings.models)
-        token = settings.admin_token
-        self._token = token.get_secret_value() if token is not None else None
+        token = settings.admin_token.get_secret_value() if settings.admin_token else None
+        self._auth = ControlAuth("model load and unload", "inference.admin_token", lambda: token)
         self._running: Running | None = None
 
     async def report_health(self, running: Running) -> None:
@@ -215,7 +215,7 @@ class InferenceServicer(v2_grpc.GRPCInferenceServiceServicer):
 
     @grpc_errors
     async def RepositoryModelLoad(self, request, context) -> v2.RepositoryModelLoadResponse:
-        self._authorize(context)
+        self._auth.check(context)
         if request.parameters:
             # Triton's `config` and `file:` overrides would serve what no validation case
             # checked against the repository; the repository is the one source.
@@ -231,15 +231,12 @@ class InferenceServicer(v2_grpc.GRPCInferenceServiceServicer):
 
     @grpc_errors
     async def RepositoryModelUnload(self, request, context) -> v2.RepositoryModelUnloadResponse:
-        self._authorize(context)
+        self._auth.check(context)
         try:
             await self._models.unload(request.model_name)
         finally:
             await self._publish_health()
         return v2.RepositoryModelUnloadResponse()
-
-    def _authorize(self, context: grpc.aio.ServicerContext) -> None:
-        authorize(context, self._token, "model load and unload", "inference.admin_token")
 
 
 def _rows(arrays: codec.Arrays, start: int, end: int) -> codec.Arrays:

@@ -2,9 +2,18 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, SecretStr
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    TypeAdapter,
+    ValidationError,
+)
 
 
 class Strict(BaseModel):
@@ -24,12 +33,57 @@ Datatype = Literal[
 ]  # fmt: skip
 
 
-def _empty_is_unset(token: SecretStr | None) -> SecretStr | None:
-    return token if token is not None and token.get_secret_value() else None
+MIN_ADMIN_TOKEN = 32  # characters: a guessed or short token is refused at load time
+
+
+def _admin_token(token: SecretStr | None) -> SecretStr | None:
+    """None for unset or empty; ValueError for a token too short to resist guessing."""
+    if token is None or not token.get_secret_value():
+        return None
+    length = len(token.get_secret_value())
+    if length < MIN_ADMIN_TOKEN:
+        raise ValueError(
+            f"an admin token needs at least {MIN_ADMIN_TOKEN} characters, this one has "
+            f"{length}; make one with `python -c 'import secrets; print(secrets.token_hex(32))'`"
+        )
+    return token
 
 
 # A control-API token (strata.tokens); unset or empty turns those calls off.
-AdminToken = Annotated[SecretStr | None, AfterValidator(_empty_is_unset)]
+AdminToken = Annotated[SecretStr | None, AfterValidator(_admin_token)]
+_ADMIN_TOKEN = TypeAdapter(AdminToken)
+
+
+def read_secret(path: Path, base: Path, setting: str) -> str:
+    """The text of a secret file (a mounted Secret), whitespace stripped; a relative `path`
+    resolves against `base`. ValueError naming `setting` when it cannot be read."""
+    full = path if path.is_absolute() else base / path
+    try:
+        return full.read_text().strip()
+    except OSError as exc:
+        raise ValueError(f"{setting}: cannot read {full} ({exc.strerror})") from None
+
+
+def admin_token_from(path: Path, base: Path, setting: str) -> SecretStr | None:
+    """The admin token in the file at `path`, held to the same rules as one set inline."""
+    text = read_secret(path, base, setting)
+    try:
+        return _ADMIN_TOKEN.validate_python(SecretStr(text))
+    except ValidationError as exc:
+        raise ValueError(f"{setting}: {first_error(exc)}") from None
+
+
+def first_error(exc: ValidationError) -> str:
+    """The first problem of a validation error, where and what, on one line."""
+    error = exc.errors()[0]
+    where = ".".join(str(part) for part in error["loc"])
+    return f"{where}: {error['msg']}" if where else error["msg"]
+
+
+def not_both(model: BaseModel, inline: str, file: str) -> None:
+    """ValueError when `model` sets both a secret and the file that would hold it."""
+    if getattr(model, inline) is not None and getattr(model, file) is not None:
+        raise ValueError(f"set {inline} or {file}, not both")
 
 
 def host_port(value: str | None) -> str | None:

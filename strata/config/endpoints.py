@@ -61,10 +61,16 @@ class GatewayEndpoint(ServiceEndpoint):
         description="host:port of the KServe v2 REST API (HTTP/JSON, the binary tensor "
         "extension), served by the gateway process beside gRPC; unset: gRPC only.",
     )
+    admin_listen: str | None = Field(
+        default=None,
+        description="host:port of a server of its own for strata.v1.Admin (with health), "
+        "kept off the public port: bind it where only operators reach it; unset: the admin "
+        "API shares the public gRPC port.",
+    )
 
-    @field_validator("rest")
+    @field_validator("rest", "admin_listen")
     @classmethod
-    def _rest_has_port(cls, value: str | None) -> str | None:
+    def _extra_has_port(cls, value: str | None) -> str | None:
         return host_port(value)
 
 

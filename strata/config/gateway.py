@@ -6,9 +6,19 @@ running gateway without a restart.
 
 from __future__ import annotations
 
-from pydantic import Field
+from pathlib import Path
 
-from strata.config.base import AdminToken, Strict
+import yaml
+from pydantic import Field, TypeAdapter, ValidationError, model_validator
+
+from strata.config.base import (
+    AdminToken,
+    Strict,
+    admin_token_from,
+    first_error,
+    not_both,
+    read_secret,
+)
 
 
 class ApiKey(Strict):
@@ -216,6 +226,12 @@ class Rest(Strict):
         description="Most values one JSON body holds: each becomes a Python object when "
         "parsed, so this bounds what a body costs; larger tensors go as binary data.",
     )
+    forwarded_allow_ips: list[str] = Field(
+        default_factory=list,
+        description="Addresses or networks of proxies whose X-Forwarded-For and "
+        "X-Forwarded-Proto headers are believed (the caller's address then comes from them); "
+        "empty: no one's, the caller is the connection's own address.",
+    )
 
 
 class GatewaySettings(Strict):
@@ -257,8 +273,49 @@ class GatewaySettings(Strict):
         description="Clients' API keys (hashed); when any are set, requests without a valid "
         "key in the api_key_header are refused UNAUTHENTICATED.",
     )
+    api_keys_file: Path | None = Field(
+        default=None,
+        description="A YAML file of more API keys, a list like api_keys (a mounted secret; "
+        "relative to the config file), read at start and again by every config reload.",
+    )
     admin_token: AdminToken = Field(
         default=None,
-        description="Token the admin API requires (STRATA_GATEWAY__ADMIN_TOKEN); unset or "
-        "empty disables the admin API.",
+        description="Token the admin API requires (STRATA_GATEWAY__ADMIN_TOKEN), at least 32 "
+        "characters; unset or empty disables the admin API.",
     )
+    admin_token_file: Path | None = Field(
+        default=None,
+        description="A file holding the admin token instead (a mounted secret; relative to "
+        "the config file), read at start and again by every config reload, so a rotated "
+        "token applies live.",
+    )
+
+    @model_validator(mode="after")
+    def _one_admin_token(self) -> GatewaySettings:
+        not_both(self, "admin_token", "admin_token_file")
+        return self
+
+    def with_files(self, base: Path) -> GatewaySettings:
+        """A copy with api_keys_file and admin_token_file read into api_keys and admin_token
+        (relative paths against `base`); ValueError naming the setting when one is unusable."""
+        update: dict[str, object] = {}
+        if self.api_keys_file is not None:
+            update["api_keys"] = [*self.api_keys, *_api_keys_from(self.api_keys_file, base)]
+        if self.admin_token_file is not None:
+            setting = "gateway.admin_token_file"
+            update["admin_token"] = admin_token_from(self.admin_token_file, base, setting)
+        return self.model_copy(update=update)
+
+
+_API_KEYS = TypeAdapter(list[ApiKey])
+
+
+def _api_keys_from(path: Path, base: Path) -> list[ApiKey]:
+    setting = "gateway.api_keys_file"
+    text = read_secret(path, base, setting)
+    try:
+        return _API_KEYS.validate_python(yaml.safe_load(text) or [])
+    except yaml.YAMLError:
+        raise ValueError(f"{setting}: {path} is not valid YAML") from None
+    except ValidationError as exc:
+        raise ValueError(f"{setting}: {path}: {first_error(exc)}") from None

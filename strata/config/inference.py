@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from strata.config.base import AdminToken, Strict
+from strata.config.base import AdminToken, Strict, admin_token_from, not_both
 
 
 class InferenceSettings(Strict):
@@ -125,9 +126,27 @@ class InferenceSettings(Strict):
     admin_token: AdminToken = Field(
         default=None,
         description="Token RepositoryModelLoad and RepositoryModelUnload require, as "
-        "'authorization: Bearer <token>' (STRATA_INFERENCE__ADMIN_TOKEN); unset or empty "
-        "turns model load and unload off.",
+        "'authorization: Bearer <token>' (STRATA_INFERENCE__ADMIN_TOKEN), at least 32 "
+        "characters; unset or empty turns model load and unload off.",
     )
+    admin_token_file: Path | None = Field(
+        default=None,
+        description="A file holding that token instead (a mounted secret; relative to the "
+        "config file), read at start.",
+    )
+
+    @model_validator(mode="after")
+    def _one_admin_token(self) -> InferenceSettings:
+        not_both(self, "admin_token", "admin_token_file")
+        return self
+
+    def with_files(self, base: Path) -> InferenceSettings:
+        """A copy with admin_token_file read into admin_token (relative against `base`)."""
+        if self.admin_token_file is None:
+            return self
+        setting = "inference.admin_token_file"
+        token = admin_token_from(self.admin_token_file, base, setting)
+        return self.model_copy(update={"admin_token": token})
 
     @field_validator("models")
     @classmethod

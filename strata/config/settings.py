@@ -23,6 +23,8 @@ from strata.config.preprocess import PreprocessSettings
 from strata.config.server import ServerSettings, TelemetrySettings
 from strata.config.tls import TlsSettings
 
+SECRET_SECTIONS = ("gateway", "inference")  # sections with `*_file` secrets (`with_files`)
+
 
 class ConfigError(ValueError):
     """The config file is missing, unreadable or invalid; the message says where."""
@@ -103,8 +105,13 @@ class Settings(BaseSettings):
         return [Route(arm=first, deployment=first, version=model.version)]
 
 
-def load_settings(path: Path) -> Settings:
-    """Read and validate the config file; relative paths resolve against its folder."""
+def load_settings(path: Path, service: str | None = None) -> Settings:
+    """Read and validate the config file; relative paths resolve against its folder.
+
+    `service` names the process's own section (gateway, inference), whose secret files
+    (`*_file` settings) are read into it: each container mounts only its own secrets, so the
+    others' files are left unread.
+    """
     try:
         raw = yaml.safe_load(Path(path).read_text())
     except OSError as exc:
@@ -117,9 +124,16 @@ def load_settings(path: Path) -> Settings:
         settings = Settings(**raw)
     except ValidationError as exc:
         raise ConfigError(_describe(path, exc)) from None
+    base = Path(path).parent
     if not settings.repository.is_absolute():
-        settings.repository = (Path(path).parent / settings.repository).resolve()
-    settings.tls = settings.tls.resolved(Path(path).parent)
+        settings.repository = (base / settings.repository).resolve()
+    settings.tls = settings.tls.resolved(base)
+    if service in SECRET_SECTIONS:
+        try:
+            section = getattr(settings, service).with_files(base)
+        except ValueError as exc:
+            raise ConfigError(f"config {path} is invalid:\n  {exc}") from None
+        setattr(settings, service, section)
     settings._source = Path(path)
     return settings
 

@@ -19,8 +19,8 @@ from strata.proto.inference import grpc_service_pb2_grpc as v2_grpc
 from strata.proto.v1 import admin_pb2, admin_pb2_grpc
 from tests.support.system import run_client, running_system
 
-MODELS_TOKEN = "test-models-token"
-ADMIN_TOKEN = "test-admin-token"
+MODELS_TOKEN = "test-models-token-of-at-least-32-chars"
+ADMIN_TOKEN = "test-admin-token-of-at-least-32-characters"
 ADMIN = (("authorization", f"Bearer {ADMIN_TOKEN}"),)
 MODELS = (("authorization", f"Bearer {MODELS_TOKEN}"),)
 IMAGE = np.zeros((1, 8, 8), np.uint8)

@@ -19,7 +19,7 @@ from tests.support.load import SteadyLoad
 from tests.support.system import ROOT, running_system
 
 DEADLINE = 3.0
-TOKEN = "test-inference-token"
+TOKEN = "test-inference-token-of-at-least-32-chars"
 CHANGES = {
     "gateway": {
         "upstream_timeout_seconds": 1.0,

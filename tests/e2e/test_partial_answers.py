@@ -14,7 +14,7 @@ from strata.proto.inference import grpc_service_pb2_grpc as v2_grpc
 from strata.proto.v1 import admin_pb2, admin_pb2_grpc
 from tests.support.system import running_system
 
-TOKEN = "partial-admin"
+TOKEN = "partial-admin-token-of-at-least-32-chars"
 AUTH = (("authorization", f"Bearer {TOKEN}"),)
 SOFTMAX = {"kind": "softmax", "input": "logits", "output": "probabilities"}
 TOPK = {"kind": "topk", "input": "probabilities", "k": 3, "values": "scores", "indices": "classes"}

@@ -22,10 +22,12 @@ from strata.config.tls import CA, CERT, KEY, TlsSettings
 from strata.launch import ROOT, Supervisor, wait_serving
 from strata.proto.inference import grpc_service_pb2 as v2
 from strata.proto.inference import grpc_service_pb2_grpc as v2_grpc
+from strata.proto.v1 import admin_pb2, admin_pb2_grpc
 from strata.security import key_hash
 from tests.support.system import free_port, running_system
 
 KEY_VALUE = "s3cret-api-key-for-tests"
+ADMIN_TOKEN = "admin-token-for-the-tls-tests-32-chars-or-more"
 IMAGE = np.zeros((1, 8, 8), np.uint8)
 PUBLIC = "gateway-public"
 # Each internal instance, its identity, and one of its own RPCs.
@@ -49,7 +51,11 @@ def system(tmp_path_factory: pytest.TempPathFactory, certs: Path) -> Iterator[Su
     changes = {
         # Every certificate names localhost; an `ipv4:` target of replicas names no one host.
         "tls": {"enabled": True, "certs": str(certs), "server_name": "localhost"},
-        "gateway": {"api_keys": [{"client_id": "alice", "sha256": key_hash(KEY_VALUE)}]},
+        "gateway": {
+            "api_keys": [{"client_id": "alice", "sha256": key_hash(KEY_VALUE)}],
+            "admin_token": ADMIN_TOKEN,
+        },
+        "services": {"gateway": {"admin_listen": f"127.0.0.1:{free_port()}"}},
     }
     with running_system(tmp_path_factory.mktemp("secure"), changes) as supervisor:
         yield supervisor
@@ -101,6 +107,19 @@ def certificate_name(address: str, certs: Path) -> str:
 def test_a_client_with_a_key_gets_answers_over_tls(system: Supervisor, certs: Path) -> None:
     reply = infer(secure(system.address("gateway"), certs), (("x-api-key", KEY_VALUE),))
     assert [o.name for o in reply.outputs] == ["labels", "scores"]
+
+
+def test_the_admin_port_speaks_tls_with_the_public_certificate(
+    system: Supervisor, certs: Path
+) -> None:
+    address = system.settings.services.gateway.admin_listen
+    assert certificate_name(address, certs) == PUBLIC
+    admin = admin_pb2_grpc.AdminStub(secure(address, certs))
+    metadata = (("authorization", f"Bearer {ADMIN_TOKEN}"),)
+    assert admin.Status(admin_pb2.StatusRequest(), metadata=metadata, timeout=5).pipelines
+    with pytest.raises(grpc.RpcError) as info:
+        admin.Status(admin_pb2.StatusRequest(), timeout=5)
+    assert info.value.code() == grpc.StatusCode.UNAUTHENTICATED
 
 
 def test_each_server_presents_its_own_identity(system: Supervisor, certs: Path) -> None:
@@ -203,4 +222,4 @@ def test_secrets_never_reach_the_logs(system: Supervisor, certs: Path) -> None:
         infer(secure(system.address("gateway"), certs), (("x-api-key", "wrong-key"),))
     infer(secure(system.address("gateway"), certs), (("x-api-key", KEY_VALUE),))
     logs = "".join(path.read_text() for path in system.log_dir.glob("*.log"))
-    assert KEY_VALUE not in logs and "wrong-key" not in logs
+    assert KEY_VALUE not in logs and "wrong-key" not in logs and ADMIN_TOKEN not in logs

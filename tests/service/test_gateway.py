@@ -24,7 +24,7 @@ from tests.support.faulty import FaultyInference
 from tests.support.inprocess import InProcess, servers_in_process
 from tests.support.system import endpoint, free_port
 
-TOKEN = "test-admin-token"
+TOKEN = "test-admin-token-of-at-least-32-characters"
 AUTH = (("authorization", f"Bearer {TOKEN}"),)
 DIGIT = np.zeros((1, 8, 8), np.uint8)
 

@@ -33,7 +33,7 @@ from tests.unit.test_inference_toymodels import (
     write_version,
 )
 
-TOKEN = "test-inference-token"
+TOKEN = "test-inference-token-of-at-least-32-chars"
 AUTH = (("authorization", f"Bearer {TOKEN}"),)
 X = {"x": np.ones((1, 4), np.float32)}
 HEAVY = {"x": np.ones((1, 512), np.float32)}

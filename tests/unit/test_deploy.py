@@ -23,7 +23,7 @@ import pytest
 import yaml
 from pydantic import BaseModel, SecretStr
 
-from scripts.make_certs import IDENTITIES
+from scripts.make_certs import ADMIN_SECRET, IDENTITIES, KEYS_SECRET
 from strata.config import Settings, load_settings
 from strata.config.tls import GATEWAY, public_identity
 
@@ -36,6 +36,9 @@ DEFAULT_CONFIG = ROOT / "configs" / "default.yaml"
 DOCKERFILE = DEPLOY / "Dockerfile"
 COLLECTOR = "otel-collector"
 CONTAINER_CONFIGS = "/app/configs"  # where compose and Kubernetes mount configs/
+GATEWAY_SECRETS = {ADMIN_SECRET, KEYS_SECRET}  # `make certs` folders the gateway alone mounts
+# The gateway's door: where compose.yaml may differ from default.yaml besides services and tls.
+DOOR = ("api_keys_file", "admin_token_file", "rate_limits")
 
 
 @dataclass(frozen=True)
@@ -71,10 +74,14 @@ def container_settings() -> Settings:
     return load_settings(COMPOSE_CONFIG)
 
 
+def in_container(path: str | Path) -> str:
+    """Where a path of the container config (relative to it) is, inside the image's /app."""
+    return posixpath.normpath(posixpath.join(CONTAINER_CONFIGS, str(path)))
+
+
 def container_certs() -> str:
     """Where the container config reads certificates from, inside the image's /app."""
-    raw = yaml.safe_load(COMPOSE_CONFIG.read_text())["tls"]["certs"]
-    return posixpath.normpath(posixpath.join(CONTAINER_CONFIGS, raw))
+    return in_container(yaml.safe_load(COMPOSE_CONFIG.read_text())["tls"]["certs"])
 
 
 def identities_of(endpoint: Endpoint) -> set[str]:
@@ -290,9 +297,9 @@ def test_environment_variables_are_config_fields(monkeypatch: pytest.MonkeyPatch
     compose = load_compose()
     for service in strata_services(compose).values():
         assert_env_reaches_settings(env_of(service), monkeypatch)
-    gateway = compose["services"]["gateway"]
-    token = gateway["environment"]["STRATA_GATEWAY__ADMIN_TOKEN"]
-    assert token == "${STRATA_ADMIN_TOKEN:-}", "the token comes from the shell, never the file"
+    for name, service in strata_services(compose).items():
+        secret = [v for v in service["environment"] if re.search("TOKEN|KEY", v)]
+        assert not secret, f"{name}: secrets come from mounted files, never the environment"
 
 
 def test_traces_go_to_the_collector_and_on_to_jaeger() -> None:
@@ -334,6 +341,9 @@ def test_layers_speak_mutual_tls_each_with_its_own_certificate() -> None:
     for name, service in strata_services(load_compose()).items():
         mounts = [v.split(":") for v in service["volumes"]]
         held = {Path(source).name for source, *_ in mounts if source.startswith("../build/certs")}
+        secrets = held & GATEWAY_SECRETS
+        assert not secrets or name == GATEWAY, f"{name} holds the gateway's {secrets}"
+        held -= GATEWAY_SECRETS
         assert held == identities_of(endpoints(container_settings())[name]), name
         assert held <= set(IDENTITIES), f"{name}: `make certs` makes no such identity"
         for identity in held:
@@ -341,17 +351,20 @@ def test_layers_speak_mutual_tls_each_with_its_own_certificate() -> None:
             assert mount in mounts, f"{name}: mount {identity} read-only where the config reads"
 
 
-def test_compose_config_is_the_default_outside_services_and_tls() -> None:
+def test_compose_config_is_the_default_outside_services_tls_and_the_door() -> None:
     # A laptop's `make run` speaks plaintext on loopback by default (TLS there is opt-in, as
-    # tests/e2e/test_security.py runs it); containers always speak mutual TLS between layers.
+    # tests/e2e/test_security.py runs it), with the door open; containers always speak mutual
+    # TLS between layers, and their door is closed (keys, rate limits, the admin token's file).
     default = yaml.safe_load(DEFAULT_CONFIG.read_text())
     compose = yaml.safe_load(COMPOSE_CONFIG.read_text())
     for config in (default, compose):
         config.pop("services")
         config.pop("tls", None)
+        for key in DOOR:
+            config["gateway"].pop(key, None)
     assert compose == default, (
-        "configs/compose.yaml must equal configs/default.yaml outside `services:` and `tls:`; "
-        "copy the change over"
+        "configs/compose.yaml must equal configs/default.yaml outside `services:`, `tls:` and "
+        f"the gateway's {DOOR}; copy the change over"
     )
 
 

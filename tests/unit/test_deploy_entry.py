@@ -25,7 +25,7 @@ import pytest
 import yaml
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from scripts.make_certs import make_certs
+from scripts.make_certs import ADMIN_FILE, ADMIN_SECRET, KEYS_FILE, KEYS_SECRET, make_certs
 from strata import healthcheck
 from tests.support.system import free_port
 from tests.unit.test_deploy import (
@@ -77,7 +77,7 @@ def test_healthcheck_fails_for_an_unknown_service_or_no_server(
 
 def loopback_config(folder: Path) -> tuple[Path, dict[int, int]]:
     """configs/compose.yaml with every port moved to a free loopback one, and the port map;
-    its mutual TLS on with certificates made for the test, as `make certs` makes them."""
+    its mutual TLS on with certificates and secrets made for the test, as `make certs` does."""
     raw = yaml.safe_load(COMPOSE_CONFIG.read_text())
     moved: dict[int, int] = {}
 
@@ -94,9 +94,13 @@ def loopback_config(folder: Path) -> tuple[Path, dict[int, int]]:
         spec["listen"] = move(spec["listen"])
         spec["metrics"] = move(spec["metrics"])
         spec.pop("target", None)  # callers dial the listen address
+    services["gateway"]["admin_listen"] = move(services["gateway"]["admin_listen"])
     raw["repository"] = str((COMPOSE_CONFIG.parent / raw["repository"]).resolve())
-    make_certs(folder / "certs")
-    raw["tls"]["certs"] = str(folder / "certs")
+    certs = folder / "certs"
+    make_certs(certs)
+    raw["tls"]["certs"] = str(certs)
+    raw["gateway"]["api_keys_file"] = str(certs / KEYS_SECRET / KEYS_FILE)
+    raw["gateway"]["admin_token_file"] = str(certs / ADMIN_SECRET / ADMIN_FILE)
     raw["server"]["grace_seconds"] = 1
     path = folder / COMPOSE_CONFIG.name
     path.write_text(yaml.safe_dump(raw))

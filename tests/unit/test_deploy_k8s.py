@@ -13,7 +13,6 @@ a certificate.
 
 from __future__ import annotations
 
-import base64
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +20,14 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from scripts.make_certs import make_certs, secret_name
+from scripts.make_certs import (
+    ADMIN_FILE,
+    ADMIN_SECRET,
+    KEYS_FILE,
+    KEYS_SECRET,
+    make_certs,
+    secret_name,
+)
 from strata.config.tls import CA, CERT, GATEWAY, KEY
 from tests.unit.test_deploy import (
     COLLECTOR,
@@ -35,6 +41,7 @@ from tests.unit.test_deploy import (
     endpoint_of,
     endpoints,
     identities_of,
+    in_container,
     load_compose,
     parse_command,
     port_of,
@@ -44,7 +51,6 @@ from tests.unit.test_deploy_kustomize import Resource, build, find, pod_containe
 K8S = DEPLOY / "k8s"
 OVERLAYS = {"dev": "strata-dev", "prod": "strata"}
 KUBERNETES_VERSIONS = ("1.29", "1.37")
-ADMIN_SECRET = ("strata-admin", "token")
 CONFIG_MAP = "strata-config"
 PROBE_ENV = "STRATA_TLS__PROBE_LISTEN"
 
@@ -237,19 +243,27 @@ def test_environment_variables_are_config_fields(
         assert port_of(otlp) == otlp_port
 
 
-def test_the_admin_token_comes_from_a_secret(overlay: tuple[str, list[Resource]]) -> None:
-    name, resources = overlay
-    gateway = container(find(resources, "Deployment", "gateway"))
-    token = next(e for e in gateway["env"] if e["name"] == "STRATA_GATEWAY__ADMIN_TOKEN")
-    reference = token["valueFrom"]["secretKeyRef"]
-    assert (reference["name"], reference["key"]) == ADMIN_SECRET
-    secrets = [r for r in resources if r["kind"] == "Secret"]
-    if name == "prod":
-        assert not secrets, "prod's admin token is created in the cluster, never committed"
-    else:
-        (secret,) = secrets
-        value = base64.b64decode(secret["data"][ADMIN_SECRET[1]]).decode()
-        assert "placeholder" in value
+def test_the_gateways_secrets_are_mounted_files_never_committed(
+    overlay: tuple[str, list[Resource]],
+) -> None:
+    _, resources = overlay
+    assert not [r for r in resources if r["kind"] == "Secret"], "created in the cluster"
+    gateway = find(resources, "Deployment", "gateway")
+    volumes = {v["name"]: v for v in gateway["spec"]["template"]["spec"]["volumes"]}
+    mounted = {
+        volumes[m["name"]]["secret"]["secretName"]: m
+        for m in container(gateway)["volumeMounts"]
+        if "secret" in volumes[m["name"]]
+    }
+    gateway_settings = container_settings().gateway
+    for secret, file, path in [
+        (ADMIN_SECRET, ADMIN_FILE, gateway_settings.admin_token_file),
+        (KEYS_SECRET, KEYS_FILE, gateway_settings.api_keys_file),
+    ]:
+        mount = mounted[secret]
+        assert "subPath" not in mount, f"{secret}: a subPath mount never sees a rotation"
+        assert mount["readOnly"] and in_container(path) == f"{mount['mountPath']}/{file}"
+    assert not any("valueFrom" in e for e in container(gateway)["env"]), "no secret in env"
 
 
 def test_resources_live_in_the_overlay_namespace(overlay: tuple[str, list[Resource]]) -> None:
@@ -285,6 +299,9 @@ def test_each_pod_holds_only_its_own_identity(overlay: tuple[str, list[Resource]
         mounts = {m["name"]: m for m in container(deployment)["volumeMounts"]}
         held = set()
         for volume, secret in secrets.items():
+            if secret in (ADMIN_SECRET, KEYS_SECRET):
+                assert name == GATEWAY, f"{name} mounts the gateway's {secret}"
+                continue
             identity = secret.removeprefix(secret_name(""))
             assert secret == secret_name(identity), f"{name}: {secret} is no identity's Secret"
             assert mounts[volume]["mountPath"] == f"{container_certs()}/{identity}", name
@@ -328,7 +345,7 @@ def test_ingress_is_closed_by_default(overlay: tuple[str, list[Resource]]) -> No
     _, resources = overlay
     policies = [r["spec"] for r in resources if r["kind"] == "NetworkPolicy"]
     assert {"podSelector": {}, "policyTypes": ["Ingress"]} in policies
-    assert all("Ingress" in p["policyTypes"] for p in policies)
+    assert all("Ingress" in p["policyTypes"] for p in policies if "ingress" in p)
 
 
 def test_only_the_gateway_reaches_the_layers(overlay: tuple[str, list[Resource]]) -> None:
@@ -394,8 +411,11 @@ def test_make_certs_generates_the_secrets_the_pods_mount(
         if "secret" in v
     }
     assert set(generated) == mounted
-    for generator in generated.values():
-        assert generator["type"] == "kubernetes.io/tls"
+    for name, generator in generated.items():
         files = dict(entry.split("=") for entry in generator["files"])
-        assert set(files) == {CERT, KEY, CA}
         assert all((tmp_path / path).is_file() for path in files.values())
+        if name in (ADMIN_SECRET, KEYS_SECRET):
+            assert generator["type"] == "Opaque" and len(files) == 1, name
+            continue
+        assert generator["type"] == "kubernetes.io/tls"
+        assert set(files) == {CERT, KEY, CA}

@@ -16,7 +16,7 @@ from strata.config.gateway import Breaker, RateLimits, TokenBucket
 from strata.config.pipelines import Route
 from strata.errors import InvalidArgument, Unauthenticated
 from strata.proto.inference import grpc_service_pb2 as v2
-from strata.tokens import ControlOff, authorize
+from strata.tokens import ControlAuth, ControlOff
 
 
 class Context:
@@ -26,16 +26,22 @@ class Context:
     def invocation_metadata(self) -> tuple[tuple[str, str], ...]:
         return self._metadata
 
+    def peer(self) -> str:
+        return "ipv4:10.0.0.1:5000"
+
 
 def test_a_control_call_needs_the_configured_token() -> None:
-    authorize(Context(("authorization", "Bearer s3cret")), "s3cret", "x", "a.token")
-    authorize(Context(("authorization", "bearer s3cret")), "s3cret", "x", "a.token")
+    def check(token: str | None, *metadata: tuple[str, str]) -> None:
+        ControlAuth("x", "a_token", lambda: token).check(Context(*metadata))
+
+    check("s3cret", ("authorization", "Bearer s3cret"))
+    check("s3cret", ("authorization", "bearer s3cret"))
     for metadata in [(), (("authorization", "Bearer wrong"),), (("authorization", "s3cret"),)]:
         with pytest.raises(Unauthenticated) as info:
-            authorize(Context(*metadata), "s3cret", "x", "a.token")
+            check("s3cret", *metadata)
         assert "s3cret" not in str(info.value)
     with pytest.raises(ControlOff, match="set a_token to enable it") as off:
-        authorize(Context(("authorization", "Bearer s3cret")), None, "x", "a_token")
+        check(None, ("authorization", "Bearer s3cret"))
     assert off.value.code == grpc.StatusCode.PERMISSION_DENIED
 
 

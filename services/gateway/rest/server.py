@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Sequence
 
 import uvicorn
 from starlette.types import ASGIApp
@@ -29,6 +30,7 @@ class RestServer:
         settings: ServerSettings,
         tls: TlsSettings,
         identity: str,
+        forwarded_allow_ips: Sequence[str] = (),
     ) -> None:
         host, _, port = listen.rpartition(":")
         certificate = {}
@@ -45,6 +47,9 @@ class RestServer:
             log_config=None,
             access_log=False,
             server_header=False,
+            # X-Forwarded-For only from the proxies configured (uvicorn trusts loopback's).
+            proxy_headers=bool(forwarded_allow_ips),
+            forwarded_allow_ips=list(forwarded_allow_ips),
             limit_concurrency=settings.max_concurrent_rpcs,
             timeout_graceful_shutdown=int(settings.grace_seconds) or 1,
             **certificate,
