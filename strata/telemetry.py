@@ -24,7 +24,12 @@ from opentelemetry import propagate, trace
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
-from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ParentBased, TraceIdRatioBased
+from opentelemetry.sdk.trace.sampling import (
+    ALWAYS_OFF,
+    ParentBased,
+    Sampler,
+    TraceIdRatioBased,
+)
 from opentelemetry.trace import NonRecordingSpan, SpanContext, SpanKind, Status, StatusCode
 
 from strata.metrics import RPC_DURATION, RPCS, Children
@@ -71,11 +76,20 @@ def setup_logging(service: str, level: str) -> None:
 
 
 def setup_tracing(
-    service: str, otlp_endpoint: str | None = None, sample_ratio: float = 1.0
+    service: str,
+    otlp_endpoint: str | None = None,
+    sample_ratio: float = 1.0,
+    trust_callers: bool = True,
 ) -> TracerProvider:
     """Install a tracer provider for `service`, exporting over OTLP if an endpoint is set
     (here or in OTEL_EXPORTER_OTLP_ENDPOINT), sampling `sample_ratio` of new traces; without
-    an endpoint, spans would go nowhere, so none is sampled."""
+    an endpoint, spans would go nowhere, so none is sampled.
+
+    Trusted callers (the internal hops, under mutual TLS) decide for their callees: their
+    sampled flag is followed. A public server's callers are clients (`trust_callers=False`):
+    their trace id is kept, but whether it is sampled is `sample_ratio`'s decision, so a
+    client's `traceparent` cannot raise the sampling rate; the decision made here then
+    propagates to the hops behind."""
     global _sampling
     endpoint = otlp_endpoint or os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT")
     sampler = None  # the SDK then honours OTEL_TRACES_SAMPLER / OTEL_TRACES_SAMPLER_ARG
@@ -83,7 +97,7 @@ def setup_tracing(
     if not endpoint:
         sampler, _sampling = ALWAYS_OFF, "off"
     elif "OTEL_TRACES_SAMPLER" not in os.environ:
-        sampler, _sampling = ParentBased(TraceIdRatioBased(sample_ratio)), "parent"
+        sampler, _sampling = _sampler(sample_ratio, trust_callers)
     provider = TracerProvider(resource=Resource.create({"service.name": service}), sampler=sampler)
     if endpoint:
         from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
@@ -94,9 +108,18 @@ def setup_tracing(
     return provider
 
 
+def _sampler(ratio: float, trust_callers: bool) -> tuple[Sampler, str]:
+    """Parent-based sampling at `ratio`; a remote parent's flag counts only if trusted."""
+    root = TraceIdRatioBased(ratio)
+    if trust_callers:
+        return ParentBased(root), "parent"
+    return ParentBased(root, remote_parent_sampled=root, remote_parent_not_sampled=root), "ratio"
+
+
 _server_tracer = trace.get_tracer("strata.server")
 # What setup_tracing installed: "off" (nothing is sampled), "parent" (a caller's unsampled
-# trace stays unsampled), or "sdk" (a sampler or provider of someone else's: ask the SDK).
+# trace stays unsampled), "ratio" (the ratio decides whatever the caller says), or "sdk" (a
+# sampler or provider of someone else's: ask the SDK).
 _sampling = "sdk"
 
 
