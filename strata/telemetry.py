@@ -32,13 +32,19 @@ from opentelemetry.sdk.trace.sampling import (
 )
 from opentelemetry.trace import NonRecordingSpan, SpanContext, SpanKind, Status, StatusCode
 
+from strata.errors import bounded
 from strata.metrics import RPC_DURATION, RPCS, Children
 
 log = logging.getLogger(__name__)
+LOG_MESSAGE_BYTES = 8192  # of one log line's message
+LOG_TRACE_BYTES = 6144  # of one log line's traceback
 
 
 class JsonFormatter(logging.Formatter):
-    """One JSON object per line: time, level, service, logger, message, trace and span ids."""
+    """One JSON object per line: time, level, service, logger, message, trace and span ids.
+
+    The message and any traceback are cut (strata.errors.bounded), so that whatever a client
+    put into them, a line stays within about 16 KiB."""
 
     converter = time.gmtime
 
@@ -52,7 +58,7 @@ class JsonFormatter(logging.Formatter):
             "level": record.levelname,
             "service": self.service,
             "logger": record.name,
-            "msg": record.getMessage(),
+            "msg": _fitted(record.getMessage(), LOG_MESSAGE_BYTES),
         }
         context = trace.get_current_span().get_span_context()
         if context.is_valid:
@@ -62,8 +68,16 @@ class JsonFormatter(logging.Formatter):
         if kind:
             event["error_kind"] = kind
         if record.exc_info:
-            event["exception"] = self.formatException(record.exc_info)
+            event["exception"] = _fitted(self.formatException(record.exc_info), LOG_TRACE_BYTES)
         return json.dumps(event, ensure_ascii=False)
+
+
+def _fitted(text: str, limit: int) -> str:
+    """`text` cut so that it takes at most `limit` bytes in the JSON line."""
+    out = bounded(text, limit)
+    if len(json.dumps(out, ensure_ascii=False).encode()) > limit + 2:
+        out = bounded(text, limit // 6)  # escaped, a byte takes at most 6 (\u0000)
+    return out
 
 
 def setup_logging(service: str, level: str) -> None:

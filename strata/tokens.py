@@ -11,13 +11,11 @@ import hmac
 
 import grpc
 
-from strata.errors import StrataError, Unauthenticated
+from strata.errors import PermissionDenied, Unauthenticated
 
 
-class ControlOff(StrataError):
+class ControlOff(PermissionDenied):
     """A control call this server's config does not enable: no caller may make it."""
-
-    code = grpc.StatusCode.PERMISSION_DENIED
 
 
 def authorize(

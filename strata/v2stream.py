@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable
 
-from strata.errors import status_of
+from strata.errors import cut, status_of
 from strata.grpc_errors import log_failure
 from strata.proto.inference import grpc_service_pb2 as v2
 
@@ -29,7 +29,7 @@ async def answer_stream(
         except Exception as exc:  # one request's failure, reported in the stream
             code, detail = status_of(exc)
             log_failure("ModelStreamInfer", code, detail)
-            failed = v2.ModelInferResponse(model_name=request.model_name, id=request.id)
+            failed = v2.ModelInferResponse(model_name=cut(request.model_name), id=cut(request.id))
             await answers.put(
                 v2.ModelStreamInferResponse(
                     error_message=f"{code.name}: {detail}", infer_response=failed

@@ -18,7 +18,7 @@ from services.gateway.runtime import Runtime
 from services.gateway.statistics import STATISTICS
 from strata import __version__, codec
 from strata.config.pipelines import Pipeline
-from strata.errors import NotFound, Unavailable, status_of
+from strata.errors import NotFound, Unavailable, shown, status_of
 from strata.proto.inference import grpc_service_pb2 as v2
 from strata.telemetry import annotate, recording, shapes
 from strata.v2meta import metadata_response, model_config
@@ -55,9 +55,9 @@ class Pipelines:
         """The pipeline `name` (at `version`, when given); NOT_FOUND naming what exists."""
         pipeline = self._pipelines.get(name)
         if pipeline is None:
-            raise NotFound(f"unknown model {name!r}; pipelines: {self.names()}")
+            raise NotFound(f"unknown model {shown(name)}; pipelines: {self.names()}")
         if version not in ("", PIPELINE_VERSION):
-            raise NotFound(f"model {name!r} has no version {version!r}")
+            raise NotFound(f"model {shown(name)} has no version {shown(version)}")
         return pipeline
 
     def identify(self, caller: Caller) -> str:

@@ -28,7 +28,7 @@ from services.postprocess.metrics import RuleMetrics
 from services.postprocess.rules import RuleContext
 from strata.codec import Arrays
 from strata.config.postprocess import PostprocessSettings
-from strata.errors import InvalidArgument, NotFound
+from strata.errors import InvalidArgument, NotFound, shown
 from strata.telemetry import annotate
 
 log = logging.getLogger(__name__)
@@ -41,7 +41,9 @@ def core_only(parameters: Mapping[str, str]) -> bool:
     """The request's `core_only` switch: "true" or "false" (any case), absent is false."""
     value = parameters.get(CORE_ONLY, "false").lower()
     if value not in ("true", "false"):
-        raise InvalidArgument(f"parameter {CORE_ONLY!r} must be 'true' or 'false', got {value!r}")
+        raise InvalidArgument(
+            f"parameter {CORE_ONLY!r} must be 'true' or 'false', got {shown(value)}"
+        )
     return value == "true"
 
 
