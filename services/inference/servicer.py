@@ -1,7 +1,8 @@
 """inference.GRPCInferenceService on the inference layer: thin decode -> domain -> encode.
 
 Serves v2 inference, metadata and statistics, and the repository extension (index, load,
-unload) that hot-swaps model versions; load and unload need the admin token (strata.tokens).
+unload) that hot-swaps model versions; all three need the admin token (strata.tokens): the
+index names every model folder and why a version was refused, which is the operator's.
 
 Readiness follows what is loaded: ServerReady is true only while every configured model
 serves, and the health service reports each one as `model/<name>`. A configured model that is
@@ -196,6 +197,7 @@ class InferenceServicer(v2_grpc.GRPCInferenceServiceServicer):
 
     @grpc_errors
     async def RepositoryIndex(self, request, context) -> v2.RepositoryIndexResponse:
+        self._authorize(context)
         return index_response(self._models.index(ready_only=request.ready))
 
     @grpc_errors
@@ -224,7 +226,7 @@ class InferenceServicer(v2_grpc.GRPCInferenceServiceServicer):
         return v2.RepositoryModelUnloadResponse()
 
     def _authorize(self, context: grpc.aio.ServicerContext) -> None:
-        authorize(context, self._token, "model load and unload", "inference.admin_token")
+        authorize(context, self._token, "the model repository API", "inference.admin_token")
 
 
 def _rows(arrays: codec.Arrays, start: int, end: int) -> codec.Arrays:

@@ -124,9 +124,9 @@ class InferenceSettings(Strict):
     )
     admin_token: AdminToken = Field(
         default=None,
-        description="Token RepositoryModelLoad and RepositoryModelUnload require, as "
-        "'authorization: Bearer <token>' (STRATA_INFERENCE__ADMIN_TOKEN); unset or empty "
-        "turns model load and unload off.",
+        description="Token the model repository API (RepositoryIndex, RepositoryModelLoad, "
+        "RepositoryModelUnload) requires, as 'authorization: Bearer <token>' "
+        "(STRATA_INFERENCE__ADMIN_TOKEN); unset or empty turns it off.",
     )
 
     @field_validator("models")
