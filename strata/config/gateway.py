@@ -6,9 +6,15 @@ running gateway without a restart.
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import Field
 
 from strata.config.base import AdminToken, Strict
+
+# What a key may do beyond inference: force_arm, send requests to the A/B arm named in
+# `strata.arm` (also one of weight 0, rolled back).
+Capability = Literal["force_arm"]
 
 
 class ApiKey(Strict):
@@ -18,6 +24,12 @@ class ApiKey(Strict):
     sha256: str = Field(
         pattern=r"^[0-9a-f]{64}$",
         description="Hex SHA-256 of the key (`python -m strata.security`).",
+    )
+    capabilities: list[Capability] = Field(
+        default_factory=list,
+        description="What the key may do beyond inference: force_arm lets its requests "
+        "choose their A/B arm with the strata.arm parameter, a rolled-back (weight 0) one "
+        "included; without it they are refused PERMISSION_DENIED.",
     )
 
 
