@@ -73,11 +73,15 @@ class JsonFormatter(logging.Formatter):
 
 
 def _fitted(text: str, limit: int) -> str:
-    """`text` cut so that it takes at most `limit` bytes in the JSON line."""
-    out = bounded(text, limit)
-    if len(json.dumps(out, ensure_ascii=False).encode()) > limit + 2:
-        out = bounded(text, limit // 6)  # escaped, a byte takes at most 6 (\u0000)
-    return out
+    """`text` cut so that it takes at most `limit` bytes in the JSON line, where escapes
+    (a newline's \\n, a control character's \\u0000) make it longer than it is."""
+    budget = limit
+    while True:
+        out = bounded(text, budget)
+        size = len(json.dumps(out, ensure_ascii=False).encode()) - 2  # without the quotes
+        if size <= limit:
+            return out
+        budget = budget * limit // size
 
 
 def setup_logging(service: str, level: str) -> None:

@@ -61,3 +61,10 @@ def test_a_log_line_stays_within_16_kib(text: str) -> None:
     line = JsonFormatter("test").format(record)
     assert len(line.encode()) <= 16 * 1024
     assert f"({MIB + 4} characters)" in line, "the message's length is stated"
+
+
+def test_a_long_traceback_keeps_most_of_its_lines() -> None:
+    record = logging.LogRecord("t", logging.ERROR, __file__, 1, "failed", (), None)
+    record.exc_info = (ValueError, ValueError("x\n" * 5000), None)
+    line = JsonFormatter("test").format(record)
+    assert 5000 < len(line.encode()) <= 16 * 1024, "escaped newlines shrink it, not to nothing"
