@@ -208,6 +208,10 @@ def test_a_mib_model_name_gives_a_bounded_error_everywhere(system: Supervisor) -
             assert len(answer.content) <= 4096 + 16
             if status == 404:
                 bounded(answer.json()["error"], length)
+    rest = system.settings.services.gateway.rest
+    unrouted = requests.get(f"http://{rest}/v2/{'a' * 32 * 1024}", timeout=10)
+    assert unrouted.status_code == 404
+    assert len(unrouted.content) <= 4096 and "(32772 characters)" in unrouted.text
     lines = [
         line for path in system.log_dir.glob("*.log") for line in path.read_bytes().splitlines()
     ]
