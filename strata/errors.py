@@ -103,7 +103,7 @@ class Unauthenticated(StrataError):
 
 
 class PermissionDenied(StrataError):
-    """The caller is known, but not allowed this (a capability its key lacks)."""
+    """The caller may not do this: a capability its key lacks, or a call this server has off."""
 
     code = grpc.StatusCode.PERMISSION_DENIED
 
