@@ -49,9 +49,7 @@ def run_service(name: str, build: Builder, argv: list[str] | None = None) -> Non
         settings = load_settings(args.config, name)
     except ConfigError as exc:
         sys.exit(str(exc))
-    telemetry = settings.telemetry
-    setup_logging(name, telemetry.log_level)
-    setup_tracing(f"strata-{name}", telemetry.otlp_endpoint, telemetry.sample_ratio)
+    setup_logging(name, settings.telemetry.log_level)
     asyncio.run(_main(name, build, settings, args.listen))
 
 
@@ -61,6 +59,10 @@ async def _main(name: str, build: Builder, settings: Settings, listen: str | Non
     except (ValueError, OSError) as exc:  # a step, rule or model the config names is unusable
         log.error("cannot start: %s", exc)
         sys.exit(f"cannot start: {exc}")
+    telemetry = settings.telemetry
+    # A public server's callers are clients: their traceparent must not choose sampling.
+    trusted = not service.public
+    setup_tracing(f"strata-{name}", telemetry.otlp_endpoint, telemetry.sample_ratio, trusted)
     listen = listen or service.endpoint.listen
     endpoint = settings.services.endpoint_of(listen) or service.endpoint
     serve_metrics(endpoint.metrics_for(listen))

@@ -14,7 +14,7 @@ from collections.abc import Iterable, Mapping, Sequence
 
 import numpy as np
 
-from strata.errors import InvalidArgument
+from strata.errors import InvalidArgument, shown
 from strata.limits import check_declared
 from strata.proto.inference import grpc_service_pb2 as v2
 from strata.proto.v1 import tensor_pb2 as v1
@@ -112,16 +112,20 @@ def _split_bytes(name: str, raw: bytes, count: int) -> np.ndarray:
     offset, view = 0, memoryview(raw)
     for i in range(count):
         if offset + 4 > len(raw):
-            raise InvalidArgument(f"input {name!r}: BYTES data ends after {i} of {count} elements")
+            raise InvalidArgument(
+                f"input {shown(name)}: BYTES data ends after {i} of {count} elements"
+            )
         (length,) = _LENGTH.unpack_from(raw, offset)
         offset += 4
         if offset + length > len(raw):
-            raise InvalidArgument(f"input {name!r}: BYTES element {i} runs past the data")
+            raise InvalidArgument(f"input {shown(name)}: BYTES element {i} runs past the data")
         out[i] = bytes(view[offset : offset + length])
         offset += length
     if offset != len(raw):
         extra = len(raw) - offset
-        raise InvalidArgument(f"input {name!r}: {extra} bytes left after {count} BYTES elements")
+        raise InvalidArgument(
+            f"input {shown(name)}: {extra} bytes left after {count} BYTES elements"
+        )
     return out
 
 
@@ -149,11 +153,11 @@ def from_contents(
     dtype = DTYPES[datatype]
     field = CONTENTS_FIELD.get(datatype)
     if field is None:
-        raise InvalidArgument(f"input {name!r}: {datatype} must be sent in raw_input_contents")
+        raise InvalidArgument(f"input {shown(name)}: {datatype} must be sent in raw_input_contents")
     values = getattr(contents, field)
     if len(values) != count:
         raise InvalidArgument(
-            f"input {name!r}: shape {list(shape)} needs {count} values, "
+            f"input {shown(name)}: shape {list(shape)} needs {count} values, "
             f"got {len(values)} in {field}"
         )
     if datatype == "BYTES":
@@ -162,7 +166,7 @@ def from_contents(
     if dtype.kind in "iu" and wide.size:
         info = np.iinfo(dtype)
         if wide.min() < info.min or wide.max() > info.max:
-            raise InvalidArgument(f"input {name!r}: a value is out of range for {datatype}")
+            raise InvalidArgument(f"input {shown(name)}: a value is out of range for {datatype}")
     return wide.astype(dtype).reshape(shape)
 
 
@@ -185,10 +189,10 @@ def _decode_all(tensors: Sequence, raw: Sequence[bytes]) -> dict[str, np.ndarray
     arrays: dict[str, np.ndarray] = {}
     for i, tensor in enumerate(tensors):
         if tensor.name in arrays:
-            raise InvalidArgument(f"input {tensor.name!r} appears more than once")
+            raise InvalidArgument(f"input {shown(tensor.name)} appears more than once")
         if raw and _has_contents(tensor.contents):
             raise InvalidArgument(
-                f"input {tensor.name!r}: both typed contents and raw contents given"
+                f"input {shown(tensor.name)}: both typed contents and raw contents given"
             )
         shape = list(tensor.shape)
         if raw:
@@ -206,7 +210,8 @@ def requested_outputs(request: v2.ModelInferRequest, available: Sequence[str]) -
     unknown = sorted(set(asked) - set(available))
     if unknown:
         raise InvalidArgument(
-            f"model {request.model_name!r} has no output {unknown[0]!r}; outputs: {list(available)}"
+            f"model {shown(request.model_name)} has no output {shown(unknown[0])}; "
+            f"outputs: {list(available)}"
         )
     return asked or list(available)
 

@@ -13,6 +13,32 @@ import grpc
 
 log = logging.getLogger(__name__)
 RETRY_AFTER = "retry-after-ms"  # trailing metadata: how long to back off, in milliseconds
+SHOWN_CHARACTERS = 128  # of one client string quoted in a message
+MAX_MESSAGE_BYTES = 4096  # of an error message, in UTF-8: whatever went into it
+
+
+def shown(text: str, limit: int = SHOWN_CHARACTERS) -> str:
+    """A client's string (a name, key or id) as a message quotes it: repr'd, and past `limit`
+    characters cut, with the original length stated: 'aaaa…' (1048576 characters)."""
+    if len(text) <= limit:
+        return repr(text)
+    return f"{cut(text, limit)!r} ({len(text)} characters)"
+
+
+def cut(text: str, limit: int = SHOWN_CHARACTERS) -> str:
+    """A client's string echoed in a failure's fields (a model name, an id): at most `limit`
+    characters, and an ellipsis where it was cut."""
+    return text if len(text) <= limit else text[:limit] + "…"
+
+
+def bounded(text: str, limit: int = MAX_MESSAGE_BYTES) -> str:
+    """`text` in at most `limit` UTF-8 bytes: cut at a character, its original length stated."""
+    data = text.encode("utf-8", "replace")
+    if len(data) <= limit:
+        return text
+    suffix = f"… ({len(text)} characters)"
+    head = data[: max(0, limit - len(suffix.encode()))].decode("utf-8", "ignore")
+    return head + suffix
 
 
 class StrataError(Exception):
@@ -76,6 +102,12 @@ class Unauthenticated(StrataError):
     code = grpc.StatusCode.UNAUTHENTICATED
 
 
+class PermissionDenied(StrataError):
+    """The caller may not do this: a capability its key lacks, or a call this server has off."""
+
+    code = grpc.StatusCode.PERMISSION_DENIED
+
+
 class Upstream(StrataError):
     """A status returned by the next hop, passed on unchanged to our caller."""
 
@@ -121,10 +153,12 @@ def _status_of(value: int) -> grpc.StatusCode:
 
 
 def status_of(exc: BaseException) -> tuple[grpc.StatusCode, str]:
-    """The status code and caller-safe message for any exception."""
+    """The status code and caller-safe message for any exception, in at most
+    MAX_MESSAGE_BYTES (a client's strings in it are cut to SHOWN_CHARACTERS where it was
+    made; this bounds whatever was missed, and a next hop's message passed on)."""
     if isinstance(exc, StrataError):
-        return exc.code, str(exc)
+        return exc.code, bounded(str(exc))
     if isinstance(exc, grpc.aio.AioRpcError):
-        return exc.code(), exc.details() or exc.code().name
+        return exc.code(), bounded(exc.details() or exc.code().name)
     log.error("unexpected error", exc_info=exc, extra={"error_kind": "internal"})
     return grpc.StatusCode.INTERNAL, "internal error; the server log has the details"

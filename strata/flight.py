@@ -21,7 +21,14 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from strata.errors import InvalidArgument, StrataError, from_code, retry_after_of, status_of
+from strata.errors import (
+    InvalidArgument,
+    StrataError,
+    from_code,
+    retry_after_of,
+    shown,
+    status_of,
+)
 from strata.proto.inference import grpc_service_pb2 as v2
 
 ROWS = "strata.rows"
@@ -50,7 +57,7 @@ def members(parameters: Parameters, total_rows: int) -> list[FlightMember]:
     if any(r <= 0 for r in rows) or sum(rows) != total_rows:
         raise InvalidArgument(
             f"parameter {ROWS!r} must be positive row counts adding up to the batch's "
-            f"{total_rows} rows, got {_text(parameters, ROWS)!r}"
+            f"{total_rows} rows, got {shown(_text(parameters, ROWS))}"
         )
     contexts = _text(parameters, TRACE_CONTEXTS).split(",") if TRACE_CONTEXTS in parameters else []
     timeouts = _integers(parameters, TIMEOUTS) if TIMEOUTS in parameters else []
@@ -114,5 +121,5 @@ def _integers(parameters: Parameters, name: str) -> list[int]:
     except ValueError:
         raise InvalidArgument(
             f"parameter {name!r} must be comma-separated integers, got "
-            f"{_text(parameters, name)[:80]!r}"
+            f"{shown(_text(parameters, name))}"
         ) from None

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from strata.errors import InvalidArgument
+from strata.errors import InvalidArgument, shown
 
 # Wire bytes per element of each v2 datatype; for BYTES, its 4-byte length prefix, the least
 # an element can take.
@@ -73,7 +73,7 @@ def check_declared(
     width = WIDTHS.get(datatype)
     if width is None:
         raise InvalidArgument(
-            f"input {name!r}: unknown datatype {datatype!r} (known: {', '.join(WIDTHS)})"
+            f"input {shown(name)}: unknown datatype {shown(datatype)} (known: {', '.join(WIDTHS)})"
         )
     count = _count(name, shape, limits)
     if datatype == "BYTES":
@@ -89,7 +89,7 @@ def _count(name: str, shape: Sequence[int], limits: Limits) -> int:
     when it holds no element)."""
     if len(shape) > limits.max_rank:
         raise InvalidArgument(
-            f"input {name!r}: shape {_shown(shape)} has rank {len(shape)}, more than the "
+            f"input {shown(name)}: shape {_shown(shape)} has rank {len(shape)}, more than the "
             f"limit of {limits.max_rank}"
         )
     count = cells = 1
@@ -100,7 +100,7 @@ def _count(name: str, shape: Sequence[int], limits: Limits) -> int:
         cells *= size or 1
     if cells > limits.max_elements:
         raise InvalidArgument(
-            f"input {name!r}: shape {_shown(shape)} spans {cells} elements, more than the "
+            f"input {shown(name)}: shape {_shown(shape)} spans {cells} elements, more than the "
             f"limit of {limits.max_elements}"
         )
     return count
@@ -109,9 +109,11 @@ def _count(name: str, shape: Sequence[int], limits: Limits) -> int:
 def _dimensionInvalidArgument(name: str, shape: Sequence[int], largest: int) -> InvalidArgument:
     axis, size = next((a, d) for a, d in enumerate(shape) if not 0 <= d <= largest)
     if size < 0:
-        return InvalidArgument(f"input {name!r}: shape {_shown(shape)} has a negative dimension")
+        return InvalidArgument(
+            f"input {shown(name)}: shape {_shown(shape)} has a negative dimension"
+        )
     return InvalidArgument(
-        f"input {name!r}: dimension {axis} is {size}, more than the limit of {largest}"
+        f"input {shown(name)}: dimension {axis} is {size}, more than the limit of {largest}"
     )
 
 
@@ -125,12 +127,13 @@ def _check_fixed(
 ) -> None:
     if needed > limits.max_bytes:
         raise InvalidArgument(
-            f"input {name!r}: shape {_shown(shape)} of {datatype} takes {needed} bytes, more "
+            f"input {shown(name)}: shape {_shown(shape)} of {datatype} takes {needed} bytes, more "
             f"than the limit of {limits.max_bytes}"
         )
     if sent is not None and sent != needed:
         raise InvalidArgument(
-            f"input {name!r}: shape {_shown(shape)} of {datatype} needs {needed} bytes, got {sent}"
+            f"input {shown(name)}: shape {_shown(shape)} of {datatype} needs {needed} bytes, "
+            f"got {sent}"
         )
 
 
@@ -139,19 +142,20 @@ def _check_strings(
 ) -> None:
     if count > limits.max_strings:
         raise InvalidArgument(
-            f"input {name!r}: BYTES shape {_shown(shape)} holds {count} elements, more than "
+            f"input {shown(name)}: BYTES shape {_shown(shape)} holds {count} elements, more than "
             f"the limit of {limits.max_strings}"
         )
     if sent is None:
         return
     if sent > limits.max_bytes:
         raise InvalidArgument(
-            f"input {name!r}: {sent} bytes of BYTES data, more than the limit of {limits.max_bytes}"
+            f"input {shown(name)}: {sent} bytes of BYTES data, more than the limit of "
+            f"{limits.max_bytes}"
         )
     least = count * WIDTHS["BYTES"]
     if least > sent:
         raise InvalidArgument(
-            f"input {name!r}: BYTES shape {_shown(shape)} needs at least {least} bytes "
+            f"input {shown(name)}: BYTES shape {_shown(shape)} needs at least {least} bytes "
             f"(a 4-byte length per element), got {sent}"
         )
 

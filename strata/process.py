@@ -36,7 +36,7 @@ from opentelemetry.context import Context
 from opentelemetry.trace import Link, Span
 
 from strata.codec import Arrays, arrays_to_tensors, tensors_to_arrays
-from strata.errors import InvalidArgument, StrataError, from_code, status_of
+from strata.errors import InvalidArgument, StrataError, from_code, shown, status_of
 from strata.proto.v1 import tensor_pb2 as v1
 
 TRACER = trace.get_tracer("strata.process")
@@ -292,12 +292,14 @@ def _unpack(item: v1.Request, counts: list[int]) -> tuple[Arrays, list[Rows]]:
     stack = tensors_to_arrays(item.tensors)
     if min(counts) < 1:
         bad = item.members[counts.index(min(counts))]
-        raise InvalidArgument(f"flight member {bad.id!r} has {bad.rows} rows; each needs 1 or more")
+        raise InvalidArgument(
+            f"flight member {shown(bad.id)} has {bad.rows} rows; each needs 1 or more"
+        )
     stops = list(itertools.accumulate(counts))
     for name, array in stack.items():
         if array.ndim == 0 or array.shape[0] != stops[-1]:
             raise InvalidArgument(
-                f"flight tensor {name!r} has shape {list(array.shape)}; its first dimension "
+                f"flight tensor {shown(name)} has shape {list(array.shape)}; its first dimension "
                 f"must be the members' {stops[-1]} rows"
             )
     return stack, list(zip([0, *stops[:-1]], stops, strict=True))

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from strata.errors import InvalidArgument
+from strata.errors import InvalidArgument, shown
 
 _NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
 
@@ -31,7 +31,7 @@ def check_name(name: str) -> str:
     """A model name that is one plain folder name (never a path out of the repository)."""
     if not _NAME.fullmatch(name):
         raise InvalidArgument(
-            f"model name {name!r} must be letters, digits, '_', '.' or '-' "
+            f"model name {shown(name)} must be letters, digits, '_', '.' or '-' "
             "(and not start with '.' or '-')"
         )
     return name

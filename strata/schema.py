@@ -12,7 +12,7 @@ import numpy as np
 
 from strata.codec import datatype_of, utf8
 from strata.config.pipelines import TensorSpec
-from strata.errors import InvalidArgument
+from strata.errors import InvalidArgument, shown
 
 
 def validate_inputs(
@@ -22,7 +22,9 @@ def validate_inputs(
     names = {spec.name for spec in specs}
     unknown = sorted(set(arrays) - names)
     if unknown:
-        raise InvalidArgument(f"unknown input {unknown[0]!r}; expected inputs: {sorted(names)}")
+        raise InvalidArgument(
+            f"unknown input {shown(unknown[0])}; expected inputs: {sorted(names)}"
+        )
     missing = sorted(names - set(arrays))
     if missing:
         raise InvalidArgument(f"missing input {missing[0]!r}; expected inputs: {sorted(names)}")

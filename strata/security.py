@@ -132,14 +132,20 @@ class KeyRing:
     """Looks an API key up by its hash; the key itself is never kept or logged."""
 
     def __init__(self, keys: list[ApiKey]) -> None:
-        self._by_hash = {k.sha256: k.client_id for k in keys}
+        self._by_hash = {k.sha256: k for k in keys}
 
     def __bool__(self) -> bool:
         return bool(self._by_hash)
 
     def client(self, key: str | None) -> str | None:
         """The client id of `key`, or None when it is missing or unknown."""
-        return self._by_hash.get(key_hash(key)) if key else None
+        found = self._by_hash.get(key_hash(key)) if key else None
+        return found.client_id if found else None
+
+    def capabilities(self, key: str | None) -> frozenset[str]:
+        """What `key` is granted beyond inference (none when it is missing or unknown)."""
+        found = self._by_hash.get(key_hash(key)) if key else None
+        return frozenset(found.capabilities) if found else frozenset()
 
 
 def main() -> None:

@@ -24,16 +24,27 @@ from opentelemetry import propagate, trace
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
-from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ParentBased, TraceIdRatioBased
+from opentelemetry.sdk.trace.sampling import (
+    ALWAYS_OFF,
+    ParentBased,
+    Sampler,
+    TraceIdRatioBased,
+)
 from opentelemetry.trace import NonRecordingSpan, SpanContext, SpanKind, Status, StatusCode
 
+from strata.errors import bounded
 from strata.metrics import RPC_DURATION, RPCS, Children
 
 log = logging.getLogger(__name__)
+LOG_MESSAGE_BYTES = 8192  # of one log line's message
+LOG_TRACE_BYTES = 6144  # of one log line's traceback
 
 
 class JsonFormatter(logging.Formatter):
-    """One JSON object per line: time, level, service, logger, message, trace and span ids."""
+    """One JSON object per line: time, level, service, logger, message, trace and span ids.
+
+    The message and any traceback are cut (strata.errors.bounded), so that whatever a client
+    put into them, a line stays within about 16 KiB."""
 
     converter = time.gmtime
 
@@ -47,7 +58,7 @@ class JsonFormatter(logging.Formatter):
             "level": record.levelname,
             "service": self.service,
             "logger": record.name,
-            "msg": record.getMessage(),
+            "msg": _fitted(record.getMessage(), LOG_MESSAGE_BYTES),
         }
         context = trace.get_current_span().get_span_context()
         if context.is_valid:
@@ -57,8 +68,20 @@ class JsonFormatter(logging.Formatter):
         if kind:
             event["error_kind"] = kind
         if record.exc_info:
-            event["exception"] = self.formatException(record.exc_info)
+            event["exception"] = _fitted(self.formatException(record.exc_info), LOG_TRACE_BYTES)
         return json.dumps(event, ensure_ascii=False)
+
+
+def _fitted(text: str, limit: int) -> str:
+    """`text` cut so that it takes at most `limit` bytes in the JSON line, where escapes
+    (a newline's \\n, a control character's \\u0000) make it longer than it is."""
+    budget = limit
+    while True:
+        out = bounded(text, budget)
+        size = len(json.dumps(out, ensure_ascii=False).encode()) - 2  # without the quotes
+        if size <= limit:
+            return out
+        budget = budget * limit // size
 
 
 def setup_logging(service: str, level: str) -> None:
@@ -71,11 +94,20 @@ def setup_logging(service: str, level: str) -> None:
 
 
 def setup_tracing(
-    service: str, otlp_endpoint: str | None = None, sample_ratio: float = 1.0
+    service: str,
+    otlp_endpoint: str | None = None,
+    sample_ratio: float = 1.0,
+    trust_callers: bool = True,
 ) -> TracerProvider:
     """Install a tracer provider for `service`, exporting over OTLP if an endpoint is set
     (here or in OTEL_EXPORTER_OTLP_ENDPOINT), sampling `sample_ratio` of new traces; without
-    an endpoint, spans would go nowhere, so none is sampled."""
+    an endpoint, spans would go nowhere, so none is sampled.
+
+    Trusted callers (the internal hops, under mutual TLS) decide for their callees: their
+    sampled flag is followed. A public server's callers are clients (`trust_callers=False`):
+    their trace id is kept, but whether it is sampled is `sample_ratio`'s decision, so a
+    client's `traceparent` cannot raise the sampling rate; the decision made here then
+    propagates to the hops behind."""
     global _sampling
     endpoint = otlp_endpoint or os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT")
     sampler = None  # the SDK then honours OTEL_TRACES_SAMPLER / OTEL_TRACES_SAMPLER_ARG
@@ -83,7 +115,7 @@ def setup_tracing(
     if not endpoint:
         sampler, _sampling = ALWAYS_OFF, "off"
     elif "OTEL_TRACES_SAMPLER" not in os.environ:
-        sampler, _sampling = ParentBased(TraceIdRatioBased(sample_ratio)), "parent"
+        sampler, _sampling = _sampler(sample_ratio, trust_callers)
     provider = TracerProvider(resource=Resource.create({"service.name": service}), sampler=sampler)
     if endpoint:
         from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
@@ -94,9 +126,18 @@ def setup_tracing(
     return provider
 
 
+def _sampler(ratio: float, trust_callers: bool) -> tuple[Sampler, str]:
+    """Parent-based sampling at `ratio`; a remote parent's flag counts only if trusted."""
+    root = TraceIdRatioBased(ratio)
+    if trust_callers:
+        return ParentBased(root), "parent"
+    return ParentBased(root, remote_parent_sampled=root, remote_parent_not_sampled=root), "ratio"
+
+
 _server_tracer = trace.get_tracer("strata.server")
 # What setup_tracing installed: "off" (nothing is sampled), "parent" (a caller's unsampled
-# trace stays unsampled), or "sdk" (a sampler or provider of someone else's: ask the SDK).
+# trace stays unsampled), "ratio" (the ratio decides whatever the caller says), or "sdk" (a
+# sampler or provider of someone else's: ask the SDK).
 _sampling = "sdk"
 
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 import grpc
 
-from strata.errors import Overloaded, StrataError, Unauthenticated
+from strata.errors import Overloaded, PermissionDenied, Unauthenticated
 
 log = logging.getLogger(__name__)
 
@@ -30,10 +30,8 @@ BACKOFF = 60.0  # ...refuse that address for this long
 MAX_SOURCES = 10_000  # addresses remembered; the least recently failed go first
 
 
-class ControlOff(StrataError):
+class ControlOff(PermissionDenied):
     """A control call this server's config does not enable: no caller may make it."""
-
-    code = grpc.StatusCode.PERMISSION_DENIED
 
 
 @dataclass

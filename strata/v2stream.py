@@ -13,7 +13,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 
 import grpc
 
-from strata.errors import status_of
+from strata.errors import cut, status_of
 from strata.grpc_errors import log_failure
 from strata.proto.inference import grpc_service_pb2 as v2
 from strata.streams import answer_each
@@ -25,7 +25,7 @@ def failed_answer(
     request: v2.ModelInferRequest, code: grpc.StatusCode, detail: str
 ) -> v2.ModelStreamInferResponse:
     """The stream's answer for a request that failed: `CODE: what was wrong`."""
-    failed = v2.ModelInferResponse(model_name=request.model_name, id=request.id)
+    failed = v2.ModelInferResponse(model_name=cut(request.model_name), id=cut(request.id))
     return v2.ModelStreamInferResponse(
         error_message=f"{code.name}: {detail}", infer_response=failed
     )

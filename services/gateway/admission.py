@@ -3,6 +3,10 @@
 With API keys configured, a caller is its key's client and is limited as that client alone.
 Without them, identity is only what the caller says (a client id, an unregistered key), so
 its peer address (the host, without the port) is limited too: rotating ids does not escape.
+
+Forcing an A/B arm (`strata.arm`) is a capability: with API keys, only a key granted
+`force_arm` may; without keys (the door open, local development) any caller may force an
+arm that takes traffic. A rolled-back arm (weight 0) is forced only with the capability.
 """
 
 from __future__ import annotations
@@ -12,9 +16,13 @@ from collections.abc import Mapping
 from services.gateway.caller import Caller
 from services.gateway.limiter import RateLimiter
 from services.gateway.metrics import RATE_LIMITED
+from services.gateway.router import Router
 from strata.config.gateway import RateLimits
-from strata.errors import Overloaded, Unauthenticated
+from strata.errors import Overloaded, PermissionDenied, Unauthenticated, shown
 from strata.security import KeyRing, key_hash
+
+ARM_PARAMETER = "strata.arm"
+FORCE_ARM = "force_arm"
 
 
 def client_key(metadata: Mapping[str, str], peer: str, limits: RateLimits, keys: KeyRing) -> str:
@@ -61,3 +69,18 @@ class Admission:
             RATE_LIMITED.labels(scope).inc()
             raise Overloaded(f"rate limit ({scope}) exceeded; retry in {wait:.3f}s", wait)
         return client
+
+    def check_forced_arm(self, caller: Caller, router: Router, arm: str) -> None:
+        """PERMISSION_DENIED unless the caller may force `arm` of `router`'s pipeline."""
+        key = caller.metadata.get(self.limiter.limits.api_key_header)
+        granted = FORCE_ARM in self.keys.capabilities(key)
+        if self.keys and not granted:
+            raise PermissionDenied(
+                f"forcing an arm ({ARM_PARAMETER}) needs an API key granted the {FORCE_ARM!r} "
+                "capability, and this one is not"
+            )
+        if not granted and any(r.arm == arm and r.weight == 0 for r in router.routes):
+            raise PermissionDenied(
+                f"pipeline {router.pipeline!r} arm {shown(arm)} has weight 0 (rolled back): "
+                f"only an API key granted the {FORCE_ARM!r} capability may force it"
+            )

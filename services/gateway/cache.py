@@ -1,7 +1,9 @@
 """The result cache: bounded, with a time to live, keyed by what determines an answer.
 
-The key is the pipeline, the model version that would answer, and the request's input
-tensors (name, datatype, shape and bytes), hashed.
+The key is the pipeline, the model version that would answer, the request's input tensors
+(name, datatype, shape and bytes) and the principal it answers (the client's identity, or ""
+where the pipeline shares its cache), hashed. Partitioned so, a hit (`strata.cached`) tells a
+client only what it sent itself, never whether someone else sent the same input.
 """
 
 from __future__ import annotations
@@ -18,9 +20,9 @@ from strata.config.gateway import Cache
 from strata.stack import Raw
 
 
-def cache_key(pipeline: str, version: str, inputs: Sequence[Raw]) -> str:
+def cache_key(pipeline: str, version: str, inputs: Sequence[Raw], principal: str = "") -> str:
     digest = hashlib.blake2b(digest_size=20)
-    digest.update(f"{pipeline}\0{version}\0".encode())
+    digest.update(f"{pipeline}\0{version}\0{principal}\0".encode())
     for tensor in sorted(inputs, key=lambda t: t.name):
         digest.update(f"{tensor.name}\0{tensor.datatype}\0{tensor.shape}\0".encode())
         digest.update(tensor.data)

@@ -63,7 +63,7 @@ class Orchestrator:
         req.level = level = self.ladder.level
         # The client's parameters are part of what it asked: `when:` rules depend on them.
         variant = f"{route.deployment}:{req.version}:{sorted(req.parameters.items())}"
-        key = cache_key(name, variant, req.inputs)
+        key = cache_key(name, variant, req.inputs, "" if pipeline.shared_cache else req.client)
         early = self._answer_without_chain(req, route, key, level, rows)
         if early is not None:
             return early

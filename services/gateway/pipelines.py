@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import grpc
 
+from services.gateway.admission import ARM_PARAMETER
 from services.gateway.caller import Caller
 from services.gateway.metrics import LATENCY, REQUESTS
 from services.gateway.request import Answer, Budget, ClientRequest
@@ -18,7 +19,7 @@ from services.gateway.runtime import Runtime
 from services.gateway.statistics import STATISTICS
 from strata import __version__, codec
 from strata.config.pipelines import Pipeline
-from strata.errors import NotFound, Unavailable, status_of
+from strata.errors import NotFound, Unavailable, shown, status_of
 from strata.proto.inference import grpc_service_pb2 as v2
 from strata.telemetry import annotate, recording, shapes
 from strata.v2meta import metadata_response, model_config
@@ -26,7 +27,6 @@ from strata.v2meta import metadata_response, model_config
 PLATFORM = "strata_pipeline"
 SERVER_NAME = "strata"
 PIPELINE_VERSION = "1"
-ARM_PARAMETER = "strata.arm"
 
 
 @dataclass
@@ -55,9 +55,9 @@ class Pipelines:
         """The pipeline `name` (at `version`, when given); NOT_FOUND naming what exists."""
         pipeline = self._pipelines.get(name)
         if pipeline is None:
-            raise NotFound(f"unknown model {name!r}; pipelines: {self.names()}")
+            raise NotFound(f"unknown model {shown(name)}; pipelines: {self.names()}")
         if version not in ("", PIPELINE_VERSION):
-            raise NotFound(f"model {name!r} has no version {version!r}")
+            raise NotFound(f"model {shown(name)} has no version {shown(version)}")
         return pipeline
 
     def identify(self, caller: Caller) -> str:
@@ -144,7 +144,9 @@ class Pipelines:
         wanted = codec.requested_outputs(request, [spec.name for spec in pipeline.outputs])
         remaining = caller.time_remaining
         default = runtime.settings.gateway.default_timeout_seconds
-        forced = request.parameters.get(ARM_PARAMETER)
+        forced = _forced_arm(request)
+        if forced:
+            runtime.admission.check_forced_arm(caller, runtime.router(request.model_name), forced)
         arrays = codec.request_inputs(request)
         if recording():
             annotate(pipeline=request.model_name, input_shapes=shapes(arrays))
@@ -156,7 +158,7 @@ class Pipelines:
                 inputs=codec.raw_inputs(request, arrays),
                 request_id=request.id,
                 client=client,
-                forced_arm=forced.string_param if forced is not None else "",
+                forced_arm=forced,
                 budget=Budget(default if remaining is None else remaining),
                 parameters=_string_parameters(request),
             )
@@ -170,6 +172,12 @@ class Pipelines:
                 output_shapes=shapes(answer.outputs),
             )
         return _response(request, answer, _produced(request.model_name, pipeline, answer, wanted))
+
+
+def _forced_arm(request: v2.ModelInferRequest) -> str:
+    """The arm the request forces with the `strata.arm` parameter ("" for none)."""
+    forced = request.parameters.get(ARM_PARAMETER)
+    return forced.string_param if forced is not None else ""
 
 
 def _string_parameters(request: v2.ModelInferRequest) -> dict[str, str]:

@@ -15,7 +15,7 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 
 from strata.config.pipelines import Route, Shadow
-from strata.errors import InvalidArgument, Unavailable
+from strata.errors import InvalidArgument, Unavailable, shown
 
 
 def unit_hash(*parts: str) -> float:
@@ -81,7 +81,9 @@ class Router:
                 if route.arm == forced:
                     return route
             arms = [r.arm for r in routes]
-            raise InvalidArgument(f"pipeline {self.pipeline!r} has no arm {forced!r}; arms: {arms}")
+            raise InvalidArgument(
+                f"pipeline {self.pipeline!r} has no arm {shown(forced)}; arms: {arms}"
+            )
         sticky = _pick(routes, unit_hash(self.pipeline, client))
         if usable(sticky) and self._available(sticky):
             return sticky

@@ -3,11 +3,11 @@
 - strata.v1 `Process` as `ProcessStream`: the message's tag in `ProcessRequest.tag`, and the
   trace context a unary call carries in its metadata (which a stream sends once) in
   `ProcessRequest.trace_context`.
-- v2 `ModelInfer` as `ModelStreamInfer`: the tag after the last `#` of the request id, which
-  every v2 server echoes; the call's traceparent in `strata.trace_context` (strata.flight);
-  a lone request's time budget in v2's `timeout` parameter (a flight's members carry their
-  own); a failed answer's `error_message` starts with its status code's name
-  (strata.v2stream), else it counts as UNKNOWN.
+- v2 `ModelInfer` as `ModelStreamInfer`: the tag before the first `#` of the request id,
+  which every v2 server echoes (a long id is cut at its end); the call's traceparent in
+  `strata.trace_context` (strata.flight); a lone request's time budget in v2's `timeout`
+  parameter (a flight's members carry their own); a failed answer's `error_message` starts
+  with its status code's name (strata.v2stream), else it counts as UNKNOWN.
 """
 
 from __future__ import annotations
@@ -60,12 +60,12 @@ def _tag_infer(request: v2.ModelInferRequest, tag: int, timeout: float) -> v2.Mo
     parameters[TRACE_CONTEXT].string_param = carrier.get("traceparent", "")
     if not is_flight(parameters):
         parameters[TIMEOUT].int64_param = max(1, int(timeout * 1e6))
-    request.id = f"{request.id}#{tag}"
+    request.id = f"{tag}#{request.id}"
     return request
 
 
 def _infer_tag(reply: v2.ModelStreamInferResponse) -> int | None:
-    _, _, tag = reply.infer_response.id.rpartition("#")
+    tag, _, _ = reply.infer_response.id.partition("#")
     return int(tag) if tag.isdigit() else None
 
 

@@ -24,7 +24,7 @@ from services.inference.model import ModelVersion, load_version
 from services.inference.statistics import VersionStats
 from strata import repository
 from strata.config.inference import InferenceSettings
-from strata.errors import InvalidArgument, NotFound, NotReady, StrataError
+from strata.errors import InvalidArgument, NotFound, NotReady, StrataError, shown
 
 log = logging.getLogger(__name__)
 
@@ -119,7 +119,7 @@ class ModelManager:
         """Load or reload `name` from the repository; NotReady if a version must not serve."""
         folder = self._root / checked_name(name)
         if not folder.is_dir():
-            raise NotFound(f"model {name!r} is not in the repository {self._root}")
+            raise NotFound(f"model {name!r} is not in the repository (it has no folder {name}/)")
         async with self._locks[name]:
             self._unloaded.discard(name)
             await self._load(name, folder)
@@ -128,7 +128,7 @@ class ModelManager:
         """Stop serving every version of `name` once their queued requests have finished."""
         if name not in self._served and not (self._root / checked_name(name)).is_dir():
             # Before taking the model's lock: a lock for every unknown name would pile up.
-            raise NotFound(f"model {name!r} is not in the repository {self._root}")
+            raise NotFound(f"model {name!r} is not in the repository (it has no folder {name}/)")
         async with self._locks[name]:
             served = self._served.pop(name, None)
             self._unloaded.add(name)
@@ -200,7 +200,8 @@ class ModelManager:
     ) -> NotReady:
         if not isinstance(exc, StrataError):
             log.error("loading model %s version %s failed", name, version, exc_info=exc)
-        reason = str(exc) if isinstance(exc, StrataError) else f"{type(exc).__name__}: {exc}"
+        # An unexpected error's text may name server paths: the log has it, callers do not.
+        reason = str(exc) if isinstance(exc, StrataError) else f"{type(exc).__name__} (see the log)"
         self._bad[name].add(print_)
         self._index.refused(name, version, reason)
         self._index.ready(name, current.versions if current else {})
@@ -281,7 +282,7 @@ def checked_name(name: str) -> str:
     """A model name that is one plain folder name; InvalidArgument naming the rule if not."""
     if len(name) > MAX_NAME_LENGTH:
         raise InvalidArgument(
-            f"model name {_quoted(name)} is longer than the limit of {MAX_NAME_LENGTH}"
+            f"model name {shown(name)} is longer than the limit of {MAX_NAME_LENGTH}"
         )
     return repository.check_name(name)
 
@@ -290,11 +291,6 @@ def checked_version(version: str) -> int:
     """A requested version's number; InvalidArgument unless it is 1 to 18 digits 0-9."""
     if len(version) > MAX_VERSION_DIGITS or not (version.isascii() and version.isdigit()):
         raise InvalidArgument(
-            f"model version {_quoted(version)} must be 1 to {MAX_VERSION_DIGITS} digits 0-9"
+            f"model version {shown(version)} must be 1 to {MAX_VERSION_DIGITS} digits 0-9"
         )
     return int(version)
-
-
-def _quoted(text: str) -> str:
-    """A caller's string as a message quotes it: never more than its first 40 characters."""
-    return repr(text) if len(text) <= 40 else f"{text[:40]!r}... ({len(text)} characters)"

@@ -92,24 +92,28 @@ class ModelSpec:
 
 
 def read_spec(path: Path, defaults: InferenceSettings) -> ModelSpec:
-    """Read and validate a model.yaml; NotReady names the file and the field when it is bad."""
+    """Read and validate a model.yaml; NotReady names the file (as the repository has it,
+    never the server's path to it) and the field when it is bad."""
+    where = f"{path.parent.name}/{path.name}"
     try:
         raw = yaml.safe_load(path.read_text()) if path.exists() else {}
-    except (OSError, yaml.YAMLError) as exc:
-        raise NotReady(f"cannot read {path}: {exc}") from None
+    except OSError as exc:
+        raise NotReady(f"cannot read {where}: {exc.strerror}") from None
+    except yaml.YAMLError as exc:
+        raise NotReady(f"cannot read {where}: {exc}") from None
     if not isinstance(raw, dict):
-        raise NotReady(f"{path} must be a mapping")
-    manifest = _validate(path, "", ModelManifest, raw)
+        raise NotReady(f"{where} must be a mapping")
+    manifest = _validate(where, "", ModelManifest, raw)
     if manifest.platform != "onnxruntime_onnx":
-        raise NotReady(f"{path}: platform {manifest.platform!r} is not onnxruntime_onnx")
+        raise NotReady(f"{where}: platform {manifest.platform!r} is not onnxruntime_onnx")
     session = _validate(
-        path,
+        where,
         "session.",
         InferenceSettings.Session,
         {**defaults.session.model_dump(), **manifest.session},
     )
     batching = _validate(
-        path,
+        where,
         "batching.",
         InferenceSettings.Batching,
         {**defaults.batching.model_dump(), **manifest.batching},
@@ -120,7 +124,7 @@ def read_spec(path: Path, defaults: InferenceSettings) -> ModelSpec:
 M = TypeVar("M", bound=BaseModel)
 
 
-def _validate(path: Path, section: str, model: type[M], raw: dict[str, Any]) -> M:
+def _validate(where: str, section: str, model: type[M], raw: dict[str, Any]) -> M:
     try:
         return model.model_validate(raw)
     except ValidationError as exc:
@@ -128,4 +132,4 @@ def _validate(path: Path, section: str, model: type[M], raw: dict[str, Any]) -> 
             f"{section}{'.'.join(str(p) for p in e['loc']) or '(top level)'}: {e['msg']}"
             for e in exc.errors()
         )
-        raise NotReady(f"{path} is invalid: {problems}") from None
+        raise NotReady(f"{where} is invalid: {problems}") from None

@@ -63,8 +63,10 @@ def session_options(settings: InferenceSettings.Session) -> ort.SessionOptions:
 
 def open_session(path: Path, settings: InferenceSettings.Session) -> ort.InferenceSession:
     """An ONNX Runtime session on `path`; NotReady says why when the file cannot be used."""
+    # The repository's own path, model/version/file: never the server's path to it.
+    where = f"{path.parent.parent.name}/{path.parent.name}"
     if not path.is_file():
-        raise NotReady(f"{path.name} is missing from {path.parent}")
+        raise NotReady(f"{path.name} is missing from {where}")
     try:
         return ort.InferenceSession(
             str(path),
@@ -72,7 +74,8 @@ def open_session(path: Path, settings: InferenceSettings.Session) -> ort.Inferen
             providers=providers(settings.execution_providers),
         )
     except Exception as exc:  # ONNX Runtime raises its own exception types for bad files
-        raise NotReady(f"cannot open {path.name}: {_first_line(exc)}") from None
+        reason = _first_line(exc).replace(str(path.parent), where)
+        raise NotReady(f"cannot open {path.name}: {reason}") from None
 
 
 class ModelVersion:

@@ -1,7 +1,8 @@
 """inference.GRPCInferenceService on the inference layer: thin decode -> domain -> encode.
 
 Serves v2 inference, metadata and statistics, and the repository extension (index, load,
-unload) that hot-swaps model versions; load and unload need the admin token (strata.tokens).
+unload) that hot-swaps model versions; all three need the admin token (strata.tokens): the
+index names every model folder and why a version was refused, which is the operator's.
 
 Readiness follows what is loaded: ServerReady is true only while every configured model
 serves, and the health service reports each one as `model/<name>`. A configured model that is
@@ -61,7 +62,7 @@ class InferenceServicer(v2_grpc.GRPCInferenceServiceServicer):
         self._max_stream_in_flight = max_stream_in_flight
         self._configured = list(settings.models)
         token = settings.admin_token.get_secret_value() if settings.admin_token else None
-        self._auth = ControlAuth("model load and unload", "inference.admin_token", lambda: token)
+        self._auth = ControlAuth("the model repository API", "inference.admin_token", lambda: token)
         self._running: Running | None = None
 
     async def report_health(self, running: Running) -> None:
@@ -211,6 +212,7 @@ class InferenceServicer(v2_grpc.GRPCInferenceServiceServicer):
 
     @grpc_errors
     async def RepositoryIndex(self, request, context) -> v2.RepositoryIndexResponse:
+        self._auth.check(context)
         return index_response(self._models.index(ready_only=request.ready))
 
     @grpc_errors

@@ -8,7 +8,9 @@ Whether a rule runs is decided when its turn comes, in this order:
    present at that point in the chain);
 3. a rule whose inputs are missing because an earlier rule was skipped is skipped too.
 Every rule that did not run, for whichever reason (its time limit, 1, 2 or 3), is named in
-`skipped_rules`, so the caller knows which outputs the answer lacks and why.
+`skipped_rules`, so the caller knows which outputs the answer lacks and why. A protecting
+rule (`protects`, always core) that did not run but for its `when` is `unprotected`: the
+engine then refuses the request rather than answer without it.
 """
 
 from __future__ import annotations
@@ -68,6 +70,7 @@ class ChainRule:
     core: bool
     timeout: float
     condition: Condition | None = None
+    protects: bool = False
 
 
 @dataclass
@@ -105,6 +108,7 @@ def _chain_rule(stage: RuleSpec, repository: Path, settings: PostprocessSettings
         core=stage.core,
         timeout=stage.timeout_seconds or settings.rule_timeout_seconds,
         condition=Condition.from_config(stage.when) if stage.when else None,
+        protects=stage.protects,
     )
 
 
@@ -134,7 +138,7 @@ class Pass:
         self.started: float | None = None  # monotonic start of the running rule
         self.overran: list[str] = []  # skipped at their limit
         self.skipped: list[str] = []  # overran, and rules that needed what they would make
-        self.passed_over = False  # some rule did not run by choice (core_only, when)
+        self.passed_over: list[str] = []  # did not run by choice (core_only, when)
 
     # The worker thread's side.
 
@@ -165,7 +169,7 @@ class Pass:
         if (self.core_only and not entry.core) or (
             entry.condition is not None and not entry.condition.holds(self.tensors, self.parameters)
         ):
-            self.passed_over = True
+            self.passed_over.append(entry.name)
             self.skipped.append(entry.name)
             return False
         if all(name in self.tensors for name in entry.rule.inputs):
@@ -223,6 +227,15 @@ class Pass:
             return {name: self.tensors[name] for name in names if name in self.tensors}
         where = f"pipeline {self.chain.name!r} output"
         return {name: take(self.tensors, name, where) for name in names}
+
+    def unprotected(self) -> list[str]:
+        """The protecting rules that were to run and did not: the answer must not go out."""
+        chosen = set(self.passed_over)
+        return [
+            rule.name
+            for rule in self.chain.rules
+            if rule.protects and rule.name in self.skipped and rule.name not in chosen
+        ]
 
     def info(self) -> dict[str, str]:
         return {"skipped_rules": ",".join(self.skipped)} if self.skipped else {}

@@ -6,9 +6,11 @@ client requests stacked, see strata.process) is one request here: its chain runs
 rule once over all its rows, and a rule's time limit applies to that one run. The event loop sleeps
 until the running rule's limit; a rule still running then is abandoned: it is skipped,
 counted, logged with the trace id, and the chain continues on a fresh worker from the next
-rule. The abandoned thread finishes in its own time (a regex stops at its timeout) and its
-result is dropped. `workers` chains run at once; `spare_threads` more threads absorb
-abandoned rules so that they do not take the pool from other requests.
+rule. A protecting rule (redaction) is never skipped so: when one did not run, the request
+is refused UNAVAILABLE (the answer is withheld, not blamed on the client) instead of being
+answered without it. The abandoned thread finishes in its own time (a regex stops at its
+timeout) and its result is dropped. `workers` chains run at once; `spare_threads` more
+threads absorb abandoned rules so that they do not take the pool from other requests.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from services.postprocess.metrics import RuleMetrics
 from services.postprocess.rules import RuleContext
 from strata.codec import Arrays
 from strata.config.postprocess import PostprocessSettings
-from strata.errors import InvalidArgument, NotFound
+from strata.errors import InvalidArgument, NotFound, Unavailable, shown
 from strata.telemetry import annotate
 
 log = logging.getLogger(__name__)
@@ -41,7 +43,9 @@ def core_only(parameters: Mapping[str, str]) -> bool:
     """The request's `core_only` switch: "true" or "false" (any case), absent is false."""
     value = parameters.get(CORE_ONLY, "false").lower()
     if value not in ("true", "false"):
-        raise InvalidArgument(f"parameter {CORE_ONLY!r} must be 'true' or 'false', got {value!r}")
+        raise InvalidArgument(
+            f"parameter {CORE_ONLY!r} must be 'true' or 'false', got {shown(value)}"
+        )
     return value == "true"
 
 
@@ -85,6 +89,7 @@ class RuleEngine:
             while not await self._advance(state):
                 pass
         self._report(state)
+        _refuse_unprotected(state)
         return state.outputs(), state.info()
 
     async def close(self) -> None:
@@ -162,6 +167,19 @@ class RuleEngine:
             ",".join(state.skipped),
             trace_id(),
         )
+
+
+def _refuse_unprotected(state: Pass) -> None:
+    """UNAVAILABLE, naming them, if a protecting rule that was to run did not: its output
+    would go out unprotected (unredacted text), so none goes out."""
+    unprotected = state.unprotected()
+    if not unprotected:
+        return
+    limits = ", ".join(f"{name!r} ({state.timeout_of(name):g}s)" for name in unprotected)
+    raise Unavailable(
+        f"pipeline {state.chain.name!r}: the answer is withheld because protecting rules did "
+        f"not finish within their time limits: {limits}"
+    )
 
 
 def _retrieve(future: asyncio.Future) -> None:

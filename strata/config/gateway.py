@@ -7,6 +7,7 @@ running gateway without a restart.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 import yaml
 from pydantic import Field, TypeAdapter, ValidationError, model_validator
@@ -20,6 +21,10 @@ from strata.config.base import (
     read_secret,
 )
 
+# What a key may do beyond inference: force_arm, send requests to the A/B arm named in
+# `strata.arm` (also one of weight 0, rolled back).
+Capability = Literal["force_arm"]
+
 
 class ApiKey(Strict):
     """A client's API key, stored only as its SHA-256."""
@@ -28,6 +33,12 @@ class ApiKey(Strict):
     sha256: str = Field(
         pattern=r"^[0-9a-f]{64}$",
         description="Hex SHA-256 of the key (`python -m strata.security`).",
+    )
+    capabilities: list[Capability] = Field(
+        default_factory=list,
+        description="What the key may do beyond inference: force_arm lets its requests "
+        "choose their A/B arm with the strata.arm parameter, a rolled-back (weight 0) one "
+        "included; without it they are refused PERMISSION_DENIED.",
     )
 
 

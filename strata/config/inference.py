@@ -125,9 +125,9 @@ class InferenceSettings(Strict):
     )
     admin_token: AdminToken = Field(
         default=None,
-        description="Token RepositoryModelLoad and RepositoryModelUnload require, as "
-        "'authorization: Bearer <token>' (STRATA_INFERENCE__ADMIN_TOKEN), at least 32 "
-        "characters; unset or empty turns model load and unload off.",
+        description="Token the model repository API (RepositoryIndex, RepositoryModelLoad, "
+        "RepositoryModelUnload) requires, as 'authorization: Bearer <token>' "
+        "(STRATA_INFERENCE__ADMIN_TOKEN), at least 32 characters; unset or empty turns it off.",
     )
     admin_token_file: Path | None = Field(
         default=None,

@@ -112,6 +112,12 @@ class Pipeline(Strict):
         default=250.0, gt=0, description="P95 latency the ladder defends for this pipeline."
     )
     cache: bool = Field(default=False, description="Answer repeated requests from the cache.")
+    shared_cache: bool = Field(
+        default=False,
+        description="Cached answers serve every client. By default each client (its API "
+        "key's client, else its client id or address) has its own, so that strata.cached "
+        "never tells a client what another one sent.",
+    )
     forward_to_postprocess: list[str] = Field(
         default_factory=list,
         description="Preprocess outputs (e.g. attention_mask) postprocess receives beside the "

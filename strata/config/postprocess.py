@@ -56,6 +56,22 @@ class RuleSpec(Strict):
         gt=0,
         description="This rule's limit; postprocess.rule_timeout_seconds when unset.",
     )
+    protects: bool = Field(
+        default=False,
+        description="The rule protects data (e.g. redaction), so it fails closed: if it "
+        "cannot finish (its time limit, or an earlier rule skipped) the request is refused "
+        "UNAVAILABLE, never answered without it. A protecting rule must be core.",
+    )
+
+    @model_validator(mode="after")
+    def _protecting_rules_are_core(self) -> RuleSpec:
+        if self.protects and not self.core:
+            raise ValueError(
+                "a protecting rule (protects: true; the default for replace and redact) must "
+                "be core: core_only and level 1 would skip it; set core: true, or protects: "
+                "false if its output may be left out"
+            )
+        return self
 
     @field_validator("when")
     @classmethod
@@ -208,6 +224,19 @@ class FilterSpec(RuleSpec):
     replacement: str | None = Field(
         default=None, description="What replace and redact put in; empty and *** when unset."
     )
+    protects: bool = Field(
+        default=False,
+        description="Fail closed (see the shared keys); unset, true for replace and redact "
+        "and false for flag.",
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _text_changes_protect(cls, data: object) -> object:
+        """A filter that changes the text (replace, redact) protects it unless told not to."""
+        if isinstance(data, dict) and "protects" not in data:
+            return {**data, "protects": data.get("action", "flag") != "flag"}
+        return data
 
     @model_validator(mode="after")
     def _flag_needs_output(self) -> FilterSpec:

@@ -455,8 +455,15 @@ def reloaded(system: Supervisor, change: Callable[[dict], None]) -> Iterator[Non
 
 
 def test_api_keys_are_required_once_configured(system: Supervisor) -> None:
-    keys = [{"client_id": "alice", "sha256": key_hash(KEY)}]
+    keys = [
+        {"client_id": "alice", "sha256": key_hash(KEY), "capabilities": ["force_arm"]},
+        {"client_id": "bob", "sha256": key_hash("bob-" + KEY)},
+    ]
     with reloaded(system, lambda raw: raw["gateway"].update(api_keys=keys)):
+        # body() forces an arm: a capability bob's key is not granted.
+        forcing = HTTP.post(
+            url(system, INFER), json=body(), headers={"x-api-key": "bob-" + KEY}, timeout=10
+        )
         refused = {
             "none": HTTP.post(url(system, INFER), json=body(), timeout=10),
             "wrong": HTTP.post(
@@ -470,6 +477,7 @@ def test_api_keys_are_required_once_configured(system: Supervisor) -> None:
         message = error_of(response, 401)
         assert "x-api-key" in message and "wrong-key" not in message, case
     assert keyed.status_code == 200, keyed.text
+    assert "'force_arm' capability" in error_of(forcing, 403)
     assert HTTP.post(url(system, INFER), json=body(), timeout=10).status_code == 200
 
 

@@ -46,7 +46,7 @@ TOY_PIPELINE = {
 @contextmanager
 def inference_server(folder: Path, models: list[str], **inference: Any) -> Iterator[Any]:
     """The inference service alone, on a free port, serving `models` from `folder/repo`;
-    model load and unload take TOKEN unless `admin_token` says otherwise."""
+    the repository API (index, load, unload) takes TOKEN unless `admin_token` says otherwise."""
     raw = {
         "services": {
             "gateway": endpoint(),
@@ -225,7 +225,7 @@ def test_a_swap_under_load_loses_nothing_and_changes_the_answers(tmp_path: Path)
         stop.set()
         for thread in threads:
             thread.join()
-        index = stub.RepositoryIndex(v2.RepositoryIndexRequest()).models
+        index = stub.RepositoryIndex(v2.RepositoryIndexRequest(), metadata=AUTH).models
     assert errors == []
     assert {version for _, version, _ in seen} == {"1", "2"}
     for start, version, y in seen:
@@ -260,8 +260,9 @@ def test_broken_versions_are_refused_while_the_old_keeps_serving(tmp_path: Path)
             stub.RepositoryModelLoad(override, metadata=AUTH)
         assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
         assert "['config'] are not supported" in info.value.details()
-        index = {m.version: m for m in stub.RepositoryIndex(v2.RepositoryIndexRequest()).models}
-        ready = stub.RepositoryIndex(v2.RepositoryIndexRequest(ready=True)).models
+        listed = stub.RepositoryIndex(v2.RepositoryIndexRequest(), metadata=AUTH).models
+        index = {m.version: m for m in listed}
+        ready = stub.RepositoryIndex(v2.RepositoryIndexRequest(ready=True), metadata=AUTH).models
 
         stub.RepositoryModelUnload(v2.RepositoryModelUnloadRequest(model_name="toy"), metadata=AUTH)
         unloaded = code_of(lambda: infer(stub, "toy", X))
@@ -273,14 +274,18 @@ def test_broken_versions_are_refused_while_the_old_keeps_serving(tmp_path: Path)
     assert unloaded == grpc.StatusCode.UNAVAILABLE and not not_ready
 
 
-def test_load_and_unload_need_the_token_and_readiness_follows_them(tmp_path: Path) -> None:
+def test_the_repository_api_needs_the_token_and_readiness_follows_it(tmp_path: Path) -> None:
     write_version(tmp_path / "repo", "toy", 1, dense(1), [X])
     unload = v2.RepositoryModelUnloadRequest(model_name="toy")
     load = v2.RepositoryModelLoadRequest(model_name="toy")
+    index = v2.RepositoryIndexRequest()
     wrong = (("authorization", "Bearer not-the-token"),)
     with inference_server(tmp_path, ["toy"]) as stub:
+        calls = ((stub.RepositoryModelUnload, unload), (stub.RepositoryIndex, index))
         refused = [
-            code_of(lambda m=m: stub.RepositoryModelUnload(unload, metadata=m)) for m in ((), wrong)
+            code_of(lambda m=m, call=call, request=request: call(request, metadata=m))
+            for call, request in calls
+            for m in ((), wrong)
         ]
         assert stub.ServerReady(v2.ServerReadyRequest()).ready
         stub.RepositoryModelUnload(unload, metadata=AUTH)
@@ -293,21 +298,23 @@ def test_load_and_unload_need_the_token_and_readiness_follows_them(tmp_path: Pat
         stub.RepositoryModelLoad(load, metadata=AUTH)
         back = stub.ServerReady(v2.ServerReadyRequest()).ready
         answer = infer(stub, "toy", X).model_version
-    assert refused == [grpc.StatusCode.UNAUTHENTICATED] * 2
+    assert refused == [grpc.StatusCode.UNAUTHENTICATED] * 4
     assert gone == (False, False)
     assert info.value.code() == grpc.StatusCode.UNAVAILABLE
     assert "not loaded" in info.value.details() and "another replica" in info.value.details()
     assert back and answer == "1"
 
 
-def test_without_a_token_load_and_unload_are_off(tmp_path: Path) -> None:
+def test_without_a_token_the_repository_api_is_off(tmp_path: Path) -> None:
     write_version(tmp_path / "repo", "toy", 1, dense(1), [X])
     with inference_server(tmp_path, ["toy"], admin_token=None) as stub:
         with pytest.raises(grpc.RpcError) as info:
             stub.RepositoryModelUnload(
                 v2.RepositoryModelUnloadRequest(model_name="toy"), metadata=AUTH
             )
+        listed = code_of(lambda: stub.RepositoryIndex(v2.RepositoryIndexRequest()))
         served = infer(stub, "toy", X).model_version
+    assert listed == grpc.StatusCode.PERMISSION_DENIED
     assert info.value.code() == grpc.StatusCode.PERMISSION_DENIED
     assert "inference.admin_token" in info.value.details() and TOKEN not in info.value.details()
     assert served == "1"

@@ -5,15 +5,18 @@ import numpy as np
 import pytest
 from prometheus_client import REGISTRY
 
+from services.gateway.admission import Admission
 from services.gateway.breaker import CircuitBreaker
 from services.gateway.cache import Cached, ResultCache, cache_key
+from services.gateway.caller import Caller
 from services.gateway.ladder import LadderController
 from services.gateway.limiter import RateLimiter
 from services.gateway.router import Router
 from strata import codec
-from strata.config.gateway import Breaker, Cache, Ladder, RateLimits, TokenBucket
+from strata.config.gateway import ApiKey, Breaker, Cache, Ladder, RateLimits, TokenBucket
 from strata.config.pipelines import Route, Shadow
-from strata.errors import InvalidArgument, Unavailable
+from strata.errors import InvalidArgument, PermissionDenied, Unavailable
+from strata.security import KeyRing, key_hash
 from strata.stack import Raw
 
 
@@ -82,6 +85,33 @@ def test_forced_arm_and_unknown_arm() -> None:
     assert router.choose("x", forced="b").arm == "b"
     with pytest.raises(InvalidArgument, match="no arm 'zz'"):
         router.choose("x", forced="zz")
+
+
+def forcing(*keys: tuple[str, list[str]]) -> Admission:
+    """An admission whose API keys are each (key, capabilities); none: the door is open."""
+    ring = KeyRing([ApiKey(client_id=k, sha256=key_hash(k), capabilities=c) for k, c in keys])
+    return Admission(RateLimiter(RateLimits()), ring)
+
+
+def sent(key: str | None = None) -> Caller:
+    return Caller({"x-api-key": key} if key else {}, "ipv4:127.0.0.1:5000", None)
+
+
+def test_forcing_an_arm_is_a_capability_of_keys() -> None:
+    router = Router("digits", routes(100, 0), None)
+    keyed = forcing(("ops", ["force_arm"]), ("app", []))
+    keyed.check_forced_arm(sent("ops"), router, "a")
+    keyed.check_forced_arm(sent("ops"), router, "b")  # rolled back: the capability may
+    for who in ("app", None):
+        with pytest.raises(PermissionDenied, match="granted the 'force_arm' capability"):
+            keyed.check_forced_arm(sent(who), router, "a")
+
+
+def test_with_the_door_open_only_a_weighted_arm_may_be_forced() -> None:
+    router = Router("digits", routes(100, 0), None)
+    forcing().check_forced_arm(sent(), router, "a")
+    with pytest.raises(PermissionDenied, match="arm 'b' has weight 0 \\(rolled back\\)"):
+        forcing().check_forced_arm(sent(), router, "b")
 
 
 def test_weights_change_and_bad_weights_are_refused() -> None:
@@ -187,6 +217,7 @@ def test_cache_key_depends_on_inputs_version_and_pipeline() -> None:
     assert key != cache_key("p", "a:1", raw("y", np.arange(4, dtype=np.float32)))
     assert key != cache_key("p", "a:1", raw("x", np.arange(4, dtype=np.float64)))
     assert key != cache_key("p", "a:1", raw("x", np.arange(4, dtype=np.float32).reshape(2, 2)))
+    assert key != cache_key("p", "a:1", x, "id:alice") != cache_key("p", "a:1", x, "id:bob")
 
 
 def test_breaker_opens_fails_fast_and_probes() -> None:

@@ -89,8 +89,30 @@ def test_a_bad_model_yaml_is_refused_naming_the_field(
     tmp_path: Path, manifest: dict, words: str
 ) -> None:
     write_manifest(tmp_path, "toy", manifest)
-    with pytest.raises(NotReady, match=words):
+    with pytest.raises(NotReady, match=words) as info:
         read_spec(tmp_path / "toy" / "model.yaml", settings())
+    assert "toy/model.yaml" in str(info.value) and str(tmp_path) not in str(info.value)
+
+
+def test_no_refusal_names_the_servers_path_to_the_repository(tmp_path: Path) -> None:
+    write_version(tmp_path, "ok", 1, dense(1), [X])
+    write_version(tmp_path, "toy", 1, dense(1), [X])
+    (tmp_path / "toy" / "1" / "model.onnx").write_bytes(b"not an onnx model")
+    write_version(tmp_path, "bare", 1, dense(1), [X])
+    (tmp_path / "bare" / "1" / "model.onnx").unlink()
+
+    async def body(manager: ModelManager) -> None:
+        refusals = []
+        for name in ("toy", "bare", "ghost"):
+            with pytest.raises((NotReady, NotFound)) as info:
+                await manager.load(name)
+            refusals.append(str(info.value))
+        refusals += [entry.reason for entry in manager.index()]
+        assert not [r for r in refusals if str(tmp_path) in r], refusals
+        assert "model.onnx is missing from bare/1" in refusals[1]
+        assert "no folder ghost/" in refusals[2]
+
+    with_manager(tmp_path, body, models=["ok"])
 
 
 def test_loads_serve_the_latest_and_pick_up_a_new_version(tmp_path: Path) -> None:

@@ -22,7 +22,7 @@ from services.postprocess.rules.base import Misconfigured
 from strata.codec import Arrays
 from strata.config.pipelines import Pipeline
 from strata.config.postprocess import PostprocessSettings, Rule, RuleSpec, SoftmaxRule
-from strata.errors import InvalidArgument, NotFound
+from strata.errors import InvalidArgument, NotFound, Unavailable
 
 LIMIT = 0.2
 MARGIN = 0.15
@@ -356,3 +356,42 @@ def test_a_cancelled_request_stops_at_the_next_rule() -> None:
     assert FINISHED.wait(2)
     time.sleep(0.05)
     assert not CALLS  # the rule after the cancelled one never ran
+
+
+# protecting rules fail closed
+
+EMAIL = {
+    **{"kind": "regex_filter", "name": "redact_email", "input": "text", "action": "redact"},
+    **{"pattern": r"[\w.+-]+@[\w-]+\.[\w.]+", "timeout_seconds": 0.05},
+}
+
+
+def test_a_protecting_rule_over_its_limit_refuses_the_answer() -> None:
+    engine = engine_for(EMAIL, outputs=("text",))
+    text = ("lorem ipsum " * 300_000 + "write to someone@example.com").encode()  # 3.6 MB
+    with pytest.raises(Unavailable, match=r"withheld.*'redact_email' \(0.05s\)"):
+        run(engine, tensors={"text": np.array([text], dtype=object)})
+    short = np.array([b"write to someone@example.com"], dtype=object)
+    assert run(engine, tensors={"text": short})[0]["text"].tolist() == [b"write to ***"]
+
+
+def test_a_protecting_rule_skipped_for_a_skipped_input_refuses_but_when_may_pass_it() -> None:
+    sleepy = sleep(2, output="text", protects=False)
+    redact = {**EMAIL, "input": "text", "timeout_seconds": 1.0}
+    with pytest.raises(Unavailable, match="redact_email"):
+        run(engine_for(sleepy, redact, outputs=("text",)))
+    protected = {**sleep(2, output="slept", protects=True)}
+    with pytest.raises(Unavailable, match="test_sleep"):
+        run(engine_for(protected, SOFTMAX, outputs=("probabilities", "slept")))
+    asked = {**protected, "when": {"parameter": "careful"}}
+    _, info = run(engine_for(asked, SOFTMAX, outputs=("probabilities", "slept")))
+    assert info == {"skipped_rules": "test_sleep"}, "its `when` did not hold: by choice"
+
+
+def test_redaction_protects_by_default_and_a_protecting_rule_must_be_core() -> None:
+    built = engine_for(EMAIL, {**EMAIL, "name": "flag", "action": "flag", "output": "f"})
+    assert [r.protects for r in built.get("p").rules] == [True, False]
+    with pytest.raises(ValidationError, match=r"a protecting rule .* must be core"):
+        engine_for({**EMAIL, "core": False})
+    unprotected = engine_for({**EMAIL, "core": False, "protects": False})
+    assert not unprotected.get("p").rules[0].protects

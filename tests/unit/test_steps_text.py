@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import numpy as np
@@ -10,6 +11,7 @@ from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processor
 
 from services.preprocess.steps import StepError
 from services.preprocess.steps import build_step_options as build
+from services.preprocess.steps.text import BYTES_PER_TOKEN
 
 VOCAB = {"[PAD]": 0, "[UNK]": 1, "[CLS]": 2, "[SEP]": 3, "hello": 4, "world": 5, "the": 6, "cat": 7}
 
@@ -173,3 +175,22 @@ def test_tokenize_refuses_a_corrupt_tokenizer_file(tmp_path: Path) -> None:
     (tmp_path / "tokenizer.json").write_text("{not json")
     with pytest.raises(ValueError, match="cannot load tokenizer"):
         tokenize(tmp_path, max_length=4)
+
+
+def test_tokenize_reads_only_what_max_length_tokens_can_take(tokenizer_dir: Path) -> None:
+    step = tokenize(tokenizer_dir, max_length=4)
+    limit = 4 * BYTES_PER_TOKEN
+    # Cut inside a 2-byte character: the cut backs off to its start, never invalid UTF-8.
+    text = b"x" + "é".encode() * limit
+    assert step._texts({"text": texts(text)}, "text") == [text[: limit - 1].decode()]
+    huge = b"hello world " * (1 << 20)  # 12 MiB: seconds to encode whole
+    started = time.perf_counter()
+    out = step.process({"text": texts(huge)})
+    assert out["input_ids"].tolist() == [[2, 4, 5, 3]]
+    assert time.perf_counter() - started < 0.5, "encoding must not read the whole text"
+
+
+def test_tokenize_without_truncation_refuses_texts_past_the_byte_bound(tokenizer_dir: Path) -> None:
+    step = tokenize(tokenizer_dir, max_length=4, truncation=False)
+    with pytest.raises(StepError, match=r"element 0 is 257 bytes long, more than max_length 4"):
+        step.process({"text": texts(b" " * 256 + b"x")})

@@ -3,6 +3,8 @@ recorded, else a non-recording span that still carries the caller's trace."""
 
 import pytest
 from opentelemetry import trace
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from strata import telemetry
 
@@ -16,8 +18,9 @@ def parent(flags: str) -> dict[str, str]:
 @pytest.fixture
 def sampling(monkeypatch: pytest.MonkeyPatch):
     monkeypatch.delenv("OTEL_TRACES_SAMPLER", raising=False)
+    kept = InMemorySpanExporter()
 
-    def install(endpoint: str | None) -> None:
+    def install(endpoint: str | None, ratio: float = 1.0, trust_callers: bool = True) -> None:
         if endpoint:
             monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint)
         else:
@@ -25,7 +28,10 @@ def sampling(monkeypatch: pytest.MonkeyPatch):
         # setup_tracing installs the global provider once per process; only the policy it
         # records is under test here.
         monkeypatch.setattr(trace, "set_tracer_provider", lambda provider: None)
-        telemetry.setup_tracing("test")
+        # Spans that record are kept in memory, not sent to the endpoint.
+        monkeypatch.setattr(telemetry, "BatchSpanProcessor", lambda _: SimpleSpanProcessor(kept))
+        provider = telemetry.setup_tracing("test", None, ratio, trust_callers)
+        monkeypatch.setattr(telemetry, "_server_tracer", provider.get_tracer("test"))
 
     yield install
     monkeypatch.setattr(telemetry, "_sampling", "sdk")
@@ -51,4 +57,24 @@ def test_with_an_exporter_an_unsampled_caller_stays_unsampled_cheaply(sampling) 
     with telemetry.server_span("/svc/Method", parent("00")) as span:
         assert isinstance(span, trace.NonRecordingSpan)
         assert format(span.get_span_context().trace_id, "032x") == TRACE_ID
+    assert telemetry._sampling == "parent"
+
+
+@pytest.mark.parametrize("flags", ["01", "00"])
+def test_a_public_servers_callers_cannot_choose_sampling(sampling, flags: str) -> None:
+    sampling("http://127.0.0.1:4317", ratio=0.0, trust_callers=False)
+    with telemetry.server_span("/svc/Method", parent(flags)) as span:
+        assert not span.is_recording(), "ratio 0 samples nothing, whatever the client says"
+        assert format(span.get_span_context().trace_id, "032x") == TRACE_ID
+    sampling("http://127.0.0.1:4317", ratio=1.0, trust_callers=False)
+    with telemetry.server_span("/svc/Method", parent(flags)) as span:
+        assert span.is_recording(), "the ratio decides, also against an unsampled flag"
+        with telemetry.outgoing("/next/Hop") as metadata:
+            assert dict(metadata)["traceparent"].endswith("-01"), "the decision propagates"
+
+
+def test_a_trusted_callers_sampled_trace_is_kept_whatever_the_ratio(sampling) -> None:
+    sampling("http://127.0.0.1:4317", ratio=0.0)
+    with telemetry.server_span("/svc/Method", parent("01")) as span:
+        assert span.is_recording()
     assert telemetry._sampling == "parent"

@@ -20,7 +20,7 @@ from services.gateway.rest import openapi, tensors
 from services.gateway.rest.scan import check_json
 from services.gateway.rest.statuses import JSON, TooLarge, error_response, json_response
 from strata.config.gateway import Rest
-from strata.errors import InvalidArgument
+from strata.errors import InvalidArgument, shown
 from strata.metrics import RPC_DURATION, RPCS
 from strata.telemetry import server_span
 
@@ -58,7 +58,7 @@ def build_app(pipelines: Pipelines, limits: Rest) -> Starlette:
 
 async def _no_route(request: Request, exc: HTTPException) -> Response:
     """A path or method the API does not have, answered as the protocol's error."""
-    message = f"{request.method} {request.url.path}: {exc.detail}"
+    message = f"{request.method} {shown(request.url.path)}: {exc.detail}"
     return json_response({"error": message}, exc.status_code, exc.headers)
 
 

@@ -15,6 +15,7 @@ DATATYPES = [
 _ERRORS = {
     "400": "Malformed request, or a pipeline that cannot answer it as sent.",
     "401": "No valid API key, where keys are required.",
+    "403": "Not allowed: forcing an arm (strata.arm) without the force_arm capability.",
     "404": "No such model (pipeline) or version.",
     "413": "The body is larger than gateway.rest.max_body_bytes.",
     "429": "Rate limit or overload: retry after Retry-After seconds (retry-after-ms).",
@@ -114,7 +115,7 @@ def _model_paths(pipelines: list[str], versioned: bool) -> dict[str, Any]:
                     "application/octet-stream": {},
                 },
             },
-            **_errors("400", "401", "404", "413", "429", "500", "503", "504"),
+            **_errors("400", "401", "403", "404", "413", "429", "500", "503", "504"),
         },
     }
     return {

@@ -17,7 +17,7 @@ import numpy as np
 import orjson
 
 from strata import codec
-from strata.errors import InvalidArgument
+from strata.errors import InvalidArgument, shown
 from strata.limits import check_declared
 from strata.proto.inference import grpc_service_pb2 as v2
 
@@ -95,7 +95,7 @@ def _add_input(request: v2.ModelInferRequest, item: Any, binary: bytes, offset: 
     if not isinstance(item, dict):
         raise InvalidArgument("each of `inputs` must be an object: name, datatype, shape, data")
     name = _string(item, "name", "an input", required=True)
-    where = f"input {name!r}"
+    where = f"input {shown(name)}"
     datatype = _string(item, "datatype", where, required=True)
     shape = _shape(item.get("shape"), where)
     size = _object(item, "parameters", where).get(BINARY_SIZE)
@@ -120,20 +120,22 @@ def _json_tensor(name: str, datatype: str, shape: list[int], data: Any) -> bytes
     """A tensor's JSON `data` as the raw bytes gRPC would carry."""
     count = check_declared(name, datatype, shape, None)
     if not isinstance(data, list):
-        raise InvalidArgument(f"input {name!r} needs `data`, a list of values (or binary data)")
+        raise InvalidArgument(
+            f"input {shown(name)} needs `data`, a list of values (or binary data)"
+        )
     try:  # as Python objects, so no value is converted before its type is checked
         values = np.array(data, dtype=object).reshape(-1).tolist()
     except ValueError:
         values = [data]  # ragged in a way numpy refuses outright: a list among values
     kinds = set(map(type, values))
     if list in kinds:
-        raise InvalidArgument(f"input {name!r}: `data` must be nested evenly, or flat")
+        raise InvalidArgument(f"input {shown(name)}: `data` must be nested evenly, or flat")
     if len(values) != count:
         raise InvalidArgument(
-            f"input {name!r}: shape {shape} needs {count} values, got {len(values)} in `data`"
+            f"input {shown(name)}: shape {shape} needs {count} values, got {len(values)} in `data`"
         )
     if not kinds <= _JSON_TYPES[codec.DTYPES[datatype].kind]:
-        raise InvalidArgument(f"input {name!r}: `data` holds a value that is not {datatype}")
+        raise InvalidArgument(f"input {shown(name)}: `data` holds a value that is not {datatype}")
     if datatype == "BYTES":
         return codec.encode_bytes(values)
     return _numbers(values, name, datatype).tobytes()
@@ -148,7 +150,7 @@ def _numbers(values: list, name: str, datatype: str) -> np.ndarray:
     except OverflowError:  # an integer outside the datatype's range
         converted = None
     if converted is None or (dtype.kind == "f" and not np.isfinite(converted).all()):
-        raise InvalidArgument(f"input {name!r}: a value is out of range for {datatype}")
+        raise InvalidArgument(f"input {shown(name)}: a value is out of range for {datatype}")
     return converted
 
 
@@ -163,10 +165,10 @@ def _add_outputs(request: v2.ModelInferRequest, outputs: Any) -> dict[str, bool]
         if not isinstance(item, dict):
             raise InvalidArgument("each of `outputs` must be an object with a name")
         name = _string(item, "name", "an output", required=True)
-        parameters = _object(item, "parameters", f"output {name!r}")
+        parameters = _object(item, "parameters", f"output {shown(name)}")
         if "classification" in parameters:
             raise InvalidArgument(
-                f"output {name!r}: the classification extension is not supported; "
+                f"output {shown(name)}: the classification extension is not supported; "
                 "pipelines return labels as outputs of their own"
             )
         request.outputs.add(name=name)
@@ -215,10 +217,10 @@ def _set_parameters(target: Any, parameters: Mapping[str, Any], where: str) -> N
             try:
                 setattr(target[key], field, value)
             except ValueError:  # an integer beyond int64
-                raise InvalidArgument(f"{where}: parameter {key!r} is out of range") from None
+                raise InvalidArgument(f"{where}: parameter {shown(key)} is out of range") from None
         else:
             raise InvalidArgument(
-                f"{where}: parameter {key!r} must be a string, a number or a boolean"
+                f"{where}: parameter {shown(key)} must be a string, a number or a boolean"
             )
 
 

@@ -1,6 +1,8 @@
 """Text steps: normalise strings, and tokenise them with a `tokenizer.json`.
 
 Both take BYTES tensors of shape [batch] or [batch, 1] whose elements must be UTF-8.
+Tokenising reads at most `max_length` * BYTES_PER_TOKEN bytes of each text, so what a text
+costs is bounded by the step's maximum length, never by what the client sent.
 """
 
 from __future__ import annotations
@@ -16,6 +18,11 @@ from tokenizers import Encoding, Tokenizer
 from services.preprocess.steps.base import STEPS, StepError, resolve, strings
 from strata.codec import Arrays, utf8
 from strata.config.preprocess import NormalizeTextStep, TokenizeStep
+
+# A generous bound on the UTF-8 bytes one token covers, spaces around it included: subword
+# tokens are a few characters, a word no vocabulary splits is one unknown token, and every
+# character is at most 4 bytes. Text past max_length tokens' worth is never read.
+BYTES_PER_TOKEN = 64
 
 
 @dataclass
@@ -50,7 +57,9 @@ class Tokenize:
     """Token ids, attention mask and token type ids (INT64 [batch, length]) for each string.
 
     Truncation and padding are set once on the tokenizer when the step is built, so requests
-    only encode. Without truncation, a text longer than `max_length` tokens is refused.
+    only encode. Each text is first cut to `max_length` * BYTES_PER_TOKEN bytes (at a
+    character boundary), so encoding costs what `max_length` allows. Without truncation, a
+    text longer than `max_length` tokens, or than that many bytes, is refused.
     """
 
     input: str
@@ -89,8 +98,28 @@ class Tokenize:
         return rest
 
     def _texts(self, tensors: Arrays, name: str) -> list[str]:
+        """Each text of `name`, cut to the bytes `max_length` tokens could take."""
         flat = strings(tensors, name, self.name)
-        return [utf8(item, f"input {name!r}", index, StepError) for index, item in enumerate(flat)]
+        limit = self.max_length * BYTES_PER_TOKEN
+        return [
+            utf8(self._cut(item, limit, name, index), f"input {name!r}", index, StepError)
+            for index, item in enumerate(flat)
+        ]
+
+    def _cut(self, item: object, limit: int, name: str, index: int) -> object:
+        """`item`'s first `limit` bytes, ending on a whole UTF-8 character; without
+        truncation, a longer item is refused instead."""
+        if not isinstance(item, bytes | bytearray) or len(item) <= limit:
+            return item
+        if not self.truncation:
+            raise StepError(
+                f"input {name!r}: element {index} is {len(item)} bytes long, more than "
+                f"max_length {self.max_length} tokens can take ({limit} bytes)"
+            )
+        end = limit
+        while end > 0 and item[end] & 0xC0 == 0x80:  # a continuation byte: back to its start
+            end -= 1
+        return bytes(item[:end])
 
     def _check_lengths(self, encodings: list[Encoding]) -> None:
         for index, encoding in enumerate(encodings):
