@@ -16,7 +16,8 @@ import sys
 import time
 import types
 from collections.abc import Iterator, Mapping, Sequence
-from contextlib import AbstractContextManager, contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
+from typing import Any
 
 import grpc
 from google.protobuf import descriptor_pool
@@ -154,6 +155,16 @@ def server_span(name: str, carrier: Mapping[str, str]) -> AbstractContextManager
         )
     span = NonRecordingSpan(_unsampled_context(traceparent))
     return trace.use_span(span, end_on_exit=False)
+
+
+def child_span(
+    tracer: trace.Tracer, name: str, attributes: Mapping[str, Any]
+) -> AbstractContextManager[trace.Span]:
+    """A span under the current one where that one is recorded; where it is not, none is made
+    at all (starting even a non-recording span costs about as much as a small step)."""
+    if not trace.get_current_span().is_recording():
+        return nullcontext(trace.INVALID_SPAN)
+    return tracer.start_as_current_span(name, attributes=attributes)
 
 
 def _unsampled_context(traceparent: str) -> SpanContext:

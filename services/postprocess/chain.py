@@ -21,7 +21,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from services.postprocess.rules import Rule, build_rule
+from services.postprocess.rules import Rule, build_rule, is_bounded
 from strata.codec import Arrays
 from strata.config.pipelines import Pipeline
 from strata.config.postprocess import PostprocessSettings, RuleSpec
@@ -83,6 +83,7 @@ class RuleChain:
         # Shortest limit from each position on: the soonest any later rule can overrun.
         limits = [rule.timeout for rule in self.rules]
         self.shortest_from = [min(limits[i:]) for i in range(len(limits))]
+        self.bounded = all(is_bounded(rule.rule) for rule in self.rules)
 
 
 def build_chain(

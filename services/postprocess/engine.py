@@ -1,7 +1,9 @@
 """The rule engine: each request's rule chain on a bounded thread pool, under time limits.
 
 A request's rules run one after another on one worker thread, so a request costs a single
-hand-off to the pool, and requests never wait for each other's rules. A flight (several
+hand-off to the pool, and requests never wait for each other's rules. A chain of bounded
+rules (rules/base.py) over at most `inline_max_bytes` runs on the event loop instead: it
+cannot block, and the hand-off would cost more than the rules. A flight (several
 client requests stacked, see strata.process) is one request here: its chain runs once, each
 rule once over all its rows, and a rule's time limit applies to that one run. The event loop sleeps
 until the running rule's limit; a rule still running then is abandoned: it is skipped,
@@ -31,7 +33,7 @@ from services.postprocess.rules import RuleContext
 from strata.codec import Arrays
 from strata.config.postprocess import PostprocessSettings
 from strata.errors import InvalidArgument, NotFound, Unavailable, shown
-from strata.telemetry import annotate
+from strata.telemetry import annotate, child_span
 
 log = logging.getLogger(__name__)
 TRACER = trace.get_tracer("strata.postprocess")
@@ -85,12 +87,20 @@ class RuleEngine:
         """One request (or flight) through its pipeline's rules: outputs, and caller info."""
         chain = self.get(pipeline)
         state = Pass(chain, tensors, parameters, core_only(parameters))
-        if chain.rules:
+        if chain.rules and self._inline(chain, tensors):
+            self._work(state, state.generation)
+        elif chain.rules:
             while not await self._advance(state):
                 pass
         self._report(state)
         _refuse_unprotected(state)
         return state.outputs(), state.info()
+
+    def _inline(self, chain: RuleChain, tensors: Arrays) -> bool:
+        """Whether the chain runs here, on the event loop: bounded rules, a small input."""
+        if not chain.bounded:
+            return False
+        return sum(array.nbytes for array in tensors.values()) <= self._settings.inline_max_bytes
 
     async def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
@@ -124,7 +134,7 @@ class RuleEngine:
             index, entry, tensors, deadline = claimed
             started = time.perf_counter()
             attributes = {"strata.pipeline": state.chain.name, "strata.rule": entry.name}
-            with TRACER.start_as_current_span(f"rule {entry.name}", attributes=attributes):
+            with child_span(TRACER, f"rule {entry.name}", attributes):
                 try:
                     result = entry.rule.apply(tensors, RuleContext(deadline))
                 except TimeoutError:

@@ -14,7 +14,7 @@ from services.preprocess.steps.validate import Validate
 from strata.codec import Arrays
 from strata.config.pipelines import Pipeline
 from strata.errors import NotFound
-from strata.telemetry import shapes
+from strata.telemetry import child_span, shapes
 
 TRACER = trace.get_tracer("strata.preprocess")
 
@@ -31,12 +31,13 @@ class PreprocessPipeline:
         for label, step in self.steps:
             start = time.perf_counter()
             attributes = {"strata.pipeline": self.name, "strata.step": label}
-            with TRACER.start_as_current_span(f"step {label}", attributes=attributes) as span:
+            with child_span(TRACER, f"step {label}", attributes) as span:
                 try:
                     tensors = step.process(tensors)
                 finally:
                     self.timings.record(self.name, label, time.perf_counter() - start)
-                span.set_attribute("strata.output_shapes", shapes(tensors))
+                if span.is_recording():
+                    span.set_attribute("strata.output_shapes", shapes(tensors))
         return tensors
 
 

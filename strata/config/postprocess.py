@@ -32,6 +32,13 @@ class PostprocessSettings(Strict):
         ge=0,
         description="Extra threads that abandoned (overrunning) rules may hold until they end.",
     )
+    inline_max_bytes: int = Field(
+        default=16384,
+        ge=0,
+        description="A chain of bounded rules (built-in numeric ones; never a filter or a "
+        "plugin) over at most this many bytes of tensors runs on the event loop: the hand-off "
+        "to a thread would cost more than the rules. 0: always on a thread.",
+    )
 
 
 class RuleSpec(Strict):

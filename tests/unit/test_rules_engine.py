@@ -395,3 +395,26 @@ def test_redaction_protects_by_default_and_a_protecting_rule_must_be_core() -> N
         engine_for({**EMAIL, "core": False})
     unprotected = engine_for({**EMAIL, "core": False, "protects": False})
     assert not unprotected.get("p").rules[0].protects
+
+
+# where a chain runs
+
+
+@pytest.mark.parametrize(
+    ("rules", "inline_max_bytes", "on_the_loop"),
+    [
+        ((SOFTMAX, TOPK, LABELS), 16384, True),  # bounded rules, a small input
+        ((SOFTMAX, TOPK, LABELS), 4, False),  # the input is over the bound
+        ((SOFTMAX, {"kind": "test_record", "input": "logits"}), 16384, False),  # not bounded
+    ],
+)
+def test_a_small_chain_of_bounded_rules_runs_on_the_event_loop(
+    rules: tuple, inline_max_bytes: int, on_the_loop: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    engine = engine_for(*rules, outputs=("probabilities",), inline_max_bytes=inline_max_bytes)
+    handed_off = []
+    submit = engine._pool.submit
+    monkeypatch.setattr(engine._pool, "submit", lambda *a: handed_off.append(1) or submit(*a))
+    outputs, _ = run(engine)
+    np.testing.assert_allclose(outputs["probabilities"].sum(), 1.0, rtol=1e-6)
+    assert (not handed_off) == on_the_loop

@@ -2,9 +2,17 @@
 
 # Importing each module registers its rules.
 from services.postprocess.rules import classify, embed, filters, format  # noqa: F401
-from services.postprocess.rules.base import RULES, Rule, RuleContext, RuleTimeout
+from services.postprocess.rules.base import RULES, Rule, RuleContext, RuleTimeout, is_bounded
 
 build_rule = RULES.build
 build_rule_options = RULES.build_options
 
-__all__ = ["RULES", "Rule", "RuleContext", "RuleTimeout", "build_rule", "build_rule_options"]
+__all__ = [
+    "RULES",
+    "Rule",
+    "RuleContext",
+    "RuleTimeout",
+    "build_rule",
+    "build_rule_options",
+    "is_bounded",
+]

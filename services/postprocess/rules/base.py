@@ -60,7 +60,13 @@ class RuleContext:
 
 
 class Rule(Protocol):
-    """One postprocess rule."""
+    """One postprocess rule.
+
+    A rule may also set the class attribute `bounded = True`: its cost follows its input's
+    size and it can neither block nor run away (no I/O, no regex, no user callback). A chain
+    of bounded rules over a small input then runs on the event loop, without the hand-off to
+    a worker thread, which would cost more than the rules (see `is_bounded`).
+    """
 
     name: str
 
@@ -72,6 +78,11 @@ class Rule(Protocol):
     def apply(self, tensors: Arrays, context: RuleContext) -> Arrays:
         """Return the tensors after this rule, leaving the given arrays untouched."""
         ...
+
+
+def is_bounded(rule: Rule) -> bool:
+    """Whether `rule` declares itself bounded (absent: it is not)."""
+    return bool(getattr(rule, "bounded", False))
 
 
 RULES: Registry[RuleSpec, Rule] = Registry("postprocess rule", options.Rule)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import ClassVar
 
 import numpy as np
 
@@ -51,6 +52,8 @@ def sigmoid(values: np.ndarray) -> np.ndarray:
 
 @dataclass
 class Softmax:
+    bounded: ClassVar[bool] = True
+
     input: str
     output: str
     name: str = "softmax"
@@ -65,6 +68,8 @@ class Softmax:
 
 @dataclass
 class Sigmoid:
+    bounded: ClassVar[bool] = True
+
     input: str
     output: str
     name: str = "sigmoid"
@@ -80,6 +85,8 @@ class Sigmoid:
 @dataclass
 class Threshold:
     """BOOL: score >= threshold (one for all, or one per class on the last axis); NaN is False."""
+
+    bounded: ClassVar[bool] = True
 
     input: str
     output: str
@@ -103,6 +110,8 @@ class Threshold:
 @dataclass
 class Sort:
     """Scores ordered along the last axis, with their class indices (INT64); NaN goes last."""
+
+    bounded: ClassVar[bool] = True
 
     input: str
     values: str
@@ -129,6 +138,8 @@ class Sort:
 @dataclass
 class Labels:
     """Class indices to label names (BYTES, same shape)."""
+
+    bounded: ClassVar[bool] = True
 
     input: str
     output: str

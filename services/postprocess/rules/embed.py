@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar
 
 import numpy as np
 
@@ -30,6 +31,8 @@ def l2_normalize(vectors: np.ndarray) -> np.ndarray:
 @dataclass
 class MeanPool:
     """Token embeddings [batch, tokens, dim] to [batch, dim], averaging unmasked tokens."""
+
+    bounded: ClassVar[bool] = True
 
     input: str
     output: str
@@ -68,6 +71,8 @@ class MeanPool:
 
 @dataclass
 class L2Normalize:
+    bounded: ClassVar[bool] = True
+
     input: str
     output: str
     name: str = "l2_normalize"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -50,14 +51,21 @@ def _nearest_matrix(out_size: int, in_size: int) -> np.ndarray:
 INTERPOLATIONS = {"area": _area_matrix, "bilinear": _linear_matrix, "nearest": _nearest_matrix}
 
 
+@functools.lru_cache(maxsize=256)
+def _weights(interpolation: str, out_size: int, in_size: int) -> np.ndarray:
+    """The weights for one size pair, made once (read-only: every call shares them)."""
+    weights = INTERPOLATIONS[interpolation](out_size, in_size)
+    weights.setflags(write=False)
+    return weights
+
+
 def resize_images(images: np.ndarray, height: int, width: int, interpolation: str) -> np.ndarray:
     """Resize [batch, H, W] or [batch, H, W, C] images to float32 [batch, height, width(, C)].
 
     Separable interpolation as two matrix products over the whole batch at once.
     """
-    make = INTERPOLATIONS[interpolation]
-    rows = make(height, images.shape[1])
-    cols = make(width, images.shape[2])
+    rows = _weights(interpolation, height, images.shape[1])
+    cols = _weights(interpolation, width, images.shape[2])
     data = images.astype(np.float64)
     out = np.einsum("oh,bhw...->bow...", rows, data)
     out = np.einsum("pw,bow...->bop...", cols, out)
