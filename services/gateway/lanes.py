@@ -28,7 +28,7 @@ import contextlib
 import itertools
 import logging
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -52,8 +52,9 @@ class StreamMethod:
     """How one protocol's calls travel as stream messages."""
 
     open: Callable[[], grpc.aio.StreamStreamCall]
-    # The request as the stream carries it, with its tag and its timeout (seconds).
-    tag: Callable[[Any, int, float], Any]
+    # The request as the stream carries it, with its tag, its timeout (seconds) and the
+    # metadata a unary call would send (its trace context goes into the message).
+    tag: Callable[[Any, int, float, Sequence[tuple[str, str]]], Any]
     tag_of: Callable[[Any], int | None]
     # The reply a unary call would have returned, or the AioRpcError it would have raised.
     result: Callable[[Any], Any]
@@ -77,14 +78,14 @@ class Lane:
         self._reader = asyncio.get_running_loop().create_task(self._read())
         self._closing: asyncio.Task | None = None
 
-    async def send(self, request: Any, timeout: float) -> Any:
+    async def send(self, request: Any, timeout: float, metadata: Sequence = ()) -> Any:
         """The reply to `request`, within `timeout` seconds."""
         tag = next(_TAGS)
         answer = asyncio.get_running_loop().create_future()
         self.owed[tag] = answer
         try:
             async with asyncio.timeout(timeout):
-                await self._write(self._method.tag(request, tag, timeout))
+                await self._write(self._method.tag(request, tag, timeout, metadata))
                 reply = await answer
         except TimeoutError:
             raise rpc_error(grpc.StatusCode.DEADLINE_EXCEEDED, "no answer in time") from None
@@ -150,12 +151,14 @@ class Lanes:
         self._lanes: list[Lane | None] = [None] * count
         self.usable = count > 0
 
-    async def call(self, request: Any, timeout: float, cancel_on_timeout: bool) -> Any:
+    async def call(
+        self, request: Any, timeout: float, cancel_on_timeout: bool, metadata: Sequence = ()
+    ) -> Any:
         """The reply to `request` over a lane. LaneBroken: send it some other way;
         `cancel_on_timeout`: a missed timeout condemns the lane (the hop's own timeout)."""
         lane = self._pick()
         try:
-            return await lane.send(request, timeout)
+            return await lane.send(request, timeout, metadata)
         except LaneBroken as exc:
             if exc.code == grpc.StatusCode.UNIMPLEMENTED and self.usable:
                 self.usable = False

@@ -12,10 +12,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import grpc
-from opentelemetry import propagate
 
 from services.gateway.lanes import StreamMethod, rpc_error
 from strata.flight import TRACE_CONTEXT, is_flight
@@ -24,6 +24,8 @@ from strata.proto.v1 import tensor_pb2 as v1
 
 # v2's own per-request time budget in microseconds (Triton's too).
 TIMEOUT = "timeout"
+TRACE_KEYS = ("traceparent", "tracestate")
+Metadata = Sequence[tuple[str, str]]
 _CODES = {code.value[0]: code for code in grpc.StatusCode}
 _NAMES = {code.name: code for code in grpc.StatusCode}
 
@@ -36,9 +38,13 @@ def infer_stream(stub: Any) -> StreamMethod:
     return StreamMethod(stub.ModelStreamInfer, _tag_infer, _infer_tag, _infer_result)
 
 
-def _tag_process(request: v1.ProcessRequest, tag: int, timeout: float) -> v1.ProcessRequest:
+def _tag_process(
+    request: v1.ProcessRequest, tag: int, timeout: float, metadata: Metadata
+) -> v1.ProcessRequest:
     request.tag = tag
-    propagate.inject(request.trace_context)
+    for key, value in metadata:
+        if key in TRACE_KEYS:
+            request.trace_context[key] = value
     return request
 
 
@@ -53,11 +59,12 @@ def _process_result(reply: v1.ProcessResponse) -> v1.ProcessResponse:
     return reply
 
 
-def _tag_infer(request: v2.ModelInferRequest, tag: int, timeout: float) -> v2.ModelInferRequest:
+def _tag_infer(
+    request: v2.ModelInferRequest, tag: int, timeout: float, metadata: Metadata
+) -> v2.ModelInferRequest:
     parameters = request.parameters
-    carrier: dict[str, str] = {}
-    propagate.inject(carrier)
-    parameters[TRACE_CONTEXT].string_param = carrier.get("traceparent", "")
+    traceparent = next((value for key, value in metadata if key == "traceparent"), "")
+    parameters[TRACE_CONTEXT].string_param = traceparent
     if not is_flight(parameters):
         parameters[TIMEOUT].int64_param = max(1, int(timeout * 1e6))
     request.id = f"{tag}#{request.id}"

@@ -159,7 +159,7 @@ class Hop:
         if lanes is not None and lanes.usable:
             started = time.monotonic()
             try:
-                return await lanes.call(request, timeout, cancel_on_timeout=hop_bound)
+                return await lanes.call(request, timeout, hop_bound, metadata)
             except LaneBroken:
                 pass
             except grpc.aio.AioRpcError as exc:
