@@ -8,14 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
-from services.postprocess.rules.base import (
-    RULES,
-    Misconfigured,
-    RuleContext,
-    load_list,
-    numbers,
-    take,
-)
+from services.postprocess.rules.base import RULES, Misconfigured, load_list
 from strata.codec import Arrays
 from strata.config.postprocess import (
     LabelsRule,
@@ -26,6 +19,7 @@ from strata.config.postprocess import (
     TopkRule,
 )
 from strata.errors import InvalidArgument
+from strata.plugins import RuleContext, numbers, take
 
 
 def softmax(logits: np.ndarray, axis: int = -1) -> np.ndarray:
