@@ -20,7 +20,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
-from typing import Any, Generic, Protocol, TypeVar, runtime_checkable
+from typing import Any, Generic, NoReturn, Protocol, TypeVar, runtime_checkable
 
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
@@ -133,7 +133,7 @@ class Family:
         return _guarded_import(point.value, point.load)
 
     @staticmethod
-    def _refuse(message: str) -> None:
+    def _refuse(message: str) -> NoReturn:
         raise PluginError([(("kind",), message)])
 
 
