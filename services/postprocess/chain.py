@@ -25,7 +25,7 @@ from services.postprocess.rules import Rule, build_rule, is_bounded
 from strata.codec import Arrays
 from strata.config.pipelines import Pipeline
 from strata.config.postprocess import PostprocessSettings, RuleSpec
-from strata.stages import take
+from strata.plugins import take
 
 
 @dataclass(frozen=True)
