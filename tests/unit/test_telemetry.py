@@ -29,7 +29,9 @@ def sampling(monkeypatch: pytest.MonkeyPatch):
         # records is under test here.
         monkeypatch.setattr(trace, "set_tracer_provider", lambda provider: None)
         # Spans that record are kept in memory, not sent to the endpoint.
-        monkeypatch.setattr(telemetry, "BatchSpanProcessor", lambda _: SimpleSpanProcessor(kept))
+        monkeypatch.setattr(
+            telemetry, "BatchSpanProcessor", lambda _, **batching: SimpleSpanProcessor(kept)
+        )
         provider = telemetry.setup_tracing("test", None, ratio, trust_callers)
         monkeypatch.setattr(telemetry, "_server_tracer", provider.get_tracer("test"))
 
