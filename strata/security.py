@@ -16,18 +16,17 @@ Plaintext only when the config says so, for local development.
 from __future__ import annotations
 
 import hashlib
-import inspect
 import logging
 import secrets
 import sys
-import types
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 
 import grpc
-from google.protobuf import descriptor_pool
 
 from strata.config.gateway import ApiKey
 from strata.config.tls import CA, CERT, GATEWAY, KEY, TlsSettings, public_identity
+from strata.door import around_methods
 
 log = logging.getLogger(__name__)
 
@@ -87,41 +86,16 @@ def caller_guard(tls: TlsSettings, identity: str, public: bool) -> Guard:
     allowed = frozenset(spiffe_id(name).encode() for name in names)
     refusal = f"{identity} admits only callers {names}; this caller's certificate is "
 
-    async def check(context: grpc.aio.ServicerContext) -> None:
+    @asynccontextmanager
+    async def checked(context: grpc.aio.ServicerContext) -> AsyncIterator[None]:
         ids = context.peer_identities() or ()
         if allowed.isdisjoint(ids):
             mine = [i.decode() for i in ids if i.startswith(b"spiffe:")]
             detail = refusal + (", ".join(mine) or "no Strata identity")
             await context.abort(grpc.StatusCode.PERMISSION_DENIED, detail)
+        yield
 
-    return lambda servicer, service: _guarded(servicer, service, check)
-
-
-def _guarded(servicer: object, service: str, check: Callable) -> object:
-    """`servicer` with each method of `service` wrapped, once at start-up, in `check`: a set
-    lookup over the names in the caller's certificate (about a microsecond a call), where a
-    server interceptor would run its whole pipeline in Python on every call."""
-    methods = descriptor_pool.Default().FindServiceByName(service).methods
-    return types.SimpleNamespace(
-        **{m.name: _checked(getattr(servicer, m.name), check) for m in methods}
-    )
-
-
-def _checked(handler: Callable, check: Callable) -> Callable:
-    if inspect.isasyncgenfunction(handler):
-
-        async def stream(request, context):
-            await check(context)
-            async for reply in handler(request, context):
-                yield reply
-
-        return stream
-
-    async def call(request, context):
-        await check(context)
-        return await handler(request, context)
-
-    return call
+    return lambda servicer, service: around_methods(servicer, service, checked)
 
 
 def key_hash(key: str) -> str:

@@ -1,0 +1,123 @@
+"""What a client may hold open at a server, counted where gRPC cannot count it.
+
+gRPC's own `maximum_concurrent_rpcs` counts every call, health checks included: 2,064 idle
+streams once filled a gateway's 2,048 and then even `ServerLive` was refused. Here a server's
+calls in flight are counted in Python instead, as each starts: at most `total` in all and, on a
+public server, at most `per_client` from one address. Probes (health `Check`, `ServerLive`,
+`ServerReady`) answer at once, so they are counted by neither; gRPC's own limit sits
+`PROBE_RESERVE` calls above `total`, as the backstop and the probes' own capacity.
+
+Every refusal, here and at the REST port, is counted in `strata_door_refused` by reason.
+"""
+
+from __future__ import annotations
+
+import inspect
+import types
+from collections import Counter as Tally
+from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+
+import grpc
+from google.protobuf import descriptor_pool
+from prometheus_client import Counter
+
+from strata.tokens import source_address
+
+REFUSED = Counter(
+    "strata_door_refused",
+    "Calls and connections refused before any work because a client, or all of them, held "
+    "too many open, by reason (calls, calls_per_client, connections_per_client, "
+    "header_timeout).",
+    ["reason"],
+)
+# Calls gRPC admits beyond `total`: room for probes while clients hold every other slot.
+PROBE_RESERVE = 64
+PROBES = frozenset(
+    {
+        "grpc.health.v1.Health.Check",
+        "inference.GRPCInferenceService.ServerLive",
+        "inference.GRPCInferenceService.ServerReady",
+    }
+)
+
+Around = Callable[[grpc.aio.ServicerContext], AbstractAsyncContextManager[None]]
+
+
+class Door:
+    """Calls in flight at one server, in all and by caller address."""
+
+    def __init__(self, total: int, per_client: int | None) -> None:
+        self.total = total
+        self.per_client = per_client
+        self._all = 0
+        self._by_address: Tally[str] = Tally()
+
+    def refusal(self, address: str) -> tuple[str, str] | None:
+        """(reason, message) when a call from `address` may not start now, else None."""
+        if self._all >= self.total:
+            return "calls", f"this server runs at most {self.total} calls at once; retry later"
+        if self.per_client is not None and self._by_address[address] >= self.per_client:
+            return "calls_per_client", (
+                f"your address holds {self.per_client} open calls, the most one address may; "
+                "close one first"
+            )
+        return None
+
+    @asynccontextmanager
+    async def held(self, context: grpc.aio.ServicerContext) -> AsyncIterator[None]:
+        """The block's call counted as in flight, or RESOURCE_EXHAUSTED before it starts."""
+        address = source_address(context.peer() or "unknown")
+        refused = self.refusal(address)
+        if refused is not None:
+            REFUSED.labels(refused[0]).inc()
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, refused[1])
+        self._all += 1
+        self._by_address[address] += 1
+        try:
+            yield
+        finally:
+            self._all -= 1
+            self._by_address[address] -= 1
+            if not self._by_address[address]:
+                del self._by_address[address]
+
+    def guard(self, servicer: object, service: str) -> object:
+        """`servicer` with every method of `service` but the probes held at the door."""
+        return around_methods(servicer, service, self.held, PROBES)
+
+
+def around_methods(
+    servicer: object, service: str, around: Around, exempt: frozenset[str] = frozenset()
+) -> object:
+    """`servicer` with each method of `service` (but those named in `exempt`) run inside
+    `around(context)`, wrapped once at start-up: a server interceptor would run its whole
+    pipeline in Python on every call."""
+    methods = descriptor_pool.Default().FindServiceByName(service).methods
+    return types.SimpleNamespace(
+        **{
+            m.name: (
+                getattr(servicer, m.name)
+                if m.full_name in exempt
+                else _around(getattr(servicer, m.name), around)
+            )
+            for m in methods
+        }
+    )
+
+
+def _around(handler: Callable, around: Around) -> Callable:
+    if inspect.isasyncgenfunction(handler):
+
+        async def stream(request, context):
+            async with around(context):
+                async for reply in handler(request, context):
+                    yield reply
+
+        return stream
+
+    async def call(request, context):
+        async with around(context):
+            return await handler(request, context)
+
+    return call
