@@ -71,7 +71,7 @@ async def build(settings: Settings) -> Service:
             settings.server,
             settings.tls,
             GATEWAY,
-            rest.forwarded_allow_ips,
+            rest,
         )
         companions.append(server)
     if not runtime.admission.keys:

@@ -45,10 +45,11 @@ class ServerSettings(Strict):
         default=None,
         gt=0,
         description="Calls one client address may have open at once on a public port (the "
-        "gateway's), idle streams included; past it that address is refused RESOURCE_EXHAUSTED "
-        "while others are served. Unset, one address may take all of max_concurrent_rpcs (a "
-        "load test from one machine does); the shipped deploy config sets it. Health checks, "
-        "ServerLive and ServerReady count against no limit.",
+        "gateway's), idle streams included, and REST connections it may hold; past it that "
+        "address is refused (RESOURCE_EXHAUSTED; REST 503, closed) while others are served. "
+        "Unset, one address may take all of max_concurrent_rpcs (a load test from one machine "
+        "does); the shipped deploy config sets it. Health checks, ServerLive and ServerReady "
+        "count against no limit.",
     )
     idle_connection_seconds: float = Field(
         default=300.0,

@@ -2,18 +2,20 @@
 
 uvicorn's `serve()` takes over SIGTERM and SIGINT; the gateway's shutdown is strata.server's
 (health NOT_SERVING first, then drain), so this runs uvicorn's start-up, tick loop and
-graceful shutdown itself and leaves the signals alone.
+graceful shutdown itself and leaves the signals alone. Connections are uvicorn's httptools
+protocol under the door's limits (rest/door.py).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Sequence
 
 import uvicorn
 from starlette.types import ASGIApp
 
+from services.gateway.rest.door import Connections, protocol
+from strata.config.gateway import Rest
 from strata.config.server import ServerSettings
 from strata.config.tls import CERT, KEY, TlsSettings, public_identity
 
@@ -30,7 +32,7 @@ class RestServer:
         settings: ServerSettings,
         tls: TlsSettings,
         identity: str,
-        forwarded_allow_ips: Sequence[str] = (),
+        rest: Rest,
     ) -> None:
         host, _, port = listen.rpartition(":")
         certificate = {}
@@ -41,15 +43,15 @@ class RestServer:
             app,
             host=host,
             port=int(port),
-            http="httptools",
+            http=protocol(Connections(rest.header_timeout_seconds, settings.max_calls_per_client)),
             ws="none",
             lifespan="off",
             log_config=None,
             access_log=False,
             server_header=False,
             # X-Forwarded-For only from the proxies configured (uvicorn trusts loopback's).
-            proxy_headers=bool(forwarded_allow_ips),
-            forwarded_allow_ips=list(forwarded_allow_ips),
+            proxy_headers=bool(rest.forwarded_allow_ips),
+            forwarded_allow_ips=list(rest.forwarded_allow_ips),
             limit_concurrency=settings.max_concurrent_rpcs,
             timeout_graceful_shutdown=int(settings.grace_seconds) or 1,
             **certificate,
