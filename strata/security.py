@@ -8,8 +8,9 @@ A certificate's identity is its SPIFFE ID, spiffe://strata/NAME.
 Internal layers (preprocess, inference, postprocess) require mutual TLS and, on every RPC,
 admit only the identities `tls.allowed_clients` lists for them (the gateway); health checks
 admit any certificate the CA signed, so each container can check itself. The gateway's public
-port presents `gateway-public` without asking clients for a certificate (clients authenticate
-with API keys); its channels to the layers present `gateway`.
+port presents `gateway-public` and asks clients for a certificate only with
+`tls.client_certificates` (whose principal is then the client's identity); otherwise clients
+authenticate with API keys. Its channels to the layers present `gateway`.
 Plaintext only when the config says so, for local development.
 """
 
@@ -19,7 +20,7 @@ import hashlib
 import logging
 import secrets
 import sys
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterable
 from contextlib import asynccontextmanager
 
 import grpc
@@ -41,15 +42,24 @@ def spiffe_id(identity: str) -> str:
 def server_credentials(
     tls: TlsSettings, identity: str, public: bool
 ) -> grpc.ServerCredentials | None:
-    """None for plaintext; server-only TLS for a public server; mutual TLS otherwise."""
+    """None for plaintext; server-only TLS for a public server, unless it requires client
+    certificates (`tls.client_certificates`); mutual TLS otherwise."""
     if not tls.enabled:
         return None
     name = public_identity(identity) if public else identity
+    mutual = not public or tls.client_certificates
     return grpc.ssl_server_credentials(
         [(tls.pem(name, KEY), tls.pem(name, CERT))],
-        root_certificates=None if public else tls.pem(name, CA),
-        require_client_auth=not public,
+        root_certificates=tls.pem(name, CA) if mutual else None,
+        require_client_auth=mutual,
     )
+
+
+def principal(names: Iterable[str]) -> str | None:
+    """Whom a verified certificate names: its SPIFFE ID, else its first name; None without."""
+    names = list(names)
+    spiffe = [name for name in names if name.startswith("spiffe://")]
+    return (spiffe or names or [None])[0]
 
 
 def channel_credentials(

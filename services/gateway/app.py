@@ -74,7 +74,8 @@ async def build(settings: Settings) -> Service:
             rest,
         )
         companions.append(server)
-    if not runtime.admission.keys:
+    certificates = settings.tls.enabled and settings.tls.client_certificates
+    if not runtime.admission.keys and not certificates:
         _warn_open_door(settings)
     return Service(
         registrations=registrations,
@@ -88,7 +89,8 @@ async def build(settings: Settings) -> Service:
 def _warn_open_door(settings: Settings) -> None:
     """Say once, at start, that any caller is served and names itself."""
     log.warning(
-        "no API keys configured (gateway.api_keys, gateway.api_keys_file): the door is open, "
+        "no API keys configured (gateway.api_keys, gateway.api_keys_file) nor client "
+        "certificates required (tls.client_certificates): the door is open, "
         "anyone who reaches %s can call, and a caller's identity for rate limits and fair "
         "shares is the %r header it chooses; fine on a laptop, not on a network",
         settings.services.gateway.listen,

@@ -5,7 +5,8 @@ finishes a request header stays open for good, and its `limit_concurrency` count
 connections, so enough of them made even `/v2/health/live` answer 503. Here a request's
 header must arrive within `header_timeout` (408, then closed), one address holds at most
 `per_client` connections (503, then closed, before anything is read), and the probes answer
-past `limit_concurrency`: they are answered at once and hold nothing.
+past `limit_concurrency`: they are answered at once and hold nothing. A verified client
+certificate's principal reaches the app as the scope extension `strata.principal`.
 """
 
 from __future__ import annotations
@@ -17,7 +18,9 @@ from dataclasses import dataclass, field
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
+from services.gateway.caller import PRINCIPAL
 from strata.door import REFUSED
+from strata.security import principal
 
 PROBES = frozenset({b"/v2/health/live", b"/v2/health/ready"})
 REASONS = {408: "Request Timeout", 503: "Service Unavailable"}
@@ -44,6 +47,17 @@ class Connections:
             del self.by_address[address]
 
 
+def client_principal(transport: asyncio.Transport) -> str | None:
+    """Whom the connection's verified client certificate names (None without one)."""
+    tls = transport.get_extra_info("ssl_object")
+    certificate = tls.getpeercert() if tls is not None else None
+    if not certificate:
+        return None
+    names = [value for _kind, value in certificate.get("subjectAltName", ())]
+    subject = [pair for rdn in certificate.get("subject", ()) for pair in rdn]
+    return principal([*names, *(value for key, value in subject if key == "commonName")])
+
+
 def refusal(status: int, message: str) -> bytes:
     """A whole HTTP/1.1 response that refuses and closes, in the v2 error form."""
     body = json.dumps({"error": message}).encode()
@@ -59,6 +73,7 @@ class DoorProtocol(HttpToolsProtocol):
 
     door: Connections
     _address: str | None = None
+    _principal: str | None = None
     _header_timer: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
@@ -73,6 +88,7 @@ class DoorProtocol(HttpToolsProtocol):
             )
             return
         self._address = address
+        self._principal = client_principal(transport)
         self._arm()
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -84,6 +100,8 @@ class DoorProtocol(HttpToolsProtocol):
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
+        if self._principal is not None:
+            self.scope["extensions"] = {PRINCIPAL: self._principal}
         self._arm()
 
     def on_headers_complete(self) -> None:

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import ssl
+from typing import Any
 
 import uvicorn
 from starlette.types import ASGIApp
@@ -17,9 +19,21 @@ from starlette.types import ASGIApp
 from services.gateway.rest.door import Connections, protocol
 from strata.config.gateway import Rest
 from strata.config.server import ServerSettings
-from strata.config.tls import CERT, KEY, TlsSettings, public_identity
+from strata.config.tls import CA, CERT, KEY, TlsSettings, public_identity
 
 log = logging.getLogger(__name__)
+
+
+def _certificate(tls: TlsSettings, identity: str) -> dict[str, Any]:
+    """uvicorn's TLS settings: the public certificate the gRPC port presents, and a client
+    certificate required as there (`tls.client_certificates`)."""
+    if not tls.enabled:
+        return {}
+    folder = tls.certs / public_identity(identity)
+    certificate = {"ssl_certfile": str(folder / CERT), "ssl_keyfile": str(folder / KEY)}
+    if tls.client_certificates:
+        certificate.update(ssl_ca_certs=str(folder / CA), ssl_cert_reqs=ssl.CERT_REQUIRED)
+    return certificate
 
 
 class RestServer:
@@ -35,10 +49,7 @@ class RestServer:
         rest: Rest,
     ) -> None:
         host, _, port = listen.rpartition(":")
-        certificate = {}
-        if tls.enabled:  # the public certificate the gRPC port presents
-            folder = tls.certs / public_identity(identity)
-            certificate = {"ssl_certfile": str(folder / CERT), "ssl_keyfile": str(folder / KEY)}
+        certificate = _certificate(tls, identity)
         self._config = uvicorn.Config(
             app,
             host=host,
