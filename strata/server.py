@@ -132,6 +132,7 @@ def _server_options(settings: ServerSettings, public: bool) -> list[tuple[str, i
     options = [
         *grpc_options(settings),
         ("grpc.max_concurrent_streams", settings.max_concurrent_streams),
+        ("grpc.server_handshake_timeout_ms", int(settings.handshake_timeout_seconds * 1000)),
     ]
     if not settings.accept_compressed:
         # Identity alone: a compressed message is refused UNIMPLEMENTED before it inflates.

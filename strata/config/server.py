@@ -57,6 +57,13 @@ class ServerSettings(Strict):
         description="A public port closes a client connection that has had no call open for "
         "this long (gRPC's max_connection_idle; REST's keep-alive is 5 s).",
     )
+    handshake_timeout_seconds: float = Field(
+        default=10.0,
+        gt=0,
+        description="A connection must finish its TLS and HTTP/2 handshake within this long, "
+        "or it is closed (gRPC's own default is 120 s; a client that connects and sends "
+        "nothing held its connection that long).",
+    )
     accept_compressed: bool = Field(
         default=False,
         description="Accept gzip- or deflate-compressed gRPC messages. gRPC inflates a whole "

@@ -1,7 +1,7 @@
 """Issue 32's transport attacks against real processes, with API keys on and no key sent: a
 gzip bomb, idle gRPC streams and idle REST connections held to the configured limits, and a
-request header sent in half and left to stall. The gateway stays within +64 MiB of RSS and
-its health answers a new client within 1 s throughout."""
+request header (or gRPC's HTTP/2 preface) sent in half and left to stall. The gateway stays
+within +64 MiB of RSS and its health answers a new client within 1 s throughout."""
 
 from __future__ import annotations
 
@@ -29,7 +29,11 @@ BOMB = 256 * MiB  # inflated; gzip makes it 0.25 MiB on the wire
 LIVE, CHECK = v2.ServerLiveRequest(), health_pb2.HealthCheckRequest()
 ATTACKERS = [f"127.0.0.{n}" for n in range(2, 2 + CALLS // PER_CLIENT)]
 CHANGES = {
-    "server": {"max_concurrent_rpcs": CALLS, "max_calls_per_client": PER_CLIENT},
+    "server": {
+        "max_concurrent_rpcs": CALLS,
+        "max_calls_per_client": PER_CLIENT,
+        "handshake_timeout_seconds": HEADER_TIMEOUT,
+    },
     "gateway": {
         "api_keys": [{"client_id": "alice", "sha256": key_hash("alice-key-for-door-tests")}],
         "rest": {"header_timeout_seconds": HEADER_TIMEOUT},
@@ -174,4 +178,14 @@ def test_a_stalled_header_is_closed(system: Supervisor) -> None:
         waited = time.monotonic() - started
         assert read_all(silent).startswith(b"HTTP/1.1 408 ")
     assert reply.startswith(b"HTTP/1.1 408 ") and b"no whole request header" in reply
+    assert HEADER_TIMEOUT - 0.2 < waited < HEADER_TIMEOUT + 1
+
+
+def test_a_stalled_grpc_handshake_is_closed(system: Supervisor) -> None:
+    host, _, port = system.address("gateway").rpartition(":")
+    with connect((host, int(port))) as stalled:
+        stalled.sendall(b"PRI * HTTP/2.0\r\n")  # half the preface, then nothing
+        started = time.monotonic()
+        read_all(stalled)  # the server's SETTINGS, then the close
+        waited = time.monotonic() - started
     assert HEADER_TIMEOUT - 0.2 < waited < HEADER_TIMEOUT + 1
