@@ -28,7 +28,7 @@ REFUSED = Counter(
     "strata_door_refused",
     "Calls and connections refused before any work because a client, or all of them, held "
     "too many open, by reason (calls, calls_per_client, connections_per_client, "
-    "header_timeout).",
+    "streams_per_client, header_timeout).",
     ["reason"],
 )
 # Calls gRPC admits beyond `total`: room for probes while clients hold every other slot.
@@ -44,43 +44,59 @@ PROBES = frozenset(
 Around = Callable[[grpc.aio.ServicerContext], AbstractAsyncContextManager[None]]
 
 
+class Shares:
+    """What each key (a client address, an identity) holds open, up to `limit` each."""
+
+    def __init__(self, limit: int | None) -> None:
+        self.limit = limit  # None: no limit
+        self._held: Tally[str] = Tally()
+
+    def take(self, key: str) -> bool:
+        """Count one more for `key`, unless it already holds its limit."""
+        if self.limit is not None and self._held[key] >= self.limit:
+            return False
+        self._held[key] += 1
+        return True
+
+    def give(self, key: str) -> None:
+        self._held[key] -= 1
+        if not self._held[key]:
+            del self._held[key]
+
+
+async def refuse(context: grpc.aio.ServicerContext, reason: str, message: str) -> None:
+    """RESOURCE_EXHAUSTED with `message`, counted by `reason`."""
+    REFUSED.labels(reason).inc()
+    await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, message)
+
+
 class Door:
     """Calls in flight at one server, in all and by caller address."""
 
     def __init__(self, total: int, per_client: int | None) -> None:
-        self.total = total
-        self.per_client = per_client
-        self._all = 0
-        self._by_address: Tally[str] = Tally()
-
-    def refusal(self, address: str) -> tuple[str, str] | None:
-        """(reason, message) when a call from `address` may not start now, else None."""
-        if self._all >= self.total:
-            return "calls", f"this server runs at most {self.total} calls at once; retry later"
-        if self.per_client is not None and self._by_address[address] >= self.per_client:
-            return "calls_per_client", (
-                f"your address holds {self.per_client} open calls, the most one address may; "
-                "close one first"
-            )
-        return None
+        self._all = Shares(total)
+        self._by_address = Shares(per_client)
 
     @asynccontextmanager
     async def held(self, context: grpc.aio.ServicerContext) -> AsyncIterator[None]:
         """The block's call counted as in flight, or RESOURCE_EXHAUSTED before it starts."""
         address = source_address(context.peer() or "unknown")
-        refused = self.refusal(address)
-        if refused is not None:
-            REFUSED.labels(refused[0]).inc()
-            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, refused[1])
-        self._all += 1
-        self._by_address[address] += 1
+        if not self._all.take(""):
+            total = self._all.limit
+            await refuse(context, "calls", f"this server runs at most {total} calls at once")
+        if not self._by_address.take(address):
+            self._all.give("")
+            limit = self._by_address.limit
+            await refuse(
+                context,
+                "calls_per_client",
+                f"your address holds {limit} open calls, the most one address may; close one",
+            )
         try:
             yield
         finally:
-            self._all -= 1
-            self._by_address[address] -= 1
-            if not self._by_address[address]:
-                del self._by_address[address]
+            self._all.give("")
+            self._by_address.give(address)
 
     def guard(self, servicer: object, service: str) -> object:
         """`servicer` with every method of `service` but the probes held at the door."""

@@ -49,7 +49,11 @@ async def build(settings: Settings) -> Service:
     v2_name = grpc_service_pb2.DESCRIPTOR.services_by_name["GRPCInferenceService"].full_name
     registrations: list[Registration] = [
         (
-            GatewayServicer(pipelines, settings.server.max_stream_in_flight),
+            GatewayServicer(
+                pipelines,
+                settings.server.max_stream_in_flight,
+                settings.gateway.max_streams_per_client,
+            ),
             grpc_service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server,
             v2_name,
         )

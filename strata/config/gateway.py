@@ -257,6 +257,15 @@ class Rest(Strict):
 class GatewaySettings(Strict):
     """Gateway policies."""
 
+    max_streams_per_client: int | None = Field(
+        default=64,
+        gt=0,
+        description="ModelStreamInfer streams one client (its API key's client, its "
+        "certificate's principal, else its client id or address) may hold open at once; one "
+        "more is refused RESOURCE_EXHAUSTED. A stream is identified as it opens, so without a "
+        "valid key (when keys are required) it is refused UNAUTHENTICATED before it is held. "
+        "null: no limit. Read at start.",
+    )
     default_timeout_seconds: float = Field(
         default=30.0, gt=0, description="Budget of a request whose caller set no deadline."
     )

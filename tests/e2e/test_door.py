@@ -23,6 +23,8 @@ from strata.security import key_hash
 from tests.support.system import running_system
 
 CALLS, PER_CLIENT = 64, 16  # server.max_concurrent_rpcs and .max_calls_per_client
+STREAMS = 8  # gateway.max_streams_per_client
+KEY = (("x-api-key", "alice-key-for-door-tests"),)
 HEADER_TIMEOUT = 1.0
 MiB = 1 << 20
 BOMB = 256 * MiB  # inflated; gzip makes it 0.25 MiB on the wire
@@ -35,7 +37,8 @@ CHANGES = {
         "handshake_timeout_seconds": HEADER_TIMEOUT,
     },
     "gateway": {
-        "api_keys": [{"client_id": "alice", "sha256": key_hash("alice-key-for-door-tests")}],
+        "api_keys": [{"client_id": "alice", "sha256": key_hash(KEY[0][1])}],
+        "max_streams_per_client": STREAMS,
         "rest": {"header_timeout_seconds": HEADER_TIMEOUT},
     },
 }
@@ -93,17 +96,15 @@ def test_a_gzip_bomb_is_refused_before_it_inflates(system: Supervisor) -> None:
     assert grpc_health_seconds(address) < 1
 
 
-async def hold_streams(address: str, count: int) -> tuple[grpc.aio.Channel, list]:
-    """`count` ModelStreamInfer streams opened without a key, sending nothing, left open."""
-    channel = grpc.aio.insecure_channel(address)
-    stub = v2_grpc.GRPCInferenceServiceStub(channel)
-    calls = [stub.ModelStreamInfer() for _ in range(count)]
+async def hold(calls: list) -> list:
+    """`calls` (streams), each seen open by the server: sent its headers, left idle."""
     await asyncio.gather(*(call.wait_for_connection() for call in calls))
-    return channel, calls
+    await asyncio.sleep(0.5)  # every stream reached its handler
+    return calls
 
 
-async def one_more_stream(channel: grpc.aio.Channel) -> grpc.aio.AioRpcError:
-    call = v2_grpc.GRPCInferenceServiceStub(channel).ModelStreamInfer()
+async def refusal(call) -> grpc.aio.AioRpcError:
+    """The error that ends `call`, a stream the server must refuse."""
     with pytest.raises(grpc.aio.AioRpcError) as info:
         await call.read()
     return info.value
@@ -112,19 +113,27 @@ async def one_more_stream(channel: grpc.aio.Channel) -> grpc.aio.AioRpcError:
 def test_idle_streams_leave_health_to_others(system: Supervisor) -> None:
     address = system.address("gateway")
 
-    async def go() -> tuple[grpc.aio.AioRpcError, float]:
-        channel, calls = await hold_streams(address, PER_CLIENT)
-        await asyncio.sleep(0.5)  # every stream reached its handler
-        refused = await one_more_stream(channel)
+    async def go() -> tuple[list[grpc.aio.AioRpcError], float]:
+        channel = grpc.aio.insecure_channel(address)
+        stream = v2_grpc.GRPCInferenceServiceStub(channel).ModelStreamInfer
+        watch = health_pb2_grpc.HealthStub(channel).Watch
+        # Alice's share of streams, then her address's share of calls with health watches.
+        held = await hold([stream(metadata=KEY) for _ in range(STREAMS)])
+        refused = [await refusal(stream()), await refusal(stream(metadata=KEY))]
+        held += await hold([watch(CHECK) for _ in range(PER_CLIENT - STREAMS)])
+        refused.append(await refusal(watch(CHECK)))
         seconds = await asyncio.to_thread(grpc_health_seconds, address)
-        for call in calls:
+        for call in held:
             call.cancel()
         await channel.close()
         return refused, seconds
 
-    refused, seconds = asyncio.run(go())
-    assert refused.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
-    assert f"your address holds {PER_CLIENT} open calls" in refused.details()
+    (keyless, alice, watch), seconds = asyncio.run(go())
+    assert keyless.code() == grpc.StatusCode.UNAUTHENTICATED  # refused as it opens, not held
+    assert alice.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert f"this client holds {STREAMS} open streams" in alice.details()
+    assert watch.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert f"your address holds {PER_CLIENT} open calls" in watch.details()
     assert seconds < 1
 
 

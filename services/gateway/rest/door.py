@@ -13,13 +13,12 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections import Counter as Tally
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from services.gateway.caller import PRINCIPAL
-from strata.door import REFUSED
+from strata.door import REFUSED, Shares
 from strata.security import principal
 
 PROBES = frozenset({b"/v2/health/live", b"/v2/health/ready"})
@@ -28,23 +27,10 @@ REASONS = {408: "Request Timeout", 503: "Service Unavailable"}
 
 @dataclass
 class Connections:
-    """One REST server's limits and its open connections by client address."""
+    """One REST server's limits: a request header's timeout, and connections per address."""
 
     header_timeout: float
-    per_client: int | None
-    by_address: Tally[str] = field(default_factory=Tally)
-
-    def admit(self, address: str) -> bool:
-        """Count a new connection from `address`, unless it already holds its share."""
-        if self.per_client is not None and self.by_address[address] >= self.per_client:
-            return False
-        self.by_address[address] += 1
-        return True
-
-    def release(self, address: str) -> None:
-        self.by_address[address] -= 1
-        if not self.by_address[address]:
-            del self.by_address[address]
+    per_client: Shares
 
 
 def client_principal(transport: asyncio.Transport) -> str | None:
@@ -79,8 +65,8 @@ class DoorProtocol(HttpToolsProtocol):
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
         address = self.client[0] if self.client else "unknown"
-        if not self.door.admit(address):
-            limit = self.door.per_client
+        if not self.door.per_client.take(address):
+            limit = self.door.per_client.limit
             self._refuse(
                 "connections_per_client",
                 503,
@@ -94,7 +80,7 @@ class DoorProtocol(HttpToolsProtocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
         if self._address is not None:
-            self.door.release(self._address)
+            self.door.per_client.give(self._address)
             self._address = None
         super().connection_lost(exc)
 

@@ -20,6 +20,7 @@ from services.gateway.rest.door import Connections, protocol
 from strata.config.gateway import Rest
 from strata.config.server import ServerSettings
 from strata.config.tls import CA, CERT, KEY, TlsSettings, public_identity
+from strata.door import Shares
 
 log = logging.getLogger(__name__)
 
@@ -50,11 +51,13 @@ class RestServer:
     ) -> None:
         host, _, port = listen.rpartition(":")
         certificate = _certificate(tls, identity)
+        per_client = Shares(settings.max_calls_per_client)
+        connections = Connections(rest.header_timeout_seconds, per_client)
         self._config = uvicorn.Config(
             app,
             host=host,
             port=int(port),
-            http=protocol(Connections(rest.header_timeout_seconds, settings.max_calls_per_client)),
+            http=protocol(connections),
             ws="none",
             lifespan="off",
             log_config=None,
