@@ -32,7 +32,10 @@ REFUSED = Counter(
     ["reason"],
 )
 # Calls gRPC admits beyond `total`: room for probes while clients hold every other slot.
-PROBE_RESERVE = 64
+# Small, because gRPC refuses past its own limit before reading a message, while a call the
+# door refuses has been read: a flood past `total` makes at most this many messages read and
+# dropped at once. Probes come a few at a time.
+PROBE_RESERVE = 16
 PROBES = frozenset(
     {
         "grpc.health.v1.Health.Check",
