@@ -20,14 +20,13 @@ import hashlib
 import logging
 import secrets
 import sys
-from collections.abc import AsyncIterator, Callable, Iterable
-from contextlib import asynccontextmanager
+from collections.abc import Callable, Iterable
 
 import grpc
 
 from strata.config.gateway import ApiKey
 from strata.config.tls import CA, CERT, GATEWAY, KEY, TlsSettings, public_identity
-from strata.door import around_methods
+from strata.door import Gate, around_methods
 
 log = logging.getLogger(__name__)
 
@@ -96,16 +95,14 @@ def caller_guard(tls: TlsSettings, identity: str, public: bool) -> Guard:
     allowed = frozenset(spiffe_id(name).encode() for name in names)
     refusal = f"{identity} admits only callers {names}; this caller's certificate is "
 
-    @asynccontextmanager
-    async def checked(context: grpc.aio.ServicerContext) -> AsyncIterator[None]:
+    async def check(context: grpc.aio.ServicerContext) -> None:
         ids = context.peer_identities() or ()
         if allowed.isdisjoint(ids):
             mine = [i.decode() for i in ids if i.startswith(b"spiffe:")]
             detail = refusal + (", ".join(mine) or "no Strata identity")
             await context.abort(grpc.StatusCode.PERMISSION_DENIED, detail)
-        yield
 
-    return lambda servicer, service: around_methods(servicer, service, checked)
+    return lambda servicer, service: around_methods(servicer, service, Gate(check))
 
 
 def key_hash(key: str) -> str:
