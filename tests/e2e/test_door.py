@@ -6,6 +6,7 @@ within +64 MiB of RSS and its health answers a new client within 1 s throughout.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import socket
 import time
 from collections.abc import Iterator
@@ -198,3 +199,35 @@ def test_a_stalled_grpc_handshake_is_closed(system: Supervisor) -> None:
         read_all(stalled)  # the server's SETTINGS, then the close
         waited = time.monotonic() - started
     assert HEADER_TIMEOUT - 0.2 < waited < HEADER_TIMEOUT + 1
+
+
+async def write_without_reading(address: str, count: int, seconds: float) -> int:
+    """A stream of `count` 64 KiB requests (an unknown model's) that never reads an answer;
+    how many the client got written in `seconds`."""
+    written = 0
+    async with grpc.aio.insecure_channel(address) as channel:
+        call = v2_grpc.GRPCInferenceServiceStub(channel).ModelStreamInfer(metadata=KEY)
+
+        async def write() -> None:
+            nonlocal written
+            for i in range(count):
+                request = v2.ModelInferRequest(model_name="no-such-model", id=str(i))
+                request.raw_input_contents.append(bytes(64 * 1024))
+                await call.write(request)
+                written += 1
+
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(write(), seconds)
+        call.cancel()
+    return written
+
+
+def test_an_unread_stream_is_read_only_as_fast_as_it_is_answered(system: Supervisor) -> None:
+    address = system.address("gateway")
+    pid = system.processes["gateway"].pid
+    written, grown = peak_growth(
+        pid, lambda: asyncio.run(write_without_reading(address, 4000, 5.0))
+    )
+    # 4,000 x 64 KiB is 250 MiB written; the server holds at most max_stream_in_flight.
+    assert grown < 64, f"the gateway's RSS peaked {grown} MiB higher ({written} written)"
+    assert grpc_health_seconds(address) < 1
