@@ -200,9 +200,22 @@ def traced_servicer(servicer: object, service: str) -> object:
     return wrapped
 
 
+class Meter:
+    """One method's `strata_rpc_server_*` figures: a unary call's, or a stream message's
+    (each message of ProcessStream or ModelStreamInfer is a call of its own to its caller)."""
+
+    def __init__(self, method: str) -> None:
+        self.method = method
+        self._counts = Children(RPCS)
+        self._duration = RPC_DURATION.labels(method)
+
+    def record(self, code: grpc.StatusCode, seconds: float) -> None:
+        self._counts(self.method, code.name).inc()
+        self._duration.observe(seconds)
+
+
 def _served(method: str, handler):
-    counts = Children(RPCS)
-    duration = RPC_DURATION.labels(method)
+    meter = Meter(method)
 
     async def served(request, context):
         started = time.perf_counter()
@@ -217,8 +230,7 @@ def _served(method: str, handler):
             finally:
                 if span.is_recording():
                     span.set_attribute("rpc.grpc.status_code", code.value[0])
-                counts(method, code.name).inc()
-                duration.observe(time.perf_counter() - started)
+                meter.record(code, time.perf_counter() - started)
 
     return served
 

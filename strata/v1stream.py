@@ -3,11 +3,13 @@
 Each message is handled as a `Process` call of its own would be, in a server span of the
 trace its `trace_context` names (what a unary call carries in its metadata), and answered
 with its tag when ready; one that fails as a whole carries the status its call would have
-ended with. strata.streams bounds what one stream can make the server hold.
+ended with. Each message counts as a call of `method` in the RPC metrics.
+strata.streams bounds what one stream can make the server hold.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 import grpc
@@ -16,7 +18,7 @@ from strata.errors import status_of
 from strata.process import error
 from strata.proto.v1 import tensor_pb2 as v1
 from strata.streams import answer_each
-from strata.telemetry import server_span
+from strata.telemetry import Meter, server_span
 
 Handle = Callable[[v1.ProcessRequest], Awaitable[v1.ProcessResponse]]
 
@@ -26,12 +28,18 @@ async def serve_stream(
 ) -> AsyncIterator[v1.ProcessResponse]:
     """Answer every message of the stream; `method` names the server spans."""
 
+    meter = Meter(method)
+
     async def answer(request: v1.ProcessRequest) -> v1.ProcessResponse:
+        started = time.perf_counter()
         with server_span(method, request.trace_context):
             try:
                 response = await handle(request)
             except Exception as exc:  # the message's failure, not the stream's
-                return v1.ProcessResponse(tag=request.tag, error=error(status_of(exc)))
+                code, message = status_of(exc)
+                meter.record(code, time.perf_counter() - started)
+                return v1.ProcessResponse(tag=request.tag, error=error((code, message)))
+        meter.record(grpc.StatusCode.OK, time.perf_counter() - started)
         response.tag = request.tag
         return response
 

@@ -9,6 +9,7 @@ read until one is answered (strata.streams).
 
 from __future__ import annotations
 
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 import grpc
@@ -17,6 +18,10 @@ from strata.errors import cut, status_of
 from strata.grpc_errors import log_failure
 from strata.proto.inference import grpc_service_pb2 as v2
 from strata.streams import answer_each
+from strata.telemetry import Meter
+
+# Each request of a stream counts as a call of its own in the RPC metrics.
+STREAM_METER = Meter("/inference.GRPCInferenceService/ModelStreamInfer")
 
 Infer = Callable[[v2.ModelInferRequest], Awaitable[v2.ModelInferResponse]]
 
@@ -41,12 +46,15 @@ async def answer_stream(
     """Run `infer` on every request of the stream concurrently; yield each answer when ready."""
 
     async def answer(request: v2.ModelInferRequest) -> v2.ModelStreamInferResponse:
+        started = time.perf_counter()
         try:
             reply = await infer(request)
         except Exception as exc:  # one request's failure, reported in the stream
             code, detail = status_of(exc)
             log_failure("ModelStreamInfer", code, detail)
+            STREAM_METER.record(code, time.perf_counter() - started)
             return failed_answer(request, code, detail)
+        STREAM_METER.record(grpc.StatusCode.OK, time.perf_counter() - started)
         return v2.ModelStreamInferResponse(infer_response=reply)
 
     async for item in answer_each(requests, answer, _refused, max_in_flight):

@@ -10,10 +10,13 @@ detection keeps new lanes off a replica whose calls keep failing.
 
 What a unary call had from gRPC, a lane does for itself:
 - a message's deadline: its caller waits at most its timeout; a lane that misses a hop's
-  own timeout (a hung replica) is cancelled, so its next message opens a lane elsewhere;
+  own timeout (a hung replica) is cancelled and its slot rests for REST_SECONDS (as
+  outlier detection ejects a replica), the other lanes and unary calls carrying on;
 - a lane that breaks (its replica died or drained, the connection was cut) fails the
   messages it owes with `LaneBroken`: the hop sends them again as unary calls, which gRPC
   retries on another replica, and the next message opens a new lane;
+- the first lanes open once the channel is ready (until then calls go unary, connecting it),
+  so that round-robin can spread them over the replicas;
 - a lane takes new messages for `lifetime` seconds (less a random part, so that lanes do
   not all turn over at once), then half-closes once its answers are in: well before the
   server's `max_connection_age` cuts its connection;
@@ -37,6 +40,7 @@ import grpc
 log = logging.getLogger(__name__)
 
 _TAGS = itertools.count(1)
+REST_SECONDS = 5.0  # as gRPC's outlier detection first ejects a failing replica
 
 
 class LaneBroken(Exception):
@@ -144,11 +148,21 @@ class Lane:
 class Lanes:
     """A hop's lanes for one method; `count` of them at most, each open `lifetime` seconds."""
 
-    def __init__(self, name: str, method: StreamMethod, count: int, lifetime: float) -> None:
+    def __init__(
+        self,
+        name: str,
+        method: StreamMethod,
+        count: int,
+        lifetime: float,
+        ready: Callable[[], bool] = lambda: True,
+    ) -> None:
         self.name = name
         self._method = method
         self._lifetime = lifetime
+        self._ready = ready
         self._lanes: list[Lane | None] = [None] * count
+        self._resting = [0.0] * count  # loop time until which a condemned lane's slot rests
+        self._turn = 0
         self.usable = count > 0
 
     async def call(
@@ -156,6 +170,9 @@ class Lanes:
     ) -> Any:
         """The reply to `request` over a lane. LaneBroken: send it some other way;
         `cancel_on_timeout`: a missed timeout condemns the lane (the hop's own timeout)."""
+        if not any(self._lanes) and not self._ready():
+            # Lanes opened while the channel connects would all go to the first replica up.
+            raise LaneBroken(grpc.StatusCode.UNAVAILABLE, "the channel is still connecting")
         lane = self._pick()
         try:
             return await lane.send(request, timeout, metadata)
@@ -166,7 +183,7 @@ class Lanes:
             raise
         except grpc.aio.AioRpcError as exc:
             if cancel_on_timeout and exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
-                lane.cancel()
+                self._condemn(lane)
             raise
 
     def close(self) -> None:
@@ -174,13 +191,31 @@ class Lanes:
             if lane is not None:
                 lane.cancel()
 
+    def _condemn(self, lane: Lane) -> None:
+        """Cancel a lane that missed the hop's own timeout (its replica hangs, or is far
+        slower than the others); its slot rests a while, as outlier detection would eject
+        the replica, so that the next lane does not go straight back to it."""
+        lane.cancel()
+        index = self._lanes.index(lane) if lane in self._lanes else -1
+        if index >= 0:
+            self._lanes[index] = None
+            self._resting[index] = asyncio.get_running_loop().time() + REST_SECONDS
+
     def _pick(self) -> Lane:
-        """The lane owing the fewest answers, after replacing any that ended or expired."""
+        """The lane owing the fewest answers, the lanes taking turns among equals (so that
+        light load reaches every replica too), after replacing any that ended or expired;
+        LaneBroken while every slot rests."""
         now = asyncio.get_running_loop().time()
         for index, lane in enumerate(self._lanes):
+            if self._resting[index] > now:
+                continue
             if lane is None or not lane.accepting or lane.expires <= now:
                 if lane is not None:
                     lane.retire()
                 expires = now + self._lifetime * random.uniform(0.5, 1.0)
                 self._lanes[index] = Lane(self._method, expires)
-        return min(self._lanes, key=lambda lane: len(lane.owed))  # type: ignore[arg-type,return-value]
+        self._turn = (self._turn + 1) % len(self._lanes)
+        order = [lane for lane in self._lanes[self._turn :] + self._lanes[: self._turn] if lane]
+        if not order:
+            raise LaneBroken(grpc.StatusCode.UNAVAILABLE, "every lane rests after a timeout")
+        return min(order, key=lambda lane: len(lane.owed))

@@ -62,7 +62,7 @@ class Hop:
         lifetime = min(settings.server.max_connection_age_seconds / 2, LANE_SECONDS)
         count = settings.gateway.stream_lanes
         self.lanes = {
-            method: Lanes(f"{name} {method}", make(self.stub), count, lifetime)
+            method: Lanes(f"{name} {method}", make(self.stub), count, lifetime, self._ready)
             for method, make in (streams or {}).items()
         }
         self.breaker = Breakers(name, settings.gateway.breaker)
@@ -95,13 +95,15 @@ class Hop:
             raise Unavailable(f"{breaker.name}: circuit open after repeated failures")
         bounded = self.replicated if spare is None else spare
         ends = time.monotonic() + budget
-        attempts = TIMEOUT_ATTEMPTS if self.replicated else 1
+        attempts = tries = TIMEOUT_ATTEMPTS if self.replicated else 1
         sent = outgoing(metadata)
         started = time.monotonic()
         try:
             while True:
                 try:
-                    return await self._call(method, request, budget, sent, breaker, bounded)
+                    return await self._call(
+                        method, request, budget, sent, breaker, bounded, first=attempts == tries
+                    )
                 except HopTimedOut:
                     attempts -= 1
                     budget = ends - time.monotonic()
@@ -118,13 +120,14 @@ class Hop:
         metadata: Sequence,
         breaker: CircuitBreaker,
         bounded: bool,
+        first: bool = True,
     ) -> Any:
         timeout = self.timer.timeout if bounded else self.timer.ceiling
         hop_bound = timeout < budget
         code = grpc.StatusCode.CANCELLED
         started = time.monotonic()
         try:
-            reply = await self._send(method, request, min(budget, timeout), metadata, hop_bound)
+            reply = await self._send(method, request, budget, timeout, metadata, hop_bound, first)
             code = grpc.StatusCode.OK
             self.timer.observe(time.monotonic() - started)
             return reply
@@ -154,25 +157,37 @@ class Hop:
             BREAKER_OPEN(breaker.name).set(breaker.state == "open")
 
     async def _send(
-        self, method: str, request: Any, timeout: float, metadata: Sequence, hop_bound: bool
+        self,
+        method: str,
+        request: Any,
+        budget: float,
+        window: float,
+        metadata: Sequence,
+        hop_bound: bool,
+        first: bool,
     ) -> Any:
-        """The reply: as a message on a lane where the hop has them for `method`; as a unary
-        call otherwise, or when the lane broke or the layer answered UNAVAILABLE (gRPC's
-        retry policy then sends it to another replica)."""
+        """The reply within `budget` and the attempt's own `window`: as a message on a lane
+        where the hop has them for `method`; as a unary call otherwise, when the lane broke
+        (a fresh window: the lane's wait was the broken lane's, not this replica's), or when
+        a replica answered UNAVAILABLE (gRPC's retry policy then sends it to another one). A
+        retry after a missed hop timeout goes unary too: round-robin takes it to the next
+        replica, where a new lane might meet the hung one again."""
         lanes = self.lanes.get(method)
-        if lanes is not None and lanes.usable:
+        if first and lanes is not None and lanes.usable:
             started = time.monotonic()
             try:
-                return await lanes.call(request, timeout, hop_bound, metadata)
+                return await lanes.call(request, min(budget, window), hop_bound, metadata)
             except LaneBroken:
                 pass
             except grpc.aio.AioRpcError as exc:
-                if exc.code() != grpc.StatusCode.UNAVAILABLE:
+                if exc.code() != grpc.StatusCode.UNAVAILABLE or not self.replicated:
                     raise
-            timeout -= time.monotonic() - started
-        return await getattr(self.stub, method)(
-            request, timeout=max(timeout, 0.0), metadata=metadata
-        )
+            budget -= time.monotonic() - started
+        timeout = max(min(budget, window), 0.0)
+        return await getattr(self.stub, method)(request, timeout=timeout, metadata=metadata)
+
+    def _ready(self) -> bool:
+        return self.channel.get_state(try_to_connect=True) == grpc.ChannelConnectivity.READY
 
     async def healthy(self, timeout: float) -> bool:
         stub = health_pb2_grpc.HealthStub(self.channel)

@@ -94,11 +94,16 @@ def test_every_process_counts_its_rpcs_and_reports_rss_and_cpu(scraped) -> None:
 
 
 def test_replicas_share_the_preprocess_work(scraped) -> None:
+    """Each flight's call is a message on one of the gateway's lanes (ProcessStream) or a
+    unary Process call; both count as calls, and both replicas get some."""
     calls = [
-        total(
-            scraped[f"preprocess-{i}"]["strata_rpc_server_requests"],
-            "strata_rpc_server_requests_total",
-            method="/strata.v1.Preprocess/Process",
+        sum(
+            total(
+                scraped[f"preprocess-{i}"]["strata_rpc_server_requests"],
+                "strata_rpc_server_requests_total",
+                method=f"/strata.v1.Preprocess/{method}",
+            )
+            for method in ("Process", "ProcessStream")
         )
         for i in range(2)
     ]

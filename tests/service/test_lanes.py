@@ -142,14 +142,16 @@ def test_a_missed_timeout_fails_that_message_and_a_hop_timeout_condemns_the_lane
             await lanes.call(request("hang-1"), 0.1, cancel_on_timeout=True)
         with pytest.raises(LaneBroken):
             await waiting  # the condemned lane's other message: to be sent elsewhere
-        fresh = await lanes.call(request("fresh"), 5, False)  # a new lane
+        with pytest.raises(LaneBroken) as resting:
+            await lanes.call(request("next"), 5, False)  # its slot rests: the hop goes unary
         gate.set()
         lanes.close()
         await channel.close()
         await server.stop(0)
-        return missed.value.code(), fresh.results[0].id
+        return missed.value.code(), str(resting.value)
 
-    assert asyncio.run(go()) == (grpc.StatusCode.DEADLINE_EXCEEDED, "fresh")
+    code, resting = asyncio.run(go())
+    assert code == grpc.StatusCode.DEADLINE_EXCEEDED and "rests" in resting
 
 
 def test_a_stream_is_read_only_as_fast_as_it_is_answered() -> None:
@@ -198,8 +200,12 @@ def settings(tmp_path: Path):
     return load_settings(make_config(tmp_path))
 
 
-def hop_to(address: str, settings) -> Hop:
-    endpoint = settings.services.preprocess.model_copy(update={"listen": address, "replicas": 1})
+def hop_to(address: str, settings, replicated: bool = False) -> Hop:
+    """A preprocess hop to `address`; `replicated`: as if behind a target of many replicas
+    (a refused message may then go to another one)."""
+    target = f"ipv4:{address}" if replicated else None
+    update = {"listen": address, "replicas": 1, "target": target}
+    endpoint = settings.services.preprocess.model_copy(update=update)
     return Hop(
         "preprocess",
         endpoint,
@@ -216,6 +222,7 @@ def test_a_hop_sends_on_its_lanes_and_falls_back_to_unary_calls(settings) -> Non
         for name, layer in (("streams", Layer(echo)), ("no streams", Layer(echo, stream=False))):
             server, address = await serve(layer)
             hop = hop_to(address, settings)
+            await hop.channel.channel_ready()  # until then, calls go unary and connect it
             for i in range(3):
                 reply = await hop.call("Process", request(f"r{i}"), 5)
                 assert reply.results[0].id == f"r{i}"
@@ -233,7 +240,8 @@ def test_a_draining_layer_refuses_new_messages_and_the_hop_sends_them_unary(sett
     async def go() -> tuple[int, int]:
         layer = Layer(echo)
         server, address = await serve(layer)
-        hop = hop_to(address, settings)
+        hop = hop_to(address, settings, replicated=True)
+        await hop.channel.channel_ready()
         await hop.call("Process", request("before"), 5)
         Drain.start()
         try:
