@@ -24,6 +24,7 @@ from opentelemetry import trace
 
 from strata.config.server import ServerSettings
 from strata.config.tls import TlsSettings
+from strata.metrics import set_ready
 from strata.security import caller_guard, server_credentials
 from strata.streams import Drain
 from strata.telemetry import traced_servicer
@@ -64,6 +65,7 @@ class Running:
     probe: grpc.aio.Server | None = None
 
     async def set_health(self, status: int) -> None:
+        set_ready(status == health_pb2.HealthCheckResponse.SERVING)  # what /readyz answers
         await self.health.set("", status)
         for name in self.names:
             await self.health.set(name, status)
