@@ -24,6 +24,7 @@ from opentelemetry import trace
 
 from strata.config.server import ServerSettings
 from strata.config.tls import TlsSettings
+from strata.exits import AddressUnusable, bind_problem
 from strata.metrics import set_ready
 from strata.security import caller_guard, server_credentials
 from strata.streams import Drain
@@ -40,6 +41,10 @@ class Companion(Protocol):
 
     async def stop(self, grace: float) -> None: ...
 
+
+# gRPC binds with SO_REUSEPORT by default, so a second server on a port in use would start
+# and share its calls; without it, the second one fails to start and says the port is in use.
+NOT_SHARED = ("grpc.so_reuseport", 0)
 
 # (servicer, add_to_server function, full service name)
 Registration = tuple[object, Callable[[object, grpc.aio.Server], None], str]
@@ -97,6 +102,7 @@ async def start_server(
     options = [
         *grpc_options(settings),
         ("grpc.max_concurrent_streams", settings.max_concurrent_streams),
+        NOT_SHARED,
     ]
     if not public:
         # Internal callers (the gateway) retry UNAVAILABLE, so ageing their connections out to
@@ -117,13 +123,7 @@ async def start_server(
     reflection_pb2_grpc.add_ServerReflectionServicer_to_server(
         guard(reflected, reflection.SERVICE_NAME), server
     )
-    credentials = server_credentials(tls, identity, public)
-    if credentials is None:
-        port = server.add_insecure_port(listen)
-    else:
-        port = server.add_secure_port(listen, credentials)
-    if port == 0:
-        raise OSError(f"cannot bind {listen}")
+    port = _bind(server, listen, "listen", server_credentials(tls, identity, public))
     await server.start()
     running = Running(server, health, names, port, await _probe(health, tls, settings))
     await running.set_health(health_pb2.HealthCheckResponse.SERVING)
@@ -131,15 +131,36 @@ async def start_server(
     return running
 
 
+def _bind(
+    server: grpc.aio.Server,
+    listen: str,
+    role: str,
+    credentials: grpc.ServerCredentials | None = None,
+) -> int:
+    """The port `server` bound for `listen`; AddressUnusable saying why when it cannot."""
+    problem = bind_problem(listen)  # asked first: gRPC would log a line of its own
+    if problem:
+        raise AddressUnusable(listen, role, problem)
+    try:
+        if credentials is None:
+            port = server.add_insecure_port(listen)
+        else:
+            port = server.add_secure_port(listen, credentials)
+    except RuntimeError:  # grpc's way of saying it could not, without saying why
+        port = 0
+    if port == 0:
+        raise AddressUnusable(listen, role)
+    return port
+
+
 async def _probe(
     health: HealthServicer, tls: TlsSettings, settings: ServerSettings
 ) -> grpc.aio.Server | None:
     if not tls.probe_listen:
         return None
-    probe = grpc.aio.server(options=grpc_options(settings))
+    probe = grpc.aio.server(options=[*grpc_options(settings), NOT_SHARED])
     health_pb2_grpc.add_HealthServicer_to_server(health, probe)
-    if probe.add_insecure_port(tls.probe_listen) == 0:
-        raise OSError(f"cannot bind the probe port {tls.probe_listen}")
+    _bind(probe, tls.probe_listen, "probe")
     await probe.start()
     log.info("health probes (plaintext) on %s", tls.probe_listen)
     return probe

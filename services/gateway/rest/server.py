@@ -16,6 +16,7 @@ from starlette.types import ASGIApp
 
 from strata.config.server import ServerSettings
 from strata.config.tls import CERT, KEY, TlsSettings, public_identity
+from strata.exits import AddressUnusable
 
 log = logging.getLogger(__name__)
 
@@ -64,7 +65,7 @@ class RestServer:
         try:
             await self._server.startup()
         except SystemExit:  # uvicorn's answer to a port it cannot bind
-            raise OSError(f"cannot bind the REST port {self.listen}") from None
+            raise AddressUnusable(self.listen, "REST") from None
         self._ticking = asyncio.create_task(self._server.main_loop())
         log.info("serving the v2 REST API on %s", self.listen)
 
