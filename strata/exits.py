@@ -43,8 +43,8 @@ class AddressUnusable(StartFailure, OSError):
     meaning = "an address it must listen on is in use or cannot be bound"
 
     def __init__(self, address: str, role: str, reason: str | None = None) -> None:
-        reason = reason or bind_problem(address) or "cannot be bound"
-        super().__init__(f"{address} ({role}) {reason}")
+        self.reason = reason or bind_problem(address) or "cannot be bound"
+        super().__init__(f"{address} ({role}) {self.reason}")
 
 
 class ConfigInvalid(StartFailure):

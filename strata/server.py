@@ -125,7 +125,12 @@ async def start_server(
     )
     port = _bind(server, listen, "listen", server_credentials(tls, identity, public))
     await server.start()
-    running = Running(server, health, names, port, await _probe(health, tls, settings))
+    try:
+        probe = await _probe(health, tls, settings)
+    except AddressUnusable:
+        await server.stop(0)  # a started server left to the collector fails at exit
+        raise
+    running = Running(server, health, names, port, probe)
     await running.set_health(health_pb2.HealthCheckResponse.SERVING)
     log.info("serving %s on %s", ", ".join(names[1:]), listen)
     return running
@@ -180,10 +185,14 @@ async def serve(
     """Run a gRPC server on `listen` (and its companions) until SIGTERM or SIGINT, then
     drain them all at once and return."""
     running = await start_server(registrations, listen, settings, tls, public, identity)
-    for companion in companions:
-        await companion.start()
-    if on_start is not None:
-        await on_start(running)
+    try:
+        for companion in companions:
+            await companion.start()
+        if on_start is not None:
+            await on_start(running)
+    except BaseException:  # e.g. a companion's port in use: stop what started, then say so
+        await asyncio.gather(running.stop(0), *(c.stop(0) for c in companions))
+        raise
     stopping = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

@@ -33,12 +33,13 @@ class AdminServer:
 
     async def start(self) -> None:
         settings = self._settings
+        tls = settings.tls.model_copy(update={"probe_listen": None})  # the public server's
         try:
             self._running = await start_server(
-                [self._admin], self.listen, settings.server, settings.tls, True, GATEWAY
+                [self._admin], self.listen, settings.server, tls, True, GATEWAY
             )
-        except AddressUnusable:
-            raise AddressUnusable(self.listen, "admin") from None
+        except AddressUnusable as exc:
+            raise AddressUnusable(self.listen, "admin", exc.reason) from None
 
     async def stop(self, grace: float) -> None:
         if self._running is not None:

@@ -4,6 +4,7 @@ reason's code (docs/troubleshooting.md); the launcher stops at once when one doe
 from __future__ import annotations
 
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -15,7 +16,8 @@ from pathlib import Path
 import pytest
 
 from strata.config import load_settings
-from strata.launch import StartFailed, Supervisor
+from strata.config.tls import TlsSettings
+from strata.launch import StartFailed, Supervisor, wait_serving
 from tests.support.system import ROOT, free_port, make_config
 
 REPOSITORY = ROOT / "build" / "repository"
@@ -44,9 +46,19 @@ def taken(address: str) -> Iterator[None]:
         yield
 
 
+def spare(config: Path) -> str:
+    """A free loopback address that `config` does not name."""
+    named = config.read_text()
+    while True:
+        address = f"127.0.0.1:{free_port()}"
+        if address not in named:
+            return address
+
+
 def with_metrics(folder: Path) -> tuple[Path, str, str]:
     """A config on free ports whose postprocess also serves metrics; its two addresses."""
-    metrics = f"127.0.0.1:{free_port()}"
+    config = make_config(folder)
+    metrics = spare(config)
     config = make_config(folder, {"services": {"postprocess": {"metrics": metrics}}})
     return config, load_settings(config).services.postprocess.listen, metrics
 
@@ -63,6 +75,39 @@ def test_a_metrics_address_in_use_is_one_line_and_exit_69(tmp_path: Path) -> Non
     with taken(metrics):
         code, line = start("postprocess", config)
     assert (code, line) == (69, f"postprocess: {metrics} (metrics) already in use")
+
+
+def test_a_rest_address_in_use_stops_the_started_grpc_server_and_is_one_line(
+    tmp_path: Path,
+) -> None:
+    config = make_config(tmp_path)
+    rest = load_settings(config).services.gateway.rest
+    with taken(rest):
+        code, line = start("gateway", config)
+    assert (code, line) == (69, f"gateway: {rest} (REST) already in use")
+
+
+def test_the_gateway_binds_its_probe_port_once_beside_an_admin_port(tmp_path: Path) -> None:
+    config = make_config(tmp_path)
+    probe, admin = spare(config), spare(config)
+    changes = {
+        "tls": {"probe_listen": probe},
+        "services": {"gateway": {"admin_listen": admin}},
+        "gateway": {"admin_token": "t" * 32},
+    }
+    config = make_config(tmp_path, changes)
+    gateway = subprocess.Popen(
+        [sys.executable, "-m", "services.gateway", "--config", str(config)],
+        cwd=ROOT,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert wait_serving(probe, 60, TlsSettings()) and wait_serving(admin, 5, TlsSettings())
+    finally:
+        gateway.send_signal(signal.SIGTERM)
+        _, stderr = gateway.communicate(timeout=30)
+    assert gateway.returncode == 0, stderr
 
 
 def test_a_missing_key_is_one_line_and_exit_66(tmp_path: Path) -> None:
