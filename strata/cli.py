@@ -12,7 +12,14 @@ from pathlib import Path
 from strata.config import ConfigError, Settings, load_settings
 from strata.config.endpoints import ServiceEndpoint
 from strata.errors import StrataError
-from strata.exits import AddressUnusable, ConfigInvalid, ModelUnusable, StartFailure, refusal
+from strata.exits import (
+    AddressUnusable,
+    ConfigInvalid,
+    ModelUnusable,
+    StartFailure,
+    one_line,
+    refusal,
+)
 from strata.metrics import serve_metrics
 from strata.server import Companion, Registration, Running, serve
 from strata.telemetry import setup_logging, setup_tracing
@@ -55,7 +62,9 @@ def run_service(name: str, build: Builder, argv: list[str] | None = None) -> Non
         setup_logging(name, settings.telemetry.log_level)
         asyncio.run(_main(name, build, settings, args.listen))
     except StartFailure as exc:
-        print(f"{process}: {exc}", file=sys.stderr)
+        # One write: beside other processes on a shared, unbuffered stderr, print's two
+        # writes (text, then newline) may have another's line between them.
+        sys.stderr.write(f"{process}: {exc}\n")
         raise SystemExit(exc.code) from None
 
 
@@ -63,13 +72,7 @@ def _settings(path: Path, name: str) -> Settings:
     try:
         return load_settings(path, name)
     except ConfigError as exc:
-        raise ConfigInvalid(_one_line(str(exc))) from None
-
-
-def _one_line(text: str) -> str:
-    """A message of several lines (a heading, then one per problem) as one line."""
-    heading, *problems = text.splitlines()
-    return " ".join([heading, "; ".join(p.strip() for p in problems)]).strip()
+        raise ConfigInvalid(one_line(str(exc))) from None
 
 
 def _process_name(name: str, settings: Settings, listen: str | None) -> str:
@@ -109,7 +112,7 @@ async def _built(build: Builder, settings: Settings) -> Service:
     except StartFailure:
         raise
     except (ValueError, OSError, StrataError) as exc:  # a model, step or rule is unusable
-        raise ModelUnusable(_one_line(str(exc))) from None
+        raise ModelUnusable(one_line(str(exc))) from None
 
 
 def _serve_metrics(address: str | None) -> None:

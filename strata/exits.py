@@ -59,6 +59,12 @@ FAILURES = (ModelUnusable, FileUnreadable, AddressUnusable, ConfigInvalid)
 PERMANENT = {USAGE: "its command line is wrong"} | {f.code: f.meaning for f in FAILURES}
 
 
+def one_line(text: str) -> str:
+    """A message of several lines (a heading, then one per problem) as one line."""
+    heading, *problems = text.splitlines() or ["(no message)"]
+    return " ".join([heading, "; ".join(p.strip() for p in problems)]).strip()
+
+
 def refusal(exc: OSError) -> str:
     """How a failed bind reads after the address: `already in use`, or the system's words."""
     if exc.errno == errno.EADDRINUSE:

@@ -30,7 +30,7 @@ import grpc
 
 from strata.config import ConfigError, Settings, load_settings
 from strata.config.tls import TlsSettings
-from strata.exits import PERMANENT
+from strata.exits import PERMANENT, ConfigInvalid, one_line
 from strata.healthcheck import check
 
 log = logging.getLogger("strata.launch")
@@ -277,7 +277,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         settings = load_settings(args.config)
     except ConfigError as exc:
-        sys.exit(str(exc))
+        sys.stderr.write(f"launch: {one_line(str(exc))}\n")
+        return ConfigInvalid.code
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())

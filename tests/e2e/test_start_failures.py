@@ -23,10 +23,12 @@ from tests.support.system import ROOT, free_port, make_config
 REPOSITORY = ROOT / "build" / "repository"
 
 
-def start(layer: str, config: Path) -> tuple[int, str]:
-    """Start one service; its exit code and its last line on stderr, once it has exited."""
+def start(module: str, config: Path) -> tuple[int, str]:
+    """Run `module` (a layer, or a module path); its exit code and its last line on stderr,
+    once it has exited."""
+    module = module if "." in module else f"services.{module}"
     done = subprocess.run(
-        [sys.executable, "-m", f"services.{layer}", "--config", str(config)],
+        [sys.executable, "-m", module, "--config", str(config)],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -137,14 +139,16 @@ def test_a_model_that_will_not_load_is_one_line_and_exit_65(tmp_path: Path) -> N
     ), line
 
 
-def test_a_config_error_is_one_line_and_exit_78(tmp_path: Path) -> None:
+def test_a_config_error_is_one_line_and_exit_78_for_a_service_and_the_launcher(
+    tmp_path: Path,
+) -> None:
     config = make_config(tmp_path, {"server": {"grace_seconds": "soon"}})
-    code, line = start("postprocess", config)
-    assert (code, line) == (
-        78,
-        f"postprocess: config {config} is invalid: server.grace_seconds: Input should be a "
-        "valid number, unable to parse string as a number",
+    problem = (
+        f"config {config} is invalid: server.grace_seconds: Input should be a valid number, "
+        "unable to parse string as a number"
     )
+    assert start("postprocess", config) == (78, f"postprocess: {problem}")
+    assert start("strata.launch", config) == (78, f"launch: {problem}")
 
 
 def test_the_launcher_stops_everything_the_moment_one_process_cannot_start(
