@@ -154,13 +154,13 @@ class Supervisor:
         `timeout` runs out, stop everything and raise StartFailed."""
         end = time.monotonic() + timeout
         waiting = list(names)
-        while True:
-            exited = self.failed()
+        while waiting:
+            exited = self.failed()  # every instance's, each time: a poll costs nothing
             if exited is not None:
                 self._abort(exited, self.processes[exited].returncode)
-            waiting = [n for n in waiting if not serving(self.address(n), self.settings.tls)]
-            if not waiting:
-                return
+            if serving(self.address(waiting[0]), self.settings.tls):  # one health call
+                waiting.pop(0)
+                continue
             if time.monotonic() > end:
                 self._abort(waiting[0], None)
             time.sleep(0.1)
