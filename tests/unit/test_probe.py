@@ -4,6 +4,7 @@ with nothing but a socket (on a loopback port)."""
 from __future__ import annotations
 
 import ast
+import asyncio
 import subprocess
 import sys
 import urllib.request
@@ -11,8 +12,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from grpc_health.v1 import health_pb2
 
 from strata import metrics, probe
+from strata.config.server import ServerSettings
+from strata.server import start_server
 from tests.support.system import ROOT, free_port
 
 PROBE = ROOT / "strata" / "probe.py"
@@ -75,3 +79,15 @@ def test_the_probe_imports_nothing_but_the_socket_and_sys_modules() -> None:
         for alias in node.names
     }
     assert imported == {"_socket", "sys"}
+
+
+def test_readyz_follows_the_servers_health_from_start_to_drain(address: str) -> None:
+    async def lifecycle() -> list[int]:
+        running = await start_server([], "127.0.0.1:0", ServerSettings())
+        seen = [probe.status(address)]
+        await running.set_health(health_pb2.HealthCheckResponse.NOT_SERVING)  # as at SIGTERM
+        seen.append(probe.status(address))
+        await running.stop(0)
+        return seen
+
+    assert asyncio.run(lifecycle()) == [200, 503]
