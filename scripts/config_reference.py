@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
-from pydantic import BaseModel, Discriminator, Secret, SecretBytes, SecretStr
+from pydantic import BaseModel, Discriminator, Secret, SecretBytes, SecretStr, Tag
 from pydantic.fields import FieldInfo
 from pydantic_core import to_jsonable_python
 
@@ -123,10 +123,15 @@ class _Walk:
         elif _is_model(tp):
             self.model(tp, path, table)
         elif origin in UNIONS:
-            models = [a for a in args if _is_model(a)]
+            members = [_member(arg) for arg in args]
+            models = [(member, tag) for member, tag in members if _is_model(member)]
             if len(models) > 1:
                 self.union(models, path, discriminator)
-                args = [a for a in args if a not in models]
+                args = [
+                    arg
+                    for arg, (member, _) in zip(args, members, strict=True)
+                    if not _is_model(member)
+                ]
             for arg in args:
                 self.annotation(arg, path, table)
         elif origin in SEQUENCES:
@@ -143,13 +148,15 @@ class _Walk:
             self.field(f"{prefix}.{_key(name, info)}", info, table)
         self._models.pop()
 
-    def union(self, models: list[type[BaseModel]], path: str, discriminator: str | None) -> None:
+    def union(
+        self, models: list[tuple[type[BaseModel], str | None]], path: str, discriminator: str | None
+    ) -> None:
         """A group heading, then one table per member, titled by its tag (or class name)."""
         how = f"chosen by its `{discriminator}` key" if discriminator else "by its keys"
         self.tables.append(Table(f"### `{path}`", f"One of these kinds, {how}."))
         base = path.removesuffix("[]")
-        for member in models:
-            tag = _tag(member, discriminator)
+        for member, given in models:
+            tag = given or _tag(member, discriminator)
             label = f"{discriminator}={tag}" if discriminator else tag
             table = Table(f"#### `{tag}`", _docstring(member))
             self.tables.append(table)
@@ -300,8 +307,19 @@ def _models(tp: Any) -> list[type[BaseModel]]:
 
 
 def _discriminator(metadata: Sequence[Any]) -> str | None:
+    """The key a union is chosen by: a field's name, or the name of the function that reads
+    it (strata.config.base.stage_union's `kind`)."""
     tags = [m.discriminator for m in metadata if isinstance(m, FieldInfo | Discriminator)]
-    return next((t for t in tags if isinstance(t, str)), None)
+    names = [t if isinstance(t, str) else getattr(t, "__name__", None) for t in tags]
+    return next(filter(None, names), None)
+
+
+def _member(tp: Any) -> tuple[Any, str | None]:
+    """A union member, and its Tag where it is annotated with one."""
+    if get_origin(tp) is not Annotated:
+        return tp, None
+    inner, *metadata = get_args(tp)
+    return inner, next((m.tag for m in metadata if isinstance(m, Tag)), None)
 
 
 def _tag(member: type[BaseModel], discriminator: str | None) -> str:

@@ -51,7 +51,8 @@ DAYS = 365
 # The gateway's secrets (Secret name: its file), mounted beside the identities' folders.
 ADMIN_SECRET, ADMIN_FILE = "strata-admin", "token"
 KEYS_SECRET, KEYS_FILE = "strata-api-keys", "api-keys.yaml"
-CLIENT, CLIENT_KEY = "dev", "client/api-key"  # the development client and where its key goes
+CLIENT_FOLDER = "client"  # the development client's key, and any client certificates
+CLIENT, CLIENT_KEY = "dev", f"{CLIENT_FOLDER}/api-key"  # the development client, its key
 
 
 def secret_name(identity: str) -> str:
@@ -151,9 +152,12 @@ def _kustomization() -> str:
     return yaml.safe_dump(spec, sort_keys=False)
 
 
-def make_certs(folder: Path, namespaces: tuple[str, ...] = NAMESPACES) -> None:
+def make_certs(
+    folder: Path, namespaces: tuple[str, ...] = NAMESPACES, clients: tuple[str, ...] = ()
+) -> None:
     """A new CA, every identity's certificate and the gateway's secrets under `folder`,
-    replacing what was there."""
+    replacing what was there; with `clients`, a client certificate for each (`--client`),
+    under client/NAME, for a gateway whose public ports require one (tls.client_certificates)."""
     ca_key = _key()
     ca = (
         _builder("Strata development CA", _name("Strata development CA"), ca_key.public_key())
@@ -163,6 +167,10 @@ def make_certs(folder: Path, namespaces: tuple[str, ...] = NAMESPACES) -> None:
     for identity, (hosts, uses) in IDENTITIES.items():
         names = _names(identity, hosts, namespaces)
         _write_identity(folder, ca, ca_key, identity, names, uses)
+    for client in clients:
+        names = _names(client, (), ())
+        uses = (ExtendedKeyUsageOID.CLIENT_AUTH,)  # CLIENT is the development client's name
+        _write_identity(folder / CLIENT_FOLDER, ca, ca_key, client, names, uses)
     _write_secrets(folder)
     (folder / "kustomization.yaml").write_text(_kustomization())
 
@@ -175,8 +183,14 @@ def main() -> None:
         action="append",
         help=f"Kubernetes namespace to name Services in (repeatable; default {NAMESPACES})",
     )
+    parser.add_argument(
+        "--client",
+        action="append",
+        default=[],
+        help="a client to write a certificate for, under client/NAME (repeatable)",
+    )
     args = parser.parse_args()
-    make_certs(args.out, tuple(args.namespace or NAMESPACES))
+    make_certs(args.out, tuple(args.namespace or NAMESPACES), tuple(args.client))
 
 
 if __name__ == "__main__":

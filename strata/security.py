@@ -8,26 +8,25 @@ A certificate's identity is its SPIFFE ID, spiffe://strata/NAME.
 Internal layers (preprocess, inference, postprocess) require mutual TLS and, on every RPC,
 admit only the identities `tls.allowed_clients` lists for them (the gateway); health checks
 admit any certificate the CA signed, so each container can check itself. The gateway's public
-port presents `gateway-public` without asking clients for a certificate (clients authenticate
-with API keys); its channels to the layers present `gateway`.
+port presents `gateway-public` and asks clients for a certificate only with
+`tls.client_certificates` (whose principal is then the client's identity); otherwise clients
+authenticate with API keys. Its channels to the layers present `gateway`.
 Plaintext only when the config says so, for local development.
 """
 
 from __future__ import annotations
 
 import hashlib
-import inspect
 import logging
 import secrets
 import sys
-import types
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 import grpc
-from google.protobuf import descriptor_pool
 
 from strata.config.gateway import ApiKey
 from strata.config.tls import CA, CERT, GATEWAY, KEY, TlsSettings, public_identity
+from strata.door import Gate, around_methods
 
 log = logging.getLogger(__name__)
 
@@ -42,15 +41,24 @@ def spiffe_id(identity: str) -> str:
 def server_credentials(
     tls: TlsSettings, identity: str, public: bool
 ) -> grpc.ServerCredentials | None:
-    """None for plaintext; server-only TLS for a public server; mutual TLS otherwise."""
+    """None for plaintext; server-only TLS for a public server, unless it requires client
+    certificates (`tls.client_certificates`); mutual TLS otherwise."""
     if not tls.enabled:
         return None
     name = public_identity(identity) if public else identity
+    mutual = not public or tls.client_certificates
     return grpc.ssl_server_credentials(
         [(tls.pem(name, KEY), tls.pem(name, CERT))],
-        root_certificates=None if public else tls.pem(name, CA),
-        require_client_auth=not public,
+        root_certificates=tls.pem(name, CA) if mutual else None,
+        require_client_auth=mutual,
     )
+
+
+def principal(names: Iterable[str]) -> str | None:
+    """Whom a verified certificate names: its SPIFFE ID, else its first name; None without."""
+    names = list(names)
+    spiffe = [name for name in names if name.startswith("spiffe://")]
+    return (spiffe or names or [None])[0]
 
 
 def channel_credentials(
@@ -94,34 +102,7 @@ def caller_guard(tls: TlsSettings, identity: str, public: bool) -> Guard:
             detail = refusal + (", ".join(mine) or "no Strata identity")
             await context.abort(grpc.StatusCode.PERMISSION_DENIED, detail)
 
-    return lambda servicer, service: _guarded(servicer, service, check)
-
-
-def _guarded(servicer: object, service: str, check: Callable) -> object:
-    """`servicer` with each method of `service` wrapped, once at start-up, in `check`: a set
-    lookup over the names in the caller's certificate (about a microsecond a call), where a
-    server interceptor would run its whole pipeline in Python on every call."""
-    methods = descriptor_pool.Default().FindServiceByName(service).methods
-    return types.SimpleNamespace(
-        **{m.name: _checked(getattr(servicer, m.name), check) for m in methods}
-    )
-
-
-def _checked(handler: Callable, check: Callable) -> Callable:
-    if inspect.isasyncgenfunction(handler):
-
-        async def stream(request, context):
-            await check(context)
-            async for reply in handler(request, context):
-                yield reply
-
-        return stream
-
-    async def call(request, context):
-        await check(context)
-        return await handler(request, context)
-
-    return call
+    return lambda servicer, service: around_methods(servicer, service, Gate(check))
 
 
 def key_hash(key: str) -> str:

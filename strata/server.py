@@ -1,7 +1,8 @@
 """Server start-up and shutdown, one routine for every service.
 
-Start: bind, add health and reflection (and, where configured, a plaintext probe port with
-health alone), mark SERVING. SIGTERM or SIGINT: mark NOT_SERVING, stop accepting calls, let
+Start: bind, add health, reflection (unless `server.reflection` is off) and the door's limits
+on what clients hold open (strata.door), add a plaintext probe port with health alone where
+configured, mark SERVING. SIGTERM or SIGINT: mark NOT_SERVING, stop accepting calls, let
 in-flight calls finish within the grace period, then run the service's own clean-up and flush
 telemetry.
 """
@@ -24,6 +25,7 @@ from opentelemetry import trace
 
 from strata.config.server import ServerSettings
 from strata.config.tls import TlsSettings
+from strata.door import PROBE_RESERVE, Door
 from strata.exits import AddressUnusable, bind_problem
 from strata.metrics import set_ready
 from strata.security import caller_guard, server_credentials
@@ -42,10 +44,10 @@ class Companion(Protocol):
     async def stop(self, grace: float) -> None: ...
 
 
+IDENTITY_ONLY = 1  # grpc's bitset of enabled compression algorithms: bit 0, no compression
 # gRPC binds with SO_REUSEPORT by default, so a second server on a port in use would start
 # and share its calls; without it, the second one fails to start and says the port is in use.
 NOT_SHARED = ("grpc.so_reuseport", 0)
-
 # (servicer, add_to_server function, full service name)
 Registration = tuple[object, Callable[[object, grpc.aio.Server], None], str]
 
@@ -90,7 +92,7 @@ async def start_server(
     public: bool = False,
     identity: str | None = None,
 ) -> Running:
-    """Bind and start a server with health and reflection, and mark it SERVING.
+    """Bind and start a server with health (and reflection, unless off), and mark it SERVING.
 
     With TLS on, the server presents the certificate of `identity` (the layer's name): a public
     server (the gateway) its public one; any other requires callers to present one signed by
@@ -99,30 +101,25 @@ async def start_server(
     tls = tls or TlsSettings()
     if tls.enabled and not identity:
         raise ValueError("a server under TLS needs its identity, to pick its certificate")
-    options = [
-        *grpc_options(settings),
-        ("grpc.max_concurrent_streams", settings.max_concurrent_streams),
-        NOT_SHARED,
-    ]
-    if not public:
-        # Internal callers (the gateway) retry UNAVAILABLE, so ageing their connections out to
-        # make them re-resolve DNS costs nothing; public clients may not retry, so theirs stay.
-        options += [
-            ("grpc.max_connection_age_ms", int(settings.max_connection_age_seconds * 1000)),
-            ("grpc.max_connection_age_grace_ms", int(settings.grace_seconds * 1000)),
-        ]
-    server = grpc.aio.server(options=options, maximum_concurrent_rpcs=settings.max_concurrent_rpcs)
+    server = grpc.aio.server(
+        options=_server_options(settings, public),
+        maximum_concurrent_rpcs=settings.max_concurrent_rpcs + PROBE_RESERVE,
+    )
+    door = Door(settings.max_concurrent_rpcs, settings.max_calls_per_client if public else None)
     health = HealthServicer()
-    health_pb2_grpc.add_HealthServicer_to_server(health, server)
-    names = [health_pb2.DESCRIPTOR.services_by_name["Health"].full_name]
+    health_name = health_pb2.DESCRIPTOR.services_by_name["Health"].full_name
+    health_pb2_grpc.add_HealthServicer_to_server(door.guard(health, health_name), server)
+    names = [health_name]
     guard = caller_guard(tls, identity, public)
     for servicer, add, name in registrations:
-        add(traced_servicer(guard(servicer, name), name), server)
+        add(door.guard(traced_servicer(guard(servicer, name), name), name), server)
         names.append(name)
-    reflected = ReflectionServicer([*names, reflection.SERVICE_NAME])
-    reflection_pb2_grpc.add_ServerReflectionServicer_to_server(
-        guard(reflected, reflection.SERVICE_NAME), server
-    )
+    if settings.reflection:
+        reflected = ReflectionServicer([*names, reflection.SERVICE_NAME])
+        reflection_pb2_grpc.add_ServerReflectionServicer_to_server(
+            door.guard(guard(reflected, reflection.SERVICE_NAME), reflection.SERVICE_NAME),
+            server,
+        )
     port = _bind(server, listen, "listen", server_credentials(tls, identity, public))
     await server.start()
     try:
@@ -156,6 +153,30 @@ def _bind(
     if port == 0:
         raise AddressUnusable(listen, role)
     return port
+
+
+def _server_options(settings: ServerSettings, public: bool) -> list[tuple[str, int]]:
+    options = [
+        *grpc_options(settings),
+        ("grpc.max_concurrent_streams", settings.max_concurrent_streams),
+        ("grpc.server_handshake_timeout_ms", int(settings.handshake_timeout_seconds * 1000)),
+        NOT_SHARED,
+    ]
+    if not settings.accept_compressed:
+        # Identity alone: a compressed message is refused UNIMPLEMENTED before it inflates.
+        options.append(("grpc.compression_enabled_algorithms_bitset", IDENTITY_ONLY))
+    if public:
+        options.append(
+            ("grpc.max_connection_idle_ms", int(settings.idle_connection_seconds * 1000))
+        )
+    else:
+        # Internal callers (the gateway) retry UNAVAILABLE, so ageing their connections out to
+        # make them re-resolve DNS costs nothing; public clients may not retry, so theirs stay.
+        options += [
+            ("grpc.max_connection_age_ms", int(settings.max_connection_age_seconds * 1000)),
+            ("grpc.max_connection_age_grace_ms", int(settings.grace_seconds * 1000)),
+        ]
+    return options
 
 
 async def _probe(

@@ -1,8 +1,10 @@
 """Who is calling and whether they may: identity, API keys and token buckets, at the door.
 
-With API keys configured, a caller is its key's client and is limited as that client alone.
-Without them, identity is only what the caller says (a client id, an unregistered key), so
-its peer address (the host, without the port) is limited too: rotating ids does not escape.
+With API keys configured, a caller is its key's client and is limited as that client alone;
+without keys but with client certificates (tls.client_certificates), it is its certificate's
+principal, whatever client id it sends. Without either, identity is only what the caller
+says (a client id, an unregistered key), so its peer address (the host, without the port) is
+limited too: rotating ids does not escape.
 
 Forcing an A/B arm (`strata.arm`) is a capability: with API keys, only a key granted
 `force_arm` may; without keys (the door open, local development) any caller may force an
@@ -10,8 +12,6 @@ arm that takes traffic. A rolled-back arm (weight 0) is forced only with the cap
 """
 
 from __future__ import annotations
-
-from collections.abc import Mapping
 
 from services.gateway.caller import Caller
 from services.gateway.limiter import RateLimiter
@@ -25,9 +25,11 @@ ARM_PARAMETER = "strata.arm"
 FORCE_ARM = "force_arm"
 
 
-def client_key(metadata: Mapping[str, str], peer: str, limits: RateLimits, keys: KeyRing) -> str:
+def client_key(caller: Caller, limits: RateLimits, keys: KeyRing) -> str:
     """Who is calling: the client id of a valid API key (required when keys are configured),
-    else a hash of an unregistered key, a client id header, or the peer host."""
+    else the principal of its client certificate, else a hash of an unregistered key, a
+    client id header, or the peer host."""
+    metadata = caller.metadata
     key = metadata.get(limits.api_key_header)
     if keys:
         client = keys.client(key)
@@ -36,12 +38,14 @@ def client_key(metadata: Mapping[str, str], peer: str, limits: RateLimits, keys:
                 f"a valid API key is required in the {limits.api_key_header!r} metadata"
             )
         return f"id:{client}"
+    if caller.principal is not None:
+        return f"cert:{caller.principal}"
     if key:
         return "key:" + key_hash(key)[:16]
     client = metadata.get(limits.client_header)
     if client:
         return f"id:{client}"
-    return peer_host(peer)
+    return peer_host(caller.peer)
 
 
 def peer_host(peer: str) -> str:
@@ -58,12 +62,13 @@ class Admission:
 
     def identify(self, caller: Caller) -> str:
         """The caller's client key (UNAUTHENTICATED without a valid API key, when required)."""
-        return client_key(caller.metadata, caller.peer, self.limiter.limits, self.keys)
+        return client_key(caller, self.limiter.limits, self.keys)
 
     def admit(self, caller: Caller) -> str:
         """The caller's client key, once its token buckets allow the request."""
         client = self.identify(caller)
-        peer = None if self.keys else peer_host(caller.peer)
+        authenticated = self.keys or caller.principal is not None
+        peer = None if authenticated else peer_host(caller.peer)
         admitted, wait, scope = self.limiter.admit(client, peer)
         if not admitted:
             RATE_LIMITED.labels(scope).inc()

@@ -54,7 +54,11 @@ async def build(settings: Settings) -> Service:
     v2_name = grpc_service_pb2.DESCRIPTOR.services_by_name["GRPCInferenceService"].full_name
     registrations: list[Registration] = [
         (
-            GatewayServicer(pipelines, settings.server.max_stream_in_flight),
+            GatewayServicer(
+                pipelines,
+                settings.server.max_stream_in_flight,
+                settings.gateway.max_streams_per_client,
+            ),
             grpc_service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server,
             v2_name,
         )
@@ -76,10 +80,11 @@ async def build(settings: Settings) -> Service:
             settings.server,
             settings.tls,
             GATEWAY,
-            rest.forwarded_allow_ips,
+            rest,
         )
         companions.append(server)
-    if not runtime.admission.keys:
+    certificates = settings.tls.enabled and settings.tls.client_certificates
+    if not runtime.admission.keys and not certificates:
         _warn_open_door(settings)
     return Service(
         registrations=registrations,
@@ -93,7 +98,8 @@ async def build(settings: Settings) -> Service:
 def _warn_open_door(settings: Settings) -> None:
     """Say once, at start, that any caller is served and names itself."""
     log.warning(
-        "no API keys configured (gateway.api_keys, gateway.api_keys_file): the door is open, "
+        "no API keys configured (gateway.api_keys, gateway.api_keys_file) nor client "
+        "certificates required (tls.client_certificates): the door is open, "
         "anyone who reaches %s can call, and a caller's identity for rate limits and fair "
         "shares is the %r header it chooses; fine on a laptop, not on a network",
         settings.services.gateway.listen,

@@ -7,6 +7,10 @@ from dataclasses import dataclass
 
 import grpc
 
+from strata.security import principal
+
+PRINCIPAL = "strata.principal"  # the ASGI scope extension: a client certificate's principal
+
 
 @dataclass(frozen=True)
 class Caller:
@@ -16,10 +20,15 @@ class Caller:
     peer: str  # gRPC's form: ipv4:10.0.0.1:5123, ipv6:[::1]:5123
     time_remaining: float | None  # seconds until the caller's deadline; None: none set
     protocol: str = "grpc"
+    principal: str | None = None  # whom its verified client certificate names (security.py)
 
 
 def grpc_caller(context: grpc.aio.ServicerContext) -> Caller:
     """The caller of a gRPC call."""
+    names = context.peer_identities() or ()
     return Caller(
-        dict(context.invocation_metadata() or ()), context.peer(), context.time_remaining()
+        dict(context.invocation_metadata() or ()),
+        context.peer(),
+        context.time_remaining(),
+        principal=principal(name.decode() for name in names),
     )

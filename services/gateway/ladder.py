@@ -104,17 +104,26 @@ def readings(
     recent = signals.window(window)
     lag = signals.loop_lag
     parts = {"event_loop": Reading(lag * 1000, settings.loop_lag_limit_ms, " ms")}
+    answered: dict[str, list[float]] = {}
+    kinds = {"error": 0, "rejected": 0}
+    for outcome in recent:  # one pass: at load the window holds thousands
+        if outcome.kind == "ok":
+            answered.setdefault(outcome.pipeline, []).append(outcome.seconds)
+        elif outcome.kind in kinds:
+            kinds[outcome.kind] += 1
     if len(recent) >= MIN_SAMPLES:
-        errors = sum(o.kind == "error" for o in recent) / len(recent)
-        rejected = sum(o.kind == "rejected" for o in recent) / len(recent)
-        parts["errors"] = Reading(errors, settings.error_rate_limit)
-        parts["rejections"] = Reading(rejected, settings.rejection_rate_limit)
-    delays = signals.delays(window)
+        parts["errors"] = Reading(kinds["error"] / len(recent), settings.error_rate_limit)
+        parts["rejections"] = Reading(
+            kinds["rejected"] / len(recent), settings.rejection_rate_limit
+        )
+    waited: dict[str, list[float]] = {}
+    for pipeline, seconds in signals.delays(window):
+        waited.setdefault(pipeline, []).append(seconds)
     for pipeline, objective in objectives.items():
-        latencies = [o.seconds for o in recent if o.pipeline == pipeline and o.kind == "ok"]
+        latencies = answered.get(pipeline, [])
         if len(latencies) >= MIN_SAMPLES:
             parts[f"latency:{pipeline}"] = Reading(_p95(latencies), objective, " s")
-        waits = [seconds for name, seconds in delays if name == pipeline]
+        waits = waited.get(pipeline, [])
         if len(waits) >= MIN_SAMPLES:
             threshold = settings.queue_delay_share * objective
             parts[f"queue_delay:{pipeline}"] = Reading(_p95(waits) + lag, threshold, " s")

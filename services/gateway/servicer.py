@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 
 import grpc
 
 from services.gateway.caller import grpc_caller
 from services.gateway.pipelines import Pipelines
+from strata.door import Shares, refuse
+from strata.errors import StrataError, status_of
 from strata.grpc_errors import grpc_errors
 from strata.proto.inference import grpc_service_pb2 as v2
 from strata.proto.inference import grpc_service_pb2_grpc as v2_grpc
@@ -17,10 +20,14 @@ from strata.v2stream import answer_stream
 
 class GatewayServicer(v2_grpc.GRPCInferenceServiceServicer):
     def __init__(
-        self, pipelines: Pipelines, max_stream_in_flight: int = DEFAULT_MAX_IN_FLIGHT
+        self,
+        pipelines: Pipelines,
+        max_stream_in_flight: int = DEFAULT_MAX_IN_FLIGHT,
+        max_streams_per_client: int | None = None,
     ) -> None:
         self._pipelines = pipelines
         self._max_stream_in_flight = max_stream_in_flight
+        self._streams = Shares(max_streams_per_client)
 
     def _client(self, context: grpc.aio.ServicerContext) -> str:
         return self._pipelines.identify(grpc_caller(context))
@@ -64,10 +71,31 @@ class GatewayServicer(v2_grpc.GRPCInferenceServiceServicer):
     async def ModelStreamInfer(
         self, requests: AsyncIterator[v2.ModelInferRequest], context: grpc.aio.ServicerContext
     ) -> AsyncIterator[v2.ModelStreamInferResponse]:
-        """Each request of the stream through the pipeline on its own (strata.v2stream)."""
+        """Each request of the stream through the pipeline on its own (strata.v2stream), once
+        the stream's caller is known and within its share of streams."""
 
         async def infer(request: v2.ModelInferRequest) -> v2.ModelInferResponse:
             return await self._pipelines.infer(request, grpc_caller(context))
 
-        async for answer in answer_stream(requests, infer, self._max_stream_in_flight):
-            yield answer
+        async with self._stream_held(context):
+            async for answer in answer_stream(requests, infer, self._max_stream_in_flight):
+                yield answer
+
+    @asynccontextmanager
+    async def _stream_held(self, context: grpc.aio.ServicerContext) -> AsyncIterator[None]:
+        """The block's stream counted as its client's, or refused before it is held:
+        UNAUTHENTICATED without a valid key (when required), RESOURCE_EXHAUSTED past the
+        client's `max_streams_per_client`."""
+        try:
+            client = self._client(context)
+        except StrataError as exc:
+            await context.abort(*status_of(exc))
+        if not self._streams.take(client):
+            limit = self._streams.limit
+            await refuse(
+                context, "streams_per_client", f"this client holds {limit} open streams already"
+            )
+        try:
+            yield
+        finally:
+            self._streams.give(client)

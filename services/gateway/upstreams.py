@@ -4,8 +4,8 @@ Every call passes on what is left of the caller's deadline; every failure comes 
 upstream's own status code with the hop named in the message. gRPC's retry policy (in the
 channel's service config) retries UNAVAILABLE on another replica; the breaker sees only what
 is left after those retries (an inference call: the breaker of its model on that deployment).
-Trace context goes in each call's metadata, and a client span is made only when the call's
-trace is sampled (strata.telemetry.outgoing).
+Trace context goes in each call's metadata (strata.telemetry.outgoing); how long each hop
+took goes on the caller's span as `strata.hop.<hop>_ms` when its trace is sampled.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from strata.config.endpoints import ServiceEndpoint
 from strata.errors import Unavailable, from_code, hinted_retry
 from strata.proto.inference import grpc_service_pb2_grpc as v2_grpc
 from strata.proto.v1 import postprocess_pb2_grpc, preprocess_pb2_grpc
-from strata.telemetry import outgoing
+from strata.telemetry import annotate, outgoing
 
 INFERENCE_SERVICE = "inference.GRPCInferenceService"
 
@@ -96,7 +96,9 @@ class Hop:
         bounded = self.replicated if spare is None else spare
         ends = time.monotonic() + budget
         attempts = TIMEOUT_ATTEMPTS if self.replicated else 1
-        with outgoing(f"{self.name} {method}", metadata) as sent:
+        sent = outgoing(metadata)
+        started = time.monotonic()
+        try:
             while True:
                 try:
                     return await self._call(method, request, budget, sent, breaker, bounded)
@@ -105,6 +107,8 @@ class Hop:
                     budget = ends - time.monotonic()
                     if attempts == 0 or budget <= 0:
                         raise
+        finally:
+            annotate(**{f"hop.{self.name}_ms": (time.monotonic() - started) * 1e3})
 
     async def _call(
         self,

@@ -86,7 +86,6 @@ class Batcher:
         its batch's span links to `link` (a flight member's span), else to the caller's."""
         loop = asyncio.get_running_loop()
         now = loop.time()
-        enqueued_ns = time.time_ns()
         level = request.priority or self._settings.default_priority
         self._admit(rows, level, request.deadline, now)
         future: asyncio.Future[Arrays] = loop.create_future()
@@ -105,7 +104,7 @@ class Batcher:
                 self._check_drained()
             raise
         finally:
-            spans.note_request(job.queued, job.batch_rows, job.batch, enqueued_ns)
+            spans.note_request(job.queued, job.batch_rows, job.batch)
 
     def close(self) -> None:
         """Take no new requests; those queued still run, without waiting for company."""

@@ -61,14 +61,13 @@ def end_batch(span: Span, compute: float, failures: int) -> None:
     span.end()
 
 
-def note_request(queued: float, rows: int, batch: Span | None, enqueued_ns: int) -> None:
-    """On the request's own span: its queue wait (also as a child span) and its batch."""
+def note_request(queued: float, rows: int, batch: Span | None) -> None:
+    """On the request's own span: its queue wait and its batch (attributes: a span of its
+    own for the wait would cost more than it tells)."""
     span = trace.get_current_span()
     if not span.is_recording():
         return
     span.set_attribute("strata.queue_ms", queued * 1e3)
-    wait = _tracer.start_span("queue wait", start_time=enqueued_ns)
-    wait.end(end_time=enqueued_ns + int(queued * 1e9))
     if batch is not None:
         span.set_attribute("strata.batch_rows", rows)
         span.set_attribute("strata.batch_span_id", f"{batch.get_span_context().span_id:016x}")

@@ -2,18 +2,25 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Any, ClassVar, Literal, Union, get_args
 
 from pydantic import (
     AfterValidator,
     BaseModel,
     ConfigDict,
+    Discriminator,
     Field,
+    PrivateAttr,
     SecretStr,
+    Tag,
     TypeAdapter,
     ValidationError,
+    field_validator,
 )
+
+from strata.stages import Family, Plugin
 
 
 class Strict(BaseModel):
@@ -31,6 +38,77 @@ Datatype = Literal[
     "BOOL", "UINT8", "UINT16", "UINT32", "UINT64", "INT8", "INT16", "INT32", "INT64",
     "FP16", "FP32", "FP64", "BYTES",
 ]  # fmt: skip
+
+
+PLUGIN = "<plugin>"  # the tag of a stage whose kind is not a built-in (in errors and docs)
+# An import path (package.module:Name) or an entry point's name.
+_PLUGIN_KIND = re.compile(r"[A-Za-z_][\w.-]*(:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*)?")
+
+
+class PluginStage(BaseModel):
+    """A stage whose kind names user code: every key beside the shared ones is the plugin's
+    option, validated by the plugin's own `Options` when the service that runs the stage
+    loads the config (`plugin`), never where the stage is only carried (the gateway)."""
+
+    family: ClassVar[Family]
+    kind: str = Field(
+        description="An import path (package.module:Name) or the name of an entry point an "
+        "installed package declares; the class it names runs the stage."
+    )
+    _plugin: Plugin | None = PrivateAttr(default=None)
+
+    @field_validator("kind", check_fields=False)
+    @classmethod
+    def _names_code(cls, kind: str) -> str:
+        if not _PLUGIN_KIND.fullmatch(kind):
+            raise ValueError(
+                f"{kind!r} is not a built-in {cls.family.what}, an import path "
+                "(package.module:Name) or an entry point's name"
+            )
+        return kind
+
+    @property
+    def options(self) -> dict[str, Any]:
+        """The plugin's own keys, as written."""
+        return dict(self.model_extra or {})
+
+    def plugin(self, repository: Path) -> Plugin:
+        """The plugin's class and validated options, imported once (PluginError if not)."""
+        if self._plugin is None:
+            self._plugin = self.family.load(self.kind, self.options, repository)
+        return self._plugin
+
+
+def kinds(models: tuple[type[BaseModel], ...]) -> frozenset[str]:
+    """The kinds of built-in stage models (each declares its kind as a Literal)."""
+    return frozenset(map(_kind, models))
+
+
+def stage_union(models: tuple[type[BaseModel], ...], plugin: type[PluginStage]) -> Any:
+    """A stage chosen by `kind`: one of the built-in models, or else a plugin."""
+    builtins = kinds(models)
+
+    def kind(value: Any) -> str | None:  # named after the key it reads (config-docs)
+        given = value.get("kind") if isinstance(value, dict) else getattr(value, "kind", None)
+        if not isinstance(given, str):
+            return None
+        return given if given in builtins else PLUGIN
+
+    tagged = [Annotated[model, Tag(_kind(model))] for model in models]
+    members = Union[(*tagged, Annotated[plugin, Tag(PLUGIN)])]  # type: ignore[valid-type]
+    return Annotated[
+        members,
+        Discriminator(
+            kind,
+            custom_error_type="missing_kind",
+            custom_error_message="a stage needs a 'kind': a built-in, an import path "
+            "(package.module:Name) or an entry point's name",
+        ),
+    ]
+
+
+def _kind(model: type[BaseModel]) -> str:
+    return get_args(model.model_fields["kind"].annotation)[0]
 
 
 MIN_ADMIN_TOKEN = 32  # characters: a guessed or short token is refused at load time

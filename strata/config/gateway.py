@@ -259,6 +259,13 @@ class Rest(Strict):
         description="Most values one JSON body holds: each becomes a Python object when "
         "parsed, so this bounds what a body costs; larger tensors go as binary data.",
     )
+    header_timeout_seconds: float = Field(
+        default=10.0,
+        gt=0,
+        description="A connection's request header must arrive whole within this long of its "
+        "first byte (or of the connection, for the first request); otherwise it is answered "
+        "408 and closed. An idle connection between requests is closed after 5 s.",
+    )
     forwarded_allow_ips: list[str] = Field(
         default_factory=list,
         description="Addresses or networks of proxies whose X-Forwarded-For and "
@@ -270,6 +277,15 @@ class Rest(Strict):
 class GatewaySettings(Strict):
     """Gateway policies."""
 
+    max_streams_per_client: int | None = Field(
+        default=64,
+        gt=0,
+        description="ModelStreamInfer streams one client (its API key's client, its "
+        "certificate's principal, else its client id or address) may hold open at once; one "
+        "more is refused RESOURCE_EXHAUSTED. A stream is identified as it opens, so without a "
+        "valid key (when keys are required) it is refused UNAUTHENTICATED before it is held. "
+        "null: no limit. Read at start.",
+    )
     default_timeout_seconds: float = Field(
         default=30.0, gt=0, description="Budget of a request whose caller set no deadline."
     )

@@ -9,11 +9,12 @@ keywords file) or a library (a regex that must compile) is checked there.
 from __future__ import annotations
 
 import string
-from typing import Annotated, Literal
+from typing import Annotated, ClassVar, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import ConfigDict, Field, field_validator, model_validator
 
-from strata.config.base import OUTPUT, Count, Number, Strict
+from strata.config.base import OUTPUT, Count, Number, PluginStage, Strict, kinds, stage_union
+from strata.stages import Family
 
 Text = Annotated[str, Field(min_length=1)]
 
@@ -337,17 +338,31 @@ def _template_fields(template: str) -> set[str]:
     return names
 
 
-Rule = Annotated[
-    SoftmaxRule
-    | SigmoidRule
-    | ThresholdRule
-    | SortRule
-    | TopkRule
-    | LabelsRule
-    | MeanPoolRule
-    | L2NormalizeRule
-    | KeywordFilterRule
-    | RegexFilterRule
-    | FormatRule,
-    Field(discriminator="kind"),
-]
+BUILTIN_RULES = (
+    SoftmaxRule,
+    SigmoidRule,
+    ThresholdRule,
+    SortRule,
+    TopkRule,
+    LabelsRule,
+    MeanPoolRule,
+    L2NormalizeRule,
+    KeywordFilterRule,
+    RegexFilterRule,
+    FormatRule,
+)
+
+
+class PluginRule(PluginStage, RuleSpec):
+    """A rule of your own code (docs/plugins.md): `kind` is an import path
+    (package.module:Name) or an entry point's name in group strata.rules; the keys every rule
+    has (name, core, when, timeout_seconds, protects) are the engine's, the others the
+    rule's options, validated by its Options where postprocess runs it."""
+
+    model_config = ConfigDict(extra="allow")
+    family: ClassVar[Family] = Family(
+        "postprocess rule", "strata.rules", "apply", kinds(BUILTIN_RULES)
+    )
+
+
+Rule = stage_union(BUILTIN_RULES, PluginRule)

@@ -7,11 +7,21 @@ model; what needs a file (a vocabulary, a tokenizer, statistics) is checked ther
 
 from __future__ import annotations
 
-from typing import Annotated, Literal, get_args
+from typing import Annotated, ClassVar, Literal, get_args
 
-from pydantic import BeforeValidator, Field, model_validator
+from pydantic import BeforeValidator, ConfigDict, Field, model_validator
 
-from strata.config.base import OUTPUT, Count, Datatype, Number, Strict
+from strata.config.base import (
+    OUTPUT,
+    Count,
+    Datatype,
+    Number,
+    PluginStage,
+    Strict,
+    kinds,
+    stage_union,
+)
+from strata.stages import Family
 
 Level = Annotated[int, Field(strict=True, ge=0, le=255)]
 
@@ -278,17 +288,30 @@ class StandardizeStep(StepSpec):
         return self
 
 
-Step = Annotated[
-    NormalizeTextStep
-    | TokenizeStep
-    | VocabularyStep
-    | DecodeStep
-    | ColorStep
-    | ResizeStep
-    | ScaleStep
-    | ClipStep
-    | CastStep
-    | FlattenStep
-    | StandardizeStep,
-    Field(discriminator="kind"),
-]
+BUILTIN_STEPS = (
+    NormalizeTextStep,
+    TokenizeStep,
+    VocabularyStep,
+    DecodeStep,
+    ColorStep,
+    ResizeStep,
+    ScaleStep,
+    ClipStep,
+    CastStep,
+    FlattenStep,
+    StandardizeStep,
+)
+
+
+class PluginStep(PluginStage, StepSpec):
+    """A step of your own code (docs/plugins.md): `kind` is an import path
+    (package.module:Name) or an entry point's name in group strata.steps; the other keys
+    (but name) are the step's options, validated by its Options where preprocess runs it."""
+
+    model_config = ConfigDict(extra="allow")
+    family: ClassVar[Family] = Family(
+        "preprocess step", "strata.steps", "process", kinds(BUILTIN_STEPS)
+    )
+
+
+Step = stage_union(BUILTIN_STEPS, PluginStep)

@@ -35,9 +35,47 @@ class ServerSettings(Strict):
     max_concurrent_rpcs: int = Field(
         default=2048,
         gt=0,
-        description="Calls one server runs at once, health checks included; gRPC refuses any "
-        "beyond it at once (RESOURCE_EXHAUSTED, before a handler runs): the backstop behind "
-        "the gateway's adaptive concurrency limit, so a backlog cannot grow without bound.",
+        description="Calls one server runs at once, idle streams included; any beyond it is "
+        "refused at once (RESOURCE_EXHAUSTED, before a handler runs): the backstop behind "
+        "the gateway's adaptive concurrency limit, so a backlog cannot grow without bound. "
+        "Health checks, ServerLive and ServerReady are not counted: they have capacity of "
+        "their own.",
+    )
+    max_calls_per_client: int | None = Field(
+        default=None,
+        gt=0,
+        description="Calls one client address may have open at once on a public port (the "
+        "gateway's), idle streams included, and REST connections it may hold; past it that "
+        "address is refused (RESOURCE_EXHAUSTED; REST 503, closed) while others are served. "
+        "Unset, one address may take all of max_concurrent_rpcs (a load test from one machine "
+        "does); the shipped deploy config sets it. Health checks, ServerLive and ServerReady "
+        "count against no limit.",
+    )
+    idle_connection_seconds: float = Field(
+        default=300.0,
+        gt=0,
+        description="A public port closes a client connection that has had no call open for "
+        "this long (gRPC's max_connection_idle; REST's keep-alive is 5 s).",
+    )
+    handshake_timeout_seconds: float = Field(
+        default=10.0,
+        gt=0,
+        description="A connection must finish its TLS and HTTP/2 handshake within this long, "
+        "or it is closed (gRPC's own default is 120 s; a client that connects and sends "
+        "nothing held its connection that long).",
+    )
+    accept_compressed: bool = Field(
+        default=False,
+        description="Accept gzip- or deflate-compressed gRPC messages. gRPC inflates a whole "
+        "message before checking max_message_bytes (0.25 MiB inflated to 256 MiB of server "
+        "memory), so off (the default) they are refused UNIMPLEMENTED before inflating; turn "
+        "it on only where every caller is trusted.",
+    )
+    reflection: bool = Field(
+        default=True,
+        description="Serve gRPC server reflection (grpcurl lists the services without their "
+        "protos). Handy in development; the shipped deploy config turns it off, since it tells "
+        "anyone who reaches a port what it serves.",
     )
     max_connection_age_seconds: float = Field(
         default=60.0,

@@ -13,6 +13,7 @@ import yaml
 from pydantic import Field, PrivateAttr, ValidationError, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
+from strata.config.base import PluginStage
 from strata.config.endpoints import Services
 from strata.config.gateway import GatewaySettings
 from strata.config.inference import InferenceSettings
@@ -22,8 +23,11 @@ from strata.config.postprocess import PostprocessSettings
 from strata.config.preprocess import PreprocessSettings
 from strata.config.server import ServerSettings, TelemetrySettings
 from strata.config.tls import TlsSettings
+from strata.stages import PluginError, dotted
 
 SECRET_SECTIONS = ("gateway", "inference")  # sections with `*_file` secrets (`with_files`)
+# The services that build a pipeline section's stages, so load their plugins (user code).
+STAGE_SECTIONS = ("preprocess", "postprocess")
 
 
 class ConfigError(ValueError):
@@ -110,7 +114,8 @@ def load_settings(path: Path, service: str | None = None) -> Settings:
 
     `service` names the process's own section (gateway, inference), whose secret files
     (`*_file` settings) are read into it: each container mounts only its own secrets, so the
-    others' files are left unread.
+    others' files are left unread. Preprocess and postprocess import the plugins of their
+    own stages and validate their options; no other service imports plugin code.
     """
     try:
         raw = yaml.safe_load(Path(path).read_text())
@@ -134,13 +139,31 @@ def load_settings(path: Path, service: str | None = None) -> Settings:
         except ValueError as exc:
             raise ConfigError(f"config {path} is invalid:\n  {exc}") from None
         setattr(settings, service, section)
+    if service in STAGE_SECTIONS:
+        _load_plugins(path, settings, service)
     settings._source = Path(path)
     return settings
+
+
+def _load_plugins(path: Path, settings: Settings, section: str) -> None:
+    """Every plugin stage of `section` imported and its options validated now, so that a
+    mistake stops the load naming pipeline, position, kind and key, as for the built-ins."""
+    lines = [f"config {path} is invalid:"]
+    for name, pipeline in settings.pipelines.items():
+        for index, stage in enumerate(getattr(pipeline, section)):
+            if not isinstance(stage, PluginStage):
+                continue
+            try:
+                stage.plugin(settings.repository)
+            except PluginError as exc:
+                where = f"pipelines.{name}.{section}.{index}"
+                lines += [f"  {where}.{dotted(loc)}: {msg}" for loc, msg in exc.problems]
+    if len(lines) > 1:
+        raise ConfigError("\n".join(lines))
 
 
 def _describe(path: Path, exc: ValidationError) -> str:
     lines = [f"config {path} is invalid:"]
     for error in exc.errors():
-        where = ".".join(str(part) for part in error["loc"]) or "(top level)"
-        lines.append(f"  {where}: {error['msg']}")
+        lines.append(f"  {dotted(error['loc']) or '(top level)'}: {error['msg']}")
     return "\n".join(lines)

@@ -36,6 +36,14 @@ class TlsSettings(Strict):
         description="The identities each internal layer admits as callers, by the layer's "
         "identity; a layer not listed admits none. Health checks admit any CA-signed caller.",
     )
+    client_certificates: bool = Field(
+        default=False,
+        description="The gateway's public ports (gRPC, REST and admin) require a client "
+        "certificate signed by the deployment's CA (gateway-public's ca.crt). Its principal "
+        "(its SPIFFE ID, else its first name) is then the client's identity for rate limits, "
+        "fair shares, stickiness and statistics, whatever x-client-id says; with API keys "
+        "configured, a valid key is required as well and names the client.",
+    )
     server_name: str | None = Field(
         default=None,
         description="Name to verify in servers' certificates instead of the dialled host "

@@ -69,12 +69,19 @@ def test_one_trace_through_all_layers_with_steps_and_rules(traced) -> None:
     assert attributes["strata.arm"] in {"control", "canary"}
     assert attributes["strata.level"] == 0
     assert attributes["strata.input_shapes"] == ["images:2x16x16"]
-    names = {(s.service, s.name) for s in spans}
-    for step in ("step validate", "step resize", "step scale", "step flatten"):
-        assert ("strata-preprocess", step) in names
-    for rule in ("rule softmax", "rule topk", "rule labels"):
-        assert ("strata-postprocess", rule) in names
-    assert ("strata-inference", "queue wait") in names
+    # Each step's and rule's time is an attribute of its layer's span, not a span of its own.
+    assert timed(spans, "strata-preprocess", "strata.steps") == [
+        "validate",
+        "resize",
+        "scale",
+        "flatten",
+    ]
+    assert timed(spans, "strata-postprocess", "strata.rules") == ["softmax", "topk", "labels"]
+    inference = next(s for s in spans if s.service == "strata-inference")
+    assert "strata.queue_ms" in inference.attributes
+    # How long each hop took, as the gateway saw it: attributes of its span, not spans.
+    assert {"strata.hop.preprocess_ms", "strata.hop.postprocess_ms"} <= set(root.attributes)
+    assert all(s.parent_id == root.span_id for s in spans if s is not root), "one level deep"
     by_id = {s.span_id: s for s in spans}
     for span in spans:
         if span is not root:
@@ -146,9 +153,20 @@ def test_a_request_in_a_flight_and_the_flight_lead_to_each_other(traced) -> None
         assert root.span_id in work.links
         assert work.parent_id == server_span_of(shared, flight, layer)
     run = next(s for s in shared if s.name == "flight digits" and "preprocess" in s.service)
-    steps = [s for s in shared if s.name.startswith("step ")]
-    assert steps and all(s.parent_id == run.span_id for s in steps)
+    assert [entry.split()[0] for entry in run.attributes["strata.steps"]][1:3] == [
+        "resize",
+        "scale",
+    ]
     assert linked_batch(receiver, root.span_id), "the batch links to the request"
+
+
+def timed(spans: list[Span], service: str, attribute: str) -> list[str]:
+    """The names in the one `attribute` ("name 0.123 ms" entries) among `service`'s spans."""
+    (entries,) = [
+        s.attributes[attribute] for s in spans if s.service == service and attribute in s.attributes
+    ]
+    assert all(entry.endswith(" ms") for entry in entries)
+    return [entry.split()[0] for entry in entries]
 
 
 def linked_batch(receiver: Receiver, span_id: str, within: float = 5.0) -> bool:
@@ -165,8 +183,9 @@ def linked_batch(receiver: Receiver, span_id: str, within: float = 5.0) -> bool:
 
 def server_span_of(spans: list[Span], flight: Span, layer: str) -> str:
     """The span id of `layer`'s server span for the gateway's call in `flight`."""
-    client = next(s for s in spans if s.parent_id == flight.span_id and layer in s.name)
-    return next(s.span_id for s in spans if s.parent_id == client.span_id)
+    return next(
+        s.span_id for s in spans if s.parent_id == flight.span_id and s.service.endswith(layer)
+    )
 
 
 def test_a_bad_request_leaves_an_error_span_with_its_kind(traced) -> None:

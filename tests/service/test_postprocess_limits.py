@@ -12,12 +12,11 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Literal
 
 import grpc
 import numpy as np
 import pytest
-from pydantic import Field
 
 from services.postprocess.app import build_engine
 from services.postprocess.chain import build_chain
@@ -27,8 +26,9 @@ from services.postprocess.servicer import PostprocessServicer
 from strata import codec
 from strata.codec import Arrays
 from strata.config import load_settings
+from strata.config.base import stage_union
 from strata.config.pipelines import Pipeline
-from strata.config.postprocess import PostprocessSettings, Rule, RuleSpec
+from strata.config.postprocess import BUILTIN_RULES, PluginRule, PostprocessSettings, RuleSpec
 from strata.config.server import ServerSettings
 from strata.errors import InvalidArgument
 from strata.process import raise_for_result
@@ -103,10 +103,14 @@ def _test_rules(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(RULES.factories, "test_refuse", _refuse)
 
 
+# The built-in kinds and this module's test-only ones.
+TestRule = stage_union((*BUILTIN_RULES, NapSpec, RefuseSpec), PluginRule)
+
+
 class WithTestRules(Pipeline):
     """A pipeline whose rules may also be this module's test-only ones."""
 
-    postprocess: list[Annotated[Rule | NapSpec | RefuseSpec, Field(discriminator="kind")]] = []
+    postprocess: list[TestRule] = []
 
 
 PIPELINE = WithTestRules.model_validate(

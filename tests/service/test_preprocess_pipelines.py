@@ -12,14 +12,13 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Literal
 
 import grpc
 import numpy as np
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from PIL import Image
-from pydantic import Field
 from tokenizers import Tokenizer, models, pre_tokenizers
 
 from services.preprocess.app import build_pipelines
@@ -30,8 +29,9 @@ from services.preprocess.steps import STEPS
 from strata import codec
 from strata.codec import Arrays
 from strata.config import load_settings
+from strata.config.base import stage_union
 from strata.config.pipelines import Pipeline
-from strata.config.preprocess import Step, StepSpec
+from strata.config.preprocess import BUILTIN_STEPS, PluginStep, StepSpec
 from strata.config.server import ServerSettings
 from strata.process import raise_for_result
 from strata.proto.v1 import preprocess_pb2_grpc
@@ -67,10 +67,14 @@ def _test_steps(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(STEPS.factories, "test_pause", _pause)
 
 
+# The built-in kinds and this module's test-only ones.
+TestStep = stage_union((*BUILTIN_STEPS, PauseSpec), PluginStep)
+
+
 class WithTestSteps(Pipeline):
     """A pipeline whose steps may also be this module's test-only one."""
 
-    preprocess: list[Annotated[Step | PauseSpec, Field(discriminator="kind")]] = []
+    preprocess: list[TestStep] = []
 
 
 def pipeline(inputs: list[dict], steps: list[dict]) -> Pipeline:

@@ -146,6 +146,9 @@ class ExpiredCall:
     def peer(self) -> str:
         return "ipv4:127.0.0.1:1"
 
+    def peer_identities(self) -> None:  # no client certificate
+        return None
+
     async def abort(self, code: grpc.StatusCode, details: str = "", trailing_metadata=()):
         self.status = (code, details)
         raise grpc.aio.AbortError()

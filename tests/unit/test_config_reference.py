@@ -11,6 +11,7 @@ import pytest
 from pydantic import BaseModel, Field, SecretStr
 
 from scripts import config_reference
+from strata.config.base import PLUGIN
 from strata.config.settings import Settings
 from tests.support.system import ROOT
 
@@ -168,8 +169,16 @@ def schema_paths(schema: dict[str, Any], node: dict[str, Any], path: str) -> Ite
     tags = node.get("discriminator", {}).get("mapping", {})
     by_ref = {ref: tag for tag, ref in tags.items()}
     prop = node.get("discriminator", {}).get("propertyName")
+    if "oneOf" in node and not tags:  # a stage union (stage_union): by kind, else a plugin
+        by_ref, prop = {sub["$ref"]: stage_tag(schema, sub) for sub in node["oneOf"]}, "kind"
     for sub in node.get("anyOf", []) + node.get("oneOf", []):
         tag = by_ref.get(sub.get("$ref"))
         yield from schema_paths(
             schema, sub, f"{path.removesuffix('[]')}[{prop}={tag}]" if tag else path
         )
+
+
+def stage_tag(schema: dict[str, Any], sub: dict[str, Any]) -> str:
+    """A stage model's kind (its `kind` key's constant), or the plugin tag where it has none."""
+    kind = schema["$defs"][sub["$ref"].rsplit("/", 1)[-1]]["properties"]["kind"]
+    return kind.get("const", PLUGIN)

@@ -39,6 +39,8 @@ CONTAINER_CONFIGS = "/app/configs"  # where compose and Kubernetes mount configs
 GATEWAY_SECRETS = {ADMIN_SECRET, KEYS_SECRET}  # `make certs` folders the gateway alone mounts
 # The gateway's door: where compose.yaml may differ from default.yaml besides services and tls.
 DOOR = ("api_keys_file", "admin_token_file", "rate_limits")
+# ... and the servers' (docs/security.md): no reflection, calls per client address capped.
+SERVER_DOOR = ("reflection", "max_calls_per_client")
 
 
 @dataclass(frozen=True)
@@ -360,9 +362,11 @@ def test_compose_config_is_the_default_outside_services_tls_and_the_door() -> No
         config.pop("tls", None)
         for key in DOOR:
             config["gateway"].pop(key, None)
+        for key in SERVER_DOOR:
+            config["server"].pop(key, None)
     assert compose == default, (
-        "configs/compose.yaml must equal configs/default.yaml outside `services:`, `tls:` and "
-        f"the gateway's {DOOR}; copy the change over"
+        "configs/compose.yaml must equal configs/default.yaml outside `services:`, `tls:`, "
+        f"the gateway's {DOOR} and the servers' {SERVER_DOOR}; copy the change over"
     )
 
 

@@ -15,8 +15,9 @@ import yaml
 
 from services.postprocess.rules import RuleContext
 from services.postprocess.rules import build_rule_options as build
-from services.postprocess.rules.base import Misconfigured, NotFinite
+from services.postprocess.rules.base import Misconfigured
 from strata.errors import InvalidArgument
+from strata.plugins import NotFinite
 
 INF, NAN = np.inf, np.nan
 

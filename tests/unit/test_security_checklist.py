@@ -171,6 +171,17 @@ def test_10_private_keys_and_secrets_are_written_0600(tmp_path: Path) -> None:
         assert stat.S_IMODE(path.stat().st_mode) == 0o600, path
 
 
+def test_11_reflection_is_off() -> None:
+    assert container_settings().server.reflection is False
+
+
+def test_12_no_client_address_can_take_the_door() -> None:
+    server = container_settings().server
+    assert not server.accept_compressed, "a compressed message inflates before its size check"
+    assert server.max_calls_per_client is not None
+    assert server.max_calls_per_client < server.max_concurrent_rpcs
+
+
 def test_the_checklist_page_names_every_item() -> None:
     text = CHECKLIST.read_text()
     items = sorted(

@@ -14,23 +14,18 @@ from services.preprocess.steps import STEPS
 from services.preprocess.steps.image import INTERPOLATIONS
 from strata.codec import DTYPES
 from strata.config import ConfigError, load_settings, preprocess
-from strata.config.postprocess import Rule
-from strata.config.preprocess import Step
+from strata.config.base import kinds
+from strata.config.postprocess import BUILTIN_RULES
+from strata.config.preprocess import BUILTIN_STEPS
 from tests.support.system import DEFAULT_CONFIG
 
 # The default config's digits pipeline: resize, scale, flatten; softmax, topk, labels.
 DIGITS = yaml.safe_load(DEFAULT_CONFIG.read_text())["pipelines"]["digits"]
 
 
-def kinds(union: Any) -> set[str]:
-    """The `kind` values a discriminated union of models accepts."""
-    members = get_args(get_args(union)[0])
-    return {kind for model in members for kind in get_args(model.model_fields["kind"].annotation)}
-
-
-@pytest.mark.parametrize(("union", "registry"), [(Step, STEPS), (Rule, RULES)])
-def test_the_config_accepts_exactly_the_kinds_the_services_build(union: Any, registry) -> None:
-    assert kinds(union) == set(registry.factories)
+@pytest.mark.parametrize(("builtins", "registry"), [(BUILTIN_STEPS, STEPS), (BUILTIN_RULES, RULES)])
+def test_the_config_types_exactly_the_kinds_the_services_build(builtins: Any, registry) -> None:
+    assert kinds(builtins) == set(registry.factories)
 
 
 def test_the_config_offers_exactly_the_choices_the_steps_implement() -> None:
@@ -39,15 +34,15 @@ def test_the_config_offers_exactly_the_choices_the_steps_implement() -> None:
 
 
 def load_with(tmp_path: Path, section: str, position: int, **changes: Any) -> None:
-    """Load the default config with one of the digits pipeline's stages changed (None drops
-    a key)."""
+    """Load the default config, as the service that builds `section` does, with one of the
+    digits pipeline's stages changed (None drops a key)."""
     raw = yaml.safe_load(DEFAULT_CONFIG.read_text())
     stages = raw["pipelines"]["digits"][section]
     merged = {**stages[position], **changes}
     stages[position] = {key: value for key, value in merged.items() if value is not None}
     path = tmp_path / "c.yaml"
     path.write_text(yaml.safe_dump(raw))
-    load_settings(path)
+    load_settings(path, section)
 
 
 @pytest.mark.parametrize(
@@ -86,13 +81,13 @@ def load_with(tmp_path: Path, section: str, position: int, **changes: Any) -> No
         # A required option left out, and options that cannot go together.
         ("postprocess", 1, {"indices": None}, "postprocess.1.topk.indices: Field required"),
         ("postprocess", 2, {"labels": ["a"]}, "postprocess.2.labels: Value error, labels: give"),
-        # An unknown kind.
+        # An unknown kind: neither a built-in nor an installed entry point.
         (
             "postprocess",
             0,
             {"kind": "softermax"},
-            "pipelines.digits.postprocess.0: Input tag 'softermax' found using 'kind' does not "
-            "match any of the expected tags",
+            "pipelines.digits.postprocess.0.kind: 'softermax' is neither a built-in postprocess "
+            "rule (format, keyword_filter, ",
         ),
     ],
 )

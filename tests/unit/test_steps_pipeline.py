@@ -89,7 +89,12 @@ def test_a_taken_name_is_refused_naming_the_pipeline_and_step(steps: tuple) -> N
     [
         ({**CLIP, "core": False}, "preprocess.0.clip.core\n  Extra inputs are not permitted"),
         ({**CLIP, "timeout_seconds": 1}, "preprocess.0.clip.timeout_seconds\n  Extra inputs"),
-        ({"kind": "sharpen", "input": "x"}, "preprocess.0\n  Input tag 'sharpen' found using"),
+        # A kind that is no built-in must at least look like code (an entry point's name is
+        # only looked up where the step runs: tests/unit/test_plugins.py).
+        (
+            {"kind": "sharp en", "input": "x"},
+            "preprocess.0.<plugin>.kind\n  Value error, 'sharp en'",
+        ),
         ({"kind": "clip", "low": 0}, "preprocess.0.clip.input\n  Field required"),
     ],
 )

@@ -14,7 +14,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from services.gateway.caller import Caller
+from services.gateway.caller import PRINCIPAL, Caller
 from services.gateway.pipelines import Pipelines
 from services.gateway.rest import openapi, tensors
 from services.gateway.rest.scan import check_json
@@ -176,7 +176,8 @@ def _caller(request: Request) -> Caller:
     headers = _headers(request)
     host, port = request.scope.get("client") or ("unknown", 0)
     peer = f"ipv6:[{host}]:{port}" if ":" in host else f"ipv4:{host}:{port}"
-    return Caller(headers, peer, _timeout(headers.get(TIMEOUT_HEADER)), "rest")
+    principal = request.scope.get("extensions", {}).get(PRINCIPAL)
+    return Caller(headers, peer, _timeout(headers.get(TIMEOUT_HEADER)), "rest", principal)
 
 
 def _timeout(value: str | None) -> float | None:

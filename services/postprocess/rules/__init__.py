@@ -2,7 +2,8 @@
 
 # Importing each module registers its rules.
 from services.postprocess.rules import classify, embed, filters, format  # noqa: F401
-from services.postprocess.rules.base import RULES, Rule, RuleContext, RuleTimeout, is_bounded
+from services.postprocess.rules.base import RULES, is_bounded
+from strata.plugins import Rule, RuleContext, RuleTimeout
 
 build_rule = RULES.build
 build_rule_options = RULES.build_options

@@ -9,14 +9,7 @@ from typing import ClassVar
 
 import numpy as np
 
-from services.postprocess.rules.base import (
-    RULES,
-    Misconfigured,
-    RuleContext,
-    load_list,
-    numbers,
-    take,
-)
+from services.postprocess.rules.base import RULES, Misconfigured, load_list
 from strata.codec import Arrays
 from strata.config.postprocess import (
     LabelsRule,
@@ -27,6 +20,7 @@ from strata.config.postprocess import (
     TopkRule,
 )
 from strata.errors import InvalidArgument
+from strata.plugins import RuleContext, numbers, take
 
 
 def softmax(logits: np.ndarray, axis: int = -1) -> np.ndarray:

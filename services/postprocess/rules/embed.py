@@ -12,10 +12,11 @@ from typing import ClassVar
 
 import numpy as np
 
-from services.postprocess.rules.base import RULES, RuleContext, numbers
+from services.postprocess.rules.base import RULES
 from strata.codec import Arrays
 from strata.config.postprocess import L2NormalizeRule, MeanPoolRule
 from strata.errors import InvalidArgument
+from strata.plugins import RuleContext, numbers
 
 # sentence-transformers' floors: token counts (clamp min=1e-9) and norms (F.normalize eps).
 _MIN_COUNT = 1e-9

@@ -15,9 +15,10 @@ from typing import Any
 import numpy as np
 import regex
 
-from services.postprocess.rules.base import RULES, RuleContext, load_list, take, texts
+from services.postprocess.rules.base import RULES, load_list
 from strata.codec import Arrays
 from strata.config.postprocess import FilterSpec, KeywordFilterRule, RegexFilterRule
+from strata.plugins import RuleContext, take, texts
 
 
 @dataclass

@@ -16,10 +16,11 @@ from typing import Any
 
 import numpy as np
 
-from services.postprocess.rules.base import RULES, Misconfigured, RuleContext, take
+from services.postprocess.rules.base import RULES, Misconfigured
 from strata.codec import Arrays
 from strata.config.postprocess import FormatRule
 from strata.errors import InvalidArgument
+from strata.plugins import RuleContext, take
 
 
 @dataclass

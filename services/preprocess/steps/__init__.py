@@ -7,7 +7,8 @@ steps load their parameters once, when they are built, and only look them up per
 
 # Importing each module registers its steps.
 from services.preprocess.steps import color, decode, image, numeric, text, vocab  # noqa: F401
-from services.preprocess.steps.base import STEPS, Step, StepError
+from services.preprocess.steps.base import STEPS
+from strata.plugins import Step, StepError
 
 build_step = STEPS.build
 build_step_options = STEPS.build_options

@@ -16,11 +16,12 @@ from pathlib import Path
 import numpy as np
 from PIL import Image, ImageOps, UnidentifiedImageError
 
-from services.preprocess.steps.base import STEPS, StepError, strings, take
+from services.preprocess.steps.base import STEPS
 from services.preprocess.steps.color import convert_pixels, mode_of
 from services.preprocess.steps.image import resize_images
 from strata.codec import Arrays
 from strata.config.preprocess import DecodeStep
+from strata.plugins import StepError, strings, take
 
 FORMATS = ("PNG", "JPEG")
 # Pillow modes that map to ours without losing anything; 16-bit gray is shifted to 8 bits.

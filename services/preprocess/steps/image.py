@@ -8,9 +8,10 @@ from pathlib import Path
 
 import numpy as np
 
-from services.preprocess.steps.base import STEPS, StepError, take
+from services.preprocess.steps.base import STEPS
 from strata.codec import Arrays
 from strata.config.preprocess import ResizeStep
+from strata.plugins import StepError, take
 
 
 def _source_coords(out_size: int, in_size: int) -> np.ndarray:

@@ -10,7 +10,7 @@ import numpy as np
 import yaml
 
 from services.preprocess.normalisation import Stats, load_stats
-from services.preprocess.steps.base import STEPS, StepError, take
+from services.preprocess.steps.base import STEPS
 from strata.codec import DTYPES, Arrays
 from strata.config.preprocess import (
     CastStep,
@@ -19,6 +19,7 @@ from strata.config.preprocess import (
     ScaleStep,
     StandardizeStep,
 )
+from strata.plugins import StepError, take
 
 
 @dataclass

@@ -15,9 +15,10 @@ from typing import Any, Literal
 import numpy as np
 from tokenizers import Encoding, Tokenizer
 
-from services.preprocess.steps.base import STEPS, StepError, resolve, strings
+from services.preprocess.steps.base import STEPS, resolve
 from strata.codec import Arrays, utf8
 from strata.config.preprocess import NormalizeTextStep, TokenizeStep
+from strata.plugins import StepError, strings
 
 # A generous bound on the UTF-8 bytes one token covers, spaces around it included: subword
 # tokens are a few characters, a word no vocabulary splits is one unknown token, and every

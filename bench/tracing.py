@@ -1,0 +1,120 @@
+"""What tracing costs: `python -m bench.tracing [--config ...] [--rounds 2] [--duration 8]`.
+
+The system from the config, started twice per round, once exporting every request's spans
+(OTLP over gRPC to a receiver in this process, the standard `OTEL_EXPORTER_OTLP_ENDPOINT`,
+sample ratio 1) and once exporting nothing, alternated; the same closed-loop client on one
+connection at 1 and 8 in flight against the first pipeline with a demo data set. It reports
+throughput and P99 with tracing on over off, per concurrency and round (issue 24's goal:
+tracing costs at most 10% of capacity; issue 33's: P99 at most 1.3x). Results go to
+`--out` (bench/results/tracing.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import sys
+import tempfile
+from pathlib import Path
+
+from bench.deployment import CountingReceiver, running
+from bench.load import LoadPool, Plan
+from bench.load.worker import INFER
+from bench.measure import closed
+from bench.workloads import has_dataset, workload
+from strata.config import load_settings
+
+RESULTS = Path(__file__).resolve().parent / "results"
+CLIENT = (("x-client-id", "strata-bench"),)
+CONCURRENCIES = (1, 8)
+WARMUP_SECONDS = 2.0
+
+# (round, tracing, concurrency) -> (answers per second, P99 ms)
+Figures = dict[tuple[int, bool, int], tuple[float, float]]
+
+
+def measure(config: Path, rounds: int, seconds: float) -> tuple[Figures, int]:
+    """Every round, tracing off then on; the figures, and how many spans were exported."""
+    settings = load_settings(config)
+    name = next((p for p in settings.pipelines if has_dataset(p)), None)
+    if name is None:
+        raise SystemExit("no pipeline of this config has a demo data set under build/data")
+    requests = workload(settings, name).pipeline_requests
+    figures: Figures = {}
+    spans = 0
+    with LoadPool(1) as pool:
+        for round_ in range(1, rounds + 1):
+            for tracing in (False, True):
+                receiver = CountingReceiver() if tracing else None
+                figures.update(_run(config, pool, requests, round_, receiver, seconds))
+                spans += receiver.spans if receiver is not None else 0
+    return figures, spans
+
+
+def _run(config: Path, pool: LoadPool, requests, round_: int, receiver, seconds: float) -> Figures:
+    tracing = receiver is not None
+    figures: Figures = {}
+    with contextlib.ExitStack() as stack, tempfile.TemporaryDirectory(prefix="strata-") as tmp:
+        endpoint = None
+        if receiver is not None:
+            stack.enter_context(receiver)
+            endpoint = f"http://127.0.0.1:{receiver.port}"
+        supervisor, _ = stack.enter_context(running(config, Path(tmp), endpoint))
+        plan = Plan(
+            target=supervisor.address("gateway"),
+            method=INFER,
+            requests=requests,
+            metadata=CLIENT,
+            timeout=30,
+            connections=1,
+        )
+        for concurrency in CONCURRENCIES:
+            closed(pool, plan, concurrency, WARMUP_SECONDS)
+            results = closed(pool, plan, concurrency, seconds)
+            figures[(round_, tracing, concurrency)] = (
+                results.throughput(),
+                results.percentile_ms(99),
+            )
+            print(
+                f"round {round_}, tracing {'on' if tracing else 'off'}, c={concurrency}: "
+                f"{results.throughput():.0f}/s, P99 {results.percentile_ms(99):.2f} ms",
+                flush=True,
+            )
+    return figures
+
+
+def report(figures: Figures, spans: int) -> str:
+    lines = [
+        "| round | c | req/s off | req/s on | on / off | P99 ms off | P99 ms on | P99 on / off |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    rounds = sorted({round_ for round_, _, _ in figures})
+    for round_ in rounds:
+        for c in CONCURRENCIES:
+            off_rate, off_p99 = figures[(round_, False, c)]
+            on_rate, on_p99 = figures[(round_, True, c)]
+            lines.append(
+                f"| {round_} | {c} | {off_rate:.0f} | {on_rate:.0f} | {on_rate / off_rate:.2f} "
+                f"| {off_p99:.2f} | {on_p99:.2f} | {on_p99 / off_p99:.2f} |"
+            )
+    lines.append(f"\nSpans exported with tracing on: {spans:,}.")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.tracing", description=__doc__)
+    parser.add_argument("--config", type=Path, default=Path("configs/default.yaml"))
+    parser.add_argument("--rounds", type=int, default=2, help="alternated off/on rounds")
+    parser.add_argument("--duration", type=float, default=8.0, help="seconds a point")
+    parser.add_argument("--out", type=Path, default=RESULTS, help="where results go")
+    args = parser.parse_args(argv)
+    figures, spans = measure(args.config, args.rounds, args.duration)
+    table = report(figures, spans)
+    print(table)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "tracing.md").write_text(f"# Tracing on against off\n\n{table}\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Example Strata plugins: a preprocess step and a postprocess rule of one's own code."""

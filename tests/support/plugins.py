@@ -1,0 +1,69 @@
+"""Plugins for the tests: steps and rules of "user code", named by import path
+(`tests.support.plugins:Name`) in test configs, and the built-in resize as a plugin, to
+measure what the plugin path costs against the same code built in."""
+
+from __future__ import annotations
+
+from pydantic import Field
+
+from services.preprocess.steps import image
+from strata import plugins
+from strata.plugins import Arrays, RuleContext, RuleTimeout, take
+
+
+class Fragile:
+    """A step and a rule that passes its tensors on, but raises a plain RuntimeError (a
+    plugin's bug) when a row of `input` starts with `poison`."""
+
+    class Options(plugins.Options):
+        input: str
+        poison: int = 255
+
+    def __init__(self, options: Fragile.Options) -> None:
+        self.options = options
+
+    @property
+    def inputs(self) -> tuple[str, ...]:
+        return (self.options.input,)
+
+    def process(self, tensors: Arrays) -> Arrays:
+        values = take(tensors, self.options.input, "fragile")
+        if (values.reshape(len(values), -1)[:, 0] == self.options.poison).any():
+            raise RuntimeError("a poisoned row")
+        return tensors
+
+    def apply(self, tensors: Arrays, context: RuleContext) -> Arrays:
+        return self.process(tensors)
+
+
+class Bare:
+    """A step without options: built as Bare()."""
+
+    def process(self, tensors: Arrays) -> Arrays:
+        return tensors
+
+
+class NoProcess:
+    """Not a step: it has no process method."""
+
+
+class Late:
+    """A rule that stops as one does at its time limit (RuleTimeout, a TimeoutError)."""
+
+    inputs = ("logits",)
+
+    def apply(self, tensors: Arrays, context: RuleContext) -> Arrays:
+        raise RuleTimeout("stopped at its limit")
+
+
+class Resize(image.Resize):
+    """The built-in resize's own code as a plugin: only how it is built differs."""
+
+    class Options(plugins.Options):
+        input: str
+        height: int = Field(gt=0)
+        width: int = Field(gt=0)
+        interpolation: str = "area"
+
+    def __init__(self, options: Resize.Options) -> None:
+        super().__init__(options.input, options.height, options.width, options.interpolation)
