@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import logging
 import sys
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -12,11 +11,18 @@ from pathlib import Path
 
 from strata.config import ConfigError, Settings, load_settings
 from strata.config.endpoints import ServiceEndpoint
+from strata.errors import StrataError
+from strata.exits import (
+    AddressUnusable,
+    ConfigInvalid,
+    ModelUnusable,
+    StartFailure,
+    one_line,
+    refusal,
+)
 from strata.metrics import serve_metrics
 from strata.server import Companion, Registration, Running, serve
 from strata.telemetry import setup_logging, setup_tracing
-
-log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -38,46 +44,79 @@ Builder = Callable[[Settings], Awaitable[Service]]
 
 
 def run_service(name: str, build: Builder, argv: list[str] | None = None) -> None:
-    """Parse arguments, load the config, set up telemetry, build the service and serve it."""
+    """Parse arguments, load the config, set up telemetry, build the service and serve it.
+
+    A reason it cannot start (strata.exits) ends it with one line on stderr, `<process>:
+    <what and where>`, and that reason's exit code.
+    """
     parser = argparse.ArgumentParser(prog=f"python -m services.{name}")
     parser.add_argument("--config", type=Path, required=True, help="deployment YAML file")
     parser.add_argument(
         "--listen", help="host:port to bind instead of the config's (a replica or deployment)"
     )
     args = parser.parse_args(argv)
+    process = name
     try:
-        settings = load_settings(args.config, name)
+        settings = _settings(args.config, name)
+        process = _process_name(name, settings, args.listen)
+        setup_logging(name, settings.telemetry.log_level)
+        asyncio.run(_main(name, build, settings, args.listen))
+    except StartFailure as exc:
+        # One write: beside other processes on a shared, unbuffered stderr, print's two
+        # writes (text, then newline) may have another's line between them.
+        sys.stderr.write(f"{process}: {exc}\n")
+        raise SystemExit(exc.code) from None
+
+
+def _settings(path: Path, name: str) -> Settings:
+    try:
+        return load_settings(path, name)
     except ConfigError as exc:
-        sys.exit(str(exc))
-    setup_logging(name, settings.telemetry.log_level)
-    asyncio.run(_main(name, build, settings, args.listen))
+        raise ConfigInvalid(one_line(str(exc))) from None
+
+
+def _process_name(name: str, settings: Settings, listen: str | None) -> str:
+    """What the operator calls the process: `inference-a` for a deployment, else `name`."""
+    if name != "inference":
+        return name
+    listen = listen or settings.services.primary_inference.listen
+    deployments = settings.services.inference.items()
+    return next((f"{name}-{d}" for d, e in deployments if listen in e.listens), name)
 
 
 async def _main(name: str, build: Builder, settings: Settings, listen: str | None) -> None:
-    try:
-        service = await build(settings)
-    except (ValueError, OSError) as exc:  # a step, rule or model the config names is unusable
-        log.error("cannot start: %s", exc)
-        sys.exit(f"cannot start: {exc}")
+    service = await _built(build, settings)
     telemetry = settings.telemetry
     # A public server's callers are clients: their traceparent must not choose sampling.
     trusted = not service.public
     setup_tracing(f"strata-{name}", telemetry.otlp_endpoint, telemetry.sample_ratio, trusted)
     listen = listen or service.endpoint.listen
     endpoint = settings.services.endpoint_of(listen) or service.endpoint
-    serve_metrics(endpoint.metrics_for(listen))
+    _serve_metrics(endpoint.metrics_for(listen))
+    await serve(
+        service.registrations,
+        listen,
+        settings.server,
+        service.on_stop,
+        settings.tls,
+        service.public,
+        service.on_start,
+        identity=name,
+        companions=service.companions,
+    )
+
+
+async def _built(build: Builder, settings: Settings) -> Service:
     try:
-        await serve(
-            service.registrations,
-            listen,
-            settings.server,
-            service.on_stop,
-            settings.tls,
-            service.public,
-            service.on_start,
-            identity=name,
-            companions=service.companions,
-        )
-    except OSError as exc:  # a port it cannot bind
-        log.error("cannot start: %s", exc)
-        sys.exit(f"cannot start: {exc}")
+        return await build(settings)
+    except StartFailure:
+        raise
+    except (ValueError, OSError, StrataError) as exc:  # a model, step or rule is unusable
+        raise ModelUnusable(one_line(str(exc))) from None
+
+
+def _serve_metrics(address: str | None) -> None:
+    try:
+        serve_metrics(address)
+    except OSError as exc:
+        raise AddressUnusable(str(address), "metrics", refusal(exc)) from None

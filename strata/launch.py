@@ -1,9 +1,13 @@
 """Run the whole system on one machine: `python -m strata.launch --config FILE` (`make run`).
 
 Starts each layer as its own process, waits until each one's health service says SERVING,
-and stays in the foreground. An instance that exits on its own is restarted after a backoff
-that doubles while it keeps failing (as a Kubernetes Deployment would), and the others keep
-serving meanwhile: a dead replica costs the requests it held, not the system.
+and stays in the foreground. While they start, the first instance to exit (or a timeout)
+stops them all, and the launcher exits with that instance's code: a deployment comes up
+whole or not at all. Once up, an instance that exits on its own is restarted after a
+backoff that doubles while it keeps failing (as a Kubernetes Deployment would), and the
+others keep serving meanwhile: a dead replica costs the requests it held, not the system.
+An instance that exits with a code no restart can change (strata.exits: its config, a
+model, a certificate, an address in use) is said once and left down; the rest keep serving.
 Ctrl-C or SIGTERM stops every service (front to back), each draining within its grace period.
 Services run as `python -m services.<layer>`; nothing here imports them.
 """
@@ -20,28 +24,44 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NoReturn
 
 import grpc
 
 from strata.config import ConfigError, Settings, load_settings
 from strata.config.tls import TlsSettings
+from strata.exits import PERMANENT, ConfigInvalid, one_line
 from strata.healthcheck import check
 
 log = logging.getLogger("strata.launch")
 ROOT = Path(__file__).resolve().parent.parent
 
 
+def serving(address: str, tls: TlsSettings) -> bool:
+    """Whether the gRPC health service at `address` answers SERVING now."""
+    try:
+        return check(address, timeout=1.0, tls=tls) == "SERVING"
+    except grpc.RpcError:
+        return False
+
+
 def wait_serving(address: str, timeout: float, tls: TlsSettings) -> bool:
     """Poll the gRPC health service at `address` until it answers SERVING."""
     end = time.monotonic() + timeout
     while time.monotonic() < end:
-        try:
-            if check(address, timeout=1.0, tls=tls) == "SERVING":
-                return True
-        except grpc.RpcError:
-            pass
+        if serving(address, tls):
+            return True
         time.sleep(0.1)
     return False
+
+
+class StartFailed(RuntimeError):
+    """An instance exited, or never became SERVING, while the deployment started."""
+
+    def __init__(self, name: str, code: int | None, config: Path) -> None:
+        self.name, self.code = name, code
+        state = "never became SERVING" if code is None else exit_reason(code)
+        super().__init__(f"{name} {state} while starting (config {config})")
 
 
 @dataclass(frozen=True)
@@ -104,6 +124,8 @@ class Supervisor:
         self.instances = {i.name: i for i in instances(settings)}
         self.processes: dict[str, subprocess.Popen] = {}
         self.restarts: dict[str, int] = {}
+        # Instances that exited for a reason no restart fixes, with their exit codes.
+        self.left_down: dict[str, int] = {}
         self._started: dict[str, float] = {}
         self._delay: dict[str, float] = {}
         self._due: dict[str, float] = {}
@@ -127,26 +149,37 @@ class Supervisor:
         self._started[name] = time.monotonic()
         return process
 
-    def await_serving(self, name: str, timeout: float = 60.0) -> None:
-        """Wait until `name` is SERVING; on failure stop everything and raise."""
-        if not wait_serving(self.address(name), timeout, self.settings.tls):
-            code = self.processes[name].poll()
-            self.stop_all()
-            state = f"exited with {code}" if code is not None else "never became SERVING"
-            raise RuntimeError(f"{name} {state} (config {self.config})")
+    def await_serving(self, *names: str, timeout: float = 60.0) -> None:
+        """Wait until each of `names` is SERVING. The moment any instance exits, or when
+        `timeout` runs out, stop everything and raise StartFailed."""
+        end = time.monotonic() + timeout
+        waiting = list(names)
+        while waiting:
+            exited = self.failed()  # every instance's, each time: a poll costs nothing
+            if exited is not None:
+                self._abort(exited, self.processes[exited].returncode)
+            if serving(self.address(waiting[0]), self.settings.tls):  # one health call
+                waiting.pop(0)
+                continue
+            if time.monotonic() > end:
+                self._abort(waiting[0], None)
+            time.sleep(0.1)
+
+    def _abort(self, name: str, code: int | None) -> NoReturn:
+        self.stop_all()
+        raise StartFailed(name, code, self.config)
 
     def start(self, name: str, timeout: float = 60.0) -> subprocess.Popen:
         """Start one instance and wait until it is SERVING."""
         process = self.spawn(name)
-        self.await_serving(name, timeout)
+        self.await_serving(name, timeout=timeout)
         return process
 
     def start_all(self, timeout: float = 60.0) -> None:
-        """Start every instance at once (start-up is mostly imports), then wait for each."""
+        """Start every instance at once (start-up is mostly imports), then wait for all."""
         for name in self.instances:
             self.spawn(name)
-        for name in self.instances:
-            self.await_serving(name, timeout)
+        self.await_serving(*self.instances, timeout=timeout)
 
     def stop(self, name: str, sig: int = signal.SIGTERM) -> int:
         """Signal one instance (SIGTERM drains) and wait; kill it if it overstays."""
@@ -174,12 +207,16 @@ class Supervisor:
         return None
 
     def tend(self) -> None:
-        """Schedule a restart for each instance that exited on its own; start those due."""
+        """Schedule a restart for each instance that exited on its own, or leave it down
+        when a restart cannot help; start those due."""
         now = time.monotonic()
-        for name, process in self.processes.items():
+        for name, process in list(self.processes.items()):
             if process.poll() is None or name in self._due:
                 continue
             ran = now - self._started[name]
+            if process.returncode in PERMANENT:
+                self._leave_down(name, ran)
+                continue
             delay = self.backoff.after(self._delay.get(name, 0.0), ran)
             self._delay[name] = delay
             self._due[name] = now + delay
@@ -192,11 +229,22 @@ class Supervisor:
             self.restarts[name] = self.restarts.get(name, 0) + 1
             self.spawn(name)
 
+    def _leave_down(self, name: str, ran: float) -> None:
+        code = self.left_down[name] = self.processes.pop(name).returncode
+        log.error(
+            "%s %s after %.1f s; a restart cannot fix that, so it stays down and the rest "
+            "keep serving",
+            *(name, exit_reason(code), ran),
+        )
+
 
 def exit_reason(code: int) -> str:
-    """`exited with 1` or `was killed by SIGKILL`."""
+    """`exited with 1`, `exited with 69 (an address it must listen on is in use or cannot be
+    bound)` or `was killed by SIGKILL`."""
     if code < 0:
         return f"was killed by {signal.Signals(-code).name}"
+    if code in PERMANENT:
+        return f"exited with {code} ({PERMANENT[code]})"
     return f"exited with {code}"
 
 
@@ -229,18 +277,23 @@ def main(argv: list[str] | None = None) -> int:
     try:
         settings = load_settings(args.config)
     except ConfigError as exc:
-        sys.exit(str(exc))
+        sys.stderr.write(f"launch: {one_line(str(exc))}\n")
+        return ConfigInvalid.code
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
     supervisor = Supervisor(args.config.resolve(), settings)
-    supervisor.start_all()
+    try:
+        supervisor.start_all()
+    except StartFailed as exc:
+        log.error("%s; stopped every service", exc)
+        return exc.code if exc.code and exc.code > 0 else 1
     print(banner(settings), flush=True)
     while not stop.wait(0.2):
         supervisor.tend()
     codes = supervisor.stop_all()
     log.info("stopped: %s", ", ".join(f"{name} rc={code}" for name, code in codes.items()))
-    return 1 if any(codes.values()) else 0
+    return 1 if any(codes.values()) or supervisor.left_down else 0
 
 
 if __name__ == "__main__":

@@ -2,14 +2,23 @@
 
 Metric objects live in the module that updates them, registered in prometheus_client's
 default registry, which also carries the process collector (RSS, CPU seconds).
+
+The same port answers container probes for next to nothing: `/livez` is 200 while the
+process answers at all, `/readyz` 200 while its gRPC health service says SERVING (503 while
+it starts or drains). `strata/probe.py` asks it without importing the serving stack.
 """
 
 from __future__ import annotations
 
 import logging
+import socket
+import threading
+from collections.abc import Callable, Iterable
+from socketserver import ThreadingMixIn
 from typing import Any
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
-from prometheus_client import Counter, Gauge, Histogram, start_http_server
+from prometheus_client import Counter, Gauge, Histogram, make_wsgi_app
 
 log = logging.getLogger(__name__)
 
@@ -20,13 +29,64 @@ LATENCY_BUCKETS = (
 )  # fmt: skip
 
 
+READY = Gauge("strata_ready", "1 while this process's gRPC health service says SERVING.")
+
+
+class _Readiness:
+    """What /readyz answers: set from the event loop, read by the HTTP thread."""
+
+    serving = False
+
+
+READINESS = _Readiness()
+
+
+def set_ready(serving: bool) -> None:
+    """Record whether the process's server is SERVING (its health service's overall status)."""
+    READINESS.serving = serving
+    READY.set(1 if serving else 0)
+
+
+Respond = Callable[[str, list[tuple[str, str]]], Any]
+App = Callable[[dict, Respond], Iterable[bytes]]
+
+
+def _probes(metrics: App) -> App:
+    """/livez and /readyz answered from the readiness flag; every other path is metrics."""
+
+    def app(environ: dict, respond: Respond) -> Iterable[bytes]:
+        path = environ.get("PATH_INFO", "")
+        if path not in ("/livez", "/readyz"):
+            return metrics(environ, respond)
+        ok = path == "/livez" or READINESS.serving
+        status = "200 OK" if ok else "503 Service Unavailable"
+        respond(status, [("Content-Type", "text/plain")])
+        return [b"ok\n" if ok else b"not serving\n"]
+
+    return app
+
+
+class _Server(ThreadingMixIn, WSGIServer):
+    daemon_threads = True
+
+
+class _Quiet(WSGIRequestHandler):
+    def log_message(self, format: str, *args: object) -> None:
+        """Probes every few seconds would otherwise fill stderr."""
+
+
 def serve_metrics(address: str | None) -> None:
-    """Serve /metrics on `address` (host:port) in a background thread, if one is set."""
+    """Serve /metrics, /livez and /readyz on `address` (host:port) in a background thread,
+    if one is set. OSError when the address cannot be bound."""
     if not address:
         return
     host, _, port = address.rpartition(":")
-    start_http_server(int(port), addr=host)
-    log.info("metrics on http://%s/metrics", address)
+    host = host.strip("[]")
+    family = {"address_family": socket.AF_INET6 if ":" in host else socket.AF_INET}
+    kind = type("Server", (_Server,), family)
+    server = make_server(host, int(port), _probes(make_wsgi_app()), kind, _Quiet)
+    threading.Thread(target=server.serve_forever, name="metrics", daemon=True).start()
+    log.info("metrics on http://%s/metrics, probes on /livez and /readyz", address)
 
 
 RPCS = Counter(

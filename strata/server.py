@@ -26,6 +26,8 @@ from opentelemetry import trace
 from strata.config.server import ServerSettings
 from strata.config.tls import TlsSettings
 from strata.door import PROBE_RESERVE, Door
+from strata.exits import AddressUnusable, bind_problem
+from strata.metrics import set_ready
 from strata.security import caller_guard, server_credentials
 from strata.streams import Drain
 from strata.telemetry import traced_servicer
@@ -43,6 +45,9 @@ class Companion(Protocol):
 
 
 IDENTITY_ONLY = 1  # grpc's bitset of enabled compression algorithms: bit 0, no compression
+# gRPC binds with SO_REUSEPORT by default, so a second server on a port in use would start
+# and share its calls; without it, the second one fails to start and says the port is in use.
+NOT_SHARED = ("grpc.so_reuseport", 0)
 # (servicer, add_to_server function, full service name)
 Registration = tuple[object, Callable[[object, grpc.aio.Server], None], str]
 
@@ -67,6 +72,7 @@ class Running:
     probe: grpc.aio.Server | None = None
 
     async def set_health(self, status: int) -> None:
+        set_ready(status == health_pb2.HealthCheckResponse.SERVING)  # what /readyz answers
         await self.health.set("", status)
         for name in self.names:
             await self.health.set(name, status)
@@ -114,18 +120,39 @@ async def start_server(
             door.guard(guard(reflected, reflection.SERVICE_NAME), reflection.SERVICE_NAME),
             server,
         )
-    credentials = server_credentials(tls, identity, public)
-    if credentials is None:
-        port = server.add_insecure_port(listen)
-    else:
-        port = server.add_secure_port(listen, credentials)
-    if port == 0:
-        raise OSError(f"cannot bind {listen}")
+    port = _bind(server, listen, "listen", server_credentials(tls, identity, public))
     await server.start()
-    running = Running(server, health, names, port, await _probe(health, tls, settings))
+    try:
+        probe = await _probe(health, tls, settings)
+    except AddressUnusable:
+        await server.stop(0)  # a started server left to the collector fails at exit
+        raise
+    running = Running(server, health, names, port, probe)
     await running.set_health(health_pb2.HealthCheckResponse.SERVING)
     log.info("serving %s on %s", ", ".join(names[1:]), listen)
     return running
+
+
+def _bind(
+    server: grpc.aio.Server,
+    listen: str,
+    role: str,
+    credentials: grpc.ServerCredentials | None = None,
+) -> int:
+    """The port `server` bound for `listen`; AddressUnusable saying why when it cannot."""
+    problem = bind_problem(listen)  # asked first: gRPC would log a line of its own
+    if problem:
+        raise AddressUnusable(listen, role, problem)
+    try:
+        if credentials is None:
+            port = server.add_insecure_port(listen)
+        else:
+            port = server.add_secure_port(listen, credentials)
+    except RuntimeError:  # grpc's way of saying it could not, without saying why
+        port = 0
+    if port == 0:
+        raise AddressUnusable(listen, role)
+    return port
 
 
 def _server_options(settings: ServerSettings, public: bool) -> list[tuple[str, int]]:
@@ -133,6 +160,7 @@ def _server_options(settings: ServerSettings, public: bool) -> list[tuple[str, i
         *grpc_options(settings),
         ("grpc.max_concurrent_streams", settings.max_concurrent_streams),
         ("grpc.server_handshake_timeout_ms", int(settings.handshake_timeout_seconds * 1000)),
+        NOT_SHARED,
     ]
     if not settings.accept_compressed:
         # Identity alone: a compressed message is refused UNIMPLEMENTED before it inflates.
@@ -156,10 +184,9 @@ async def _probe(
 ) -> grpc.aio.Server | None:
     if not tls.probe_listen:
         return None
-    probe = grpc.aio.server(options=grpc_options(settings))
+    probe = grpc.aio.server(options=[*grpc_options(settings), NOT_SHARED])
     health_pb2_grpc.add_HealthServicer_to_server(health, probe)
-    if probe.add_insecure_port(tls.probe_listen) == 0:
-        raise OSError(f"cannot bind the probe port {tls.probe_listen}")
+    _bind(probe, tls.probe_listen, "probe")
     await probe.start()
     log.info("health probes (plaintext) on %s", tls.probe_listen)
     return probe
@@ -179,10 +206,14 @@ async def serve(
     """Run a gRPC server on `listen` (and its companions) until SIGTERM or SIGINT, then
     drain them all at once and return."""
     running = await start_server(registrations, listen, settings, tls, public, identity)
-    for companion in companions:
-        await companion.start()
-    if on_start is not None:
-        await on_start(running)
+    try:
+        for companion in companions:
+            await companion.start()
+        if on_start is not None:
+            await on_start(running)
+    except BaseException:  # e.g. a companion's port in use: stop what started, then say so
+        await asyncio.gather(running.stop(0), *(c.stop(0) for c in companions))
+        raise
     stopping = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

@@ -15,6 +15,7 @@ from strata import limits
 from strata.cli import Service
 from strata.config import Settings
 from strata.config.tls import GATEWAY
+from strata.exits import AddressUnusable
 from strata.proto.inference import grpc_service_pb2, grpc_service_pb2_grpc
 from strata.proto.v1 import admin_pb2, admin_pb2_grpc
 from strata.server import Registration, Running, start_server
@@ -32,9 +33,13 @@ class AdminServer:
 
     async def start(self) -> None:
         settings = self._settings
-        self._running = await start_server(
-            [self._admin], self.listen, settings.server, settings.tls, True, GATEWAY
-        )
+        tls = settings.tls.model_copy(update={"probe_listen": None})  # the public server's
+        try:
+            self._running = await start_server(
+                [self._admin], self.listen, settings.server, tls, True, GATEWAY
+            )
+        except AddressUnusable as exc:
+            raise AddressUnusable(self.listen, "admin", exc.reason) from None
 
     async def stop(self, grace: float) -> None:
         if self._running is not None:

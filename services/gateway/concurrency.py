@@ -19,10 +19,14 @@ patience, instead of every request waiting nearly all of it. A request that wait
 long, or finds `max_waiting` ahead of it, is refused (RESOURCE_EXHAUSTED) with a retry hint
 of one recent median: about when a place frees. While the ladder sheds load nothing waits.
 
-When more than `contention` of the limit is in use, a client may hold at most an equal share
-of it among the clients holding requests, and a client that holds none may enter a little
-past the limit (its square root), so a lone client may use the whole limit, yet one flooding
-the door cannot keep a newcomer out or take the others' capacity once they hold requests too.
+When more than `contention` of the limit is in use, a client may hold at most its share: an
+equal share of the limit among the clients holding requests, but never less than
+`min_share`, so a client below that floor is not refused for its share because the limit
+moved. A client that holds none may enter a little past the limit (its square root), so a
+lone client may use the whole limit, yet one flooding the door cannot keep a newcomer out or
+take the others' capacity once they hold requests too. While the chain is full, freed places
+go to waiting clients below their share first. Every refusal is counted and logged
+(services.gateway.refusals).
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from services.gateway.metrics import CONCURRENCY_LIMIT, SHED
+from services.gateway.refusals import Refusals
 from strata.config.gateway import Concurrency, Ladder
 from strata.errors import Overloaded
 
@@ -71,11 +76,14 @@ class AdaptiveLimit:
             open_places += max(1, int(math.sqrt(open_places)))  # a newcomer's headroom
         if self.inflight >= open_places:
             return "concurrency" if share >= 1.0 else "level"
-        if self.inflight >= self.settings.contention * self.limit:
-            sharing = len(self.holders) + (0 if held else 1)
-            if held + 1 > max(1.0, self.limit / sharing):
-                return "client_share"
-        return ""
+        contended = self.inflight >= self.settings.contention * self.limit
+        return "client_share" if contended and held + 1 > self.share(client) else ""
+
+    def share(self, client: str) -> float:
+        """What `client` may hold under contention: an equal share of the limit among the
+        clients holding requests (itself included), never less than `min_share`."""
+        sharing = len(self.holders) + (0 if client in self.holders else 1)
+        return max(float(self.settings.min_share), self.limit / sharing)
 
     async def wait(self, client: str, patience: float) -> bool:
         """Wait up to `patience` seconds for a place; True once `client` holds one."""
@@ -187,10 +195,11 @@ class Door:
     def __init__(self, settings: Concurrency, objectives: Mapping[str, float]) -> None:
         self.settings = settings
         self.limits: dict[str, AdaptiveLimit] = {}
+        self.refusals = Refusals(settings)
         self.configure(settings, objectives)
 
     def configure(self, settings: Concurrency, objectives: Mapping[str, float]) -> None:
-        self.settings = settings
+        self.settings = self.refusals.settings = settings
         for name, objective in objectives.items():
             limit = self.limits.get(name)
             if limit is None:
@@ -204,7 +213,7 @@ class Door:
         limit = self.limits[pipeline]
         reason = limit.refusal(client, shedding.shed_admit_fraction if shedding else 1.0)
         if reason:
-            self._refuse(pipeline, reason, shedding)
+            self._refuse(pipeline, client, reason, shedding)
         limit.enter(client)
         return Ticket(pipeline, client, time.monotonic())
 
@@ -219,18 +228,20 @@ class Door:
         if not busy or patience <= 0:
             return self.enter(pipeline, client, shedding)
         if len(limit.waiting) >= self.settings.max_waiting:
-            self._refuse(pipeline, "queue", None)
+            self._refuse(pipeline, client, "queue", None)
         if not await limit.wait(client, patience):
-            self._refuse(pipeline, "waited", None)
+            self._refuse(pipeline, client, "waited", None)
         return Ticket(pipeline, client, time.monotonic())
 
-    def _refuse(self, pipeline: str, reason: str, shedding: Ladder | None) -> None:
+    def _refuse(self, pipeline: str, client: str, reason: str, shedding: Ladder | None) -> None:
         limit = self.limits[pipeline]
+        message = _refused(pipeline, client, reason, limit)
         SHED.labels(reason).inc()
+        self.refusals.record(reason, client, message)
         retry = max(MIN_RETRY_SECONDS, limit.recent)
         if shedding:
             retry = max(retry, shedding.shed_retry_ms / 1000)
-        raise Overloaded(_refused(pipeline, reason, limit), retry)
+        raise Overloaded(message, retry)
 
     def leave(self, ticket: Ticket, counts: bool) -> None:
         """The ticket's request is done; `counts`: its latency says how the chain is doing."""
@@ -241,10 +252,11 @@ class Door:
         CONCURRENCY_LIMIT(ticket.pipeline).set(limit.limit)
 
 
-def _refused(pipeline: str, reason: str, limit: AdaptiveLimit) -> str:
+def _refused(pipeline: str, client: str, reason: str, limit: AdaptiveLimit) -> str:
     held = f"{limit.inflight} of its limit of {int(limit.limit)} requests are in the chain"
     if reason == "client_share":
-        return f"pipeline {pipeline!r}: this client holds its share ({held}); retry later"
+        mine = f"{limit.holders.get(client, 0)} of {int(limit.share(client))}"
+        return f"pipeline {pipeline!r}: this client holds its share ({mine}; {held}); retry later"
     if reason == "level":
         return f"pipeline {pipeline!r}: the gateway is shedding load ({held}); retry later"
     if reason == "queue":

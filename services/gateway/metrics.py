@@ -22,6 +22,12 @@ RATE_LIMITED = Counter(
     "strata_gateway_rate_limited", "Requests refused by a token bucket.", ["scope"]
 )
 SHED = Counter("strata_gateway_shed", "Requests shed under overload, by reason.", ["reason"])
+REFUSALS = Children(Counter(
+    "strata_gateway_refusals",
+    "Requests the door refused, by reason and client (the first gateway.concurrency."
+    "refusal_clients clients refused by name, every later one as '(other)').",
+    ["reason", "client"],
+))  # fmt: skip
 LEVEL = Gauge("strata_gateway_degradation_level", "Current degradation level (0 = normal).")
 LEVEL_CHANGES = Counter(
     "strata_gateway_degradation_changes", "Moves between degradation levels.", ["direction"]

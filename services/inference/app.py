@@ -10,6 +10,8 @@ from services.inference.servicer import InferenceServicer
 from strata import limits
 from strata.cli import Service
 from strata.config import Settings
+from strata.errors import StrataError
+from strata.exits import ModelUnusable
 from strata.proto.inference import grpc_service_pb2, grpc_service_pb2_grpc
 
 
@@ -22,9 +24,11 @@ async def build(settings: Settings) -> Service:
     models = ModelManager(settings.repository, settings.inference, executor)
     try:
         await models.start()
-    except BaseException:
+    except BaseException as exc:
         await models.close()
         executor.shutdown(wait=False)
+        if isinstance(exc, StrataError):  # its message names the model, not the repository
+            raise ModelUnusable(f"repository {settings.repository}: {exc}") from None
         raise
     servicer = InferenceServicer(models, settings.inference, settings.server.max_stream_in_flight)
     unwatch = metrics.watch(models.statistics)

@@ -215,6 +215,26 @@ class Concurrency(Strict):
     max_waiting: int = Field(
         default=1024, ge=0, description="Requests that may wait for a place, per pipeline."
     )
+    min_share: int = Field(
+        default=8,
+        ge=1,
+        description="A client's fair share never falls below this many requests in the chain: "
+        "under contention each client may hold the larger of this and an equal share of the "
+        "limit, so one below it is never refused for its share when the limit shrinks (while "
+        "the chain is full it waits, ahead of clients over their share).",
+    )
+    refusal_log_seconds: float = Field(
+        default=10.0,
+        gt=0,
+        description="The door logs each refusal reason at most once per this many seconds, "
+        "with the counts since its last line.",
+    )
+    refusal_clients: int = Field(
+        default=32,
+        ge=0,
+        description="Clients strata_gateway_refusals_total names in its client label (the "
+        "first refused); later ones count as '(other)', so the label stays bounded.",
+    )
 
 
 class Rest(Strict):

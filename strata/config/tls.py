@@ -10,6 +10,7 @@ from pathlib import Path
 from pydantic import Field, model_validator
 
 from strata.config.base import Strict
+from strata.exits import FileUnreadable
 
 GATEWAY = "gateway"  # what the gateway presents to the layers, and tools by default
 CERT, KEY, CA = "tls.crt", "tls.key", "ca.crt"  # an identity's files, as in a TLS Secret
@@ -73,7 +74,7 @@ class TlsSettings(Strict):
         try:
             return path.read_bytes()
         except OSError as exc:
-            raise OSError(
+            raise FileUnreadable(
                 f"TLS identity {identity!r}: cannot read {path} ({exc.strerror}); "
                 "run `make certs`, or mount the identity's Secret there"
             ) from None

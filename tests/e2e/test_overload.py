@@ -166,7 +166,10 @@ def test_the_ladder_climbs_on_queueing_delay_says_why_and_comes_back_down(admin_
 
 
 def test_a_flooding_client_cannot_take_another_clients_share(tmp_path: Path) -> None:
-    changes = {"gateway": {"concurrency": {"initial": 8, "min_limit": 8, "max_limit": 8}}}
+    # A limit of 8 and a share floor of half of it: with the default floor (8) the flood's
+    # share would be the whole limit, and it would wait for places rather than be refused.
+    limit = {"initial": 8, "min_limit": 8, "max_limit": 8, "min_share": 4}
+    changes = {"gateway": {"concurrency": limit}}
     with running_system(tmp_path, changes) as system:
         flooding, quiet_stub = (
             stubs(system.address("gateway"), 4),

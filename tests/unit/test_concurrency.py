@@ -1,12 +1,16 @@
-"""The door's adaptive concurrency limit and per-client shares, on a fake clock."""
+"""The door's adaptive concurrency limit, per-client shares with their floor, and how its
+refusals are counted and logged, on a fake clock."""
 
 import asyncio
 import functools
+import logging
 import time
 
 import pytest
+from prometheus_client import REGISTRY
 
 from services.gateway.concurrency import AdaptiveLimit, Door
+from services.gateway.refusals import OTHER, Refusals
 from strata.config.gateway import Concurrency, Ladder
 from strata.errors import Overloaded
 
@@ -193,3 +197,96 @@ async def test_nothing_waits_while_shedding_or_once_the_queue_is_full() -> None:
     door, _ = full_door(wait_share=0.5)
     with pytest.raises(Overloaded, match="shedding"):
         await door.admit("digits", "c", Ladder(), budget=10.0)
+
+
+def test_a_client_below_its_share_floor_is_not_refused_when_the_limit_shrinks() -> None:
+    """The soak's refusal: three clients each hold 6 while the limit moves from 32 to 20; an
+    equal share is then 6.7, so a seventh request was "over its share" below any fair one."""
+    for floor, expected in ((1, "client_share"), (8, "")):
+        settings = Concurrency(initial=32, min_limit=2, contention=0.5, min_share=floor)
+        limit = AdaptiveLimit(settings, objective=1.0, clock=Clock())
+        for client in ("a", "b", "c"):
+            for _ in range(6):
+                limit.enter(client)
+        assert limit.refusal("a") == ""
+        limit.limit = 20.0  # the adaptive limit moved
+        assert limit.refusal("a") == expected, f"min_share {floor}"
+    for _ in range(2):
+        limit.enter("a")
+    limit.limit = 24.0
+    assert limit.refusal("a") == "client_share", "8, its floor and its equal share, is all"
+    assert "this client holds its share (8 of 8; 20 of its limit of 24" in door_message(limit)
+
+
+def door_message(limit: AdaptiveLimit) -> str:
+    door = Door(limit.settings, {"digits": 1.0})
+    door.limits["digits"] = limit
+    with pytest.raises(Overloaded) as refused:
+        door.enter("digits", "a")
+    return str(refused.value)
+
+
+@synchronously
+async def test_a_freed_place_goes_to_a_waiter_below_its_share_before_one_above() -> None:
+    settings = Concurrency(initial=6, min_limit=1, contention=0.5, min_share=1, wait_share=0.5)
+    door = Door(settings, {"digits": 1.0})
+    big = [door.enter("digits", "big") for _ in range(4)]
+    small, kept = (door.enter("digits", "small") for _ in range(2))
+    over = asyncio.create_task(door.admit("digits", "big", None, budget=10.0))
+    await asyncio.sleep(0.01)
+    under = asyncio.create_task(door.admit("digits", "small", None, budget=10.0))
+    await asyncio.sleep(0.01)
+    door.leave(small, counts=True)
+    ticket = await asyncio.wait_for(under, 1.0)
+    assert ticket.client == "small" and not over.done()
+    for held in [*big, kept, ticket]:
+        door.leave(held, counts=True)
+    door.leave(await asyncio.wait_for(over, 1.0), counts=True)
+
+
+def refused(reason: str, client: str) -> float:
+    sample = REGISTRY.get_sample_value(
+        "strata_gateway_refusals_total", {"reason": reason, "client": client}
+    )
+    return sample or 0.0
+
+
+def test_every_refusal_is_counted_by_reason_and_a_bounded_client_label() -> None:
+    refusals = Refusals(Concurrency(refusal_clients=2), clock=Clock())
+    before = {c: refused("queue", c) for c in ("ra", "rb", "rc", OTHER)}
+    for client in ("ra", "rb", "rc", "rd", "ra"):
+        refusals.record("queue", client, "full")
+    after = {c: refused("queue", c) - before[c] for c in before}
+    assert after == {"ra": 2, "rb": 1, "rc": 0, OTHER: 2}
+    assert refusals.label("x" * 1000) == OTHER
+
+
+def test_refusals_are_logged_once_per_reason_per_interval_with_their_counts(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    clock = Clock()
+    refusals = Refusals(Concurrency(refusal_log_seconds=10), clock=clock)
+    with caplog.at_level(logging.WARNING, logger="services.gateway.refusals"):
+        for client in ("a", "a", "b", "a", "c", "d"):
+            refusals.record("client_share", client, "pipeline 'digits': this client …")
+            clock.now += 1
+        refusals.record("waited", "a", "pipeline 'digits': no place freed in time …")
+        clock.now += 5
+        refusals.record("client_share", "e", "pipeline 'digits': the latest …")
+    assert [r.getMessage() for r in caplog.records] == [
+        "door refused 1 (client_share), by client: 'a' 1; latest: pipeline 'digits': this client …",
+        "door refused 1 (waited), by client: 'a' 1; latest: pipeline 'digits': no place "
+        "freed in time …",
+        "door refused 6 (client_share) in the last 11 s, by client: 'a' 2, 'b' 1, 'c' 1, "
+        "others 2; latest: pipeline 'digits': the latest …",
+    ]
+
+
+def test_the_door_counts_its_refusals_by_client() -> None:
+    door = Door(Concurrency(initial=1, min_limit=1, contention=1.0), {"digits": 1.0})
+    before = refused("concurrency", "counted")
+    door.enter("digits", "counted")
+    door.enter("digits", "counted-newcomer")  # its headroom
+    with pytest.raises(Overloaded):
+        door.enter("digits", "counted")
+    assert refused("concurrency", "counted") - before == 1

@@ -257,11 +257,9 @@ def test_ports_health_checks_and_limits_match_the_config() -> None:
         endpoint = endpoints(settings)[name]
         assert set(service["expose"]) == {str(port) for port in endpoint.ports}, name
         health = service["healthcheck"]["test"]
-        config = parse_command(service["command"]).config
         assert health == [
-            *("CMD", "python", "-m", "strata.healthcheck", f"127.0.0.1:{endpoint.port}"),
-            *("--config", config, "--identity", endpoint.layer),
-        ], f"{name}: checks itself over TLS with its own certificate"
+            *("CMD", "python", "-I", "-S", "strata/probe.py", f"127.0.0.1:{endpoint.metrics_port}")
+        ], f"{name}: asks its own metrics port whether it is ready, importing nothing else"
         assert service["restart"] in {"always", "unless-stopped", "on-failure"}, name
         limits = service["deploy"]["resources"]["limits"]
         assert limits.get("cpus") and limits.get("memory"), name

@@ -1,5 +1,5 @@
 """The launcher's restart backoff: doubling while an instance keeps failing, reset once it
-has run long enough."""
+has run long enough; and how it names an exit."""
 
 from strata.launch import Backoff, exit_reason
 
@@ -17,3 +17,7 @@ def test_backoff_doubles_up_to_its_ceiling_and_resets_after_a_healthy_run() -> N
 def test_exit_reasons_name_the_signal() -> None:
     assert exit_reason(-9) == "was killed by SIGKILL"
     assert exit_reason(3) == "exited with 3"
+
+
+def test_exit_reasons_say_why_a_restart_cannot_help() -> None:
+    assert exit_reason(78) == "exited with 78 (the config is missing, unreadable or invalid)"

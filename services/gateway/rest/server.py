@@ -21,6 +21,7 @@ from strata.config.gateway import Rest
 from strata.config.server import ServerSettings
 from strata.config.tls import CA, CERT, KEY, TlsSettings, public_identity
 from strata.door import Shares
+from strata.exits import AddressUnusable
 
 log = logging.getLogger(__name__)
 
@@ -80,7 +81,7 @@ class RestServer:
         try:
             await self._server.startup()
         except SystemExit:  # uvicorn's answer to a port it cannot bind
-            raise OSError(f"cannot bind the REST port {self.listen}") from None
+            raise AddressUnusable(self.listen, "REST") from None
         self._ticking = asyncio.create_task(self._server.main_loop())
         log.info("serving the v2 REST API on %s", self.listen)
 
