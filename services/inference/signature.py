@@ -9,46 +9,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Hashable, Mapping, Sequence
-from dataclasses import dataclass
 
 import numpy as np
-import onnxruntime as ort
 
 from strata.codec import datatype_of
 from strata.errors import InvalidArgument
-
-_ORT_TYPES = {
-    "tensor(bool)": "BOOL",
-    "tensor(uint8)": "UINT8",
-    "tensor(uint16)": "UINT16",
-    "tensor(uint32)": "UINT32",
-    "tensor(uint64)": "UINT64",
-    "tensor(int8)": "INT8",
-    "tensor(int16)": "INT16",
-    "tensor(int32)": "INT32",
-    "tensor(int64)": "INT64",
-    "tensor(float16)": "FP16",
-    "tensor(float)": "FP32",
-    "tensor(double)": "FP64",
-    "tensor(string)": "BYTES",
-}
-
-
-@dataclass(frozen=True)
-class TensorInfo:
-    """A graph input or output; -1 marks an open dimension, `dims` holds symbolic names."""
-
-    name: str
-    datatype: str
-    shape: tuple[int, ...]
-    dims: tuple[str | None, ...]
-
-    @classmethod
-    def of(cls, arg: ort.NodeArg) -> TensorInfo:
-        """From an ONNX Runtime graph input or output."""
-        shape = tuple(d if isinstance(d, int) and d > 0 else -1 for d in arg.shape)
-        dims = tuple(d if isinstance(d, str) and d else None for d in arg.shape)
-        return cls(arg.name, _ORT_TYPES.get(arg.type, arg.type), shape, dims)
+from strata.onnxsig import TensorInfo
 
 
 class Signature:
