@@ -87,6 +87,13 @@ class ModelRef(Strict):
     )
     shadow: Shadow | None = Field(default=None, description="Optional mirror route.")
 
+    def versions_called(self) -> list[str]:
+        """The versions its routes and shadow call ("": whichever the deployment serves)."""
+        called = [route.version or self.version for route in self.routes] or [self.version]
+        if self.shadow is not None:
+            called.append(self.shadow.version or self.version)
+        return called
+
     @field_validator("routes")
     @classmethod
     def _arms_unique_and_weighted(cls, routes: list[Route]) -> list[Route]:
