@@ -126,6 +126,7 @@ class ModelVersion:
     ) -> Arrays:
         """Check the request, queue it, and return its outputs."""
         rows, key = self.signature.check(arrays)
+        arrays = self.signature.strings(arrays)
         levels = self.spec.batching.priority_levels
         if not 0 <= request.priority <= levels:
             raise InvalidArgument(

@@ -12,7 +12,7 @@ from collections.abc import Hashable, Mapping, Sequence
 
 import numpy as np
 
-from strata.codec import datatype_of
+from strata.codec import as_text, datatype_of
 from strata.errors import InvalidArgument
 from strata.onnxsig import TensorInfo
 
@@ -38,6 +38,15 @@ class Signature:
         unknown = sorted(set(self.padded) - {t.name for t in self.inputs})
         if unknown:
             raise InvalidArgument(f"model {model!r}: padding names no input {unknown[0]!r}")
+
+    def strings(self, arrays: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """`arrays` with each string input as `str` elements (InvalidArgument naming the input
+        and element where one is not UTF-8); the others as they are."""
+        texts = {t.name for t in self.inputs if t.datatype == "BYTES"}
+        return {
+            name: as_text(array, f"input {name!r}") if name in texts else array
+            for name, array in arrays.items()
+        }
 
     @property
     def output_names(self) -> list[str]:
