@@ -142,11 +142,12 @@ def _tile(arrays: Arrays, rows: int) -> Arrays:
 
 
 def _zeros(signature: Signature) -> Arrays:
-    """An input of zeros (empty strings for a string input) for each of the model's."""
+    """An input of zeros for each of the model's: the string "0" for a string input, which
+    a model that parses its strings as numbers (a Cast) reads too."""
     return {
         info.name: np.full(
             [max(d, 1) for d in info.shape],
-            "" if info.datatype == "BYTES" else 0,
+            "0" if info.datatype == "BYTES" else 0,
             dtype=DTYPES[info.datatype],
         )
         for info in signature.inputs

@@ -1,7 +1,8 @@
 """String models answer the text they were given, and models without a batch dimension are
-served and described as they are: an identity model over strings, built here, through
+served and described as they are. Built here: an identity model over strings, through
 inference directly (unary, stream, flight) and through a gateway pipeline (gRPC and REST);
-a model whose input is a fixed [3, 4], through inference and a pipeline of its own shape."""
+one that parses strings as numbers (as Triton's simple_string does); a model whose input is
+a fixed [3, 4], through inference and through a pipeline of its own shape."""
 
 from __future__ import annotations
 
@@ -38,6 +39,18 @@ def echo_model() -> onnx.ModelProto:
     return _finish(graph)
 
 
+def parse_model() -> onnx.ModelProto:
+    """text STRING [batch] -> number INT32 [batch] by Cast, as Triton's simple_string does
+    (ONNX Runtime parses each string: b'12' printed as a string does not parse)."""
+    graph = helper.make_graph(
+        [helper.make_node("Cast", ["text"], ["number"], to=TensorProto.INT32)],
+        "parse",
+        [helper.make_tensor_value_info("text", TensorProto.STRING, ["batch"])],
+        [helper.make_tensor_value_info("number", TensorProto.INT32, ["batch"])],
+    )
+    return _finish(graph)
+
+
 def column_sums() -> onnx.ModelProto:
     """x FP32 [3, 4] -> sums FP32 [4]: no batch dimension anywhere."""
     graph = helper.make_graph(
@@ -55,7 +68,7 @@ def repository(root: Path) -> Path:
     shipped = ROOT / "build" / "repository"
     for model in ("digits", "tabular"):
         (root / model).symlink_to(shipped / model, target_is_directory=True)
-    for name, model in (("echo", echo_model()), ("sums", column_sums())):
+    for name, model in (("echo", echo_model()), ("parse", parse_model()), ("sums", column_sums())):
         (root / name / "1").mkdir(parents=True)
         onnx.save(model, root / name / "1" / "model.onnx")
     return root
@@ -66,7 +79,7 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[InProcess]:
     root = repository(tmp_path_factory.mktemp("repository"))
     changes = {
         "repository": str(root),
-        "inference": {"models": ["digits", "tabular", "echo", "sums"]},
+        "inference": {"models": ["digits", "tabular", "echo", "parse", "sums"]},
         "pipelines": {
             "echo": {
                 "inputs": [{"name": "text", "datatype": "BYTES", "shape": [-1], "utf8": True}],
@@ -116,6 +129,12 @@ def test_a_string_model_answers_the_text_it_was_given(inference) -> None:
     flight = codec.build_request("echo", {"text": TEXTS})
     flight.parameters["strata.rows"].string_param = "2,1"
     assert texts(inference.ModelInfer(flight, timeout=10)) == list(TEXTS)
+
+
+def test_a_model_that_parses_strings_reads_them_as_text(inference) -> None:
+    texts_in = np.array([b"12", b"-3"], dtype=object)
+    reply = inference.ModelInfer(codec.build_request("parse", {"text": texts_in}), timeout=10)
+    assert codec.response_outputs(reply)["number"].tolist() == [12, -3]
 
 
 def test_bytes_that_are_not_utf8_are_refused_naming_the_input(inference) -> None:
