@@ -49,7 +49,9 @@ class Flow:
     tensors: dict[str, Known] = field(default_factory=dict)
     open: bool = False
 
-    def make(self, stage: str, made: Mapping[str, Made] | None, consumed: Iterable[str] = ()):
+    def make(
+        self, stage: str, made: Mapping[str, Made] | None, consumed: Iterable[str] = ()
+    ) -> None:
         """After `stage`: `made` (None: unknown) written, `consumed` gone."""
         for name in consumed:
             self.tensors.pop(name, None)

@@ -33,18 +33,18 @@ def _check_version(
     for stage, rule in rules:
         label = f"postprocess rule {stage.label!r}"
         flow.need(f"{label} (with {version.label})", rule.inputs)
-        flow.make(label, _makes(stage, rule, flow))
+        flow.make(label, *_makes(stage, rule, flow))
     wiring.check_outputs(flow, spec.outputs)
 
 
-def _makes(stage: RuleSpec, rule: Rule, flow: Flow) -> dict[str, Made] | None:
-    """The tensors a rule writes; None where it does not say (a plugin without outputs)."""
+def _makes(stage: RuleSpec, rule: Rule, flow: Flow) -> tuple[dict[str, Made] | None, list[str]]:
+    """The tensors a rule writes (None: a plugin that does not say) and those whose earlier
+    kind it does not keep: a built-in's outputs are new tensors whatever was known of their
+    names (mean_pool in place changes its input's rank); a plugin's keep what it leaves
+    unsaid."""
     if isinstance(stage, PluginRule):
         where = f"pipeline {flow.pipeline!r}: postprocess rule {stage.label!r}"
-        return wiring.declared(rule, where)
+        return wiring.declared(rule, where), []
     source = getattr(stage, "input", None)
-    names = set()
-    for key in _WRITES:
-        if hasattr(stage, key):
-            names.add(getattr(stage, key) or source)
-    return dict.fromkeys(names - {None}, Made())
+    names = {getattr(stage, key) or source for key in _WRITES if hasattr(stage, key)} - {None}
+    return dict.fromkeys(names, Made()), sorted(names)

@@ -20,7 +20,7 @@ from services.preprocess.pipeline import build_pipeline
 from strata.config.pipelines import Pipeline
 from strata.config.postprocess import PostprocessSettings
 from strata.errors import NotReady
-from tests.unit.test_inference_toymodels import _finish, dense
+from tests.unit.test_inference_toymodels import _finish, dense, pooling_model
 
 DECLARED = {"name": "probabilities", "datatype": "FP32", "shape": [-1, 3]}
 SOFTMAX = {"kind": "softmax", "input": "y", "output": "probabilities"}
@@ -198,3 +198,28 @@ def test_an_answer_unlike_the_declared_output_is_the_servers_fault(root: Path) -
         answer(narrow, root, {"y": y})
     with pytest.raises(NotReady, match="rule 'softmax' needs tensor 'y'"):
         answer(pipeline(), root, {"logits": y})
+
+
+def test_a_built_in_rule_in_place_makes_a_new_tensor(tmp_path: Path) -> None:
+    """mean_pool in place turns the model's tokens [batch, seq, 4] into [batch, 4]: what was
+    known of the name before does not hold the pipeline's declaration against it."""
+    folder = tmp_path / "pool" / "1"
+    folder.mkdir(parents=True)
+    onnx.save(pooling_model(), folder / "model.onnx")
+    spec = Pipeline.model_validate(
+        {
+            "inputs": [
+                {"name": "ids", "datatype": "INT64", "shape": [-1, -1]},
+                {"name": "mask", "datatype": "FP32", "shape": [-1, -1]},
+            ],
+            "outputs": [{"name": "tokens", "datatype": "FP32", "shape": [-1, 4]}],
+            "model": {"name": "pool"},
+            "postprocess": [{"kind": "mean_pool", "input": "tokens", "mask": "mask"}],
+            "forward_to_postprocess": ["mask"],
+        }
+    )
+    build_chain("p", spec, tmp_path, PostprocessSettings())
+    with pytest.raises(ValueError, match="model 'pool' version 1 gives output 'tokens' with 3"):
+        build_chain(
+            "p", spec.model_copy(update={"postprocess": []}), tmp_path, PostprocessSettings()
+        )
