@@ -95,6 +95,17 @@ def utf8(
         raise error(f"{what}: element {index} is not valid UTF-8 (byte {exc.start})") from None
 
 
+def as_text(array: np.ndarray, what: str) -> np.ndarray:
+    """A BYTES array as an object array of `str` of the same shape, as ONNX Runtime needs for
+    a `tensor(string)` input (it would take `bytes` by their printed form, b'...'); an element
+    that is not UTF-8 is refused with InvalidArgument naming it and `what` ("input 'x'")."""
+    flat = array.reshape(-1)
+    out = np.empty(flat.shape, dtype=object)
+    for i, item in enumerate(flat):
+        out[i] = utf8(item, what, i)
+    return out.reshape(array.shape)
+
+
 def encode_bytes(items: Iterable[bytes | str]) -> bytes:
     """v2 BYTES encoding of a flat sequence of elements."""
     parts = []

@@ -30,6 +30,7 @@ from strata.errors import InvalidArgument, NotReady
 
 __all__ = [
     "Arrays",
+    "Made",
     "NotFinite",
     "Options",
     "Rule",
@@ -49,6 +50,22 @@ class Options(BaseModel):
     for the built-ins). Any pydantic model works; this one only saves the model_config."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+@dataclass(frozen=True)
+class Made:
+    """What a stage makes of one tensor, as far as it knows: its v2 datatype and its rank
+    (batch included); None where it does not say (a tensor written over keeps what was
+    known of it).
+
+    A step or rule may say what it makes with an attribute `outputs`, a mapping of tensor
+    name -> Made: the tensors it writes, every other one passed on as it came. Strata then
+    checks at start-up that the stages after it, and the model, get what they need. Without
+    `outputs`, what follows the stage is checked only as far as it can be.
+    """
+
+    datatype: str | None = None
+    rank: int | None = None
 
 
 class StepError(InvalidArgument):

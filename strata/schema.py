@@ -18,7 +18,8 @@ from strata.errors import InvalidArgument, shown
 def validate_inputs(
     arrays: Mapping[str, np.ndarray], specs: Sequence[TensorSpec], max_batch_size: int
 ) -> int:
-    """Raise InvalidArgument unless `arrays` match `specs`; return the batch size."""
+    """Raise InvalidArgument unless `arrays` match `specs`; return the batch size (1 where
+    `max_batch_size` is 0: the inputs have no batch dimension)."""
     names = {spec.name for spec in specs}
     unknown = sorted(set(arrays) - names)
     if unknown:
@@ -28,10 +29,11 @@ def validate_inputs(
     missing = sorted(names - set(arrays))
     if missing:
         raise InvalidArgument(f"missing input {missing[0]!r}; expected inputs: {sorted(names)}")
-    batches = set()
     for spec in specs:
         check_tensor(spec, arrays[spec.name])
-        batches.add(arrays[spec.name].shape[0])
+    if max_batch_size == 0:
+        return 1  # no batch dimension: the request is one whole input
+    batches = {arrays[spec.name].shape[0] for spec in specs}
     if len(batches) > 1:
         raise InvalidArgument(f"inputs disagree on the batch size: {sorted(batches)}")
     batch = batches.pop()

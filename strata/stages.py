@@ -256,6 +256,11 @@ class _GuardedStep:
     step: Step
     label: str
 
+    @property
+    def outputs(self) -> object:
+        """What the plugin says it makes (strata.plugins.Made), if it says."""
+        return getattr(self.step, "outputs", None)
+
     def process(self, tensors: Arrays) -> Arrays:
         try:
             return self.step.process(tensors)
@@ -273,6 +278,11 @@ class _GuardedRule:
     @property
     def inputs(self) -> tuple[str, ...]:
         return tuple(self.rule.inputs)
+
+    @property
+    def outputs(self) -> object:
+        """What the plugin says it makes (strata.plugins.Made), if it says."""
+        return getattr(self.rule, "outputs", None)
 
     def apply(self, tensors: Arrays, context: RuleContext) -> Arrays:
         try:

@@ -116,8 +116,10 @@ class Orchestrator:
 
 
 def _flight_key(req: ClientRequest) -> tuple:
-    """What the requests of one flight must share."""
+    """What the requests of one flight must share; a request without a batch dimension
+    shares with none (its own identity, while it waits)."""
     return (
+        id(req) if req.pipeline.max_batch_size == 0 else None,
         req.pipeline_name,
         req.route.arm,
         req.version,

@@ -43,6 +43,9 @@ class Count:
 class Pipelines:
     def __init__(self, runtime: Runtime) -> None:
         self._runtime = runtime
+        # Pipelines whose last request failed FAILED_PRECONDITION, the server's own fault (a
+        # pipeline that does not make what it declares): not ready until one answers again.
+        self._faulted: set[str] = set()
 
     @property
     def _pipelines(self) -> dict[str, Pipeline]:
@@ -74,9 +77,10 @@ class Pipelines:
         return states["preprocess"] and states["postprocess"] and any(inference)
 
     async def model_ready(self, name: str, version: str = "") -> bool:
-        """Whether any route of pipeline `name` has its model ready (False if no such one)."""
+        """Whether any route of pipeline `name` has its model ready (False if no such one, or
+        while its last request failed by the server's fault, FAILED_PRECONDITION)."""
         pipeline = self._pipelines.get(name)
-        if pipeline is None or version not in ("", PIPELINE_VERSION):
+        if pipeline is None or version not in ("", PIPELINE_VERSION) or name in self._faulted:
             return False
         for route in self._runtime.router(name).routes:
             probe = v2.ModelReadyRequest(
@@ -135,6 +139,13 @@ class Pipelines:
             LATENCY(name if known else "(unknown)", protocol).observe(seconds)
             if known:
                 STATISTICS.finished(name, seconds, count.response)
+                self._note_fault(name, code, count)
+
+    def _note_fault(self, name: str, code: str, count: Count) -> None:
+        if code == grpc.StatusCode.FAILED_PRECONDITION.name:
+            self._faulted.add(name)
+        elif count.response is not None:
+            self._faulted.discard(name)
 
     async def answer(self, request: v2.ModelInferRequest, caller: Caller) -> v2.ModelInferResponse:
         """One inference through admission, validation, the ladder, routing and flights."""

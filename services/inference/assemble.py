@@ -82,7 +82,7 @@ def _stack(arrays: list[np.ndarray], pad: float | None, rows: int) -> np.ndarray
     if pad is None:
         raise ValueError(f"requests of shapes {sorted(shapes)} cannot share a batch unpadded")
     longest = tuple(max(sizes) for sizes in zip(*shapes, strict=True))
-    fill = b"" if arrays[0].dtype == object else pad
+    fill = "" if arrays[0].dtype == object else pad  # string inputs hold str (Signature.strings)
     out = np.full((rows, *longest), fill, dtype=arrays[0].dtype)
     start = 0
     for array in arrays:

@@ -20,11 +20,12 @@ from services.inference import assemble, validation
 from services.inference.batcher import Batcher
 from services.inference.jobs import Request
 from services.inference.manifest import ModelSpec
-from services.inference.signature import Signature, TensorInfo
+from services.inference.signature import Signature
 from services.inference.statistics import VersionStats
 from strata.codec import Arrays
 from strata.config.inference import InferenceSettings
 from strata.errors import InvalidArgument, NotReady, StrataError, Unavailable
+from strata.onnxsig import TensorInfo
 
 log = logging.getLogger(__name__)
 
@@ -125,6 +126,7 @@ class ModelVersion:
     ) -> Arrays:
         """Check the request, queue it, and return its outputs."""
         rows, key = self.signature.check(arrays)
+        arrays = self.signature.strings(arrays)
         levels = self.spec.batching.priority_levels
         if not 0 <= request.priority <= levels:
             raise InvalidArgument(

@@ -9,46 +9,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Hashable, Mapping, Sequence
-from dataclasses import dataclass
 
 import numpy as np
-import onnxruntime as ort
 
-from strata.codec import datatype_of
+from strata.codec import as_text, datatype_of
 from strata.errors import InvalidArgument
-
-_ORT_TYPES = {
-    "tensor(bool)": "BOOL",
-    "tensor(uint8)": "UINT8",
-    "tensor(uint16)": "UINT16",
-    "tensor(uint32)": "UINT32",
-    "tensor(uint64)": "UINT64",
-    "tensor(int8)": "INT8",
-    "tensor(int16)": "INT16",
-    "tensor(int32)": "INT32",
-    "tensor(int64)": "INT64",
-    "tensor(float16)": "FP16",
-    "tensor(float)": "FP32",
-    "tensor(double)": "FP64",
-    "tensor(string)": "BYTES",
-}
-
-
-@dataclass(frozen=True)
-class TensorInfo:
-    """A graph input or output; -1 marks an open dimension, `dims` holds symbolic names."""
-
-    name: str
-    datatype: str
-    shape: tuple[int, ...]
-    dims: tuple[str | None, ...]
-
-    @classmethod
-    def of(cls, arg: ort.NodeArg) -> TensorInfo:
-        """From an ONNX Runtime graph input or output."""
-        shape = tuple(d if isinstance(d, int) and d > 0 else -1 for d in arg.shape)
-        dims = tuple(d if isinstance(d, str) and d else None for d in arg.shape)
-        return cls(arg.name, _ORT_TYPES.get(arg.type, arg.type), shape, dims)
+from strata.onnxsig import TensorInfo
 
 
 class Signature:
@@ -72,6 +38,15 @@ class Signature:
         unknown = sorted(set(self.padded) - {t.name for t in self.inputs})
         if unknown:
             raise InvalidArgument(f"model {model!r}: padding names no input {unknown[0]!r}")
+
+    def strings(self, arrays: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """`arrays` with each string input as `str` elements (InvalidArgument naming the input
+        and element where one is not UTF-8); the others as they are."""
+        texts = {t.name for t in self.inputs if t.datatype == "BYTES"}
+        return {
+            name: as_text(array, f"input {name!r}") if name in texts else array
+            for name, array in arrays.items()
+        }
 
     @property
     def output_names(self) -> list[str]:

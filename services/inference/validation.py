@@ -62,6 +62,7 @@ def validate(signature: Signature, run: Runner, cases: Sequence[Case]) -> None:
     for case in cases:
         try:
             keys[case.name] = signature.check(case.inputs)
+            case.inputs = signature.strings(case.inputs)
             (got,) = run([case.inputs])
         except StrataError as exc:
             raise NotReady(f"validation case {case.name!r} does not run: {exc}") from None
@@ -141,7 +142,13 @@ def _tile(arrays: Arrays, rows: int) -> Arrays:
 
 
 def _zeros(signature: Signature) -> Arrays:
+    """An input of zeros for each of the model's: the string "0" for a string input, which
+    a model that parses its strings as numbers (a Cast) reads too."""
     return {
-        info.name: np.zeros([max(d, 1) for d in info.shape], dtype=DTYPES[info.datatype])
+        info.name: np.full(
+            [max(d, 1) for d in info.shape],
+            "0" if info.datatype == "BYTES" else 0,
+            dtype=DTYPES[info.datatype],
+        )
         for info in signature.inputs
     }

@@ -21,11 +21,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
+
+from services.postprocess import wiring
 from services.postprocess.rules import Rule, build_rule, is_bounded
-from strata.codec import Arrays
-from strata.config.pipelines import Pipeline
+from strata.codec import Arrays, datatype_of
+from strata.config.pipelines import Pipeline, TensorSpec
 from strata.config.postprocess import PostprocessSettings, RuleSpec
-from strata.plugins import take
+from strata.errors import NotReady
 
 
 @dataclass(frozen=True)
@@ -77,7 +80,7 @@ class ChainRule:
 class RuleChain:
     name: str
     rules: list[ChainRule]
-    outputs: list[str]
+    outputs: list[TensorSpec]
 
     def __post_init__(self) -> None:
         # Shortest limit from each position on: the soonest any later rule can overrun.
@@ -99,7 +102,9 @@ def build_chain(
             rules.append(_chain_rule(stage, repository, settings))
         except (ValueError, OSError) as exc:
             raise ValueError(f"{where}: {exc}") from exc
-    return RuleChain(name=name, rules=rules, outputs=[o.name for o in spec.outputs])
+    built = [rule.rule for rule in rules]
+    wiring.check(name, spec, list(zip(spec.postprocess, built, strict=True)), repository)
+    return RuleChain(name=name, rules=rules, outputs=list(spec.outputs))
 
 
 def _chain_rule(stage: RuleSpec, repository: Path, settings: PostprocessSettings) -> ChainRule:
@@ -179,8 +184,13 @@ class Pass:
         if self.skipped:
             self.skipped.append(entry.name)
             return False
-        # With nothing skipped, running it gives the clear "needs tensor" error.
-        return not self.passed_over
+        if self.passed_over:
+            return False
+        missing = sorted(set(entry.rule.inputs) - set(self.tensors))
+        raise NotReady(
+            f"pipeline {self.chain.name!r}: rule {entry.name!r} needs tensor {missing[0]!r}, "
+            f"which neither the model nor an earlier rule made (there: {sorted(self.tensors)})"
+        )
 
     def _skip(self, name: str) -> None:
         self.overran.append(name)
@@ -223,12 +233,20 @@ class Pass:
     # After the pass.
 
     def outputs(self) -> Arrays:
-        """The declared outputs; after a skip, only those that were made."""
-        names = self.chain.outputs
-        if self.skipped or self.passed_over:
-            return {name: self.tensors[name] for name in names if name in self.tensors}
-        where = f"pipeline {self.chain.name!r} output"
-        return {name: take(self.tensors, name, where) for name in names}
+        """The declared outputs; after a skip, only those that were made. One that should
+        have been made, or that is not of its declared datatype and shape, is the server's
+        fault (FAILED_PRECONDITION): the pipeline does not make what it declares."""
+        made = {}
+        for spec in self.chain.outputs:
+            array = self.tensors.get(spec.name)
+            if array is not None:
+                made[spec.name] = conform(self.chain.name, spec, array)
+            elif not (self.skipped or self.passed_over):
+                raise NotReady(
+                    f"pipeline {self.chain.name!r}: output {spec.name!r} was not made (there: "
+                    f"{sorted(self.tensors)}); its rules do not make what it declares"
+                )
+        return made
 
     def unprotected(self) -> list[str]:
         """The protecting rules that were to run and did not: the answer must not go out."""
@@ -241,3 +259,18 @@ class Pass:
 
     def info(self) -> dict[str, str]:
         return {"skipped_rules": ",".join(self.skipped)} if self.skipped else {}
+
+
+def conform(pipeline: str, spec: TensorSpec, array: np.ndarray) -> np.ndarray:
+    """`array` if it has the datatype and shape the pipeline declares for it, else NotReady
+    (FAILED_PRECONDITION) naming both: the pipeline does not make what it promises."""
+    datatype = datatype_of(array)
+    fits = array.ndim == len(spec.shape) and all(
+        d in (-1, s) for d, s in zip(spec.shape, array.shape, strict=False)
+    )
+    if datatype != spec.datatype or not fits:
+        raise NotReady(
+            f"pipeline {pipeline!r}: output {spec.name!r} is {datatype} {list(array.shape)}, "
+            f"but the pipeline declares {spec.datatype} {spec.shape}"
+        )
+    return array

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from opentelemetry import trace
 
+from services.preprocess import wiring
 from services.preprocess.metrics import StepTimings
 from services.preprocess.steps import Step, build_step
 from services.preprocess.steps.validate import Validate
@@ -62,6 +63,8 @@ def build_pipeline(
             steps.append((stage.label, build_step(stage, repository)))
         except (ValueError, OSError) as exc:
             raise ValueError(f"{where}: {exc}") from exc
+    built = [step for _, step in steps[1:]]
+    wiring.check(name, spec, list(zip(spec.preprocess, built, strict=True)), repository)
     return PreprocessPipeline(name=name, steps=steps, timings=timings or StepTimings())
 
 

@@ -72,6 +72,14 @@ class PluginStage(BaseModel):
         """The plugin's own keys, as written."""
         return dict(self.model_extra or {})
 
+    def __eq__(self, other: object) -> bool:
+        """Equal as config: the plugin loaded from it is a cache, not part of it (a reload
+        compares stages, and the one that was built has its plugin loaded)."""
+        if not isinstance(other, PluginStage):
+            return NotImplemented
+        mine = (type(self), self.__dict__, self.__pydantic_extra__)
+        return mine == (type(other), other.__dict__, other.__pydantic_extra__)
+
     def plugin(self, repository: Path) -> Plugin:
         """The plugin's class and validated options, imported once (PluginError if not)."""
         if self._plugin is None:

@@ -87,6 +87,13 @@ class ModelRef(Strict):
     )
     shadow: Shadow | None = Field(default=None, description="Optional mirror route.")
 
+    def versions_called(self) -> list[str]:
+        """The versions its routes and shadow call ("": whichever the deployment serves)."""
+        called = [route.version or self.version for route in self.routes] or [self.version]
+        if self.shadow is not None:
+            called.append(self.shadow.version or self.version)
+        return called
+
     @field_validator("routes")
     @classmethod
     def _arms_unique_and_weighted(cls, routes: list[Route]) -> list[Route]:
@@ -103,7 +110,13 @@ class Pipeline(Strict):
 
     inputs: list[TensorSpec] = Field(min_length=1, description="Inputs clients send.")
     outputs: list[TensorSpec] = Field(min_length=1, description="Outputs clients receive.")
-    max_batch_size: int = Field(default=64, gt=0, description="Largest batch a request may carry.")
+    max_batch_size: int = Field(
+        default=64,
+        ge=0,
+        description="Largest batch a request may carry; 0: the inputs and outputs have no "
+        "batch dimension (a model that takes one fixed-shape input): each request is one, "
+        "travels alone, and is described as Triton does (max_batch_size 0, every dimension).",
+    )
     preprocess: list[Step] = Field(
         default_factory=list, description="Steps after validation, in order, chosen by kind."
     )
@@ -131,6 +144,12 @@ class Pipeline(Strict):
     postprocess: list[Rule] = Field(
         default_factory=list, description="Rules, in order, chosen by kind."
     )
+
+    @model_validator(mode="after")
+    def _default_answer_has_rows(self) -> Pipeline:
+        if self.max_batch_size == 0 and self.default_answer is not None:
+            raise ValueError("default_answer is one row of a batch: it needs max_batch_size > 0")
+        return self
 
     @field_validator("inputs", "outputs")
     @classmethod

@@ -35,14 +35,16 @@ REDACT_EMAIL = {
     **{"kind": "regex_filter", "name": "redact_email", "input": "text", "action": "redact"},
     **{"pattern": r"[\w.+-]+@[\w-]+\.[\w.]+", "timeout_seconds": 0.05},
 }
-# Only postprocess and preprocess are called with these two, directly (as the gateway would).
+# Only postprocess and preprocess are called with these two, directly (as the gateway would):
+# they name a version no repository holds, so no model's signature is checked against them.
+NEVER_CALLED = {"name": "digits", "version": "999"}
 NOTES = {
-    **{"inputs": [TEXT], "outputs": [TEXT], "model": {"name": "digits"}},
+    **{"inputs": [TEXT], "outputs": [TEXT], "model": NEVER_CALLED},
     "postprocess": [REDACT_EMAIL],
 }
 TOKENIZE = {"kind": "tokenize", "input": "text", "tokenizer": "minilm/1/tokenizer.json"}
 WORDS = {
-    **{"inputs": [TEXT], "outputs": [TEXT], "model": {"name": "digits"}},
+    **{"inputs": [TEXT], "outputs": [TEXT], "model": NEVER_CALLED},
     "preprocess": [{**TOKENIZE, "max_length": 256}],
 }
 

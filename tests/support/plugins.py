@@ -67,3 +67,38 @@ class Resize(image.Resize):
 
     def __init__(self, options: Resize.Options) -> None:
         super().__init__(options.input, options.height, options.width, options.interpolation)
+
+
+class Copy:
+    """A step that copies `input` to `output` and says so (`outputs`), so that what follows
+    it is checked at start-up; `datatype` is what it claims the copy is."""
+
+    class Options(plugins.Options):
+        input: str
+        output: str
+        datatype: str | None = None
+
+    def __init__(self, options: Copy.Options) -> None:
+        self.options = options
+
+    @property
+    def outputs(self) -> dict[str, plugins.Made]:
+        return {self.options.output: plugins.Made(self.options.datatype)}
+
+    def process(self, tensors: Arrays) -> Arrays:
+        return {**tensors, self.options.output: take(tensors, self.options.input, "copy")}
+
+
+class Shrink:
+    """A rule that cuts the last column off `input` and does not say what it makes: only a
+    request shows that the pipeline then answers less than it declares."""
+
+    class Options(plugins.Options):
+        input: str
+
+    def __init__(self, options: Shrink.Options) -> None:
+        self.inputs = (options.input,)
+
+    def apply(self, tensors: Arrays, context: RuleContext) -> Arrays:
+        (name,) = self.inputs
+        return {**tensors, name: take(tensors, name, "shrink")[..., :-1]}

@@ -60,6 +60,20 @@ def test_an_import_path_names_a_class_and_its_options_are_validated(tmp_path: Pa
     assert plugin.options == plugins.Fragile.Options(input="images", poison=255)
 
 
+def test_a_stage_is_config_whether_or_not_its_plugin_was_loaded(tmp_path: Path) -> None:
+    """A live reload compares stages: one whose plugin was loaded (as preprocess loads it,
+    in the same process as the gateway in the service tests) equals the same stage read
+    again by the gateway, which loads no plugin, and differs from one with other options."""
+    step = {"kind": FRAGILE, "input": "images"}
+    built = load(tmp_path, "gateway", "preprocess", step)
+    stage = built.pipelines["digits"].preprocess[0]
+    stage.plugin(built.repository)
+    again = load(tmp_path, "gateway", "preprocess", step)
+    assert stage == again.pipelines["digits"].preprocess[0]
+    other = load(tmp_path, "gateway", "preprocess", {**step, "input": "pixels"})
+    assert stage != other.pipelines["digits"].preprocess[0]
+
+
 def test_an_entry_point_names_an_installed_packages_class(tmp_path: Path) -> None:
     settings = load(tmp_path, "preprocess", "preprocess", CROP)
     plugin = settings.pipelines["digits"].preprocess[0].plugin(settings.repository)

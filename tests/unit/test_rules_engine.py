@@ -29,7 +29,7 @@ from strata.config.postprocess import (
     RuleSpec,
     SoftmaxRule,
 )
-from strata.errors import InvalidArgument, NotFound, Unavailable
+from strata.errors import InvalidArgument, NotFound, NotReady, Unavailable
 
 LIMIT = 0.2
 MARGIN = 0.15
@@ -111,6 +111,15 @@ SOFTMAX = {"kind": "softmax", "input": "logits", "output": "probabilities"}
 TOPK = {"kind": "topk", "input": "probabilities", "k": 2, "values": "scores", "indices": "classes"}
 LABELS = {"kind": "labels", "input": "classes", "output": "labels", "labels": ["a", "b", "c"]}
 CLASSIFY = ("labels", "scores", "probabilities")
+# What each output the tests declare is: the engine answers only what fits its declaration.
+DECLARED = {
+    "probabilities": ("FP32", [-1, 3]),
+    "scores": ("FP32", [-1, 2]),
+    "labels": ("BYTES", [-1, 2]),
+    "slept": ("FP32", [-1]),
+    "flagged": ("BOOL", [-1]),
+    "text": ("BYTES", [-1]),
+}
 
 
 def engine_for(
@@ -119,7 +128,9 @@ def engine_for(
     spec = WithTestRules.model_validate(
         {
             "inputs": [{"name": "x", "datatype": "FP32", "shape": [-1, 3]}],
-            "outputs": [{"name": n, "datatype": "FP32", "shape": [-1]} for n in outputs],
+            "outputs": [
+                {"name": n, "datatype": DECLARED[n][0], "shape": DECLARED[n][1]} for n in outputs
+            ],
             "model": {"name": "m"},
             "postprocess": list(rules),
         }
@@ -157,8 +168,8 @@ def test_rules_run_in_order_and_only_declared_outputs_return() -> None:
     assert outputs["labels"].tolist() == [[b"b", b"c"]]
 
 
-def test_a_missing_input_with_nothing_skipped_is_a_clear_error() -> None:
-    with pytest.raises(InvalidArgument, match="softmax needs tensor 'logits'"):
+def test_a_missing_input_with_nothing_skipped_is_the_servers_fault() -> None:
+    with pytest.raises(NotReady, match="rule 'softmax' needs tensor 'logits', which neither"):
         run(engine_for(SOFTMAX), tensors={"wrong": LOGITS})
     with pytest.raises(NotFound, match="unknown pipeline 'q'"):
         asyncio.run(engine_for(SOFTMAX).run("q", {}, {}))

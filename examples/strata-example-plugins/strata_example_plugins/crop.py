@@ -5,7 +5,7 @@ from __future__ import annotations
 from pydantic import Field
 
 from strata import plugins
-from strata.plugins import Arrays, StepError, take
+from strata.plugins import Arrays, Made, StepError, take
 
 
 class CenterCrop:
@@ -19,6 +19,11 @@ class CenterCrop:
     def __init__(self, options: CenterCrop.Options) -> None:
         self.input = options.input
         self.fraction = options.fraction
+
+    @property
+    def outputs(self) -> dict[str, Made]:
+        """It crops its input in place, keeping its datatype and rank."""
+        return {self.input: Made()}
 
     def process(self, tensors: Arrays) -> Arrays:
         images = take(tensors, self.input, "center_crop")

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pydantic import Field
 
 from strata import plugins
-from strata.plugins import Arrays, RuleContext, numbers, take
+from strata.plugins import Arrays, Made, RuleContext, numbers, take
 
 
 class UncertainBelow:
@@ -25,6 +25,11 @@ class UncertainBelow:
     @property
     def inputs(self) -> tuple[str, ...]:
         return (self.options.scores, self.options.labels)
+
+    @property
+    def outputs(self) -> dict[str, Made]:
+        """It writes the labels, still BYTES, so what follows is checked at start-up."""
+        return {self.options.labels: Made("BYTES")}
 
     def apply(self, tensors: Arrays, context: RuleContext) -> Arrays:
         scores = numbers(tensors, self.options.scores, "uncertain_below")

@@ -1,0 +1,50 @@
+"""What each postprocess rule reads and makes, followed from the model's outputs to the
+pipeline's declared outputs and checked against every model version a route may call
+(strata.wiring), when the service starts."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from strata import wiring
+from strata.config.pipelines import Pipeline
+from strata.config.postprocess import PluginRule, RuleSpec
+from strata.plugins import Made, Rule
+from strata.wiring import Flow, Version
+
+# The keys of a built-in rule that name a tensor it writes; an unset `output` or `values`
+# means the rule writes over its input.
+_WRITES = ("output", "values", "indices")
+
+
+def check(name: str, spec: Pipeline, rules: list[tuple[RuleSpec, Rule]], root: Path) -> None:
+    """Raise ValueError naming the pipeline, rule and tensor where a rule lacks an input or
+    the pipeline's declared outputs are not made, for any model version a route may call."""
+    for version in wiring.versions(root, spec.model.name, spec.model.versions_called()):
+        _check_version(name, spec, rules, version)
+
+
+def _check_version(
+    name: str, spec: Pipeline, rules: list[tuple[RuleSpec, Rule]], version: Version
+) -> None:
+    flow = wiring.from_model(name, version)
+    forwarded = dict.fromkeys(spec.forward_to_postprocess, Made())
+    flow.make("preprocess (forward_to_postprocess)", forwarded)
+    for stage, rule in rules:
+        label = f"postprocess rule {stage.label!r}"
+        flow.need(f"{label} (with {version.label})", rule.inputs)
+        flow.make(label, *_makes(stage, rule, flow))
+    wiring.check_outputs(flow, spec.outputs)
+
+
+def _makes(stage: RuleSpec, rule: Rule, flow: Flow) -> tuple[dict[str, Made] | None, list[str]]:
+    """The tensors a rule writes (None: a plugin that does not say) and those whose earlier
+    kind it does not keep: a built-in's outputs are new tensors whatever was known of their
+    names (mean_pool in place changes its input's rank); a plugin's keep what it leaves
+    unsaid."""
+    if isinstance(stage, PluginRule):
+        where = f"pipeline {flow.pipeline!r}: postprocess rule {stage.label!r}"
+        return wiring.declared(rule, where), []
+    source = getattr(stage, "input", None)
+    names = {getattr(stage, key) or source for key in _WRITES if hasattr(stage, key)} - {None}
+    return dict.fromkeys(names, Made()), sorted(names)

@@ -1,0 +1,185 @@
+"""A pipeline's wiring checked against its model's ONNX signature, at start-up.
+
+Preprocess follows the tensors from the pipeline's declared inputs through its steps and
+checks that they end as exactly the model's inputs (names, datatypes, ranks); postprocess
+follows them from the model's outputs through its rules and checks that each rule finds its
+inputs and that the rules make the pipeline's declared outputs. Each service checks the
+stages it runs, because only it knows them (a plugin is imported nowhere else), against
+every model version a route may call, read from the shared repository.
+
+Where a stage does not say what it makes (a plugin without `outputs`), what follows it is
+checked only as far as it can be: the names it may have made are not known to be missing.
+A mismatch is a ValueError naming the pipeline, the stage and the tensor; the service stops.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+from strata import onnxsig, repository
+from strata.onnxsig import TensorInfo
+from strata.plugins import Made
+
+
+class Declared(Protocol):
+    """A tensor a pipeline declares (its config's TensorSpec)."""
+
+    name: str
+    datatype: str
+    shape: Sequence[int]
+
+
+@dataclass(frozen=True)
+class Known:
+    """What is known of one tensor at some point of a pipeline, and which stage made it."""
+
+    made: Made
+    stage: str
+
+
+@dataclass
+class Flow:
+    """The tensors at one point of a pipeline. `open`: an earlier stage did not say what it
+    makes, so tensors not listed here may exist too."""
+
+    pipeline: str
+    tensors: dict[str, Known] = field(default_factory=dict)
+    open: bool = False
+
+    def make(
+        self, stage: str, made: Mapping[str, Made] | None, consumed: Iterable[str] = ()
+    ) -> None:
+        """After `stage`: `made` (None: unknown) written, `consumed` gone."""
+        for name in consumed:
+            self.tensors.pop(name, None)
+        if made is None:
+            self.open = True
+            self.tensors = {n: Known(Made(), k.stage) for n, k in self.tensors.items()}
+            return
+        for name, what in made.items():
+            self.tensors[name] = Known(self._over(name, what), stage)
+
+    def _over(self, name: str, made: Made) -> Made:
+        """What `made` leaves unsaid (None) about a tensor it writes over stays as it was."""
+        before = self.tensors[name].made if name in self.tensors else Made()
+        return Made(made.datatype or before.datatype, made.rank or before.rank)
+
+    def need(self, stage: str, names: Iterable[str]) -> None:
+        """Raise unless every tensor `stage` reads may be there."""
+        for name in names:
+            if name not in self.tensors and not self.open:
+                raise ValueError(
+                    f"pipeline {self.pipeline!r}: {stage} reads tensor {name!r}, which nothing "
+                    f"before it makes (there: {sorted(self.tensors)})"
+                )
+
+
+@dataclass(frozen=True)
+class Version:
+    """One model version a pipeline may call, as its ONNX graph declares it."""
+
+    label: str  # "model 'digits' version 2"
+    inputs: list[TensorInfo]
+    outputs: list[TensorInfo]
+
+
+def versions(root: Path, model: str, wanted: Iterable[str]) -> list[Version]:
+    """The versions of `model` in the repository that `wanted` may call ("" is whichever the
+    inference service serves: every version folder). None when the folder is not there:
+    inference refuses such a model itself."""
+    available = repository.versions(root / model)
+    names = set(wanted)
+    numbers = sorted(available) if "" in names else sorted(int(v) for v in names if v.isdigit())
+    found = []
+    for number in numbers:
+        if number in available:
+            inputs, outputs = onnxsig.read(available[number] / "model.onnx")
+            found.append(Version(f"model {model!r} version {number}", inputs, outputs))
+    return found
+
+
+def from_model(pipeline: str, version: Version) -> Flow:
+    """The tensors after the model: its outputs."""
+    made = {t.name: Made(t.datatype, len(t.shape)) for t in version.outputs}
+    flow = Flow(pipeline)
+    flow.make(version.label, made)
+    return flow
+
+
+def check_model_inputs(flow: Flow, version: Version) -> None:
+    """Raise unless preprocess ends with exactly the model's inputs, of its datatypes and
+    ranks (as far as they are known)."""
+    where = f"pipeline {flow.pipeline!r}"
+    for info in version.inputs:
+        known = flow.tensors.get(info.name)
+        if known is None:
+            if flow.open:
+                continue
+            raise ValueError(
+                f"{where}: {version.label} takes input {info.name!r}, which no preprocess step "
+                f"makes (preprocess ends with {sorted(flow.tensors)})"
+            )
+        _fits(where, known, info, version.label)
+    taken = {info.name for info in version.inputs}
+    for name, known in flow.tensors.items():
+        if name not in taken and not flow.open:  # an unknown stage may have dropped it
+            raise ValueError(
+                f"{where}: {known.stage} gives {name!r}, which {version.label} "
+                f"does not take (its inputs: {sorted(taken)})"
+            )
+
+
+def _fits(where: str, known: Known, info: TensorInfo, model: str) -> None:
+    made = known.made
+    if made.datatype is not None and made.datatype != info.datatype:
+        raise ValueError(
+            f"{where}: {known.stage} gives {info.name!r} as {made.datatype}, "
+            f"but {model} takes it as {info.datatype}"
+        )
+    if made.rank is not None and made.rank != len(info.shape):
+        raise ValueError(
+            f"{where}: {known.stage} gives {info.name!r} with {made.rank} "
+            f"dimensions, but {model} takes {len(info.shape)} ({list(info.shape)})"
+        )
+
+
+def check_outputs(flow: Flow, declared: Iterable[Declared]) -> None:
+    """Raise unless the rules make every output the pipeline declares, of its datatype and
+    rank where they are known."""
+    where = f"pipeline {flow.pipeline!r}"
+    for spec in declared:
+        known = flow.tensors.get(spec.name)
+        if known is None:
+            if flow.open:
+                continue
+            raise ValueError(
+                f"{where}: declares output {spec.name!r}, which neither the model nor any rule "
+                f"makes (there: {sorted(flow.tensors)})"
+            )
+        made = known.made
+        if made.datatype is not None and made.datatype != spec.datatype:
+            raise ValueError(
+                f"{where}: {known.stage} gives output {spec.name!r} as {made.datatype}, but "
+                f"the pipeline declares {spec.datatype}"
+            )
+        if made.rank is not None and made.rank != len(spec.shape):
+            raise ValueError(
+                f"{where}: {known.stage} gives output {spec.name!r} with {made.rank} "
+                f"dimensions, but the pipeline declares {list(spec.shape)}"
+            )
+
+
+def declared(stage: object, where: str) -> dict[str, Made] | None:
+    """The tensors a step or rule says it makes (its `outputs`, strata.plugins.Made), or
+    None where it does not say."""
+    outputs = getattr(stage, "outputs", None)
+    if outputs is None:
+        return None
+    if not isinstance(outputs, Mapping) or not all(
+        isinstance(k, str) and isinstance(v, Made) for k, v in outputs.items()
+    ):
+        raise ValueError(f"{where}: outputs must map tensor names to strata.plugins.Made")
+    return dict(outputs)
