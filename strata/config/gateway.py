@@ -90,6 +90,13 @@ class Ladder(Strict):
     rejection_rate_limit: float = Field(
         default=0.05, gt=0, le=1, description="Share of queue rejections at which pressure is 1."
     )
+    min_error_samples: int = Field(
+        default=50,
+        ge=1,
+        description="Upstream outcomes the window must hold before the error and rejection "
+        "shares count, so that a handful of failures (one client's bad input, say) at low "
+        "load cannot raise the level for everyone.",
+    )
     loop_lag_limit_ms: float = Field(
         default=100.0,
         gt=0,
