@@ -13,6 +13,7 @@ import grpc
 
 from services.gateway.admission import ARM_PARAMETER
 from services.gateway.caller import Caller
+from services.gateway.classification import class_counts, classified
 from services.gateway.metrics import LATENCY, REQUESTS
 from services.gateway.request import Answer, Budget, ClientRequest
 from services.gateway.runtime import Runtime
@@ -27,6 +28,7 @@ from strata.v2meta import metadata_response, model_config
 PLATFORM = "strata_pipeline"
 SERVER_NAME = "strata"
 PIPELINE_VERSION = "1"
+EXTENSIONS = ["binary_tensor_data", "classification", "model_configuration", "statistics"]
 
 
 @dataclass
@@ -65,7 +67,9 @@ class Pipelines:
         return self._runtime.admission.identify(caller)
 
     def server_metadata(self) -> v2.ServerMetadataResponse:
-        return v2.ServerMetadataResponse(name=SERVER_NAME, version=__version__)
+        return v2.ServerMetadataResponse(
+            name=SERVER_NAME, version=__version__, extensions=EXTENSIONS
+        )
 
     async def server_ready(self) -> bool:
         """Preprocess, postprocess and at least one inference deployment are healthy."""
@@ -98,9 +102,8 @@ class Pipelines:
 
     def model_config(self, name: str, version: str = "") -> v2.ModelConfigResponse:
         pipeline = self.pipeline(name, version)
-        return model_config(
-            name, PLATFORM, pipeline.max_batch_size, pipeline.inputs, pipeline.outputs
-        )
+        batch = pipeline.max_batch_size if pipeline.batched else 0
+        return model_config(name, PLATFORM, batch, pipeline.inputs, pipeline.outputs)
 
     def model_statistics(self, name: str = "", version: str = "") -> v2.ModelStatisticsResponse:
         """Each pipeline's numbers (services/gateway/statistics.py); all with no name."""
@@ -142,6 +145,7 @@ class Pipelines:
         client = runtime.admission.admit(caller)
         pipeline = self.pipeline(request.model_name, request.model_version)
         wanted = codec.requested_outputs(request, [spec.name for spec in pipeline.outputs])
+        counts = class_counts(request, pipeline)
         remaining = caller.time_remaining
         default = runtime.settings.gateway.default_timeout_seconds
         forced = _forced_arm(request)
@@ -171,7 +175,8 @@ class Pipelines:
                 degraded=answer.degraded or "no",
                 output_shapes=shapes(answer.outputs),
             )
-        return _response(request, answer, _produced(request.model_name, pipeline, answer, wanted))
+        produced = _produced(request.model_name, pipeline, answer, wanted)
+        return _response(request, answer, classified(produced, counts, pipeline))
 
 
 def _forced_arm(request: v2.ModelInferRequest) -> str:

@@ -7,6 +7,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import orjson
+from google.protobuf import json_format
 from google.protobuf.message import Message
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
@@ -43,6 +44,7 @@ def build_app(pipelines: Pipelines, limits: Rest) -> Starlette:
     for prefix in (MODEL, VERSION):
         routes += [
             ("GET", prefix, api.metadata),
+            ("GET", prefix + "/config", api.config),
             ("GET", prefix + "/ready", api.model_ready),
             ("GET", prefix + "/stats", api.statistics),
             ("POST", prefix + "/infer", api.infer),
@@ -101,7 +103,11 @@ class _Api:
     async def server_metadata(self, request: Request) -> Response:
         metadata = self._pipelines.server_metadata()
         return json_response(
-            {"name": metadata.name, "version": metadata.version, "extensions": EXTENSIONS}
+            {
+                "name": metadata.name,
+                "version": metadata.version,
+                "extensions": list(metadata.extensions),
+            }
         )
 
     async def openapi(self, request: Request) -> Response:
@@ -119,6 +125,11 @@ class _Api:
                 "outputs": [_tensor(t) for t in metadata.outputs],
             }
         )
+
+    async def config(self, request: Request) -> Response:
+        """Triton's model configuration, as its REST API answers it (the config itself)."""
+        name, version = self._model(request)
+        return json_response(_config(self._pipelines.model_config(name, version).config))
 
     async def model_ready(self, request: Request) -> Response:
         name, version = self._model(request)
@@ -160,9 +171,6 @@ class _Api:
         self._pipelines.identify(caller or _caller(request))
         params = request.path_params
         return params.get("name", ""), params.get("version", "")
-
-
-EXTENSIONS = ["binary_tensor_data", "statistics"]
 
 
 def _headers(request: Request) -> dict[str, str]:
@@ -217,6 +225,16 @@ def _header_length(request: Request) -> int | None:
 
 def _tensor(tensor: Any) -> dict[str, Any]:
     return {"name": tensor.name, "datatype": tensor.datatype, "shape": list(tensor.shape)}
+
+
+def _config(config: Message) -> dict[str, Any]:
+    """A model config as Triton writes it: enums by name, every field, dims as numbers."""
+    out = json_format.MessageToDict(
+        config, preserving_proto_field_name=True, always_print_fields_with_no_presence=True
+    )
+    for tensor in [*out.get("input", []), *out.get("output", [])]:
+        tensor["dims"] = [int(d) for d in tensor["dims"]]
+    return out
 
 
 def _plain(message: Message) -> Any:

@@ -124,6 +124,11 @@ def _model_paths(pipelines: list[str], versioned: bool) -> dict[str, Any]:
             _answers("ModelMetadata", "The model's metadata.", *_MODEL_ERRORS),
             parameters,
         ),
+        base + "/config": _get(
+            "The pipeline's model configuration, as Triton's (max_batch_size, input formats).",
+            _answers("ModelConfig", "The model's configuration.", *_MODEL_ERRORS),
+            parameters,
+        ),
         base + "/ready": _get(
             "Whether the pipeline can answer now (200) or not (400).",
             _readiness("ModelReady", *_MODEL_ERRORS),
@@ -207,6 +212,17 @@ def _schemas() -> dict[str, Any]:
                 "platform": {"type": "string"},
                 "inputs": {"type": "array", "items": _ref("MetadataTensor")},
                 "outputs": {"type": "array", "items": _ref("MetadataTensor")},
+            },
+        },
+        "ModelConfig": {
+            "type": "object",
+            "required": ["name", "max_batch_size", "input", "output"],
+            "properties": {
+                "name": {"type": "string"},
+                "platform": {"type": "string"},
+                "max_batch_size": {"type": "integer", "minimum": 0},
+                "input": {"type": "array", "items": {"type": "object"}},
+                "output": {"type": "array", "items": {"type": "object"}},
             },
         },
         "ServerMetadata": {

@@ -166,12 +166,8 @@ def _add_outputs(request: v2.ModelInferRequest, outputs: Any) -> dict[str, bool]
             raise InvalidArgument("each of `outputs` must be an object with a name")
         name = _string(item, "name", "an output", required=True)
         parameters = _object(item, "parameters", f"output {shown(name)}")
-        if "classification" in parameters:
-            raise InvalidArgument(
-                f"output {shown(name)}: the classification extension is not supported; "
-                "pipelines return labels as outputs of their own"
-            )
-        request.outputs.add(name=name)
+        output = request.outputs.add(name=name)
+        _set_parameters(output.parameters, parameters, f"output {shown(name)}")
         if isinstance(parameters.get(BINARY), bool):
             binary[name] = parameters[BINARY]
     return binary

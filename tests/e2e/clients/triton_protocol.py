@@ -1,0 +1,70 @@
+"""tritonclient (gRPC and HTTP) against the gateway's protocol extensions, as JSON.
+
+Run in its own process (tritonclient and Strata's stubs register the same protobuf names).
+usage: triton_protocol.py GRPC_URL HTTP_URL
+Reads the image pipeline's model config as Triton's image client does (format, batch, dims)
+and asks for the top classes of its scores (classification), on both protocols.
+"""
+
+import json
+import sys
+
+import numpy as np
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
+
+PIPELINE = "photos"
+OUTPUT = "probabilities"
+
+
+def attempt(call):
+    try:
+        return {"status": "OK", "value": call()}
+    except InferenceServerException as exc:
+        return {"status": str(exc.status()), "message": exc.message()}
+
+
+def classify(module, client, class_count, output=OUTPUT):
+    images = np.arange(2 * 64, dtype=np.uint8).reshape(2, 8, 8, 1)
+    tensor = module.InferInput("images", list(images.shape), "UINT8")
+    tensor.set_data_from_numpy(images)
+    wanted = [module.InferRequestedOutput(output, class_count=class_count)]
+    result = client.infer(PIPELINE, [tensor], outputs=wanted)
+    return [[item.decode() for item in row] for row in result.as_numpy(output).tolist()]
+
+
+def configs(grpc, http):
+    return {
+        "grpc": grpc.get_model_config(PIPELINE, as_json=True)["config"],
+        "grpc_tabular": grpc.get_model_config("tabular", as_json=True)["config"],
+        "http": http.get_model_config(PIPELINE),
+        "http_versioned": http.get_model_config(PIPELINE, model_version="1"),
+        "http_unknown": attempt(lambda: http.get_model_config("nope")),
+    }
+
+
+def classification(grpc, http):
+    return {
+        "grpc": classify(grpcclient, grpc, 3),
+        "http": classify(httpclient, http, 3),
+        "bytes_output": attempt(lambda: classify(grpcclient, grpc, 2, "label")),
+    }
+
+
+def main(grpc_url, http_url):
+    grpc = grpcclient.InferenceServerClient(grpc_url)
+    http = httpclient.InferenceServerClient(http_url)
+    report = {
+        "extensions": {
+            "grpc": grpc.get_server_metadata(as_json=True)["extensions"],
+            "http": http.get_server_metadata()["extensions"],
+        },
+        "config": configs(grpc, http),
+        "classification": classification(grpc, http),
+    }
+    print(json.dumps(report))
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:3])
