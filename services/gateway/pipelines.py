@@ -28,7 +28,13 @@ from strata.v2meta import metadata_response, model_config
 PLATFORM = "strata_pipeline"
 SERVER_NAME = "strata"
 PIPELINE_VERSION = "1"
-EXTENSIONS = ["binary_tensor_data", "classification", "model_configuration", "statistics"]
+EXTENSIONS = [
+    "binary_tensor_data",
+    "classification",
+    "model_configuration",
+    "model_repository",
+    "statistics",
+]
 
 
 @dataclass

@@ -9,6 +9,7 @@ import grpc
 
 from services.gateway.caller import grpc_caller
 from services.gateway.pipelines import Pipelines
+from services.gateway.repository import Repository
 from strata.door import Shares, refuse
 from strata.errors import StrataError, status_of
 from strata.grpc_errors import grpc_errors
@@ -22,10 +23,12 @@ class GatewayServicer(v2_grpc.GRPCInferenceServiceServicer):
     def __init__(
         self,
         pipelines: Pipelines,
+        repository: Repository,
         max_stream_in_flight: int = DEFAULT_MAX_IN_FLIGHT,
         max_streams_per_client: int | None = None,
     ) -> None:
         self._pipelines = pipelines
+        self._repository = repository
         self._max_stream_in_flight = max_stream_in_flight
         self._streams = Shares(max_streams_per_client)
 
@@ -61,6 +64,20 @@ class GatewayServicer(v2_grpc.GRPCInferenceServiceServicer):
     async def ModelStatistics(self, request, context) -> v2.ModelStatisticsResponse:
         self._client(context)
         return self._pipelines.model_statistics(request.name, request.version)
+
+    @grpc_errors
+    async def RepositoryIndex(self, request, context) -> v2.RepositoryIndexResponse:
+        return await self._repository.index(grpc_caller(context), request.ready)
+
+    @grpc_errors
+    async def RepositoryModelLoad(self, request, context) -> v2.RepositoryModelLoadResponse:
+        await self._repository.load(grpc_caller(context), request.model_name, request.parameters)
+        return v2.RepositoryModelLoadResponse()
+
+    @grpc_errors
+    async def RepositoryModelUnload(self, request, context) -> v2.RepositoryModelUnloadResponse:
+        await self._repository.unload(grpc_caller(context), request.model_name)
+        return v2.RepositoryModelUnloadResponse()
 
     @grpc_errors
     async def ModelInfer(

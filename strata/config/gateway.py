@@ -316,8 +316,9 @@ class GatewaySettings(Strict):
     )
     admin_token: AdminToken = Field(
         default=None,
-        description="Token the admin API requires (STRATA_GATEWAY__ADMIN_TOKEN), at least 32 "
-        "characters; unset or empty disables the admin API.",
+        description="Token the admin API and model repository control (RepositoryIndex, "
+        "RepositoryModelLoad, RepositoryModelUnload and their REST routes) require "
+        "(STRATA_GATEWAY__ADMIN_TOKEN), at least 32 characters; unset or empty disables both.",
     )
     admin_token_file: Path | None = Field(
         default=None,

@@ -1,9 +1,10 @@
 """The v2 protocol's extensions as tritonclient uses them, on gRPC and HTTP: the model config
-an image client acts on, and classification."""
+an image client acts on, classification, and model repository control."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -38,22 +39,35 @@ PHOTOS = {
 }
 
 
+GATEWAY_TOKEN = "gateway-admin-token-for-the-e2e-tests-0123"
+INFERENCE_TOKEN = "inference-admin-token-for-the-e2e-tests-0123"
+
+
 @pytest.fixture(scope="module")
-def system(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Supervisor]:
-    changes = {"pipelines": {"photos": PHOTOS}}
-    with running_system(tmp_path_factory.mktemp("protocol"), changes) as supervisor:
+def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("protocol")
+
+
+@pytest.fixture(scope="module")
+def system(folder: Path) -> Iterator[Supervisor]:
+    changes = {
+        "pipelines": {"photos": PHOTOS},
+        "gateway": {"admin_token": GATEWAY_TOKEN},
+        "inference": {"admin_token": INFERENCE_TOKEN},
+    }
+    with running_system(folder, changes) as supervisor:
         yield supervisor
 
 
 @pytest.fixture(scope="module")
 def report(system: Supervisor) -> dict[str, Any]:
     gateway = system.settings.services.gateway
-    return run_client("triton_protocol", gateway.listen, gateway.rest)
+    return run_client("triton_protocol", gateway.listen, gateway.rest, GATEWAY_TOKEN)
 
 
 def test_both_protocols_name_the_extensions(report: dict[str, Any]) -> None:
     for extensions in report["extensions"].values():
-        assert {"classification", "model_configuration", "binary_tensor_data"} <= set(extensions)
+        assert {"classification", "model_configuration", "model_repository"} <= set(extensions)
 
 
 def test_an_image_client_reads_the_format_and_the_batch(report: dict[str, Any]) -> None:
@@ -84,3 +98,56 @@ def test_classification_of_a_bytes_output_is_refused(report: dict[str, Any]) -> 
     refused = report["classification"]["bytes_output"]
     assert refused["status"] == "StatusCode.INVALID_ARGUMENT"
     assert "output 'label' is BYTES" in refused["message"]
+
+
+def states(index: list[dict[str, str]], pipeline: str) -> dict[str, str]:
+    """Each arm's (or the shadow's) state in a repository index, by its reason's prefix."""
+    return {e["reason"].split(":")[0]: e["state"] for e in index if e["name"] == pipeline}
+
+
+def test_the_index_lists_every_pipeline_with_the_versions_behind_its_arms(
+    report: dict[str, Any],
+) -> None:
+    index = report["repository"]["index"]
+    assert {e["name"] for e in index} == {"digits", "photos", "tabular"}
+    digits = {e["reason"].split(":")[0]: e for e in index if e["name"] == "digits"}
+    assert digits["arm control"]["version"] == "1" and digits["arm canary"]["version"] == "2"
+    assert "on inference deployment b" in digits["arm canary"]["reason"]
+    assert all(e["state"] == "READY" for e in index)
+
+
+def test_unload_and_load_reach_the_inference_deployments(report: dict[str, Any]) -> None:
+    control = report["repository"]
+    assert control["unload"]["status"] == "OK" and control["load"]["status"] == "OK"
+    after = control["after_unload"]
+    assert after["ready"] is False
+    assert set(states(after["index"], "tabular").values()) == {"UNAVAILABLE"}
+    assert set(states(after["index"], "digits").values()) == {"READY"}
+    assert control["after_load"]["ready"] is True
+    assert set(states(control["after_load"]["index"], "tabular").values()) == {"READY"}
+
+
+def test_repository_control_needs_the_gateway_admin_token(report: dict[str, Any]) -> None:
+    control = report["repository"]
+    assert control["no_token"]["grpc"]["status"] == "StatusCode.UNAUTHENTICATED"
+    assert control["no_token"]["http"]["status"] == "401"
+    assert control["wrong_token"]["status"] == "StatusCode.UNAUTHENTICATED"
+    assert "missing or wrong admin token" in control["wrong_token"]["message"]
+
+
+def test_repository_control_refusals_name_what_was_wrong(report: dict[str, Any]) -> None:
+    control = report["repository"]
+    assert control["unknown"]["grpc"]["status"] == "StatusCode.NOT_FOUND"
+    assert control["unknown"]["http"]["status"] == "404"
+    assert "unknown model 'nope'" in control["unknown"]["http"]["message"]
+    refused = control["with_config"]
+    assert refused["status"] == "StatusCode.INVALID_ARGUMENT"
+    assert "load parameters are not supported" in refused["message"]
+
+
+def test_an_unimplemented_call_is_answered_without_a_traceback(
+    report: dict[str, Any], folder: Path
+) -> None:
+    assert report["unimplemented"]["grpc"]["status"] == "StatusCode.UNIMPLEMENTED"
+    for log in folder.glob("*.log"):
+        assert "Traceback" not in log.read_text(errors="replace"), log.name

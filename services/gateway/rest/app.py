@@ -17,6 +17,7 @@ from starlette.routing import Route
 
 from services.gateway.caller import PRINCIPAL, Caller
 from services.gateway.pipelines import Pipelines
+from services.gateway.repository import Repository
 from services.gateway.rest import openapi, tensors
 from services.gateway.rest.scan import check_json
 from services.gateway.rest.statuses import JSON, TooLarge, error_response, json_response
@@ -28,18 +29,23 @@ from strata.telemetry import server_span
 TIMEOUT_HEADER = "x-strata-timeout-ms"  # the caller's deadline, as gRPC's timeout would be
 MODEL = "/v2/models/{name}"
 VERSION = MODEL + "/versions/{version}"
+REPOSITORY = "/v2/repository"
 Handler = Callable[[Request], Awaitable[Response]]
 
 
-def build_app(pipelines: Pipelines, limits: Rest) -> Starlette:
-    """The REST API over `pipelines`, with request bodies held to `limits`."""
-    api = _Api(pipelines, limits)
+def build_app(pipelines: Pipelines, repository: Repository, limits: Rest) -> Starlette:
+    """The REST API over `pipelines` and model `repository` control, with request bodies
+    held to `limits`."""
+    api = _Api(pipelines, repository, limits)
     routes = [
         ("GET", "/v2/health/live", api.live),
         ("GET", "/v2/health/ready", api.ready),
         ("GET", "/v2", api.server_metadata),
         ("GET", "/v2/models/stats", api.statistics),
         ("GET", "/openapi.json", api.openapi),
+        ("POST", REPOSITORY + "/index", api.repository_index),
+        ("POST", REPOSITORY + "/models/{name}/load", api.load),
+        ("POST", REPOSITORY + "/models/{name}/unload", api.unload),
     ]
     for prefix in (MODEL, VERSION):
         routes += [
@@ -88,8 +94,9 @@ def _served(method: str, handler: Handler) -> Handler:
 
 
 class _Api:
-    def __init__(self, pipelines: Pipelines, limits: Rest) -> None:
+    def __init__(self, pipelines: Pipelines, repository: Repository, limits: Rest) -> None:
         self._pipelines = pipelines
+        self._repository = repository
         self._limits = limits
         self._openapi = orjson.dumps(openapi.document(pipelines.names()))
 
@@ -153,6 +160,36 @@ class _Api:
             media_type="application/octet-stream",
             headers={tensors.HEADER_LENGTH: str(header_length)},
         )
+
+    async def repository_index(self, request: Request) -> Response:
+        """Triton's repository index: a list of {name, version, state, reason}."""
+        caller = _caller(request)
+        ready = (await self._control_body(request)).get("ready", False)
+        if not isinstance(ready, bool):
+            raise InvalidArgument("`ready` must be a boolean")
+        index = await self._repository.index(caller, ready)
+        return json_response([_index_entry(entry) for entry in index.models])
+
+    async def load(self, request: Request) -> Response:
+        caller = _caller(request)
+        parameters = (await self._control_body(request)).get("parameters")
+        await self._repository.load(caller, request.path_params["name"], parameters)
+        return json_response({})
+
+    async def unload(self, request: Request) -> Response:
+        caller = _caller(request)
+        await self._control_body(request)  # unload_dependents: a pipeline has none
+        await self._repository.unload(caller, request.path_params["name"])
+        return json_response({})
+
+    async def _control_body(self, request: Request) -> dict[str, Any]:
+        """A control call's JSON body (none: an empty object), held to the body limits."""
+        limits = self._limits
+        body = await _body(request, limits.max_body_bytes)
+        if not body.strip():
+            return {}
+        check_json(body, limits.max_json_depth, limits.max_json_values)
+        return tensors.parse(body, "a JSON object")
 
     async def _parse(self, request: Request) -> tuple[Caller, tensors.Parsed]:
         """The caller and its request as a v2 message, the cheapest refusals first: an unknown
@@ -235,6 +272,11 @@ def _config(config: Message) -> dict[str, Any]:
     for tensor in [*out.get("input", []), *out.get("output", [])]:
         tensor["dims"] = [int(d) for d in tensor["dims"]]
     return out
+
+
+def _index_entry(entry: Any) -> dict[str, str]:
+    out = {"name": entry.name, "version": entry.version, "state": entry.state}
+    return out | ({"reason": entry.reason} if entry.reason else {})
 
 
 def _plain(message: Message) -> Any:

@@ -14,8 +14,10 @@ DATATYPES = [
 ]  # fmt: skip
 _ERRORS = {
     "400": "Malformed request, or a pipeline that cannot answer it as sent.",
-    "401": "No valid API key, where keys are required.",
-    "403": "Not allowed: forcing an arm (strata.arm) without the force_arm capability.",
+    "401": "No valid API key, where keys are required; for a control call, no valid admin "
+    "token (authorization: Bearer).",
+    "403": "Not allowed: forcing an arm (strata.arm) without the force_arm capability, or a "
+    "control call where the server has no admin token.",
     "404": "No such model (pipeline) or version.",
     "413": "The body is larger than gateway.rest.max_body_bytes.",
     "429": "Rate limit or overload: retry after Retry-After seconds (retry-after-ms).",
@@ -143,6 +145,43 @@ def _model_paths(pipelines: list[str], versioned: bool) -> dict[str, Any]:
     }
 
 
+def _post(
+    summary: str, body: dict[str, Any], responses: dict[str, Any], parameters: list | None = None
+) -> dict[str, Any]:
+    """A path item with one POST operation whose JSON body (`body`) is optional."""
+    operation: dict[str, Any] = {"summary": summary}
+    if parameters is not None:
+        operation["parameters"] = parameters
+    content = {"application/json": {"schema": body}}
+    body_spec = {"required": False, "content": content}
+    return {"post": {**operation, "requestBody": body_spec, "responses": responses}}
+
+
+def _repository_paths(pipelines: list[str]) -> dict[str, Any]:
+    """Triton's model repository extension, each call with the admin token."""
+    name = _parameters(pipelines, versioned=False)
+    done = _answers("Empty", "Done.", "400", "401", "403", "404", "429", "503", "504")
+    return {
+        "/v2/repository/index": _post(
+            "Every pipeline, with the model version behind each arm and its state.",
+            {"type": "object", "properties": {"ready": {"type": "boolean"}}},
+            _answers("RepositoryIndex", "The index.", "400", "401", "403", "429"),
+        ),
+        "/v2/repository/models/{name}/load": _post(
+            "Load (or reload) the pipeline's model on every inference deployment behind it.",
+            {"type": "object", "properties": {"parameters": {"type": "object"}}},
+            done,
+            name,
+        ),
+        "/v2/repository/models/{name}/unload": _post(
+            "Unload the pipeline's model on every inference deployment behind it.",
+            {"type": "object", "properties": {"parameters": {"type": "object"}}},
+            done,
+            name,
+        ),
+    }
+
+
 def _schemas() -> dict[str, Any]:
     parameters = {
         "type": "object",
@@ -225,6 +264,20 @@ def _schemas() -> dict[str, Any]:
                 "output": {"type": "array", "items": {"type": "object"}},
             },
         },
+        "Empty": {"type": "object", "maxProperties": 0},
+        "RepositoryIndex": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "required": ["name", "version", "state"],
+                "properties": {
+                    "name": {"type": "string"},
+                    "version": {"type": "string"},
+                    "state": {"type": "string"},
+                    "reason": {"type": "string"},
+                },
+            },
+        },
         "ServerMetadata": {
             "type": "object",
             "required": ["name", "version", "extensions"],
@@ -270,6 +323,7 @@ def document(pipelines: list[str]) -> dict[str, Any]:
     }
     for versioned in (False, True):
         paths.update(_model_paths(pipelines, versioned))
+    paths.update(_repository_paths(pipelines))
     return {
         "openapi": "3.1.0",
         "info": {

@@ -57,14 +57,15 @@ def split(body: bytes, header_length: int | None) -> tuple[bytes, bytes]:
     return body[:header_length], body[header_length:]
 
 
-def parse(header: bytes) -> dict[str, Any]:
-    """The JSON header as an object (its size and depth already checked)."""
+def parse(header: bytes, expected: str = "a JSON object with `inputs`") -> dict[str, Any]:
+    """The JSON header as an object (its size and depth already checked); refused, saying
+    what was `expected`, if it is anything else."""
     try:
         document = orjson.loads(header)
     except orjson.JSONDecodeError as exc:
         raise InvalidArgument(f"the request is not valid JSON: {exc}") from None
     if not isinstance(document, dict):
-        raise InvalidArgument("the request must be a JSON object with `inputs`")
+        raise InvalidArgument(f"the request must be {expected}")
     return document
 
 

@@ -1,9 +1,10 @@
 """tritonclient (gRPC and HTTP) against the gateway's protocol extensions, as JSON.
 
 Run in its own process (tritonclient and Strata's stubs register the same protobuf names).
-usage: triton_protocol.py GRPC_URL HTTP_URL
-Reads the image pipeline's model config as Triton's image client does (format, batch, dims)
-and asks for the top classes of its scores (classification), on both protocols.
+usage: triton_protocol.py GRPC_URL HTTP_URL ADMIN_TOKEN
+Reads the image pipeline's model config as Triton's image client does (format, batch, dims),
+asks for the top classes of its scores (classification), and controls the model repository
+(index, unload, load; with and without the admin token), on both protocols.
 """
 
 import json
@@ -52,7 +53,40 @@ def classification(grpc, http):
     }
 
 
-def main(grpc_url, http_url):
+def repository(grpc, http, token):
+    auth = {"authorization": f"Bearer {token}"}
+    return {
+        "no_token": {
+            "grpc": attempt(lambda: grpc.get_model_repository_index()),
+            "http": attempt(lambda: http.get_model_repository_index()),
+        },
+        "wrong_token": attempt(
+            lambda: grpc.unload_model("tabular", headers={"authorization": "Bearer wrong"})
+        ),
+        "index": grpc.get_model_repository_index(headers=auth, as_json=True).get("models", []),
+        "unload": attempt(lambda: grpc.unload_model("tabular", headers=auth)),
+        "after_unload": {
+            "ready": grpc.is_model_ready("tabular"),
+            "index": http.get_model_repository_index(headers=auth),
+        },
+        "load": attempt(lambda: http.load_model("tabular", headers=auth)),
+        "after_load": {
+            "ready": http.is_model_ready("tabular"),
+            "index": http.get_model_repository_index(headers=auth),
+        },
+        "unknown": {
+            "grpc": attempt(lambda: grpc.load_model("nope", headers=auth)),
+            "http": attempt(lambda: http.unload_model("nope", headers=auth)),
+        },
+        "with_config": attempt(lambda: grpc.load_model("tabular", headers=auth, config="{}")),
+    }
+
+
+def unimplemented(grpc):
+    return {"grpc": attempt(lambda: grpc.get_trace_settings())}
+
+
+def main(grpc_url, http_url, token):
     grpc = grpcclient.InferenceServerClient(grpc_url)
     http = httpclient.InferenceServerClient(http_url)
     report = {
@@ -62,9 +96,11 @@ def main(grpc_url, http_url):
         },
         "config": configs(grpc, http),
         "classification": classification(grpc, http),
+        "repository": repository(grpc, http, token),
+        "unimplemented": unimplemented(grpc),
     }
     print(json.dumps(report))
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:3])
+    main(*sys.argv[1:4])
