@@ -17,6 +17,15 @@ from services.gateway.classification import class_counts, classified
 from services.gateway.metrics import LATENCY, REQUESTS
 from services.gateway.request import Answer, Budget, ClientRequest
 from services.gateway.runtime import Runtime
+from services.gateway.shared_memory import (
+    REGION,
+    SIZE,
+    Placement,
+    SharedMemory,
+    output_places,
+    with_inputs,
+    write_outputs,
+)
 from services.gateway.statistics import STATISTICS
 from strata import __version__, codec
 from strata.config.pipelines import Pipeline
@@ -34,6 +43,7 @@ EXTENSIONS = [
     "model_configuration",
     "model_repository",
     "statistics",
+    "system_shared_memory",
 ]
 
 
@@ -51,6 +61,7 @@ class Count:
 class Pipelines:
     def __init__(self, runtime: Runtime) -> None:
         self._runtime = runtime
+        self.memory = SharedMemory(lambda: runtime.settings.gateway.shared_memory)
 
     @property
     def _pipelines(self) -> dict[str, Pipeline]:
@@ -152,6 +163,8 @@ class Pipelines:
         pipeline = self.pipeline(request.model_name, request.model_version)
         wanted = codec.requested_outputs(request, [spec.name for spec in pipeline.outputs])
         counts = class_counts(request, pipeline)
+        request = with_inputs(self.memory, client, request)
+        places = output_places(self.memory, client, request)
         remaining = caller.time_remaining
         default = runtime.settings.gateway.default_timeout_seconds
         forced = _forced_arm(request)
@@ -182,7 +195,9 @@ class Pipelines:
                 output_shapes=shapes(answer.outputs),
             )
         produced = _produced(request.model_name, pipeline, answer, wanted)
-        return _response(request, answer, classified(produced, counts, pipeline))
+        outputs = classified(produced, counts, pipeline)
+        placed = write_outputs(self.memory, client, places, outputs)
+        return _response(request, answer, outputs, placed)
 
 
 def _forced_arm(request: v2.ModelInferRequest) -> str:
@@ -217,7 +232,15 @@ def _produced(name: str, pipeline: Pipeline, answer: Answer, wanted: list[str]) 
     return {name: answer.outputs[name] for name in wanted if name in answer.outputs}
 
 
-def _response(request: v2.ModelInferRequest, answer: Answer, outputs: codec.Arrays):
+def _response(
+    request: v2.ModelInferRequest,
+    answer: Answer,
+    outputs: codec.Arrays,
+    placed: dict[str, Placement],
+) -> v2.ModelInferResponse:
+    """The answer; an output written into shared memory (`placed`) is described with its
+    region and byte size and no data (an empty raw entry keeps the others' places, as
+    tritonclient reads them)."""
     response = v2.ModelInferResponse(
         model_name=request.model_name, model_version=PIPELINE_VERSION, id=request.id
     )
@@ -232,5 +255,14 @@ def _response(request: v2.ModelInferRequest, answer: Answer, outputs: codec.Arra
         parameters["strata.cached"].bool_param = True
     if answer.skipped_rules:
         parameters["strata.skipped_rules"].string_param = answer.skipped_rules
-    codec.add_outputs(response, outputs)
+    for name, array in outputs.items():
+        place = placed.get(name)
+        if place is None:
+            codec.add_outputs(response, {name: array})
+            continue
+        datatype = codec.datatype_of(array)
+        tensor = response.outputs.add(name=name, datatype=datatype, shape=array.shape)
+        tensor.parameters[REGION].string_param = place.region
+        tensor.parameters[SIZE].int64_param = place.size
+        response.raw_output_contents.append(b"")
     return response

@@ -10,15 +10,19 @@ import grpc
 from services.gateway.caller import grpc_caller
 from services.gateway.pipelines import Pipelines
 from services.gateway.repository import Repository
+from services.gateway.shared_memory import CUDA_HINT
 from strata.door import Shares, refuse
 from strata.errors import StrataError, status_of
-from strata.grpc_errors import grpc_errors
+from strata.grpc_errors import answers_unimplemented, grpc_errors
 from strata.proto.inference import grpc_service_pb2 as v2
 from strata.proto.inference import grpc_service_pb2_grpc as v2_grpc
 from strata.streams import DEFAULT_MAX_IN_FLIGHT
 from strata.v2stream import answer_stream
 
 
+@answers_unimplemented(
+    v2_grpc.GRPCInferenceServiceServicer, "Strata's gateway", {"CudaSharedMemory": CUDA_HINT}
+)
 class GatewayServicer(v2_grpc.GRPCInferenceServiceServicer):
     def __init__(
         self,
@@ -78,6 +82,35 @@ class GatewayServicer(v2_grpc.GRPCInferenceServiceServicer):
     async def RepositoryModelUnload(self, request, context) -> v2.RepositoryModelUnloadResponse:
         await self._repository.unload(grpc_caller(context), request.model_name)
         return v2.RepositoryModelUnloadResponse()
+
+    @grpc_errors
+    async def SystemSharedMemoryStatus(
+        self, request, context
+    ) -> v2.SystemSharedMemoryStatusResponse:
+        regions = self._pipelines.memory.status(self._client(context), request.name)
+        status = v2.SystemSharedMemoryStatusResponse.RegionStatus
+        return v2.SystemSharedMemoryStatusResponse(
+            regions={
+                r.name: status(name=r.name, key=r.key, offset=r.offset, byte_size=r.byte_size)
+                for r in regions
+            }
+        )
+
+    @grpc_errors
+    async def SystemSharedMemoryRegister(
+        self, request, context
+    ) -> v2.SystemSharedMemoryRegisterResponse:
+        client = self._client(context)
+        memory = self._pipelines.memory
+        memory.register(client, request.name, request.key, request.offset, request.byte_size)
+        return v2.SystemSharedMemoryRegisterResponse()
+
+    @grpc_errors
+    async def SystemSharedMemoryUnregister(
+        self, request, context
+    ) -> v2.SystemSharedMemoryUnregisterResponse:
+        self._pipelines.memory.unregister(self._client(context), request.name)
+        return v2.SystemSharedMemoryUnregisterResponse()
 
     @grpc_errors
     async def ModelInfer(

@@ -224,6 +224,30 @@ class Concurrency(Strict):
     )
 
 
+class SharedMemory(Strict):
+    """System shared memory regions clients register to pass tensors (Triton's extension)."""
+
+    enabled: bool = Field(
+        default=False,
+        description="Serve system shared memory. A client on the gateway's host registers a "
+        "POSIX shared memory object by its key; any client that can reach the gateway may "
+        "name any object the gateway's user can open, so enable it only where clients are "
+        "trusted with that (a laptop, a sidecar).",
+    )
+    root: Path = Field(
+        default=Path("/dev/shm"),
+        description="Where the host keeps POSIX shared memory objects: key /name is the file "
+        "root/name.",
+    )
+    max_regions_per_client: int = Field(
+        default=16, ge=1, description="Regions one client (its identity) may hold at once."
+    )
+    max_regions: int = Field(default=1024, ge=1, description="Regions all clients hold at once.")
+    max_region_bytes: int = Field(
+        default=1 << 30, gt=0, description="Largest region a client may register."
+    )
+
+
 class Rest(Strict):
     """What one REST request may send, checked before its body is parsed (the tensors in it
     are then checked against `limits` as on gRPC)."""
@@ -304,6 +328,10 @@ class GatewaySettings(Strict):
         description="Flights: concurrent requests through every hop in one call each.",
     )
     rest: Rest = Field(default_factory=Rest, description="The REST API's request limits.")
+    shared_memory: SharedMemory = Field(
+        default_factory=SharedMemory,
+        description="System shared memory (register, status, unregister; tensors by region).",
+    )
     api_keys: list[ApiKey] = Field(
         default_factory=list,
         description="Clients' API keys (hashed); when any are set, requests without a valid "

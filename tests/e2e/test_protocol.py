@@ -1,5 +1,6 @@
 """The v2 protocol's extensions as tritonclient uses them, on gRPC and HTTP: the model config
-an image client acts on, classification, and model repository control."""
+an image client acts on, classification, model repository control and system shared
+memory."""
 
 from __future__ import annotations
 
@@ -52,7 +53,7 @@ def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def system(folder: Path) -> Iterator[Supervisor]:
     changes = {
         "pipelines": {"photos": PHOTOS},
-        "gateway": {"admin_token": GATEWAY_TOKEN},
+        "gateway": {"admin_token": GATEWAY_TOKEN, "shared_memory": {"enabled": True}},
         "inference": {"admin_token": INFERENCE_TOKEN},
     }
     with running_system(folder, changes) as supervisor:
@@ -145,9 +146,45 @@ def test_repository_control_refusals_name_what_was_wrong(report: dict[str, Any])
     assert "load parameters are not supported" in refused["message"]
 
 
+@pytest.fixture(scope="module")
+def shared(system: Supervisor) -> dict[str, Any]:
+    gateway = system.settings.services.gateway
+    return run_client("triton_shm", gateway.listen, gateway.rest)
+
+
+@pytest.mark.parametrize("protocol", ["grpc", "http"])
+def test_tensors_pass_through_shared_memory(shared: dict[str, Any], protocol: str) -> None:
+    report = shared[protocol]
+    assert report["status"] == ["in", "out"]
+    assert report["scores"] == report["plain_scores"]  # the same bytes either way
+    assert len(report["labels"]) == 2  # an output in the answer beside one in shared memory
+    assert report["after_unregister"] == []
+
+
+@pytest.mark.parametrize("protocol", ["grpc", "http"])
+def test_shared_memory_refusals_name_what_was_wrong(shared: dict[str, Any], protocol: str) -> None:
+    report = shared[protocol]
+    expected = {
+        "past_the_region": ("INVALID_ARGUMENT", "400", "lie outside shared memory region 'in'"),
+        "other_client": ("INVALID_ARGUMENT", "400", "no shared memory region 'in' is registered"),
+        "twice": ("ALREADY_EXISTS", "409", "registered already"),
+        "escape": ("INVALID_ARGUMENT", "400", "must be a name like /input0"),
+        "missing": ("NOT_FOUND", "404", "no shared memory object '/strata_e2e_none'"),
+        "too_big": ("INVALID_ARGUMENT", "400", "the region needs 4096"),
+        "cuda": ("UNIMPLEMENTED", "501", "register system shared memory instead"),
+    }
+    for case, (code, status, words) in expected.items():
+        answer = report[case]
+        wanted = f"StatusCode.{code}" if protocol == "grpc" else status
+        assert answer["status"] == wanted, (case, answer)
+        assert words in answer["message"], (case, answer)
+    assert report["other_status"] == []  # another client sees none of these regions
+
+
 def test_an_unimplemented_call_is_answered_without_a_traceback(
-    report: dict[str, Any], folder: Path
+    report: dict[str, Any], shared: dict[str, Any], folder: Path
 ) -> None:
+    """Last: every call above (refusals included) has been made by now."""
     assert report["unimplemented"]["grpc"]["status"] == "StatusCode.UNIMPLEMENTED"
     for log in folder.glob("*.log"):
         assert "Traceback" not in log.read_text(errors="replace"), log.name

@@ -21,8 +21,9 @@ from services.gateway.repository import Repository
 from services.gateway.rest import openapi, tensors
 from services.gateway.rest.scan import check_json
 from services.gateway.rest.statuses import JSON, TooLarge, error_response, json_response
+from services.gateway.shared_memory import CUDA_HINT
 from strata.config.gateway import Rest
-from strata.errors import InvalidArgument, shown
+from strata.errors import InvalidArgument, Unimplemented, shown
 from strata.metrics import RPC_DURATION, RPCS
 from strata.telemetry import server_span
 
@@ -30,6 +31,8 @@ TIMEOUT_HEADER = "x-strata-timeout-ms"  # the caller's deadline, as gRPC's timeo
 MODEL = "/v2/models/{name}"
 VERSION = MODEL + "/versions/{version}"
 REPOSITORY = "/v2/repository"
+SHM = "/v2/systemsharedmemory"
+CUDA = "/v2/cudasharedmemory"
 Handler = Callable[[Request], Awaitable[Response]]
 
 
@@ -46,6 +49,16 @@ def build_app(pipelines: Pipelines, repository: Repository, limits: Rest) -> Sta
         ("POST", REPOSITORY + "/index", api.repository_index),
         ("POST", REPOSITORY + "/models/{name}/load", api.load),
         ("POST", REPOSITORY + "/models/{name}/unload", api.unload),
+        ("GET", SHM + "/status", api.shm_status),
+        ("GET", SHM + "/region/{name}/status", api.shm_status),
+        ("POST", SHM + "/region/{name}/register", api.shm_register),
+        ("POST", SHM + "/unregister", api.shm_unregister),
+        ("POST", SHM + "/region/{name}/unregister", api.shm_unregister),
+        ("GET", CUDA + "/status", api.cuda),
+        ("GET", CUDA + "/region/{name}/status", api.cuda),
+        ("POST", CUDA + "/region/{name}/register", api.cuda),
+        ("POST", CUDA + "/unregister", api.cuda),
+        ("POST", CUDA + "/region/{name}/unregister", api.cuda),
     ]
     for prefix in (MODEL, VERSION):
         routes += [
@@ -164,7 +177,7 @@ class _Api:
     async def repository_index(self, request: Request) -> Response:
         """Triton's repository index: a list of {name, version, state, reason}."""
         caller = _caller(request)
-        ready = (await self._control_body(request)).get("ready", False)
+        ready = (await self._json_body(request)).get("ready", False)
         if not isinstance(ready, bool):
             raise InvalidArgument("`ready` must be a boolean")
         index = await self._repository.index(caller, ready)
@@ -172,18 +185,51 @@ class _Api:
 
     async def load(self, request: Request) -> Response:
         caller = _caller(request)
-        parameters = (await self._control_body(request)).get("parameters")
+        parameters = (await self._json_body(request)).get("parameters")
         await self._repository.load(caller, request.path_params["name"], parameters)
         return json_response({})
 
     async def unload(self, request: Request) -> Response:
         caller = _caller(request)
-        await self._control_body(request)  # unload_dependents: a pipeline has none
+        await self._json_body(request)  # unload_dependents: a pipeline has none
         await self._repository.unload(caller, request.path_params["name"])
         return json_response({})
 
-    async def _control_body(self, request: Request) -> dict[str, Any]:
-        """A control call's JSON body (none: an empty object), held to the body limits."""
+    async def shm_status(self, request: Request) -> Response:
+        """Triton's region status: a list of {name, key, offset, byte_size}."""
+        client = self._pipelines.identify(_caller(request))
+        name = request.path_params.get("name", "")
+        regions = self._pipelines.memory.status(client, name)
+        return json_response(
+            [
+                {"name": r.name, "key": r.key, "offset": r.offset, "byte_size": r.byte_size}
+                for r in regions
+            ]
+        )
+
+    async def shm_register(self, request: Request) -> Response:
+        client = self._pipelines.identify(_caller(request))
+        body = await self._json_body(request)
+        key = body.get("key")
+        offset, size = body.get("offset", 0), body.get("byte_size")
+        if not isinstance(key, str) or not all(_natural(n) for n in (offset, size)):
+            raise InvalidArgument(
+                "a region needs `key` (a string), `byte_size` and optionally `offset` "
+                "(non-negative integers)"
+            )
+        self._pipelines.memory.register(client, request.path_params["name"], key, offset, size)
+        return json_response({})
+
+    async def shm_unregister(self, request: Request) -> Response:
+        client = self._pipelines.identify(_caller(request))
+        self._pipelines.memory.unregister(client, request.path_params.get("name", ""))
+        return json_response({})
+
+    async def cuda(self, request: Request) -> Response:
+        raise Unimplemented(f"{request.method} {shown(request.url.path)}: {CUDA_HINT}")
+
+    async def _json_body(self, request: Request) -> dict[str, Any]:
+        """A small call's JSON body (none: an empty object), held to the body limits."""
         limits = self._limits
         body = await _body(request, limits.max_body_bytes)
         if not body.strip():
@@ -272,6 +318,10 @@ def _config(config: Message) -> dict[str, Any]:
     for tensor in [*out.get("input", []), *out.get("output", [])]:
         tensor["dims"] = [int(d) for d in tensor["dims"]]
     return out
+
+
+def _natural(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
 def _index_entry(entry: Any) -> dict[str, str]:

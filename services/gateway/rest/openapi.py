@@ -18,7 +18,8 @@ _ERRORS = {
     "token (authorization: Bearer).",
     "403": "Not allowed: forcing an arm (strata.arm) without the force_arm capability, or a "
     "control call where the server has no admin token.",
-    "404": "No such model (pipeline) or version.",
+    "404": "No such model (pipeline) or version, or shared memory region or object.",
+    "409": "A shared memory region of that name is registered already.",
     "413": "The body is larger than gateway.rest.max_body_bytes.",
     "429": "Rate limit or overload: retry after Retry-After seconds (retry-after-ms).",
     "500": "A bug: the server log has the details.",
@@ -182,6 +183,46 @@ def _repository_paths(pipelines: list[str]) -> dict[str, Any]:
     }
 
 
+def _shared_memory_paths() -> dict[str, Any]:
+    """Triton's system shared memory extension (each client's own regions), and the CUDA
+    one's routes, which answer 501 naming the alternative."""
+    region = [{"name": "name", "in": "path", "required": True, "schema": {"type": "string"}}]
+    status = _answers("SharedMemoryStatus", "The client's regions.", "401", "403", "404")
+    done = _answers("Empty", "Done.", "400", "401", "403", "404", "409", "429")
+    register = {
+        "type": "object",
+        "required": ["key", "byte_size"],
+        "properties": {
+            "key": {"type": "string"},
+            "offset": {"type": "integer", "minimum": 0},
+            "byte_size": {"type": "integer", "minimum": 1},
+        },
+    }
+    nothing = {"type": "object"}
+    paths = {
+        "/v2/systemsharedmemory/status": _get("This client's regions.", status),
+        "/v2/systemsharedmemory/region/{name}/status": _get("One region.", status, region),
+        "/v2/systemsharedmemory/region/{name}/register": _post(
+            "Register a region of a shared memory object on the gateway's host.",
+            register,
+            done,
+            region,
+        ),
+        "/v2/systemsharedmemory/unregister": _post("Unregister every region.", nothing, done),
+        "/v2/systemsharedmemory/region/{name}/unregister": _post(
+            "Unregister one region.", nothing, done, region
+        ),
+    }
+    cuda = {"501": _json(_ref("Error"), "CUDA shared memory is not offered.")}
+    for path, item in list(paths.items()):
+        method, operation = next(iter(item.items()))
+        unoffered = {**operation, "summary": "Not offered: use system shared memory."}
+        paths[path.replace("systemsharedmemory", "cudasharedmemory")] = {
+            method: {**unoffered, "responses": {"200": _json(_ref("Empty"), "Never."), **cuda}}
+        }
+    return paths
+
+
 def _schemas() -> dict[str, Any]:
     parameters = {
         "type": "object",
@@ -265,6 +306,19 @@ def _schemas() -> dict[str, Any]:
             },
         },
         "Empty": {"type": "object", "maxProperties": 0},
+        "SharedMemoryStatus": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "required": ["name", "key", "offset", "byte_size"],
+                "properties": {
+                    "name": {"type": "string"},
+                    "key": {"type": "string"},
+                    "offset": {"type": "integer"},
+                    "byte_size": {"type": "integer"},
+                },
+            },
+        },
         "RepositoryIndex": {
             "type": "array",
             "items": {
@@ -324,6 +378,7 @@ def document(pipelines: list[str]) -> dict[str, Any]:
     for versioned in (False, True):
         paths.update(_model_paths(pipelines, versioned))
     paths.update(_repository_paths(pipelines))
+    paths.update(_shared_memory_paths())
     return {
         "openapi": "3.1.0",
         "info": {

@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 import orjson
 
+from services.gateway.shared_memory import REGION
 from strata import codec
 from strata.errors import InvalidArgument, shown
 from strata.limits import check_declared
@@ -99,8 +100,14 @@ def _add_input(request: v2.ModelInferRequest, item: Any, binary: bytes, offset: 
     where = f"input {shown(name)}"
     datatype = _string(item, "datatype", where, required=True)
     shape = _shape(item.get("shape"), where)
-    size = _object(item, "parameters", where).get(BINARY_SIZE)
-    request.inputs.add(name=name, datatype=datatype, shape=shape)
+    parameters = _object(item, "parameters", where)
+    size = parameters.get(BINARY_SIZE)
+    tensor = request.inputs.add(name=name, datatype=datatype, shape=shape)
+    if REGION in parameters:
+        if "data" in item or size is not None:
+            raise InvalidArgument(f"{where} is in shared memory: it has no `data` nor binary data")
+        _set_parameters(tensor.parameters, parameters, where)
+        return offset
     if size is None:
         request.raw_input_contents.append(_json_tensor(name, datatype, shape, item.get("data")))
         return offset
@@ -239,7 +246,9 @@ def to_body(response: v2.ModelInferResponse, parsed: Parsed) -> tuple[bytes, int
             "datatype": tensor.datatype,
             "shape": list(tensor.shape),
         }
-        if parsed.binary.get(tensor.name, parsed.binary_default):
+        if REGION in tensor.parameters:
+            entry["parameters"] = parameters_of(tensor.parameters)
+        elif parsed.binary.get(tensor.name, parsed.binary_default):
             entry["parameters"] = {BINARY_SIZE: len(raw)}
             chunks.append(raw)
         else:
