@@ -11,6 +11,7 @@ from services.gateway.repository import Repository
 from services.gateway.rest.app import build_app
 from services.gateway.rest.server import RestServer
 from services.gateway.runtime import Runtime
+from services.gateway.server_settings import ServerSettings
 from services.gateway.servicer import GatewayServicer
 from strata import limits
 from strata.cli import Service
@@ -49,12 +50,14 @@ async def build(settings: Settings) -> Service:
     pipelines = Pipelines(runtime)
     auth = admin_auth(runtime)
     repository = Repository(runtime, auth)
+    server_settings = ServerSettings(runtime, auth)
     v2_name = grpc_service_pb2.DESCRIPTOR.services_by_name["GRPCInferenceService"].full_name
     registrations: list[Registration] = [
         (
             GatewayServicer(
                 pipelines,
                 repository,
+                server_settings,
                 settings.server.max_stream_in_flight,
                 settings.gateway.max_streams_per_client,
             ),
@@ -75,7 +78,7 @@ async def build(settings: Settings) -> Service:
     if endpoint.rest is not None:
         rest = settings.gateway.rest
         server = RestServer(
-            build_app(pipelines, repository, rest),
+            build_app(pipelines, repository, server_settings, rest),
             endpoint.rest,
             settings.server,
             settings.tls,

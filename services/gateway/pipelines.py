@@ -40,6 +40,7 @@ PIPELINE_VERSION = "1"
 EXTENSIONS = [
     "binary_tensor_data",
     "classification",
+    "logging",
     "model_configuration",
     "model_repository",
     "statistics",

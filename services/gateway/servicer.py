@@ -10,6 +10,7 @@ import grpc
 from services.gateway.caller import grpc_caller
 from services.gateway.pipelines import Pipelines
 from services.gateway.repository import Repository
+from services.gateway.server_settings import ServerSettings
 from services.gateway.shared_memory import CUDA_HINT
 from strata.door import Shares, refuse
 from strata.errors import StrataError, status_of
@@ -18,6 +19,8 @@ from strata.proto.inference import grpc_service_pb2 as v2
 from strata.proto.inference import grpc_service_pb2_grpc as v2_grpc
 from strata.streams import DEFAULT_MAX_IN_FLIGHT
 from strata.v2stream import answer_stream
+
+LOG_FIELDS = {bool: "bool_param", int: "uint32_param", str: "string_param"}
 
 
 @answers_unimplemented(
@@ -28,11 +31,13 @@ class GatewayServicer(v2_grpc.GRPCInferenceServiceServicer):
         self,
         pipelines: Pipelines,
         repository: Repository,
+        settings: ServerSettings,
         max_stream_in_flight: int = DEFAULT_MAX_IN_FLIGHT,
         max_streams_per_client: int | None = None,
     ) -> None:
         self._pipelines = pipelines
         self._repository = repository
+        self._settings = settings
         self._max_stream_in_flight = max_stream_in_flight
         self._streams = Shares(max_streams_per_client)
 
@@ -111,6 +116,29 @@ class GatewayServicer(v2_grpc.GRPCInferenceServiceServicer):
     ) -> v2.SystemSharedMemoryUnregisterResponse:
         self._pipelines.memory.unregister(self._client(context), request.name)
         return v2.SystemSharedMemoryUnregisterResponse()
+
+    @grpc_errors
+    async def LogSettings(self, request, context) -> v2.LogSettingsResponse:
+        self._client(context)
+        changes = {
+            key: getattr(value, value.WhichOneof("parameter_choice") or "string_param")
+            for key, value in request.settings.items()
+        }
+        settings = self._settings.set_log(grpc_caller(context), changes)
+        response = v2.LogSettingsResponse()
+        for key, value in settings.items():
+            setattr(response.settings[key], LOG_FIELDS[type(value)], value)
+        return response
+
+    @grpc_errors
+    async def TraceSetting(self, request, context) -> v2.TraceSettingResponse:
+        self._client(context)
+        changes = {key: list(value.value) for key, value in request.settings.items()}
+        settings = self._settings.set_trace(request.model_name, changes)
+        response = v2.TraceSettingResponse()
+        for key, values in settings.items():
+            response.settings[key].value.extend(values)
+        return response
 
     @grpc_errors
     async def ModelInfer(

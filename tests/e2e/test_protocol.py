@@ -146,6 +146,27 @@ def test_repository_control_refusals_name_what_was_wrong(report: dict[str, Any])
     assert "load parameters are not supported" in refused["message"]
 
 
+def test_log_settings_are_read_and_changed_with_the_admin_token(report: dict[str, Any]) -> None:
+    settings = report["settings"]
+    log = {key: next(iter(value.values())) for key, value in settings["log"].items()}
+    assert log["log_info"] is True and log["log_file"] == "" and log["log_format"] == "json"
+    assert settings["verbose"]["log_verbose_level"] == 1
+    assert settings["back"]["log_verbose_level"] == {"uint32_param": 0}
+    assert settings["no_token"]["status"] == "401"
+    refused = settings["log_file"]
+    assert refused["status"] == "StatusCode.INVALID_ARGUMENT" and "stderr" in refused["message"]
+
+
+def test_trace_settings_are_read_and_say_how_to_change_them(report: dict[str, Any]) -> None:
+    settings = report["settings"]
+    assert settings["trace"]["trace_mode"] == {"value": ["opentelemetry"]}
+    assert settings["trace"]["trace_rate"] == {"value": ["1"]}  # sample_ratio 1.0: every trace
+    assert settings["model_trace"]["trace_level"] == ["TIMESTAMPS"]
+    assert settings["model_trace"]["trace_rate"] == "1"
+    refused = settings["trace_change"]
+    assert refused["status"] == "501" and "telemetry.sample_ratio" in refused["message"]
+
+
 @pytest.fixture(scope="module")
 def shared(system: Supervisor) -> dict[str, Any]:
     gateway = system.settings.services.gateway

@@ -21,6 +21,7 @@ from services.gateway.repository import Repository
 from services.gateway.rest import openapi, tensors
 from services.gateway.rest.scan import check_json
 from services.gateway.rest.statuses import JSON, TooLarge, error_response, json_response
+from services.gateway.server_settings import ServerSettings
 from services.gateway.shared_memory import CUDA_HINT
 from strata.config.gateway import Rest
 from strata.errors import InvalidArgument, Unimplemented, shown
@@ -36,10 +37,12 @@ CUDA = "/v2/cudasharedmemory"
 Handler = Callable[[Request], Awaitable[Response]]
 
 
-def build_app(pipelines: Pipelines, repository: Repository, limits: Rest) -> Starlette:
-    """The REST API over `pipelines` and model `repository` control, with request bodies
-    held to `limits`."""
-    api = _Api(pipelines, repository, limits)
+def build_app(
+    pipelines: Pipelines, repository: Repository, settings: ServerSettings, limits: Rest
+) -> Starlette:
+    """The REST API over `pipelines`, model `repository` control and the server's log and
+    trace `settings`, with request bodies held to `limits`."""
+    api = _Api(pipelines, repository, settings, limits)
     routes = [
         ("GET", "/v2/health/live", api.live),
         ("GET", "/v2/health/ready", api.ready),
@@ -54,6 +57,12 @@ def build_app(pipelines: Pipelines, repository: Repository, limits: Rest) -> Sta
         ("POST", SHM + "/region/{name}/register", api.shm_register),
         ("POST", SHM + "/unregister", api.shm_unregister),
         ("POST", SHM + "/region/{name}/unregister", api.shm_unregister),
+        ("GET", "/v2/logging", api.logging),
+        ("POST", "/v2/logging", api.logging),
+        ("GET", "/v2/trace/setting", api.trace),
+        ("POST", "/v2/trace/setting", api.trace),
+        ("GET", MODEL + "/trace/setting", api.trace),
+        ("POST", MODEL + "/trace/setting", api.trace),
         ("GET", CUDA + "/status", api.cuda),
         ("GET", CUDA + "/region/{name}/status", api.cuda),
         ("POST", CUDA + "/region/{name}/register", api.cuda),
@@ -107,9 +116,12 @@ def _served(method: str, handler: Handler) -> Handler:
 
 
 class _Api:
-    def __init__(self, pipelines: Pipelines, repository: Repository, limits: Rest) -> None:
+    def __init__(
+        self, pipelines: Pipelines, repository: Repository, settings: ServerSettings, limits: Rest
+    ) -> None:
         self._pipelines = pipelines
         self._repository = repository
+        self._settings = settings
         self._limits = limits
         self._openapi = orjson.dumps(openapi.document(pipelines.names()))
 
@@ -224,6 +236,23 @@ class _Api:
         client = self._pipelines.identify(_caller(request))
         self._pipelines.memory.unregister(client, request.path_params.get("name", ""))
         return json_response({})
+
+    async def logging(self, request: Request) -> Response:
+        """Triton's log settings: read (GET), or changed (POST, admin token)."""
+        caller = _caller(request)
+        self._pipelines.identify(caller)
+        changes = await self._json_body(request) if request.method == "POST" else {}
+        return json_response(self._settings.set_log(caller, changes))
+
+    async def trace(self, request: Request) -> Response:
+        """Triton's trace settings, as its REST API writes them (lists for trace_level)."""
+        self._pipelines.identify(_caller(request))
+        changes = await self._json_body(request) if request.method == "POST" else {}
+        model = request.path_params.get("name", "")
+        settings = self._settings.set_trace(model, changes)
+        return json_response(
+            {key: v if key == "trace_level" else v[0] for key, v in settings.items()}
+        )
 
     async def cuda(self, request: Request) -> Response:
         raise Unimplemented(f"{request.method} {shown(request.url.path)}: {CUDA_HINT}")

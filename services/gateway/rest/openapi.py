@@ -23,10 +23,12 @@ _ERRORS = {
     "413": "The body is larger than gateway.rest.max_body_bytes.",
     "429": "Rate limit or overload: retry after Retry-After seconds (retry-after-ms).",
     "500": "A bug: the server log has the details.",
+    "501": "Not offered by this server; the message names the alternative.",
     "503": "No healthy upstream can answer now; retry.",
     "504": "The deadline (x-strata-timeout-ms) passed.",
 }
 _MODEL_ERRORS = ("401", "404")
+MODEL_TRACE = "/v2/models/{name}/trace/setting"
 _STATISTICS = "Counts and durations."
 
 
@@ -213,12 +215,28 @@ def _shared_memory_paths() -> dict[str, Any]:
             "Unregister one region.", nothing, done, region
         ),
     }
-    cuda = {"501": _json(_ref("Error"), "CUDA shared memory is not offered.")}
     for path, item in list(paths.items()):
         method, operation = next(iter(item.items()))
         unoffered = {**operation, "summary": "Not offered: use system shared memory."}
         paths[path.replace("systemsharedmemory", "cudasharedmemory")] = {
-            method: {**unoffered, "responses": {"200": _json(_ref("Empty"), "Never."), **cuda}}
+            method: {**unoffered, "responses": _answers("Empty", "Never.", "501")}
+        }
+    return paths
+
+
+def _settings_paths(pipelines: list[str]) -> dict[str, Any]:
+    """Triton's logging extension (changes need the admin token) and trace extension
+    (read only: a change answers 501)."""
+    changes = {"type": "object"}
+    logging = _answers("LogSettings", "The log settings.", "400", "401", "403", "429")
+    trace = _answers("TraceSettings", "The trace settings.", "401", "404", "501")
+    name = _parameters(pipelines, versioned=False)
+    paths = {"/v2/logging": {**_get("The gateway's log settings.", logging)}}
+    paths["/v2/logging"].update(_post("Change the log level (admin token).", changes, logging))
+    for path, parameters in (("/v2/trace/setting", None), (MODEL_TRACE, name)):
+        paths[path] = {
+            **_get("The trace settings (from the config).", trace, parameters),
+            **_post("Changes answer 501: set them in the config.", changes, trace, parameters),
         }
     return paths
 
@@ -306,6 +324,21 @@ def _schemas() -> dict[str, Any]:
             },
         },
         "Empty": {"type": "object", "maxProperties": 0},
+        "LogSettings": {
+            "type": "object",
+            "properties": {
+                "log_file": {"type": "string"},
+                "log_info": {"type": "boolean"},
+                "log_warning": {"type": "boolean"},
+                "log_error": {"type": "boolean"},
+                "log_verbose_level": {"type": "integer", "minimum": 0},
+                "log_format": {"type": "string"},
+            },
+        },
+        "TraceSettings": {
+            "type": "object",
+            "additionalProperties": {"type": ["string", "array"]},
+        },
         "SharedMemoryStatus": {
             "type": "array",
             "items": {
@@ -379,6 +412,7 @@ def document(pipelines: list[str]) -> dict[str, Any]:
         paths.update(_model_paths(pipelines, versioned))
     paths.update(_repository_paths(pipelines))
     paths.update(_shared_memory_paths())
+    paths.update(_settings_paths(pipelines))
     return {
         "openapi": "3.1.0",
         "info": {

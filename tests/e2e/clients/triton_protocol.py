@@ -3,8 +3,9 @@
 Run in its own process (tritonclient and Strata's stubs register the same protobuf names).
 usage: triton_protocol.py GRPC_URL HTTP_URL ADMIN_TOKEN
 Reads the image pipeline's model config as Triton's image client does (format, batch, dims),
-asks for the top classes of its scores (classification), and controls the model repository
-(index, unload, load; with and without the admin token), on both protocols.
+asks for the top classes of its scores (classification), controls the model repository
+(index, unload, load; with and without the admin token) and reads and changes the log and
+trace settings, on both protocols.
 """
 
 import json
@@ -82,8 +83,26 @@ def repository(grpc, http, token):
     }
 
 
+def settings(grpc, http, token):
+    auth = {"authorization": f"Bearer {token}"}
+    return {
+        "log": grpc.get_log_settings(as_json=True)["settings"],
+        "verbose": http.update_log_settings({"log_verbose_level": 1}, headers=auth),
+        "back": grpc.update_log_settings(
+            {"log_info": True, "log_verbose_level": 0}, headers=auth, as_json=True
+        )["settings"],
+        "no_token": attempt(lambda: http.update_log_settings({"log_info": False})),
+        "log_file": attempt(
+            lambda: grpc.update_log_settings({"log_file": "elsewhere.log"}, headers=auth)
+        ),
+        "trace": grpc.get_trace_settings(as_json=True)["settings"],
+        "model_trace": http.get_trace_settings(model_name="digits"),
+        "trace_change": attempt(lambda: http.update_trace_settings(settings={"trace_rate": "2"})),
+    }
+
+
 def unimplemented(grpc):
-    return {"grpc": attempt(lambda: grpc.get_trace_settings())}
+    return {"grpc": attempt(lambda: grpc.get_cuda_shared_memory_status())}
 
 
 def main(grpc_url, http_url, token):
@@ -97,6 +116,7 @@ def main(grpc_url, http_url, token):
         "config": configs(grpc, http),
         "classification": classification(grpc, http),
         "repository": repository(grpc, http, token),
+        "settings": settings(grpc, http, token),
         "unimplemented": unimplemented(grpc),
     }
     print(json.dumps(report))
