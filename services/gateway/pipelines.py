@@ -29,7 +29,7 @@ from services.gateway.shared_memory import (
 from services.gateway.statistics import STATISTICS
 from strata import __version__, codec
 from strata.config.pipelines import Pipeline
-from strata.errors import NotFound, Unavailable, shown, status_of
+from strata.errors import InvalidArgument, NotFound, Unavailable, shown, status_of
 from strata.proto.inference import grpc_service_pb2 as v2
 from strata.telemetry import annotate, recording, shapes
 from strata.v2meta import metadata_response, model_config
@@ -37,6 +37,7 @@ from strata.v2meta import metadata_response, model_config
 PLATFORM = "strata_pipeline"
 SERVER_NAME = "strata"
 PIPELINE_VERSION = "1"
+SEQUENCE = ("sequence_id", "sequence_start", "sequence_end")
 EXTENSIONS = [
     "binary_tensor_data",
     "classification",
@@ -163,6 +164,7 @@ class Pipelines:
         client = runtime.admission.admit(caller)
         pipeline = self.pipeline(request.model_name, request.model_version)
         wanted = codec.requested_outputs(request, [spec.name for spec in pipeline.outputs])
+        _refuse_sequence(request)
         counts = class_counts(request, pipeline)
         request = with_inputs(self.memory, client, request)
         places = output_places(self.memory, client, request)
@@ -199,6 +201,23 @@ class Pipelines:
         outputs = classified(produced, counts, pipeline)
         placed = write_outputs(self.memory, client, places, outputs)
         return _response(request, answer, outputs, placed)
+
+
+def _refuse_sequence(request: v2.ModelInferRequest) -> None:
+    """Every pipeline is stateless: a request of a sequence is refused, not answered as if
+    it stood alone (the id and flags would be ignored, the model's state assumed)."""
+    given = [key for key in SEQUENCE if _given(request.parameters.get(key))]
+    if given:
+        raise InvalidArgument(
+            f"pipeline {shown(request.model_name)} is stateless: it takes no sequence "
+            f"({', '.join(given)}); send each request on its own, without them"
+        )
+
+
+def _given(value: v2.InferParameter | None) -> bool:
+    """Whether a parameter is there with a value other than its default (0, "", false)."""
+    choice = value.WhichOneof("parameter_choice") if value is not None else None
+    return choice is not None and bool(getattr(value, choice))
 
 
 def _forced_arm(request: v2.ModelInferRequest) -> str:

@@ -167,6 +167,17 @@ def test_trace_settings_are_read_and_say_how_to_change_them(report: dict[str, An
     assert refused["status"] == "501" and "telemetry.sample_ratio" in refused["message"]
 
 
+def test_a_sequence_on_a_stateless_pipeline_is_refused(report: dict[str, Any]) -> None:
+    refused = report["sequence"]
+    assert refused["grpc"]["status"] == "StatusCode.INVALID_ARGUMENT"
+    assert refused["http"]["status"] == "400"
+    for answer in refused.values():
+        assert (
+            "is stateless: it takes no sequence (sequence_id, sequence_start)"
+            in (answer["message"])
+        )
+
+
 @pytest.fixture(scope="module")
 def shared(system: Supervisor) -> dict[str, Any]:
     gateway = system.settings.services.gateway

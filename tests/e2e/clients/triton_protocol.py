@@ -101,6 +101,13 @@ def settings(grpc, http, token):
     }
 
 
+def sequence(module, client):
+    images = np.zeros((1, 8, 8, 1), np.uint8)
+    tensor = module.InferInput("images", list(images.shape), "UINT8")
+    tensor.set_data_from_numpy(images)
+    return attempt(lambda: client.infer(PIPELINE, [tensor], sequence_id=7, sequence_start=True))
+
+
 def unimplemented(grpc):
     return {"grpc": attempt(lambda: grpc.get_cuda_shared_memory_status())}
 
@@ -117,6 +124,7 @@ def main(grpc_url, http_url, token):
         "classification": classification(grpc, http),
         "repository": repository(grpc, http, token),
         "settings": settings(grpc, http, token),
+        "sequence": {"grpc": sequence(grpcclient, grpc), "http": sequence(httpclient, http)},
         "unimplemented": unimplemented(grpc),
     }
     print(json.dumps(report))
