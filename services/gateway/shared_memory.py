@@ -12,6 +12,7 @@ fails that request instead of the process (a mapped page past a file's end is SI
 
 from __future__ import annotations
 
+import errno
 import os
 import re
 import stat
@@ -26,11 +27,13 @@ from strata.errors import (
     NotFound,
     Overloaded,
     PermissionDenied,
+    Unavailable,
     shown,
 )
 from strata.proto.inference import grpc_service_pb2 as v2
 
 KEY = re.compile(r"/?[A-Za-z0-9_.-]{1,250}")
+MAX_NAME = 256
 CUDA_HINT = (
     "CUDA shared memory is not offered (the gateway holds no GPU memory of its own): register "
     "system shared memory instead (SystemSharedMemoryRegister, POST "
@@ -56,8 +59,10 @@ class SharedMemory:
 
     def register(self, client: str, name: str, key: str, offset: int, byte_size: int) -> None:
         settings = self._enabled()
-        if not name:
-            raise InvalidArgument("a shared memory region needs a name")
+        if not 0 < len(name) <= MAX_NAME:
+            raise InvalidArgument(
+                f"a shared memory region needs a name of 1 to {MAX_NAME} characters"
+            )
         held = self._regions.get(client, {})
         if name in held:
             raise AlreadyExists(f"shared memory region {shown(name)} is registered already")
@@ -159,7 +164,9 @@ def _open(settings: Settings, key: str, end: int) -> int:
     except FileNotFoundError:
         raise NotFound(f"no shared memory object {shown(key)} on the gateway's host") from None
     except OSError as exc:
-        raise InvalidArgument(f"shared memory object {shown(key)}: {exc.strerror}") from None
+        if exc.errno in (errno.EACCES, errno.ELOOP, errno.EISDIR, errno.ENXIO):
+            raise InvalidArgument(f"shared memory object {shown(key)}: {exc.strerror}") from None
+        raise Unavailable(f"the gateway cannot open shared memory now: {exc.strerror}") from None
     info = os.fstat(fd)
     if not stat.S_ISREG(info.st_mode) or info.st_size < end:
         os.close(fd)

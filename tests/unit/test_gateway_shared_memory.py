@@ -64,7 +64,8 @@ def test_an_object_that_shrank_fails_the_request_not_the_process(root: Path) -> 
         ("r", "/nothing", 0, 8, NotFound, "no shared memory object '/nothing'"),
         ("r", "/obj", 60, 8, InvalidArgument, "has 64 bytes; the region needs 68"),
         ("r", "/obj", 0, 0, InvalidArgument, "byte_size 0 must be between 1 and"),
-        ("", "/obj", 0, 8, InvalidArgument, "needs a name"),
+        ("", "/obj", 0, 8, InvalidArgument, "needs a name of 1 to 256"),
+        ("r" * 257, "/obj", 0, 8, InvalidArgument, "needs a name of 1 to 256"),
     ],
 )
 def test_what_cannot_be_registered(root, name, key, offset, size, error, words) -> None:
@@ -114,3 +115,11 @@ def test_outputs_are_written_where_asked_and_checked_first(root: Path) -> None:
     asked.parameters["shared_memory_byte_size"].int64_param = 128
     with pytest.raises(InvalidArgument, match="lie outside"):
         output_places(shared, "c", request)
+
+
+def test_a_link_in_the_root_is_not_followed(root: Path, tmp_path_factory) -> None:
+    outside = tmp_path_factory.mktemp("outside") / "secret"
+    outside.write_bytes(bytes(64))
+    (root / "link").symlink_to(outside)
+    with pytest.raises(InvalidArgument, match="shared memory object '/link'"):
+        memory(root).register("c", "r", "/link", 0, 8)
