@@ -20,7 +20,15 @@ import grpc
 from services.gateway.caller import Caller
 from services.gateway.runtime import Runtime
 from strata.config.pipelines import Pipeline
-from strata.errors import InvalidArgument, NotFound, NotReady, StrataError, Upstream, shown
+from strata.errors import (
+    InvalidArgument,
+    NotFound,
+    NotReady,
+    PermissionDenied,
+    StrataError,
+    Upstream,
+    shown,
+)
 from strata.proto.inference import grpc_service_pb2 as v2
 from strata.tokens import ControlAuth
 
@@ -45,7 +53,7 @@ class Repository:
     async def index(self, caller: Caller, ready_only: bool) -> v2.RepositoryIndexResponse:
         """Every pipeline, one entry per arm and shadow; a deployment that cannot answer
         shows as UNAVAILABLE with the reason, the rest of the index still answers."""
-        self._auth.allow(caller.peer, caller.metadata)
+        self._allow(caller)
         settings = self._runtime.settings
         token = self._inference_token()
         deployments = sorted(settings.services.inference)
@@ -64,7 +72,7 @@ class Repository:
 
     async def load(self, caller: Caller, name: str, parameters: object) -> None:
         """Load (or reload) pipeline `name`'s model on every deployment behind it."""
-        self._auth.allow(caller.peer, caller.metadata)
+        self._allow(caller)
         if parameters:
             raise InvalidArgument(
                 "load parameters are not supported: a model's settings and files come from "
@@ -75,10 +83,22 @@ class Repository:
     async def unload(self, caller: Caller, name: str) -> None:
         """Unload pipeline `name`'s model on every deployment behind it (a pipeline has no
         dependents, so Triton's unload_dependents changes nothing)."""
-        self._auth.allow(caller.peer, caller.metadata)
+        self._allow(caller)
         await self._everywhere(
             name, caller, "RepositoryModelUnload", v2.RepositoryModelUnloadRequest
         )
+
+    def _allow(self, caller: Caller) -> None:
+        """The caller holds the gateway's admin token, on a port where the admin token may
+        be checked: with `admin_listen` the token stays off the public port, and so does
+        repository control."""
+        if self._runtime.settings.services.gateway.admin_listen is not None:
+            raise PermissionDenied(
+                "model repository control is off on the public port: services.gateway."
+                "admin_listen keeps the admin token off it; an operator calls each inference "
+                "deployment's repository API directly, with inference.admin_token"
+            )
+        self._auth.allow(caller.peer, caller.metadata)
 
     def _behind(self, name: str, pipeline: Pipeline) -> list[Behind]:
         default = pipeline.model.version
