@@ -229,7 +229,7 @@ def _settings_paths(pipelines: list[str]) -> dict[str, Any]:
     (read only: a change answers 501)."""
     changes = {"type": "object"}
     logging = _answers("LogSettings", "The log settings.", "400", "401", "403", "429")
-    trace = _answers("TraceSettings", "The trace settings.", "401", "404", "501")
+    trace = _answers("TraceSettings", "The trace settings.", "400", "401", "404", "501")
     name = _parameters(pipelines, versioned=False)
     paths = {"/v2/logging": {**_get("The gateway's log settings.", logging)}}
     paths["/v2/logging"].update(_post("Change the log level (admin token).", changes, logging))
