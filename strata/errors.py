@@ -108,6 +108,18 @@ class PermissionDenied(StrataError):
     code = grpc.StatusCode.PERMISSION_DENIED
 
 
+class AlreadyExists(StrataError):
+    """The name is taken (a shared memory region)."""
+
+    code = grpc.StatusCode.ALREADY_EXISTS
+
+
+class Unimplemented(StrataError):
+    """A call of the protocol this server does not offer."""
+
+    code = grpc.StatusCode.UNIMPLEMENTED
+
+
 class Upstream(StrataError):
     """A status returned by the next hop, passed on unchanged to our caller."""
 

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import functools
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, TypeVar
 
 import grpc
 
-from strata.errors import StrataError, status_of
+from strata.errors import StrataError, Unimplemented, status_of
 from strata.telemetry import record_error
 
 log = logging.getLogger(__name__)
@@ -23,6 +23,7 @@ _KINDS = {
     grpc.StatusCode.FAILED_PRECONDITION: ("client", logging.INFO),
     grpc.StatusCode.UNAUTHENTICATED: ("client", logging.INFO),
     grpc.StatusCode.PERMISSION_DENIED: ("client", logging.INFO),
+    grpc.StatusCode.UNIMPLEMENTED: ("client", logging.INFO),
     grpc.StatusCode.RESOURCE_EXHAUSTED: ("overload", logging.DEBUG),
     grpc.StatusCode.UNAVAILABLE: ("retryable", logging.WARNING),
     grpc.StatusCode.DEADLINE_EXCEEDED: ("deadline", logging.WARNING),
@@ -63,3 +64,31 @@ def grpc_errors(method: Handler[T]) -> Handler[T]:
             raise AssertionError("unreachable") from exc
 
     return wrapper
+
+
+def answers_unimplemented(
+    base: type, server: str, hints: Mapping[str, str] | None = None
+) -> Callable[[type[T]], type[T]]:
+    """A class decorator: each method of the generated servicer `base` that the class does
+    not define answers UNIMPLEMENTED naming the call, `server` and the hint (an alternative)
+    of the first of `hints` its name starts with. The generated default raises
+    NotImplementedError, which gRPC logs as an ERROR with a traceback for every call."""
+
+    def unimplemented(name: str) -> Handler[Any]:
+        hint = next((h for prefix, h in (hints or {}).items() if name.startswith(prefix)), None)
+        message = f"{name} is not implemented by {server}" + (f"; {hint}" if hint else "")
+
+        async def method(self: Any, request: Any, context: grpc.aio.ServicerContext) -> Any:
+            log_failure(name, Unimplemented.code, message)
+            await context.abort(Unimplemented.code, message)
+
+        method.__name__ = name
+        return method
+
+    def decorate(cls: type[T]) -> type[T]:
+        for name, default in vars(base).items():
+            if name[:1].isupper() and callable(default) and getattr(cls, name) is default:
+                setattr(cls, name, unimplemented(name))
+        return cls
+
+    return decorate

@@ -15,7 +15,7 @@ import hmac
 import logging
 import time
 from collections import OrderedDict, deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 import grpc
@@ -101,7 +101,12 @@ class ControlAuth:
         self._throttle = throttle or Throttle()
 
     def check(self, context: grpc.aio.ServicerContext) -> None:
-        """Let the call through only if it carries the token.
+        """Let the gRPC call through only if it carries the token (`allow`)."""
+        self.allow(context.peer() or "unknown", dict(context.invocation_metadata() or ()))
+
+    def allow(self, peer: str, metadata: Mapping[str, str]) -> None:
+        """Let a call from `peer` (gRPC's form) through only if its `metadata` (gRPC
+        metadata or HTTP headers, names in lower case) carries the token.
 
         PERMISSION_DENIED, naming the setting that enables the calls, when no token is
         configured; RESOURCE_EXHAUSTED while the caller's address is backing off;
@@ -113,11 +118,10 @@ class ControlAuth:
                 f"{self._calls} is off on this server: set {self._setting} to enable it, and "
                 "send the token as 'authorization: Bearer <token>' metadata"
             )
-        source = source_address(context.peer() or "unknown")
+        source = source_address(peer)
         wait = self._throttle.wait(source)
         if wait:
             raise Overloaded(f"{self._calls}: too many failed attempts; retry later", wait)
-        metadata = dict(context.invocation_metadata() or ())
         scheme, _, sent = metadata.get("authorization", "").partition(" ")
         if scheme.lower() == "bearer" and hmac.compare_digest(sent.encode(), token.encode()):
             self._throttle.succeeded(source)

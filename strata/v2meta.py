@@ -53,14 +53,20 @@ def model_config(
     inputs: Sequence[Tensor],
     outputs: Sequence[Tensor],
 ) -> v2.ModelConfigResponse:
-    """Triton's convention: with max_batch_size > 0, dims leave out the batch dimension."""
+    """Triton's convention: with max_batch_size > 0, dims leave out the batch dimension. An
+    input with a `format` (NHWC, NCHW) says it as FORMAT_NHWC or FORMAT_NCHW."""
     drop = 1 if max_batch_size > 0 else 0
     config = mc.ModelConfig(
         name=name,
         platform=platform,
         max_batch_size=max_batch_size,
         input=[
-            mc.ModelInput(name=t.name, data_type=config_type(t.datatype), dims=list(t.shape)[drop:])
+            mc.ModelInput(
+                name=t.name,
+                data_type=config_type(t.datatype),
+                format=_format(t),
+                dims=list(t.shape)[drop:],
+            )
             for t in inputs
         ],
         output=[
@@ -71,3 +77,9 @@ def model_config(
         ],
     )
     return v2.ModelConfigResponse(config=config)
+
+
+def _format(tensor: Tensor) -> int:
+    """Triton's Format enum value of a tensor's layout (FORMAT_NONE for none)."""
+    layout = getattr(tensor, "format", None)  # only a pipeline's inputs may have one
+    return mc.ModelInput.Format.Value(f"FORMAT_{layout or 'NONE'}")

@@ -18,14 +18,21 @@ from strata.proto.v1 import admin_pb2, admin_pb2_grpc
 from strata.tokens import ControlAuth
 
 
-class AdminServicer(admin_pb2_grpc.AdminServicer):
-    def __init__(self, runtime: Runtime) -> None:
-        self._runtime = runtime
-        self._auth = ControlAuth("the admin API", "gateway.admin_token", self._token)
+def admin_auth(runtime: Runtime) -> ControlAuth:
+    """The check of the gateway's control calls (the admin API and model repository
+    control), one throttle for both: the admin token of the config as last (re)loaded."""
 
-    def _token(self) -> str | None:
-        token = self._runtime.settings.gateway.admin_token
+    def token() -> str | None:
+        token = runtime.settings.gateway.admin_token
         return token.get_secret_value() if token is not None else None
+
+    return ControlAuth("the gateway's control calls", "gateway.admin_token", token)
+
+
+class AdminServicer(admin_pb2_grpc.AdminServicer):
+    def __init__(self, runtime: Runtime, auth: ControlAuth) -> None:
+        self._runtime = runtime
+        self._auth = auth
 
     @grpc_errors
     async def Status(self, request, context) -> admin_pb2.StatusResponse:

@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import logging
 
-from services.gateway.admin import AdminServicer
+from services.gateway.admin import AdminServicer, admin_auth
 from services.gateway.pipelines import Pipelines
+from services.gateway.repository import Repository
 from services.gateway.rest.app import build_app
 from services.gateway.rest.server import RestServer
 from services.gateway.runtime import Runtime
+from services.gateway.server_settings import ServerSettings
 from services.gateway.servicer import GatewayServicer
 from strata import limits
 from strata.cli import Service
@@ -51,11 +53,16 @@ async def build(settings: Settings) -> Service:
     runtime = Runtime(settings)
     runtime.start()
     pipelines = Pipelines(runtime)
+    auth = admin_auth(runtime)
+    repository = Repository(runtime, auth)
+    server_settings = ServerSettings(runtime, auth)
     v2_name = grpc_service_pb2.DESCRIPTOR.services_by_name["GRPCInferenceService"].full_name
     registrations: list[Registration] = [
         (
             GatewayServicer(
                 pipelines,
+                repository,
+                server_settings,
                 settings.server.max_stream_in_flight,
                 settings.gateway.max_streams_per_client,
             ),
@@ -67,7 +74,8 @@ async def build(settings: Settings) -> Service:
     companions = []
     if settings.gateway.admin_token is not None:
         admin_name = admin_pb2.DESCRIPTOR.services_by_name["Admin"].full_name
-        admin = (AdminServicer(runtime), admin_pb2_grpc.add_AdminServicer_to_server, admin_name)
+        servicer = AdminServicer(runtime, auth)
+        admin = (servicer, admin_pb2_grpc.add_AdminServicer_to_server, admin_name)
         if endpoint.admin_listen is None:
             registrations.append(admin)
         else:
@@ -75,7 +83,7 @@ async def build(settings: Settings) -> Service:
     if endpoint.rest is not None:
         rest = settings.gateway.rest
         server = RestServer(
-            build_app(pipelines, rest),
+            build_app(pipelines, repository, server_settings, rest),
             endpoint.rest,
             settings.server,
             settings.tls,

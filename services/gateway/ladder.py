@@ -111,7 +111,7 @@ def readings(
             answered.setdefault(outcome.pipeline, []).append(outcome.seconds)
         elif outcome.kind in kinds:
             kinds[outcome.kind] += 1
-    if len(recent) >= MIN_SAMPLES:
+    if len(recent) >= settings.min_error_samples:
         parts["errors"] = Reading(kinds["error"] / len(recent), settings.error_rate_limit)
         parts["rejections"] = Reading(
             kinds["rejected"] / len(recent), settings.rejection_rate_limit

@@ -13,13 +13,23 @@ import grpc
 
 from services.gateway.admission import ARM_PARAMETER
 from services.gateway.caller import Caller
+from services.gateway.classification import class_counts, classified
 from services.gateway.metrics import LATENCY, REQUESTS
 from services.gateway.request import Answer, Budget, ClientRequest
 from services.gateway.runtime import Runtime
+from services.gateway.shared_memory import (
+    REGION,
+    SIZE,
+    Placement,
+    SharedMemory,
+    output_places,
+    with_inputs,
+    write_outputs,
+)
 from services.gateway.statistics import STATISTICS
 from strata import __version__, codec
 from strata.config.pipelines import Pipeline
-from strata.errors import NotFound, Unavailable, shown, status_of
+from strata.errors import InvalidArgument, NotFound, Unavailable, shown, status_of
 from strata.proto.inference import grpc_service_pb2 as v2
 from strata.telemetry import annotate, recording, shapes
 from strata.v2meta import metadata_response, model_config
@@ -27,6 +37,16 @@ from strata.v2meta import metadata_response, model_config
 PLATFORM = "strata_pipeline"
 SERVER_NAME = "strata"
 PIPELINE_VERSION = "1"
+SEQUENCE = ("sequence_id", "sequence_start", "sequence_end")
+EXTENSIONS = [
+    "binary_tensor_data",
+    "classification",
+    "logging",
+    "model_configuration",
+    "model_repository",
+    "statistics",
+    "system_shared_memory",
+]
 
 
 @dataclass
@@ -46,6 +66,7 @@ class Pipelines:
         # Pipelines whose last request failed FAILED_PRECONDITION, the server's own fault (a
         # pipeline that does not make what it declares): not ready until one answers again.
         self._faulted: set[str] = set()
+        self.memory = SharedMemory(lambda: runtime.settings.gateway.shared_memory)
 
     @property
     def _pipelines(self) -> dict[str, Pipeline]:
@@ -68,7 +89,9 @@ class Pipelines:
         return self._runtime.admission.identify(caller)
 
     def server_metadata(self) -> v2.ServerMetadataResponse:
-        return v2.ServerMetadataResponse(name=SERVER_NAME, version=__version__)
+        return v2.ServerMetadataResponse(
+            name=SERVER_NAME, version=__version__, extensions=EXTENSIONS
+        )
 
     async def server_ready(self) -> bool:
         """Preprocess, postprocess and at least one inference deployment are healthy."""
@@ -102,9 +125,8 @@ class Pipelines:
 
     def model_config(self, name: str, version: str = "") -> v2.ModelConfigResponse:
         pipeline = self.pipeline(name, version)
-        return model_config(
-            name, PLATFORM, pipeline.max_batch_size, pipeline.inputs, pipeline.outputs
-        )
+        batch = pipeline.max_batch_size if pipeline.batched else 0
+        return model_config(name, PLATFORM, batch, pipeline.inputs, pipeline.outputs)
 
     def model_statistics(self, name: str = "", version: str = "") -> v2.ModelStatisticsResponse:
         """Each pipeline's numbers (services/gateway/statistics.py); all with no name."""
@@ -153,6 +175,10 @@ class Pipelines:
         client = runtime.admission.admit(caller)
         pipeline = self.pipeline(request.model_name, request.model_version)
         wanted = codec.requested_outputs(request, [spec.name for spec in pipeline.outputs])
+        _refuse_sequence(request)
+        counts = class_counts(request, pipeline)
+        request = with_inputs(self.memory, client, request)
+        places = output_places(self.memory, client, request)
         remaining = caller.time_remaining
         default = runtime.settings.gateway.default_timeout_seconds
         forced = _forced_arm(request)
@@ -182,7 +208,27 @@ class Pipelines:
                 degraded=answer.degraded or "no",
                 output_shapes=shapes(answer.outputs),
             )
-        return _response(request, answer, _produced(request.model_name, pipeline, answer, wanted))
+        produced = _produced(request.model_name, pipeline, answer, wanted)
+        outputs = classified(produced, counts, pipeline)
+        placed = write_outputs(self.memory, client, places, outputs)
+        return _response(request, answer, outputs, placed)
+
+
+def _refuse_sequence(request: v2.ModelInferRequest) -> None:
+    """Every pipeline is stateless: a request of a sequence is refused, not answered as if
+    it stood alone (the id and flags would be ignored, the model's state assumed)."""
+    given = [key for key in SEQUENCE if _given(request.parameters.get(key))]
+    if given:
+        raise InvalidArgument(
+            f"pipeline {shown(request.model_name)} is stateless: it takes no sequence "
+            f"({', '.join(given)}); send each request on its own, without them"
+        )
+
+
+def _given(value: v2.InferParameter | None) -> bool:
+    """Whether a parameter is there with a value other than its default (0, "", false)."""
+    choice = value.WhichOneof("parameter_choice") if value is not None else None
+    return choice is not None and bool(getattr(value, choice))
 
 
 def _forced_arm(request: v2.ModelInferRequest) -> str:
@@ -217,7 +263,15 @@ def _produced(name: str, pipeline: Pipeline, answer: Answer, wanted: list[str]) 
     return {name: answer.outputs[name] for name in wanted if name in answer.outputs}
 
 
-def _response(request: v2.ModelInferRequest, answer: Answer, outputs: codec.Arrays):
+def _response(
+    request: v2.ModelInferRequest,
+    answer: Answer,
+    outputs: codec.Arrays,
+    placed: dict[str, Placement],
+) -> v2.ModelInferResponse:
+    """The answer; an output written into shared memory (`placed`) is described with its
+    region and byte size and no data (an empty raw entry keeps the others' places, as
+    tritonclient reads them)."""
     response = v2.ModelInferResponse(
         model_name=request.model_name, model_version=PIPELINE_VERSION, id=request.id
     )
@@ -232,5 +286,14 @@ def _response(request: v2.ModelInferRequest, answer: Answer, outputs: codec.Arra
         parameters["strata.cached"].bool_param = True
     if answer.skipped_rules:
         parameters["strata.skipped_rules"].string_param = answer.skipped_rules
-    codec.add_outputs(response, outputs)
+    for name, array in outputs.items():
+        place = placed.get(name)
+        if place is None:
+            codec.add_outputs(response, {name: array})
+            continue
+        datatype = codec.datatype_of(array)
+        tensor = response.outputs.add(name=name, datatype=datatype, shape=array.shape)
+        tensor.parameters[REGION].string_param = place.region
+        tensor.parameters[SIZE].int64_param = place.size
+        response.raw_output_contents.append(b"")
     return response

@@ -32,7 +32,7 @@ from services.inference.statistics import statistics_response
 from strata import __version__, codec, flight
 from strata.config.inference import InferenceSettings
 from strata.errors import InvalidArgument, NotReady, StrataError, Unavailable
-from strata.grpc_errors import grpc_errors
+from strata.grpc_errors import answers_unimplemented, grpc_errors
 from strata.proto.inference import grpc_service_pb2 as v2
 from strata.proto.inference import grpc_service_pb2_grpc as v2_grpc
 from strata.server import Running
@@ -49,6 +49,11 @@ STREAM_METHOD = "/inference.GRPCInferenceService/ModelStreamInfer"
 MODEL_HEALTH = "model/"  # health service name of a configured model: "model/digits"
 
 
+@answers_unimplemented(
+    v2_grpc.GRPCInferenceServiceServicer,
+    "Strata's inference service",
+    {"SystemSharedMemory": "clients pass tensors through shared memory at the gateway"},
+)
 class InferenceServicer(v2_grpc.GRPCInferenceServiceServicer):
     """The v2 protocol over the model manager."""
 

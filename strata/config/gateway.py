@@ -90,6 +90,13 @@ class Ladder(Strict):
     rejection_rate_limit: float = Field(
         default=0.05, gt=0, le=1, description="Share of queue rejections at which pressure is 1."
     )
+    min_error_samples: int = Field(
+        default=50,
+        ge=1,
+        description="Upstream outcomes the window must hold before the error and rejection "
+        "shares count, so that a handful of failures (one client's bad input, say) at low "
+        "load cannot raise the level for everyone.",
+    )
     loop_lag_limit_ms: float = Field(
         default=100.0,
         gt=0,
@@ -237,6 +244,30 @@ class Concurrency(Strict):
     )
 
 
+class SharedMemory(Strict):
+    """System shared memory regions clients register to pass tensors (Triton's extension)."""
+
+    enabled: bool = Field(
+        default=False,
+        description="Serve system shared memory. A client on the gateway's host registers a "
+        "POSIX shared memory object by its key; any client that can reach the gateway may "
+        "name any object the gateway's user can open, so enable it only where clients are "
+        "trusted with that (a laptop, a sidecar).",
+    )
+    root: Path = Field(
+        default=Path("/dev/shm"),
+        description="Where the host keeps POSIX shared memory objects: key /name is the file "
+        "root/name.",
+    )
+    max_regions_per_client: int = Field(
+        default=16, ge=1, description="Regions one client (its identity) may hold at once."
+    )
+    max_regions: int = Field(default=1024, ge=1, description="Regions all clients hold at once.")
+    max_region_bytes: int = Field(
+        default=1 << 30, gt=0, description="Largest region a client may register."
+    )
+
+
 class Rest(Strict):
     """What one REST request may send, checked before its body is parsed (the tensors in it
     are then checked against `limits` as on gRPC)."""
@@ -317,6 +348,10 @@ class GatewaySettings(Strict):
         description="Flights: concurrent requests through every hop in one call each.",
     )
     rest: Rest = Field(default_factory=Rest, description="The REST API's request limits.")
+    shared_memory: SharedMemory = Field(
+        default_factory=SharedMemory,
+        description="System shared memory (register, status, unregister; tensors by region).",
+    )
     api_keys: list[ApiKey] = Field(
         default_factory=list,
         description="Clients' API keys (hashed); when any are set, requests without a valid "
@@ -329,8 +364,9 @@ class GatewaySettings(Strict):
     )
     admin_token: AdminToken = Field(
         default=None,
-        description="Token the admin API requires (STRATA_GATEWAY__ADMIN_TOKEN), at least 32 "
-        "characters; unset or empty disables the admin API.",
+        description="Token the admin API and model repository control (RepositoryIndex, "
+        "RepositoryModelLoad, RepositoryModelUnload and their REST routes) require "
+        "(STRATA_GATEWAY__ADMIN_TOKEN), at least 32 characters; unset or empty disables both.",
     )
     admin_token_file: Path | None = Field(
         default=None,

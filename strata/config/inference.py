@@ -127,12 +127,13 @@ class InferenceSettings(Strict):
         default=None,
         description="Token the model repository API (RepositoryIndex, RepositoryModelLoad, "
         "RepositoryModelUnload) requires, as 'authorization: Bearer <token>' "
-        "(STRATA_INFERENCE__ADMIN_TOKEN), at least 32 characters; unset or empty turns it off.",
+        "(STRATA_INFERENCE__ADMIN_TOKEN), at least 32 characters; unset or empty turns it off. "
+        "The gateway calls that API with it for its own repository control.",
     )
     admin_token_file: Path | None = Field(
         default=None,
         description="A file holding that token instead (a mounted secret; relative to the "
-        "config file), read at start.",
+        "config file), read at start, and by the gateway at each repository control call.",
     )
 
     @model_validator(mode="after")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
@@ -30,6 +31,18 @@ class TensorSpec(Strict):
     max_element_bytes: int = Field(
         default=1 << 20, gt=0, description="Largest BYTES element (a string or an image)."
     )
+    format: Literal["NHWC", "NCHW"] | None = Field(
+        default=None,
+        description="Inputs that are images (rank 4, batch first): the order of the other "
+        "three dimensions, height, width and channels (NHWC) or channels first (NCHW). The "
+        "model config says it (FORMAT_NHWC, FORMAT_NCHW), and image clients such as Triton's "
+        "shape what they send by it.",
+    )
+    labels: list[str] | None = Field(
+        default=None,
+        description="Outputs only: the name of each class by its index, which the "
+        "classification extension adds to its answers (score:index:label).",
+    )
     optional: bool = Field(
         default=False,
         description="Outputs only: an answer may lack it when the rule making it was skipped "
@@ -48,6 +61,11 @@ class TensorSpec(Strict):
             raise ValueError(f"{self.name}: range {list(self.range)} must be [low, high]")
         if self.range is not None and self.datatype in ("BYTES", "BOOL"):
             raise ValueError(f"{self.name}: range applies to numeric datatypes only")
+        if self.format is not None and len(self.shape) != 4:
+            raise ValueError(
+                f"{self.name}: format {self.format} needs rank 4 (batch first), "
+                f"got shape {self.shape}"
+            )
         return self
 
     def limit(self, axis: int) -> float:
@@ -158,3 +176,25 @@ class Pipeline(Strict):
         if len(set(names)) != len(names):
             raise ValueError(f"tensor names repeat: {names}")
         return specs
+
+    @field_validator("outputs")
+    @classmethod
+    def _outputs_have_no_format(cls, specs: list[TensorSpec]) -> list[TensorSpec]:
+        for spec in specs:
+            if spec.format is not None:
+                raise ValueError(f"output {spec.name}: format applies to inputs only")
+        return specs
+
+    @field_validator("inputs")
+    @classmethod
+    def _inputs_have_no_labels(cls, specs: list[TensorSpec]) -> list[TensorSpec]:
+        for spec in specs:
+            if spec.labels is not None:
+                raise ValueError(f"input {spec.name}: labels apply to outputs only")
+        return specs
+
+    @property
+    def batched(self) -> bool:
+        """Whether every tensor's first dimension is a free batch dimension: Triton then
+        describes it by max_batch_size, else the pipeline takes one fixed shape."""
+        return all(spec.shape[0] == -1 for spec in [*self.inputs, *self.outputs])

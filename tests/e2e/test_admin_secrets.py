@@ -15,6 +15,7 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from strata import codec
 from strata.config import load_settings
 from strata.launch import Supervisor
+from strata.proto.inference import grpc_service_pb2 as v2
 from strata.proto.inference import grpc_service_pb2_grpc as v2_grpc
 from strata.proto.v1 import admin_pb2, admin_pb2_grpc
 from strata.security import key_hash
@@ -94,6 +95,17 @@ def test_the_admin_api_is_on_its_own_port_only(system: Supervisor) -> None:
     assert status_code(public, TOKEN) == grpc.StatusCode.UNIMPLEMENTED
     assert ADMIN_SERVICE not in listed_services(system.address("gateway"))
     assert ADMIN_SERVICE in listed_services(system.settings.services.gateway.admin_listen)
+
+
+def test_repository_control_stays_off_the_public_port_with_the_admin_api(
+    system: Supervisor,
+) -> None:
+    """The admin token is never checked on the public port, not even by Triton's calls."""
+    public = v2_grpc.GRPCInferenceServiceStub(grpc.insecure_channel(system.address("gateway")))
+    with pytest.raises(grpc.RpcError) as refused:
+        public.RepositoryIndex(v2.RepositoryIndexRequest(), metadata=bearer(TOKEN), timeout=5)
+    assert refused.value.code() == grpc.StatusCode.PERMISSION_DENIED
+    assert "services.gateway.admin_listen" in refused.value.details()
 
 
 def test_keys_come_from_their_file_and_the_door_is_not_called_open(system: Supervisor) -> None:

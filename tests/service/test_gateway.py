@@ -453,3 +453,19 @@ def test_admin_needs_the_token(admin) -> None:
     with pytest.raises(grpc.RpcError) as info:
         admin.Status(admin_pb2.StatusRequest(), metadata=(("authorization", "Bearer nope"),))
     assert info.value.code() == grpc.StatusCode.UNAUTHENTICATED
+
+
+def test_repository_control_names_the_setting_the_gateway_lacks(gateway) -> None:
+    """Here only the gateway has an admin token: the caller's is right, the config is not."""
+    calls = (
+        (gateway.RepositoryIndex, v2.RepositoryIndexRequest()),
+        (gateway.RepositoryModelUnload, v2.RepositoryModelUnloadRequest(model_name="digits")),
+    )
+    for call, request in calls:
+        with pytest.raises(grpc.RpcError) as refused:
+            call(request, metadata=AUTH)
+        assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        assert "inference.admin_token" in refused.value.details()
+    with pytest.raises(grpc.RpcError) as refused:
+        gateway.RepositoryIndex(v2.RepositoryIndexRequest())
+    assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED

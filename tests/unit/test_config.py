@@ -17,6 +17,9 @@ def write(tmp_path: Path, changes: dict) -> Path:
     return path
 
 
+IMAGES = {"name": "images", "datatype": "UINT8", "shape": [-1, -1, -1]}
+
+
 def tabular_input(datatype: str, shape: list) -> dict:
     spec = {"name": "f", "datatype": datatype, "shape": shape}
     return {"pipelines": {"tabular": {"inputs": [spec]}}}
@@ -54,6 +57,18 @@ def test_default_config_loads_with_paths_resolved() -> None:
                 }
             },
             ["positive or -1"],
+        ),
+        (
+            {"pipelines": {"digits": {"inputs": [{**IMAGES, "format": "NHWC"}]}}},
+            ["format NHWC needs rank 4"],
+        ),
+        (
+            {"pipelines": {"digits": {"inputs": [{**IMAGES, "format": "HWC"}]}}},
+            ["pipelines.digits.inputs.0.format", "'NHWC' or 'NCHW'"],
+        ),
+        (
+            {"pipelines": {"digits": {"inputs": [{**IMAGES, "labels": ["a"]}]}}},
+            ["input images: labels apply to outputs only"],
         ),
     ],
 )

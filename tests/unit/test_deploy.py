@@ -38,7 +38,8 @@ COLLECTOR = "otel-collector"
 CONTAINER_CONFIGS = "/app/configs"  # where compose and Kubernetes mount configs/
 GATEWAY_SECRETS = {ADMIN_SECRET, KEYS_SECRET}  # `make certs` folders the gateway alone mounts
 # The gateway's door: where compose.yaml may differ from default.yaml besides services and tls.
-DOOR = ("api_keys_file", "admin_token_file", "rate_limits")
+# Shared memory is on for local clients in default.yaml, off in containers.
+DOOR = ("api_keys_file", "admin_token_file", "rate_limits", "shared_memory")
 # ... and the servers' (docs/security.md): no reflection, calls per client address capped.
 SERVER_DOOR = ("reflection", "max_calls_per_client")
 

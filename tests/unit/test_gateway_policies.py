@@ -182,6 +182,30 @@ def test_latency_over_objective_raises_pressure_up_to_the_cache_level() -> None:
     assert controller.level == 4
 
 
+def failing(controller: LadderController, ok: int, errors: int, ticks: int) -> list[int]:
+    """The level after each of `ticks` ticks, each tick adding `ok` answers and `errors`."""
+    levels = []
+    for _ in range(ticks):
+        CLOCK.now += 0.25
+        for kind, count in (("ok", ok), ("error", errors)):
+            for _ in range(count):
+                controller.signals.record("digits", 0.001, kind)
+        levels.append(controller.tick())
+    return levels
+
+
+def test_a_handful_of_failures_at_low_volume_does_not_climb() -> None:
+    controller = ladder(min_error_samples=20)  # the window holds 4 ticks
+    assert failing(controller, ok=1, errors=1, ticks=12) == [0] * 12  # 8 outcomes, half failed
+    assert "errors" not in controller.readings
+
+
+def test_errors_at_volume_climb() -> None:
+    controller = ladder(min_error_samples=20)
+    assert failing(controller, ok=4, errors=4, ticks=10)[-1] >= 3
+    assert controller.readings["errors"].pressure == pytest.approx(0.5 / 0.2)
+
+
 def test_forced_level_wins_until_released() -> None:
     changes = []
     controller = LadderController(Ladder(), {}, lambda old, new, why: changes.append(new))

@@ -91,7 +91,7 @@ def test_every_component_is_a_valid_json_schema(document, name: str) -> None:
 
 
 def test_the_document_describes_every_route_the_app_serves(document) -> None:
-    app = build_app(FakePipelines(), Rest())
+    app = build_app(FakePipelines(), None, None, Rest())
     served = {
         (method, route.path)
         for route in app.routes
@@ -137,7 +137,7 @@ def test_infer_documents_the_binary_tensor_extension(document) -> None:
 
 
 def test_the_app_serves_the_document_at_openapi_json(document) -> None:
-    status, body = asyncio.run(get(build_app(FakePipelines(), Rest()), "/openapi.json"))
+    status, body = asyncio.run(get(build_app(FakePipelines(), None, None, Rest()), "/openapi.json"))
     assert status == 200
     assert orjson.loads(body) == document
 

@@ -349,6 +349,13 @@ def test_outputs_say_which_to_return_and_how() -> None:
     assert result.binary_default is False
 
 
+def test_an_output_carries_its_parameters() -> None:
+    outputs = [{"name": "scores", "parameters": {"classification": 3, "binary_data": True}}]
+    result = parsed(body(tensor("FP32", [1], [1.0]), outputs=outputs))
+    parameters = result.request.outputs[0].parameters
+    assert parameters["classification"].int64_param == 3 and result.binary == {"scores": True}
+
+
 def test_no_outputs_named_asks_for_all() -> None:
     result = parsed(body(tensor("FP32", [1], [1.0])))
     assert len(result.request.outputs) == 0 and result.binary == {}
@@ -358,8 +365,8 @@ def test_no_outputs_named_asks_for_all() -> None:
     ("outputs", "words"),
     [
         pytest.param(
-            [{"name": "labels", "parameters": {"classification": 3}}],
-            ["output 'labels'", "classification extension is not supported"],
+            [{"name": "scores", "parameters": {"classification": [3]}}],
+            ["output 'scores': parameter 'classification'"],
             id="classification",
         ),
         pytest.param({"name": "a"}, ["`outputs` must be a list"], id="object"),

@@ -7,6 +7,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import orjson
+from google.protobuf import json_format
 from google.protobuf.message import Message
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
@@ -16,33 +17,62 @@ from starlette.routing import Route
 
 from services.gateway.caller import PRINCIPAL, Caller
 from services.gateway.pipelines import Pipelines
+from services.gateway.repository import Repository
 from services.gateway.rest import openapi, tensors
 from services.gateway.rest.scan import check_json
 from services.gateway.rest.statuses import JSON, TooLarge, error_response, json_response
+from services.gateway.server_settings import ServerSettings
+from services.gateway.shared_memory import CUDA_HINT
 from strata.config.gateway import Rest
-from strata.errors import InvalidArgument, shown
+from strata.errors import InvalidArgument, Unimplemented, shown
 from strata.metrics import RPC_DURATION, RPCS
 from strata.telemetry import server_span
 
 TIMEOUT_HEADER = "x-strata-timeout-ms"  # the caller's deadline, as gRPC's timeout would be
 MODEL = "/v2/models/{name}"
 VERSION = MODEL + "/versions/{version}"
+REPOSITORY = "/v2/repository"
+SHM = "/v2/systemsharedmemory"
+CUDA = "/v2/cudasharedmemory"
 Handler = Callable[[Request], Awaitable[Response]]
 
 
-def build_app(pipelines: Pipelines, limits: Rest) -> Starlette:
-    """The REST API over `pipelines`, with request bodies held to `limits`."""
-    api = _Api(pipelines, limits)
+def build_app(
+    pipelines: Pipelines, repository: Repository, settings: ServerSettings, limits: Rest
+) -> Starlette:
+    """The REST API over `pipelines`, model `repository` control and the server's log and
+    trace `settings`, with request bodies held to `limits`."""
+    api = _Api(pipelines, repository, settings, limits)
     routes = [
         ("GET", "/v2/health/live", api.live),
         ("GET", "/v2/health/ready", api.ready),
         ("GET", "/v2", api.server_metadata),
         ("GET", "/v2/models/stats", api.statistics),
         ("GET", "/openapi.json", api.openapi),
+        ("POST", REPOSITORY + "/index", api.repository_index),
+        ("POST", REPOSITORY + "/models/{name}/load", api.load),
+        ("POST", REPOSITORY + "/models/{name}/unload", api.unload),
+        ("GET", SHM + "/status", api.shm_status),
+        ("GET", SHM + "/region/{name}/status", api.shm_status),
+        ("POST", SHM + "/region/{name}/register", api.shm_register),
+        ("POST", SHM + "/unregister", api.shm_unregister),
+        ("POST", SHM + "/region/{name}/unregister", api.shm_unregister),
+        ("GET", "/v2/logging", api.logging),
+        ("POST", "/v2/logging", api.logging),
+        ("GET", "/v2/trace/setting", api.trace),
+        ("POST", "/v2/trace/setting", api.trace),
+        ("GET", MODEL + "/trace/setting", api.trace),
+        ("POST", MODEL + "/trace/setting", api.trace),
+        ("GET", CUDA + "/status", api.cuda),
+        ("GET", CUDA + "/region/{name}/status", api.cuda),
+        ("POST", CUDA + "/region/{name}/register", api.cuda),
+        ("POST", CUDA + "/unregister", api.cuda),
+        ("POST", CUDA + "/region/{name}/unregister", api.cuda),
     ]
     for prefix in (MODEL, VERSION):
         routes += [
             ("GET", prefix, api.metadata),
+            ("GET", prefix + "/config", api.config),
             ("GET", prefix + "/ready", api.model_ready),
             ("GET", prefix + "/stats", api.statistics),
             ("POST", prefix + "/infer", api.infer),
@@ -86,8 +116,12 @@ def _served(method: str, handler: Handler) -> Handler:
 
 
 class _Api:
-    def __init__(self, pipelines: Pipelines, limits: Rest) -> None:
+    def __init__(
+        self, pipelines: Pipelines, repository: Repository, settings: ServerSettings, limits: Rest
+    ) -> None:
         self._pipelines = pipelines
+        self._repository = repository
+        self._settings = settings
         self._limits = limits
         self._openapi = orjson.dumps(openapi.document(pipelines.names()))
 
@@ -101,7 +135,11 @@ class _Api:
     async def server_metadata(self, request: Request) -> Response:
         metadata = self._pipelines.server_metadata()
         return json_response(
-            {"name": metadata.name, "version": metadata.version, "extensions": EXTENSIONS}
+            {
+                "name": metadata.name,
+                "version": metadata.version,
+                "extensions": list(metadata.extensions),
+            }
         )
 
     async def openapi(self, request: Request) -> Response:
@@ -119,6 +157,11 @@ class _Api:
                 "outputs": [_tensor(t) for t in metadata.outputs],
             }
         )
+
+    async def config(self, request: Request) -> Response:
+        """Triton's model configuration, as its REST API answers it (the config itself)."""
+        name, version = self._model(request)
+        return json_response(_config(self._pipelines.model_config(name, version).config))
 
     async def model_ready(self, request: Request) -> Response:
         name, version = self._model(request)
@@ -143,6 +186,86 @@ class _Api:
             headers={tensors.HEADER_LENGTH: str(header_length)},
         )
 
+    async def repository_index(self, request: Request) -> Response:
+        """Triton's repository index: a list of {name, version, state, reason}."""
+        caller = _caller(request)
+        ready = (await self._json_body(request)).get("ready", False)
+        if not isinstance(ready, bool):
+            raise InvalidArgument("`ready` must be a boolean")
+        index = await self._repository.index(caller, ready)
+        return json_response([_index_entry(entry) for entry in index.models])
+
+    async def load(self, request: Request) -> Response:
+        caller = _caller(request)
+        parameters = (await self._json_body(request)).get("parameters")
+        await self._repository.load(caller, request.path_params["name"], parameters)
+        return json_response({})
+
+    async def unload(self, request: Request) -> Response:
+        caller = _caller(request)
+        await self._json_body(request)  # unload_dependents: a pipeline has none
+        await self._repository.unload(caller, request.path_params["name"])
+        return json_response({})
+
+    async def shm_status(self, request: Request) -> Response:
+        """Triton's region status: a list of {name, key, offset, byte_size}."""
+        client = self._pipelines.identify(_caller(request))
+        name = request.path_params.get("name", "")
+        regions = self._pipelines.memory.status(client, name)
+        return json_response(
+            [
+                {"name": r.name, "key": r.key, "offset": r.offset, "byte_size": r.byte_size}
+                for r in regions
+            ]
+        )
+
+    async def shm_register(self, request: Request) -> Response:
+        client = self._pipelines.identify(_caller(request))
+        body = await self._json_body(request)
+        key = body.get("key")
+        offset, size = body.get("offset", 0), body.get("byte_size")
+        if not isinstance(key, str) or not all(_natural(n) for n in (offset, size)):
+            raise InvalidArgument(
+                "a region needs `key` (a string), `byte_size` and optionally `offset` "
+                "(non-negative integers)"
+            )
+        self._pipelines.memory.register(client, request.path_params["name"], key, offset, size)
+        return json_response({})
+
+    async def shm_unregister(self, request: Request) -> Response:
+        client = self._pipelines.identify(_caller(request))
+        self._pipelines.memory.unregister(client, request.path_params.get("name", ""))
+        return json_response({})
+
+    async def logging(self, request: Request) -> Response:
+        """Triton's log settings: read (GET), or changed (POST, admin token)."""
+        caller = _caller(request)
+        self._pipelines.identify(caller)
+        changes = await self._json_body(request) if request.method == "POST" else {}
+        return json_response(self._settings.set_log(caller, changes))
+
+    async def trace(self, request: Request) -> Response:
+        """Triton's trace settings, as its REST API writes them (lists for trace_level)."""
+        self._pipelines.identify(_caller(request))
+        changes = await self._json_body(request) if request.method == "POST" else {}
+        model = request.path_params.get("name", "")
+        settings = self._settings.set_trace(model, changes)
+        return json_response(
+            {key: v if key == "trace_level" else v[0] for key, v in settings.items()}
+        )
+
+    async def cuda(self, request: Request) -> Response:
+        raise Unimplemented(f"{request.method} {shown(request.url.path)}: {CUDA_HINT}")
+
+    async def _json_body(self, request: Request) -> dict[str, Any]:
+        """A small call's JSON body (none: an empty object), held to the body limits."""
+        limits = self._limits
+        body = await _body(request, limits.max_body_bytes)
+        if not body.strip():
+            return {}
+        check_json(body, limits.max_json_depth, limits.max_json_values)
+        return tensors.parse(body, "a JSON object")
+
     async def _parse(self, request: Request) -> tuple[Caller, tensors.Parsed]:
         """The caller and its request as a v2 message, the cheapest refusals first: an unknown
         caller sends no body, nor does a request for no such pipeline."""
@@ -160,9 +283,6 @@ class _Api:
         self._pipelines.identify(caller or _caller(request))
         params = request.path_params
         return params.get("name", ""), params.get("version", "")
-
-
-EXTENSIONS = ["binary_tensor_data", "statistics"]
 
 
 def _headers(request: Request) -> dict[str, str]:
@@ -217,6 +337,25 @@ def _header_length(request: Request) -> int | None:
 
 def _tensor(tensor: Any) -> dict[str, Any]:
     return {"name": tensor.name, "datatype": tensor.datatype, "shape": list(tensor.shape)}
+
+
+def _config(config: Message) -> dict[str, Any]:
+    """A model config as Triton writes it: enums by name, every field, dims as numbers."""
+    out = json_format.MessageToDict(
+        config, preserving_proto_field_name=True, always_print_fields_with_no_presence=True
+    )
+    for tensor in [*out.get("input", []), *out.get("output", [])]:
+        tensor["dims"] = [int(d) for d in tensor["dims"]]
+    return out
+
+
+def _natural(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _index_entry(entry: Any) -> dict[str, str]:
+    out = {"name": entry.name, "version": entry.version, "state": entry.state}
+    return out | ({"reason": entry.reason} if entry.reason else {})
 
 
 def _plain(message: Message) -> Any:

@@ -14,16 +14,21 @@ DATATYPES = [
 ]  # fmt: skip
 _ERRORS = {
     "400": "Malformed request, or a pipeline that cannot answer it as sent.",
-    "401": "No valid API key, where keys are required.",
-    "403": "Not allowed: forcing an arm (strata.arm) without the force_arm capability.",
-    "404": "No such model (pipeline) or version.",
+    "401": "No valid API key, where keys are required; for a control call, no valid admin "
+    "token (authorization: Bearer).",
+    "403": "Not allowed: forcing an arm (strata.arm) without the force_arm capability, or a "
+    "control call where the server has no admin token.",
+    "404": "No such model (pipeline) or version, or shared memory region or object.",
+    "409": "A shared memory region of that name is registered already.",
     "413": "The body is larger than gateway.rest.max_body_bytes.",
     "429": "Rate limit or overload: retry after Retry-After seconds (retry-after-ms).",
     "500": "A bug: the server log has the details.",
+    "501": "Not offered by this server; the message names the alternative.",
     "503": "No healthy upstream can answer now; retry.",
     "504": "The deadline (x-strata-timeout-ms) passed.",
 }
 _MODEL_ERRORS = ("401", "404")
+MODEL_TRACE = "/v2/models/{name}/trace/setting"
 _STATISTICS = "Counts and durations."
 
 
@@ -124,6 +129,11 @@ def _model_paths(pipelines: list[str], versioned: bool) -> dict[str, Any]:
             _answers("ModelMetadata", "The model's metadata.", *_MODEL_ERRORS),
             parameters,
         ),
+        base + "/config": _get(
+            "The pipeline's model configuration, as Triton's (max_batch_size, input formats).",
+            _answers("ModelConfig", "The model's configuration.", *_MODEL_ERRORS),
+            parameters,
+        ),
         base + "/ready": _get(
             "Whether the pipeline can answer now (200) or not (400).",
             _readiness("ModelReady", *_MODEL_ERRORS),
@@ -136,6 +146,99 @@ def _model_paths(pipelines: list[str], versioned: bool) -> dict[str, Any]:
         ),
         base + "/infer": {"post": infer},
     }
+
+
+def _post(
+    summary: str, body: dict[str, Any], responses: dict[str, Any], parameters: list | None = None
+) -> dict[str, Any]:
+    """A path item with one POST operation whose JSON body (`body`) is optional."""
+    operation: dict[str, Any] = {"summary": summary}
+    if parameters is not None:
+        operation["parameters"] = parameters
+    content = {"application/json": {"schema": body}}
+    body_spec = {"required": False, "content": content}
+    return {"post": {**operation, "requestBody": body_spec, "responses": responses}}
+
+
+def _repository_paths(pipelines: list[str]) -> dict[str, Any]:
+    """Triton's model repository extension, each call with the admin token."""
+    name = _parameters(pipelines, versioned=False)
+    done = _answers("Empty", "Done.", "400", "401", "403", "404", "429", "503", "504")
+    return {
+        "/v2/repository/index": _post(
+            "Every pipeline, with the model version behind each arm and its state.",
+            {"type": "object", "properties": {"ready": {"type": "boolean"}}},
+            _answers("RepositoryIndex", "The index.", "400", "401", "403", "429"),
+        ),
+        "/v2/repository/models/{name}/load": _post(
+            "Load (or reload) the pipeline's model on every inference deployment behind it.",
+            {"type": "object", "properties": {"parameters": {"type": "object"}}},
+            done,
+            name,
+        ),
+        "/v2/repository/models/{name}/unload": _post(
+            "Unload the pipeline's model on every inference deployment behind it.",
+            {"type": "object", "properties": {"parameters": {"type": "object"}}},
+            done,
+            name,
+        ),
+    }
+
+
+def _shared_memory_paths() -> dict[str, Any]:
+    """Triton's system shared memory extension (each client's own regions), and the CUDA
+    one's routes, which answer 501 naming the alternative."""
+    region = [{"name": "name", "in": "path", "required": True, "schema": {"type": "string"}}]
+    status = _answers("SharedMemoryStatus", "The client's regions.", "401", "403", "404")
+    done = _answers("Empty", "Done.", "400", "401", "403", "404", "409", "429")
+    register = {
+        "type": "object",
+        "required": ["key", "byte_size"],
+        "properties": {
+            "key": {"type": "string"},
+            "offset": {"type": "integer", "minimum": 0},
+            "byte_size": {"type": "integer", "minimum": 1},
+        },
+    }
+    nothing = {"type": "object"}
+    paths = {
+        "/v2/systemsharedmemory/status": _get("This client's regions.", status),
+        "/v2/systemsharedmemory/region/{name}/status": _get("One region.", status, region),
+        "/v2/systemsharedmemory/region/{name}/register": _post(
+            "Register a region of a shared memory object on the gateway's host.",
+            register,
+            done,
+            region,
+        ),
+        "/v2/systemsharedmemory/unregister": _post("Unregister every region.", nothing, done),
+        "/v2/systemsharedmemory/region/{name}/unregister": _post(
+            "Unregister one region.", nothing, done, region
+        ),
+    }
+    for path, item in list(paths.items()):
+        method, operation = next(iter(item.items()))
+        unoffered = {**operation, "summary": "Not offered: use system shared memory."}
+        paths[path.replace("systemsharedmemory", "cudasharedmemory")] = {
+            method: {**unoffered, "responses": _answers("Empty", "Never.", "501")}
+        }
+    return paths
+
+
+def _settings_paths(pipelines: list[str]) -> dict[str, Any]:
+    """Triton's logging extension (changes need the admin token) and trace extension
+    (read only: a change answers 501)."""
+    changes = {"type": "object"}
+    logging = _answers("LogSettings", "The log settings.", "400", "401", "403", "429")
+    trace = _answers("TraceSettings", "The trace settings.", "400", "401", "404", "501")
+    name = _parameters(pipelines, versioned=False)
+    paths = {"/v2/logging": {**_get("The gateway's log settings.", logging)}}
+    paths["/v2/logging"].update(_post("Change the log level (admin token).", changes, logging))
+    for path, parameters in (("/v2/trace/setting", None), (MODEL_TRACE, name)):
+        paths[path] = {
+            **_get("The trace settings (from the config).", trace, parameters),
+            **_post("Changes answer 501: set them in the config.", changes, trace, parameters),
+        }
+    return paths
 
 
 def _schemas() -> dict[str, Any]:
@@ -209,6 +312,59 @@ def _schemas() -> dict[str, Any]:
                 "outputs": {"type": "array", "items": _ref("MetadataTensor")},
             },
         },
+        "ModelConfig": {
+            "type": "object",
+            "required": ["name", "max_batch_size", "input", "output"],
+            "properties": {
+                "name": {"type": "string"},
+                "platform": {"type": "string"},
+                "max_batch_size": {"type": "integer", "minimum": 0},
+                "input": {"type": "array", "items": {"type": "object"}},
+                "output": {"type": "array", "items": {"type": "object"}},
+            },
+        },
+        "Empty": {"type": "object", "maxProperties": 0},
+        "LogSettings": {
+            "type": "object",
+            "properties": {
+                "log_file": {"type": "string"},
+                "log_info": {"type": "boolean"},
+                "log_warning": {"type": "boolean"},
+                "log_error": {"type": "boolean"},
+                "log_verbose_level": {"type": "integer", "minimum": 0},
+                "log_format": {"type": "string"},
+            },
+        },
+        "TraceSettings": {
+            "type": "object",
+            "additionalProperties": {"type": ["string", "array"]},
+        },
+        "SharedMemoryStatus": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "required": ["name", "key", "offset", "byte_size"],
+                "properties": {
+                    "name": {"type": "string"},
+                    "key": {"type": "string"},
+                    "offset": {"type": "integer"},
+                    "byte_size": {"type": "integer"},
+                },
+            },
+        },
+        "RepositoryIndex": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "required": ["name", "version", "state"],
+                "properties": {
+                    "name": {"type": "string"},
+                    "version": {"type": "string"},
+                    "state": {"type": "string"},
+                    "reason": {"type": "string"},
+                },
+            },
+        },
         "ServerMetadata": {
             "type": "object",
             "required": ["name", "version", "extensions"],
@@ -254,6 +410,9 @@ def document(pipelines: list[str]) -> dict[str, Any]:
     }
     for versioned in (False, True):
         paths.update(_model_paths(pipelines, versioned))
+    paths.update(_repository_paths(pipelines))
+    paths.update(_shared_memory_paths())
+    paths.update(_settings_paths(pipelines))
     return {
         "openapi": "3.1.0",
         "info": {

@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 import orjson
 
+from services.gateway.shared_memory import REGION
 from strata import codec
 from strata.errors import InvalidArgument, shown
 from strata.limits import check_declared
@@ -57,14 +58,15 @@ def split(body: bytes, header_length: int | None) -> tuple[bytes, bytes]:
     return body[:header_length], body[header_length:]
 
 
-def parse(header: bytes) -> dict[str, Any]:
-    """The JSON header as an object (its size and depth already checked)."""
+def parse(header: bytes, expected: str = "a JSON object with `inputs`") -> dict[str, Any]:
+    """The JSON header as an object (its size and depth already checked); refused, saying
+    what was `expected`, if it is anything else."""
     try:
         document = orjson.loads(header)
     except orjson.JSONDecodeError as exc:
         raise InvalidArgument(f"the request is not valid JSON: {exc}") from None
     if not isinstance(document, dict):
-        raise InvalidArgument("the request must be a JSON object with `inputs`")
+        raise InvalidArgument(f"the request must be {expected}")
     return document
 
 
@@ -98,8 +100,14 @@ def _add_input(request: v2.ModelInferRequest, item: Any, binary: bytes, offset: 
     where = f"input {shown(name)}"
     datatype = _string(item, "datatype", where, required=True)
     shape = _shape(item.get("shape"), where)
-    size = _object(item, "parameters", where).get(BINARY_SIZE)
-    request.inputs.add(name=name, datatype=datatype, shape=shape)
+    parameters = _object(item, "parameters", where)
+    size = parameters.get(BINARY_SIZE)
+    tensor = request.inputs.add(name=name, datatype=datatype, shape=shape)
+    if REGION in parameters:
+        if "data" in item or size is not None:
+            raise InvalidArgument(f"{where} is in shared memory: it has no `data` nor binary data")
+        _set_parameters(tensor.parameters, parameters, where)
+        return offset
     if size is None:
         request.raw_input_contents.append(_json_tensor(name, datatype, shape, item.get("data")))
         return offset
@@ -166,12 +174,8 @@ def _add_outputs(request: v2.ModelInferRequest, outputs: Any) -> dict[str, bool]
             raise InvalidArgument("each of `outputs` must be an object with a name")
         name = _string(item, "name", "an output", required=True)
         parameters = _object(item, "parameters", f"output {shown(name)}")
-        if "classification" in parameters:
-            raise InvalidArgument(
-                f"output {shown(name)}: the classification extension is not supported; "
-                "pipelines return labels as outputs of their own"
-            )
-        request.outputs.add(name=name)
+        output = request.outputs.add(name=name)
+        _set_parameters(output.parameters, parameters, f"output {shown(name)}")
         if isinstance(parameters.get(BINARY), bool):
             binary[name] = parameters[BINARY]
     return binary
@@ -242,7 +246,9 @@ def to_body(response: v2.ModelInferResponse, parsed: Parsed) -> tuple[bytes, int
             "datatype": tensor.datatype,
             "shape": list(tensor.shape),
         }
-        if parsed.binary.get(tensor.name, parsed.binary_default):
+        if REGION in tensor.parameters:
+            entry["parameters"] = parameters_of(tensor.parameters)
+        elif parsed.binary.get(tensor.name, parsed.binary_default):
             entry["parameters"] = {BINARY_SIZE: len(raw)}
             chunks.append(raw)
         else:

@@ -1,0 +1,37 @@
+"""A pipeline's repository index entries, from each inference deployment's own index."""
+
+from __future__ import annotations
+
+from services.gateway.repository import Behind, ModelIndex, _entry
+
+INDEX = [
+    ModelIndex(name="digits", version="1", state="READY"),
+    ModelIndex(name="digits", version="2", state="READY"),
+    ModelIndex(name="digits", version="3", state="UNAVAILABLE", reason="validation failed"),
+    ModelIndex(name="tabular", version="7", state="READY"),
+]
+
+
+def test_a_pinned_version_reports_its_own_state() -> None:
+    entry = _entry("p", "digits", Behind("arm canary", "b", "3"), INDEX)
+    assert (entry.name, entry.version, entry.state) == ("p", "3", "UNAVAILABLE")
+    assert entry.reason == (
+        "arm canary: model digits version 3 on inference deployment b: validation failed"
+    )
+
+
+def test_the_latest_is_the_newest_ready_version() -> None:
+    entry = _entry("p", "digits", Behind("shadow", "a", ""), INDEX)
+    assert (entry.version, entry.state) == ("2", "READY")
+    assert entry.reason == "shadow: model digits version latest on inference deployment a"
+
+
+def test_a_version_the_deployment_lacks_is_unavailable() -> None:
+    entry = _entry("p", "digits", Behind("arm a", "a", "9"), INDEX)
+    assert entry.state == "UNAVAILABLE"
+    assert entry.reason.endswith("not in that deployment's repository")
+
+
+def test_a_deployment_that_did_not_answer_is_unavailable_with_its_reason() -> None:
+    entry = _entry("p", "digits", Behind("arm a", "a", "1"), "inference deployment 'a': down")
+    assert (entry.state, entry.reason) == ("UNAVAILABLE", "inference deployment 'a': down")
