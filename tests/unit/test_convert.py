@@ -238,3 +238,14 @@ def test_topic_files_are_checked(tmp_path: Path) -> None:
     path.write_text("temperature: 0\nlabels:\n  - {name: a, description: x}\n")
     with pytest.raises(ConversionError, match="temperature must be a positive number"):
         read_topics(path)
+
+
+def test_the_report_records_the_graphs_own_shapes_not_the_declaration(tmp_path: Path) -> None:
+    argv = [
+        *("tiny", "--repository", str(tmp_path), "--module", "tests.unit.test_convert:mlp"),
+        *("--input", "features:float32:batch,6", "--output", "logits"),  # dims left out
+    ]
+    assert convert_main(argv) == 0
+    report = yaml.safe_load((tmp_path / "tiny" / "1" / "conversion.yaml").read_text())
+    assert report["inputs"] == {"features": "float32[batch, 6]"}
+    assert report["outputs"] == {"logits": "float32[batch, 3]"}
