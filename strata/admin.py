@@ -26,6 +26,7 @@ from google.protobuf.message import Message
 from strata.channels import blocking_channel
 from strata.config import ConfigError, Settings, load_settings
 from strata.config.base import admin_token_from
+from strata.config.endpoints import ServiceEndpoint
 from strata.proto.inference import grpc_service_pb2 as v2
 from strata.proto.inference import grpc_service_pb2_grpc as v2_grpc
 from strata.proto.v1 import admin_pb2, admin_pb2_grpc
@@ -44,10 +45,9 @@ class UsageError(Exception):
 
 @dataclass
 class Target:
-    """One server to call: where, its channel, and the token its calls carry."""
+    """One server to call: its name, its channel, and the token its calls carry."""
 
     name: str
-    address: str
     channel: grpc.Channel
     metadata: tuple[tuple[str, str], ...]
 
@@ -146,7 +146,7 @@ def _dialable(address: str) -> str:
 def _target(settings: Settings, name: str, address: str, section: str) -> Target:
     address = _dialable(address)
     metadata = (("authorization", f"Bearer {_token(settings, section)}"),)
-    return Target(name, address, blocking_channel(address, settings.tls), metadata)
+    return Target(name, blocking_channel(address, settings.tls), metadata)
 
 
 def _gateway(settings: Settings, args: argparse.Namespace) -> admin_pb2_grpc.AdminStub:
@@ -175,9 +175,18 @@ def _deployments(settings: Settings, args: argparse.Namespace) -> list[Target]:
         known = ", ".join(settings.services.inference)
         raise UsageError(f"no inference deployment {unknown[0]!r} (the config has: {known})")
     return [
-        _target(settings, name, settings.services.inference[name].address, "inference")
+        _target(settings, replica, address, "inference")
         for name in chosen
+        for replica, address in _replicas(name, settings.services.inference[name])
     ]
+
+
+def _replicas(name: str, endpoint: ServiceEndpoint) -> list[tuple[str, str]]:
+    """Each local replica by name and address (a load must reach every one), or the one
+    target the config gives (behind which a balancer picks)."""
+    if endpoint.target or endpoint.replicas == 1:
+        return [(name, endpoint.address)]
+    return [(f"{name}/{i}", listen) for i, listen in enumerate(endpoint.listens)]
 
 
 def _inference(target: Target) -> v2_grpc.GRPCInferenceServiceStub:
