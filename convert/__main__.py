@@ -1,10 +1,8 @@
-"""`strata convert ...` (the console script runs `main`) or `python -m convert ...`."""
+"""`python -m convert ...`, the same as `strata convert ...` (the console script: strata_cli)."""
 
 import sys
 
-from convert.cli import convert_main, main
-
-__all__ = ["main"]
+from convert.cli import convert_main
 
 if __name__ == "__main__":
     sys.exit(convert_main())

@@ -109,6 +109,7 @@ def _add_build_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Convert as `args` say; print the outcome; return the exit status."""
+    _setup_logging()
     try:
         from convert.pipeline import convert
         from convert.source import ConversionError, ParityError
@@ -188,19 +189,9 @@ def _print_result(result: Result) -> None:
 
 
 def convert_main(argv: list[str] | None = None) -> int:
-    """`python -m convert ARGS`, the same as `strata convert ARGS`."""
+    """`python -m convert ARGS`, the same as `strata convert ARGS` (strata_cli)."""
     parser = argparse.ArgumentParser(prog=PROG, description=__doc__.splitlines()[0])
     add_arguments(parser)
-    _setup_logging()
-    return run(parser.parse_args(argv))
-
-
-def main(argv: list[str] | None = None) -> int:
-    """The `strata` command; its one subcommand is `convert`."""
-    parser = argparse.ArgumentParser(prog="strata", description="Strata tools.")
-    commands = parser.add_subparsers(dest="command", required=True)
-    add_arguments(commands.add_parser("convert", help=__doc__.splitlines()[0]))
-    _setup_logging()
     return run(parser.parse_args(argv))
 
 

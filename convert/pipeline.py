@@ -14,6 +14,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+import onnx
 import onnxruntime as ort
 
 from convert.entry import case_arrays, check_name, choose_version, write_entry
@@ -30,7 +31,7 @@ from convert.parity import (
     reference_outputs,
 )
 from convert.quantise import PRECISIONS, quantise
-from convert.source import ConversionError, Source, TensorDecl, rows
+from convert.source import ConversionError, Source, rows
 
 log = logging.getLogger(__name__)
 
@@ -80,7 +81,7 @@ def convert(source: Source, options: Options) -> Result:
     with tempfile.TemporaryDirectory(prefix="strata-convert-") as work:
         model, steps = _build(source, options, Path(work))
         reference, parity = _parity(source, model)
-        report = _report(source, options, steps, parity, tolerance)
+        report = _report(source, options, steps, parity, tolerance) | signature(model)
         check(parity, tolerance)
         cases = [
             case_arrays(source.samples[i], reference[i], tolerance.atol)
@@ -151,8 +152,6 @@ def _report(
         "opset": options.opset,
         "precision": options.precision,
         **steps,
-        "inputs": {d.name: _shape(d) for d in source.inputs},
-        "outputs": {d.name: _shape(d) for d in source.outputs},
         "tolerance": asdict(tolerance),
         "parity": {
             "samples": len(source.samples),
@@ -163,8 +162,21 @@ def _report(
     }
 
 
-def _shape(decl: TensorDecl) -> str:
-    return f"{decl.dtype}[{', '.join(str(d) for d in decl.dims)}]"
+def signature(model: Path) -> dict[str, dict[str, str]]:
+    """The inputs and outputs as the written graph has them (`float32[batch, 1000]`): what
+    serving checks pipelines against, whatever the command line declared."""
+    graph = onnx.load(str(model), load_external_data=False).graph
+    return {
+        "inputs": {value.name: _shape(value) for value in graph.input},
+        "outputs": {value.name: _shape(value) for value in graph.output},
+    }
+
+
+def _shape(value: onnx.ValueInfoProto) -> str:
+    tensor = value.type.tensor_type
+    dtype = onnx.helper.tensor_dtype_to_np_dtype(tensor.elem_type).name
+    dims = [d.dim_param or str(d.dim_value) for d in tensor.shape.dim]
+    return f"{dtype}[{', '.join(dims)}]"
 
 
 def _since(started: float) -> float:

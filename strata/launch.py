@@ -28,7 +28,9 @@ from typing import NoReturn
 
 import grpc
 
+from strata.codec import DTYPES
 from strata.config import ConfigError, Settings, load_settings
+from strata.config.pipelines import TensorSpec
 from strata.config.tls import TlsSettings
 from strata.exits import PERMANENT, ConfigInvalid, one_line
 from strata.healthcheck import check
@@ -249,24 +251,42 @@ def exit_reason(code: int) -> str:
 
 
 def banner(settings: Settings) -> str:
+    """How to call what this config serves: its first pipeline, with inputs of its shapes."""
     gateway = settings.services.gateway.listen
-    pipelines = ", ".join(settings.pipelines)
+    name, pipeline = next(iter(settings.pipelines.items()))
+    inputs = [_example_input(i, spec) for i, spec in enumerate(pipeline.inputs)]
+    sent = ", ".join(f"x{i}" for i in range(len(inputs)))
+    outputs = tuple(spec.name for spec in pipeline.outputs)
     return f"""
-Strata is up. Gateway (KServe v2 gRPC): {gateway}   pipelines: {pipelines}
+Strata is up. Gateway (KServe v2 gRPC): {gateway}   pipelines: {", ".join(settings.pipelines)}
 
   grpcurl -plaintext {gateway} inference.GRPCInferenceService/ServerReady
 
   python - <<'PY'
   import numpy as np, tritonclient.grpc as tc
   client = tc.InferenceServerClient("{gateway}")
-  image = np.zeros((1, 8, 8), np.uint8); image[0, 1:7, 3:5] = 255   # a "1"
-  inp = tc.InferInput("images", list(image.shape), "UINT8"); inp.set_data_from_numpy(image)
-  result = client.infer("digits", [inp])
-  print(result.as_numpy("labels"), result.as_numpy("scores"))
+{"".join(inputs)}  result = client.infer("{name}", [{sent}])
+  print({{name: result.as_numpy(name) for name in {outputs!r}}})
   PY
 
 Ctrl-C stops every service.
 """
+
+
+EXAMPLE_SIZE = 8  # each variable dimension after the batch, in the banner's example
+
+
+def _example_input(index: int, spec: TensorSpec) -> str:
+    """Lines of the banner's client making input `index`: one row of zeros (or of text)."""
+    shape = [1] + [EXAMPLE_SIZE if size < 0 else size for size in spec.shape[1:]]
+    if spec.datatype == "BYTES":
+        data = f'np.full({shape}, b"an example", dtype=object)'
+    else:
+        data = f"np.zeros({shape}, np.{DTYPES[spec.datatype].name})"
+    return (
+        f'  x{index} = tc.InferInput("{spec.name}", {shape}, "{spec.datatype}")\n'
+        f"  x{index}.set_data_from_numpy({data})\n"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -59,8 +59,8 @@ class AdminServicer(admin_pb2_grpc.AdminServicer):
     @grpc_errors
     async def Reload(self, request, context) -> admin_pb2.ReloadResponse:
         self._auth.check(context)
-        applied, restart = self._runtime.reload()
-        return admin_pb2.ReloadResponse(applied=applied, needs_restart=restart)
+        applied, restart, kept = self._runtime.reload()
+        return admin_pb2.ReloadResponse(applied=applied, needs_restart=restart, kept_live=kept)
 
     async def _status(self) -> admin_pb2.StatusResponse:
         runtime = self._runtime
@@ -84,6 +84,7 @@ class AdminServicer(admin_pb2_grpc.AdminServicer):
         runtime = self._runtime
         router = runtime.router(name)
         model = runtime.settings.pipelines[name].model.name
+        configured = {route.arm: route.weight for route in runtime.settings.routes(name)}
         arms = []
         for route in router.routes:
             figures = runtime.arms.get(name, route.arm)
@@ -101,6 +102,7 @@ class AdminServicer(admin_pb2_grpc.AdminServicer):
                     p95_ms=p95,
                     p99_ms=p99,
                     breaker=breaker,
+                    config_weight=configured.get(route.arm, route.weight),
                 )
             )
         status = admin_pb2.PipelineStatus(arms=arms)

@@ -116,8 +116,13 @@ class Runtime:
     def level_name(self) -> str:
         return LEVELS[self.ladder.level]
 
-    def reload(self) -> tuple[list[str], list[str]]:
-        """Re-read the config file: (what was applied, []) or ([], what needs a restart).
+    def reload(self) -> tuple[list[str], list[str], list[str]]:
+        """Re-read the config file: (what was applied, [], live weights kept) or
+        ([], what needs a restart, []).
+
+        Weights set live (SetWeights) win over a file whose weights for that pipeline did not
+        change since the last load, and are reported kept; an edit of the file's weights wins
+        over them (the operator changed the file on purpose).
 
         A file that is not valid config is FAILED_PRECONDITION, and weights that cannot
         route are INVALID_ARGUMENT, each naming what is wrong; nothing is applied then either.
@@ -131,13 +136,23 @@ class Runtime:
         restart = _needs_restart(self.settings, new)
         if restart:
             log.warning("config not reloaded, nothing applied: %s need a restart", restart)
-            return [], restart
+            return [], restart, []
         for name, router in self.routers.items():
             router.weighted(_weights(new, name))  # refuses before anything changes
+        kept = self._live_weights_kept(new)
         applied = self._apply_gateway(new) + self._apply_pipelines(new)
         self.settings = new
-        log.info("config reloaded: applied %s", applied)
-        return applied, []
+        log.info("config reloaded: applied %s; kept live %s", applied, kept)
+        return applied, [], kept
+
+    def _live_weights_kept(self, new: Settings) -> list[str]:
+        """Pipelines whose live weights differ from a file whose weights did not change."""
+        return [
+            f"pipelines.{name}.routes.weight"
+            for name, router in self.routers.items()
+            if _weights(new, name) == _weights(self.settings, name)
+            and _weights(new, name) != {route.arm: route.weight for route in router.routes}
+        ]
 
     def _apply_gateway(self, new: Settings) -> list[str]:
         old, gateway = self.settings.gateway, new.gateway
@@ -158,7 +173,7 @@ class Runtime:
         applied = []
         for name, router in self.routers.items():
             weights = _weights(new, name)
-            if weights != {route.arm: route.weight for route in router.routes}:
+            if weights != _weights(self.settings, name):
                 router.set_weights(weights)
                 applied.append(f"pipelines.{name}.routes.weight")
             old, fresh = self.settings.pipelines[name], new.pipelines[name]

@@ -33,8 +33,9 @@ def _gray_as_rgb(value: object) -> object:
 # An opaque colour, [r, g, b]; a gray level stands for all three.
 Colour = Annotated[tuple[Level, Level, Level], BeforeValidator(_gray_as_rgb)]
 
-Mode = Literal["L", "RGB", "RGBA"]
-Interpolation = Literal["area", "bilinear", "nearest"]
+Mode = Literal["L", "RGB", "RGBA", "BGR"]
+Interpolation = Literal["area", "bilinear", "bicubic", "lanczos", "nearest"]
+Offset = Annotated[int, Field(strict=True, ge=0)]
 NumericDatatype = Literal[tuple(d for d in get_args(Datatype) if d != "BYTES")]  # type: ignore[misc]
 
 DEFAULT_MAX_PIXELS = 4096 * 4096
@@ -46,9 +47,10 @@ BACKGROUND = (
     "channel is dropped; without it, alpha is simply dropped."
 )
 INTERPOLATION = (
-    "area (averages the pixels each output pixel covers), bilinear or nearest "
-    "(half-pixel centres, as OpenCV and Pillow)."
+    "Pillow's filters, antialiased when shrinking as Pillow and torchvision are: area (box: "
+    "averages the pixels each output pixel covers), bilinear, bicubic, lanczos or nearest."
 )
+MODE = "L (grayscale), RGB, RGBA or BGR (RGB in reversed order, as OpenCV models expect)."
 
 
 class PreprocessSettings(Strict):
@@ -157,9 +159,7 @@ class DecodeStep(StepSpec):
     kind: Literal["decode"] = Field(description=KIND)
     input: str = Field(description="BYTES of PNG/JPEG ([batch]), or UINT8 images.")
     output: str | None = Field(default=None, description=OUTPUT)
-    mode: Mode = Field(
-        default="RGB", description="L (grayscale), RGB or RGBA, converted as color does."
-    )
+    mode: Mode = Field(default="RGB", description=f"{MODE} Converted as color does.")
     max_pixels: Count = Field(
         default=DEFAULT_MAX_PIXELS,
         description="Largest width x height accepted, checked from the header before decoding.",
@@ -200,9 +200,9 @@ class ColorStep(StepSpec):
     """Convert UINT8 images between grayscale, RGB and RGBA."""
 
     kind: Literal["color"] = Field(description=KIND)
-    input: str = Field(description="UINT8 images.")
+    input: str = Field(description="UINT8 images (three channels are read as RGB).")
     output: str | None = Field(default=None, description=OUTPUT)
-    mode: Mode = Field(description="L (grayscale), RGB or RGBA.")
+    mode: Mode = Field(description=MODE)
     background: Colour | None = Field(default=None, description=BACKGROUND)
 
 
@@ -211,9 +211,94 @@ class ResizeStep(StepSpec):
 
     kind: Literal["resize"] = Field(description=KIND)
     input: str = Field(description="Images, resized in place.")
-    height: Count = Field(description="Output height.")
-    width: Count = Field(description="Output width.")
+    height: Count | None = Field(default=None, description="Output height (give width too).")
+    width: Count | None = Field(default=None, description="Output width (give height too).")
+    shorter: Count | None = Field(
+        default=None,
+        description="Instead of height and width: the shorter side's length, the aspect kept "
+        "(the longer side rounded down, as torchvision's Resize(n)).",
+    )
     interpolation: Interpolation = Field(default="area", description=INTERPOLATION)
+
+    @model_validator(mode="after")
+    def _one_size(self) -> ResizeStep:
+        sized = (self.height is not None, self.width is not None)
+        if self.shorter is None and sized != (True, True):
+            raise ValueError("give height and width, or shorter")
+        if self.shorter is not None and any(sized):
+            raise ValueError("give height and width, or shorter, not both")
+        return self
+
+
+class CropStep(StepSpec):
+    """A height x width window of every image: centred, or at top/left."""
+
+    kind: Literal["crop"] = Field(description=KIND)
+    input: str = Field(description="Images [batch, H, W(, C)], any numeric type (kept).")
+    output: str | None = Field(default=None, description=OUTPUT)
+    height: Count = Field(description="Crop height.")
+    width: Count = Field(description="Crop width.")
+    top: Offset | None = Field(
+        default=None, description="First row of the box; centred when top and left are unset."
+    )
+    left: Offset | None = Field(default=None, description="First column of the box.")
+
+    @model_validator(mode="after")
+    def _both_corners(self) -> CropStep:
+        if (self.top is None) != (self.left is None):
+            raise ValueError("give both top and left (a box), or neither (a centre crop)")
+        return self
+
+
+class PadStep(StepSpec):
+    """Borders of a constant value around every image; the type is kept."""
+
+    kind: Literal["pad"] = Field(description=KIND)
+    input: str = Field(description="Images [batch, H, W(, C)], any numeric type.")
+    output: str | None = Field(default=None, description=OUTPUT)
+    top: Offset = Field(default=0, description="Rows added above.")
+    bottom: Offset = Field(default=0, description="Rows added below.")
+    left: Offset = Field(default=0, description="Columns added on the left.")
+    right: Offset = Field(default=0, description="Columns added on the right.")
+    value: Number = Field(default=0.0, description="The border's value (must fit the type).")
+
+
+class LayoutStep(StepSpec):
+    """Channels last (HWC) to channels first (CHW), or back."""
+
+    kind: Literal["layout"] = Field(description=KIND)
+    input: str = Field(description="Images [batch, H, W, C] (or [batch, C, H, W] for HWC).")
+    output: str | None = Field(default=None, description=OUTPUT)
+    to: Literal["CHW", "HWC"] = Field(
+        description="CHW: [batch, H, W, C] -> [batch, C, H, W]; HWC: the reverse. Grayscale "
+        "[batch, H, W] gains a channel axis of 1."
+    )
+
+
+class NormalizeStep(StepSpec):
+    """(x * scale - mean) / std per channel, to FP32: ImageNet-style normalisation."""
+
+    kind: Literal["normalize"] = Field(description=KIND)
+    input: str = Field(description="Numeric images [batch, H, W(, C)] or [batch, C, H, W].")
+    output: str | None = Field(default=None, description=OUTPUT)
+    mean: list[Number] = Field(
+        min_length=1, description="One per channel (or one for all), after scale."
+    )
+    std: list[Annotated[float, Field(strict=True, gt=0)]] = Field(
+        min_length=1, description="One per channel (or one for all); each above 0."
+    )
+    scale: Number = Field(
+        default=1.0, description="Multiplies x first, e.g. 0.00392156862745098 (1/255)."
+    )
+    layout: Literal["HWC", "CHW"] = Field(
+        default="HWC", description="Where the channels are: last (HWC) or after the batch (CHW)."
+    )
+
+    @model_validator(mode="after")
+    def _as_many(self) -> NormalizeStep:
+        if len(self.mean) != len(self.std):
+            raise ValueError(f"{len(self.mean)} means but {len(self.std)} stds; give as many")
+        return self
 
 
 class ScaleStep(StepSpec):
@@ -295,6 +380,10 @@ BUILTIN_STEPS = (
     DecodeStep,
     ColorStep,
     ResizeStep,
+    CropStep,
+    PadStep,
+    LayoutStep,
+    NormalizeStep,
     ScaleStep,
     ClipStep,
     CastStep,

@@ -1,6 +1,7 @@
 """TLS on every hop, a certificate per identity, callers admitted by identity, API keys at the
 gateway, health checks and probes that work with TLS on, and no secret in the logs."""
 
+import json
 import os
 import signal
 import socket
@@ -17,6 +18,7 @@ from cryptography import x509
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from scripts.make_certs import make_certs
+from strata import admin as strata_admin
 from strata import codec, healthcheck
 from strata.config.tls import CA, CERT, KEY, TlsSettings
 from strata.launch import ROOT, Supervisor, wait_serving
@@ -223,3 +225,10 @@ def test_secrets_never_reach_the_logs(system: Supervisor, certs: Path) -> None:
     infer(secure(system.address("gateway"), certs), (("x-api-key", KEY_VALUE),))
     logs = "".join(path.read_text() for path in system.log_dir.glob("*.log"))
     assert KEY_VALUE not in logs and "wrong-key" not in logs and ADMIN_TOKEN not in logs
+
+
+def test_strata_admin_speaks_tls_to_the_admin_port(
+    system: Supervisor, capsys: pytest.CaptureFixture
+) -> None:
+    assert strata_admin.main(["--config", str(system.config), "--json", "status"]) == 0
+    assert "digits" in json.loads(capsys.readouterr().out)["pipelines"]

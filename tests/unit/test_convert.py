@@ -14,7 +14,7 @@ torch = pytest.importorskip(
     "torch", reason="conversion needs PyTorch: install the convert extra (.[convert])"
 )
 
-from convert.cli import EXIT_FAILED, EXIT_PARITY, convert_main, main  # noqa: E402
+from convert.cli import EXIT_FAILED, EXIT_PARITY, convert_main  # noqa: E402
 from convert.factory import parse_decl  # noqa: E402
 from convert.pipeline import Options, convert  # noqa: E402
 from convert.source import (  # noqa: E402
@@ -26,6 +26,7 @@ from convert.source import (  # noqa: E402
 )
 from convert.text import read_topics  # noqa: E402
 from services.inference.validation import read_cases  # noqa: E402
+from strata_cli import main  # noqa: E402
 
 FEATURES = [TensorDecl("features", "float32", ("batch", 6))]
 LOGITS = [TensorDecl("logits", "float32", ("batch", 3))]
@@ -237,3 +238,14 @@ def test_topic_files_are_checked(tmp_path: Path) -> None:
     path.write_text("temperature: 0\nlabels:\n  - {name: a, description: x}\n")
     with pytest.raises(ConversionError, match="temperature must be a positive number"):
         read_topics(path)
+
+
+def test_the_report_records_the_graphs_own_shapes_not_the_declaration(tmp_path: Path) -> None:
+    argv = [
+        *("tiny", "--repository", str(tmp_path), "--module", "tests.unit.test_convert:mlp"),
+        *("--input", "features:float32:batch,6", "--output", "logits"),  # dims left out
+    ]
+    assert convert_main(argv) == 0
+    report = yaml.safe_load((tmp_path / "tiny" / "1" / "conversion.yaml").read_text())
+    assert report["inputs"] == {"features": "float32[batch, 6]"}
+    assert report["outputs"] == {"logits": "float32[batch, 3]"}

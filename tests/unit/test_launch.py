@@ -1,7 +1,14 @@
-"""The launcher's restart backoff: doubling while an instance keeps failing, reset once it
-has run long enough; and how it names an exit."""
+"""The launcher: its restart backoff (doubling while an instance keeps failing, reset once it
+has run long enough), how it names an exit, and the banner `make run` prints."""
 
-from strata.launch import Backoff, exit_reason
+from pathlib import Path
+
+import pytest
+import yaml
+
+from strata.config import Settings, load_settings
+from strata.launch import Backoff, banner, exit_reason
+from tests.support.system import ROOT
 
 
 def test_backoff_doubles_up_to_its_ceiling_and_resets_after_a_healthy_run() -> None:
@@ -21,3 +28,35 @@ def test_exit_reasons_name_the_signal() -> None:
 
 def test_exit_reasons_say_why_a_restart_cannot_help() -> None:
     assert exit_reason(78) == "exited with 78 (the config is missing, unreadable or invalid)"
+
+
+def only_pipeline(tmp_path: Path, config: Path, name: str) -> Settings:
+    """`config` with `name` its only pipeline."""
+    raw = yaml.safe_load(config.read_text())
+    raw["pipelines"] = {name: raw["pipelines"][name]}
+    raw["repository"] = str(config.parent / raw["repository"])
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    return load_settings(path)
+
+
+def client_code(text: str) -> str:
+    """The banner's python heredoc, unindented."""
+    body = text.split("<<'PY'\n")[1].split("  PY\n")[0]
+    return "\n".join(line.removeprefix("  ") for line in body.splitlines())
+
+
+@pytest.mark.parametrize(
+    ("config", "pipeline", "says"),
+    [
+        ("default.yaml", "tabular", 'tc.InferInput("features", [1, 30], "FP32")'),
+        ("text.yaml", "embed", 'np.full([1], b"an example", dtype=object)'),
+    ],
+)
+def test_the_banner_calls_the_configs_own_pipeline(
+    tmp_path: Path, config: str, pipeline: str, says: str
+) -> None:
+    text = banner(only_pipeline(tmp_path, ROOT / "configs" / config, pipeline))
+    assert f'client.infer("{pipeline}", [x0])' in text and says in text
+    assert "digits" not in text
+    compile(client_code(text), "banner", "exec")

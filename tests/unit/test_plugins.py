@@ -87,9 +87,9 @@ def test_an_entry_point_names_an_installed_packages_class(tmp_path: Path) -> Non
         (
             "sharpen",
             "pipelines.digits.preprocess.0.kind: 'sharpen' is neither a built-in preprocess step "
-            "(cast, clip, color, decode, flatten, normalize_text, resize, scale, standardize, "
-            "tokenize, vocabulary) nor an entry point in group 'strata.steps' (installed: "
-            "center_crop",
+            "(cast, clip, color, crop, decode, flatten, layout, normalize, normalize_text, pad, "
+            "resize, scale, standardize, tokenize, vocabulary) nor an entry point in group "
+            "'strata.steps' (installed: center_crop",
         ),
         (
             "no_such_package.steps:Sharpen",

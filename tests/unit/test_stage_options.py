@@ -11,7 +11,7 @@ import yaml
 
 from services.postprocess.rules import RULES
 from services.preprocess.steps import STEPS
-from services.preprocess.steps.image import INTERPOLATIONS
+from services.preprocess.steps.image import FILTERS
 from strata.codec import DTYPES
 from strata.config import ConfigError, load_settings, preprocess
 from strata.config.base import kinds
@@ -29,7 +29,7 @@ def test_the_config_types_exactly_the_kinds_the_services_build(builtins: Any, re
 
 
 def test_the_config_offers_exactly_the_choices_the_steps_implement() -> None:
-    assert set(get_args(preprocess.Interpolation)) == set(INTERPOLATIONS)
+    assert set(get_args(preprocess.Interpolation)) == set(FILTERS)
     assert set(get_args(preprocess.NumericDatatype)) == set(DTYPES) - {"BYTES"}
 
 
@@ -76,7 +76,8 @@ def load_with(tmp_path: Path, section: str, position: int, **changes: Any) -> No
             "preprocess",
             0,
             {"interpolation": "cubic"},
-            "preprocess.0.resize.interpolation: Input should be 'area', 'bilinear' or 'nearest'",
+            "preprocess.0.resize.interpolation: Input should be 'area', 'bilinear', 'bicubic', "
+            "'lanczos' or 'nearest'",
         ),
         # A required option left out, and options that cannot go together.
         ("postprocess", 1, {"indices": None}, "postprocess.1.topk.indices: Field required"),

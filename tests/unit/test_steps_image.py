@@ -160,7 +160,7 @@ def test_decode_refuses_other_layouts() -> None:
 
 
 def test_decode_config_mistakes() -> None:
-    with pytest.raises(ValueError, match=r"decode.mode\n  Input should be 'L', 'RGB' or 'RGBA'"):
+    with pytest.raises(ValueError, match=r"decode.mode\n  Input should be 'L', 'RGB', 'RGBA' or"):
         build("decode", {"input": "i", "mode": "CMYK"}, Path("."))
     with pytest.raises(ValueError, match=r"decode.width\n  Input should be greater than 0"):
         build("decode", {"input": "i", "height": 4, "width": -1}, Path("."))
@@ -230,7 +230,104 @@ def test_resize_refuses_bad_input_and_config() -> None:
         step.process({"x": np.zeros((2, 3), np.uint8)})
     with pytest.raises(StepError, match="needs pixel numbers"):
         step.process({"x": np.empty((1, 2, 2), dtype=object)})
-    with pytest.raises(ValueError, match=r"resize.interpolation\n  Input should be 'area'"):
+    with pytest.raises(ValueError, match=r"resize.interpolation\n  Input should be 'area', 'bi"):
         build(
             "resize", {"input": "x", "height": 2, "width": 2, "interpolation": "cubic"}, Path(".")
         )
+
+
+def test_resize_matches_pillow_antialiased_filters() -> None:
+    image = Image.fromarray(RGBA[..., :3], "RGB").resize((40, 48))
+    pixels = np.asarray(image)
+    for interpolation, resample in [
+        ("bilinear", Image.Resampling.BILINEAR),
+        ("bicubic", Image.Resampling.BICUBIC),
+        ("lanczos", Image.Resampling.LANCZOS),
+    ]:
+        step = build(
+            "resize",
+            {"input": "x", "height": 9, "width": 7, "interpolation": interpolation},
+            Path("."),
+        )
+        out = step.process({"x": pixels[None]})["x"]
+        assert out.dtype == np.float32
+        np.testing.assert_array_equal(out[0], np.asarray(image.resize((7, 9), resample)))
+
+
+def test_resize_floats_and_other_channel_counts_unrounded() -> None:
+    step = build("resize", {"input": "x", "height": 1, "width": 1}, Path("."))
+    floats = np.array([[[0.0, 1.0], [2.0, 4.5]]], np.float32)
+    assert step.process({"x": floats})["x"].tolist() == [[[1.875]]]
+    rgba = np.zeros((1, 2, 2, 4), np.uint8)
+    rgba[0, 0, 0] = [1, 2, 3, 4]
+    np.testing.assert_allclose(step.process({"x": rgba})["x"], [[[[0.25, 0.5, 0.75, 1.0]]]])
+
+
+def test_resize_shorter_side_keeps_the_aspect_as_torchvision() -> None:
+    step = build("resize", {"input": "x", "shorter": 256}, Path("."))
+    assert step.process({"x": np.zeros((2, 480, 640, 3), np.uint8)})["x"].shape == (2, 256, 341, 3)
+    assert step.process({"x": np.zeros((1, 640, 480), np.uint8)})["x"].shape == (1, 341, 256)
+    with pytest.raises(ValueError, match="give height and width, or shorter, not both"):
+        build("resize", {"input": "x", "shorter": 4, "height": 4}, Path("."))
+    with pytest.raises(ValueError, match="give height and width, or shorter"):
+        build("resize", {"input": "x", "height": 4}, Path("."))
+
+
+# crop, pad, layout, normalize
+
+
+def test_crop_centre_and_box() -> None:
+    images = np.arange(2 * 5 * 6).reshape(2, 5, 6).astype(np.uint8)
+    centre = build("crop", {"input": "x", "height": 2, "width": 3}, Path("."))
+    np.testing.assert_array_equal(centre.process({"x": images})["x"], images[:, 2:4, 2:5])
+    box = build("crop", {"input": "x", "height": 2, "width": 2, "top": 3, "left": 4}, Path("."))
+    np.testing.assert_array_equal(box.process({"x": images})["x"], images[:, 3:5, 4:6])
+    too_big = build("crop", {"input": "x", "height": 6, "width": 2}, Path("."))
+    with pytest.raises(StepError, match="a 2x6 crop at left 2, top 0 does not fit images of 6x5"):
+        too_big.process({"x": images})
+    with pytest.raises(ValueError, match="give both top and left"):
+        build("crop", {"input": "x", "height": 2, "width": 2, "top": 1}, Path("."))
+
+
+def test_pad_keeps_the_type_and_checks_the_value() -> None:
+    step = build("pad", {"input": "x", "top": 1, "right": 2, "value": 9}, Path("."))
+    out = step.process({"x": np.zeros((1, 2, 2, 3), np.uint8)})["x"]
+    assert out.shape == (1, 3, 4, 3) and out.dtype == np.uint8
+    assert out[0, 0, 0].tolist() == [9, 9, 9] and out[0, 1, 0].tolist() == [0, 0, 0]
+    wide = build("pad", {"input": "x", "left": 1, "value": 300}, Path("."))
+    with pytest.raises(StepError, match=r"pad value 300\.0 does not fit uint8 pixels"):
+        wide.process({"x": np.zeros((1, 2, 2), np.uint8)})
+
+
+def test_layout_both_ways_and_grayscale() -> None:
+    images = RNG.integers(0, 256, (2, 3, 4, 3), dtype=np.uint8)
+    chw = build("layout", {"input": "x", "to": "CHW"}, Path(".")).process({"x": images})["x"]
+    assert chw.shape == (2, 3, 3, 4) and chw.flags.c_contiguous
+    hwc = build("layout", {"input": "x", "to": "HWC"}, Path(".")).process({"x": chw})["x"]
+    np.testing.assert_array_equal(hwc, images)
+    gray = build("layout", {"input": "x", "to": "CHW"}, Path("."))
+    assert gray.process({"x": images[..., 0]})["x"].shape == (2, 1, 3, 4)
+
+
+def test_normalize_per_channel_in_either_layout() -> None:
+    options = {"input": "x", "mean": [0.5, 0.25, 0.0], "std": [0.5, 0.25, 2.0], "scale": 0.5}
+    pixels = np.full((1, 2, 2, 3), 2, np.uint8)
+    out = build("normalize", options, Path(".")).process({"x": pixels})["x"]
+    assert out.dtype == np.float32 and out[0, 0, 0].tolist() == [1.0, 3.0, 0.5]
+    chw = build("normalize", {**options, "layout": "CHW"}, Path("."))
+    out = chw.process({"x": pixels.transpose(0, 3, 1, 2)})["x"]
+    assert out[0, :, 0, 0].tolist() == [1.0, 3.0, 0.5]
+    with pytest.raises(StepError, match="3 means and stds for 4 channels"):
+        build("normalize", options, Path(".")).process({"x": np.zeros((1, 2, 2, 4))})
+    with pytest.raises(ValueError, match="2 means but 1 stds"):
+        build("normalize", {"input": "x", "mean": [0, 1], "std": [1]}, Path("."))
+    with pytest.raises(ValueError, match=r"normalize.std.0\n  Input should be greater than 0"):
+        build("normalize", {"input": "x", "mean": [0], "std": [0]}, Path("."))
+
+
+def test_color_and_decode_to_bgr() -> None:
+    image = Image.fromarray(RGBA[..., :3], "RGB")
+    out = decode(batch(encode(image)), mode="BGR")
+    np.testing.assert_array_equal(out[0], RGBA[..., 2::-1])
+    step = build("color", {"input": "x", "mode": "BGR"}, Path("."))
+    np.testing.assert_array_equal(step.process({"x": RGBA[None]})["x"][0], RGBA[..., 2::-1])

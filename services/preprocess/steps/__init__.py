@@ -6,7 +6,15 @@ steps load their parameters once, when they are built, and only look them up per
 """
 
 # Importing each module registers its steps.
-from services.preprocess.steps import color, decode, image, numeric, text, vocab  # noqa: F401
+from services.preprocess.steps import (  # noqa: F401
+    channels,
+    color,
+    decode,
+    image,
+    numeric,
+    text,
+    vocab,
+)
 from services.preprocess.steps.base import STEPS
 from strata.plugins import Step, StepError
 

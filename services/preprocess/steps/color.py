@@ -1,8 +1,9 @@
-"""Colour conversion of UINT8 image batches between grayscale, RGB and RGBA.
+"""Colour conversion of UINT8 image batches between grayscale, RGB, RGBA and BGR.
 
 Layouts: grayscale is [batch, H, W] (or [batch, H, W, 1] on input), RGB [batch, H, W, 3],
-RGBA [batch, H, W, 4]. Grayscale uses Pillow's integer ITU-R 601-2 luma, so an image sent
-raw and the same image sent as a PNG become the same pixels.
+RGBA [batch, H, W, 4]; BGR is an output only (three channels in are read as RGB). Grayscale
+uses Pillow's integer ITU-R 601-2 luma, so an image sent raw and the same image sent as a PNG
+become the same pixels.
 """
 
 from __future__ import annotations
@@ -38,7 +39,9 @@ def mode_of(images: np.ndarray, name: str) -> str:
 def convert_pixels(
     images: np.ndarray, mode: str, name: str, background: Sequence[int] | None = None
 ) -> np.ndarray:
-    """UINT8 images in any of the three modes, converted to `mode`."""
+    """UINT8 images in any of the three modes, converted to `mode` (or to BGR)."""
+    if mode == "BGR":
+        return np.ascontiguousarray(convert_pixels(images, "RGB", name, background)[..., ::-1])
     if images.dtype != np.uint8:
         raise StepError(f"input {name!r}: images must be UINT8 pixels, got {images.dtype}")
     source = mode_of(images, name)

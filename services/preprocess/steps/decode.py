@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-from PIL import Image, ImageOps, UnidentifiedImageError
+from PIL import ExifTags, Image, ImageOps, UnidentifiedImageError
 
 from services.preprocess.steps.base import STEPS
 from services.preprocess.steps.color import convert_pixels, mode_of
@@ -27,6 +27,7 @@ FORMATS = ("PNG", "JPEG")
 # Pillow modes that map to ours without losing anything; 16-bit gray is shifted to 8 bits.
 _NATIVE = {"L": "L", "RGB": "RGB", "RGBA": "RGBA"}
 _SIXTEEN_BIT = ("I;16", "I;16B", "I;16L", "I")
+_ORIENTATION = ExifTags.Base.Orientation
 
 
 @dataclass
@@ -83,7 +84,7 @@ class Decode:
                 f"input {self.input!r}: images have different sizes {sorted(sizes)}; "
                 "set the decode step's height and width to resize them"
             )
-        return np.concatenate(images)
+        return images[0] if len(images) == 1 else np.concatenate(images)
 
     def _open(self, item: object, where: str) -> Image.Image:
         """An encoded image with only its header read, checked against the limits."""
@@ -106,8 +107,8 @@ class Decode:
         """Decompress an opened image to [H, W(, C)] pixels in `mode`."""
         try:
             image.load()
-            if self.exif_orientation:
-                image = ImageOps.exif_transpose(image)
+            if self.exif_orientation and image.getexif().get(_ORIENTATION, 1) != 1:
+                image = ImageOps.exif_transpose(image)  # a copy: only when there is a turn
             pixels = _native_pixels(image)
         except Exception as exc:  # likewise for the decoders (OSError, SyntaxError, zlib...)
             raise StepError(f"{where} is truncated or corrupt ({exc})") from None
