@@ -113,7 +113,7 @@ def code_of(call: Any) -> grpc.StatusCode:
 
 
 def test_batches_form_under_concurrent_load_and_not_one_at_a_time(tmp_path: Path) -> None:
-    heavy = dense(1, features=512, classes=3, hidden=2048)
+    heavy = dense(1, features=512, classes=3, hidden=8192)
     write_version(tmp_path / "repo", "heavy", 1, heavy, [HEAVY], {"max_batch_size": 8})
     expected = run(heavy, HEAVY)["y"]
     with inference_server(tmp_path, ["heavy"], workers=1) as stub:
@@ -136,7 +136,7 @@ def test_batches_form_under_concurrent_load_and_not_one_at_a_time(tmp_path: Path
 
 
 def test_limits_answer_with_their_codes(tmp_path: Path) -> None:
-    heavy = dense(1, features=512, classes=3, hidden=2048)
+    heavy = dense(1, features=512, classes=3, hidden=8192)
     manifest = {"batching": {"max_queue_rows": 2, "policy": "none"}}
     write_version(tmp_path / "repo", "heavy", 1, heavy, [HEAVY], manifest)
     with inference_server(tmp_path, ["heavy"], workers=1) as stub:
@@ -321,7 +321,7 @@ def test_without_a_token_the_repository_api_is_off(tmp_path: Path) -> None:
 
 
 def test_the_stream_answers_each_request_batched_and_reports_bad_ones(tmp_path: Path) -> None:
-    heavy = dense(1, features=512, classes=3, hidden=2048)
+    heavy = dense(1, features=512, classes=3, hidden=8192)
     write_version(tmp_path / "repo", "heavy", 1, heavy, [HEAVY], {"max_batch_size": 8})
     expected = run(heavy, HEAVY)["y"]
     requests = []
