@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 import grpc
 
 from strata.errors import status_of
+from strata.grpc_errors import grpc_errors
 from strata.process import error
 from strata.proto.v1 import tensor_pb2 as v1
 from strata.streams import answer_each
@@ -49,3 +50,30 @@ async def serve_stream(
 
     async for item in answer_each(requests, answer, refuse, max_in_flight):
         yield item
+
+
+class ProcessService:
+    """`Process` and `ProcessStream` over one `_process(request)`: what a layer's servicer
+    (preprocess, postprocess) inherits beside its generated base, naming its `SERVICE`."""
+
+    SERVICE = ""  # the full service name, e.g. "strata.v1.Preprocess"
+
+    def __init__(self, max_stream_in_flight: int) -> None:
+        self._max_stream_in_flight = max_stream_in_flight
+
+    @grpc_errors
+    async def Process(
+        self, request: v1.ProcessRequest, context: grpc.aio.ServicerContext
+    ) -> v1.ProcessResponse:
+        return await self._process(request)
+
+    async def ProcessStream(
+        self, requests: AsyncIterator[v1.ProcessRequest], context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[v1.ProcessResponse]:
+        method = f"/{self.SERVICE}/ProcessStream"
+        limit = self._max_stream_in_flight
+        async for answer in serve_stream(requests, self._process, method, limit):
+            yield answer
+
+    async def _process(self, request: v1.ProcessRequest) -> v1.ProcessResponse:
+        raise NotImplementedError

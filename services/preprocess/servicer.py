@@ -10,44 +10,27 @@ stacked rows (strata.process has the mechanism).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Mapping
-
-import grpc
+from collections.abc import Mapping
 
 from services.preprocess.pipeline import Pipelines
-from strata.grpc_errors import grpc_errors
 from strata.process import Arrays, process_all
 from strata.proto.v1 import preprocess_pb2_grpc, tensor_pb2
 from strata.streams import DEFAULT_MAX_IN_FLIGHT
-from strata.v1stream import serve_stream
+from strata.v1stream import ProcessService
 
 
-class PreprocessServicer(preprocess_pb2_grpc.PreprocessServicer):
+class PreprocessServicer(ProcessService, preprocess_pb2_grpc.PreprocessServicer):
+    SERVICE = "strata.v1.Preprocess"
+
     def __init__(
         self,
         pipelines: Pipelines,
         inline_max_bytes: int = 0,
         max_stream_in_flight: int = DEFAULT_MAX_IN_FLIGHT,
     ) -> None:
+        super().__init__(max_stream_in_flight)
         self._pipelines = pipelines
         self._inline_max_bytes = inline_max_bytes
-        self._max_stream_in_flight = max_stream_in_flight
-
-    @grpc_errors
-    async def Process(
-        self, request: tensor_pb2.ProcessRequest, context: grpc.aio.ServicerContext
-    ) -> tensor_pb2.ProcessResponse:
-        return await self._process(request)
-
-    async def ProcessStream(
-        self,
-        requests: AsyncIterator[tensor_pb2.ProcessRequest],
-        context: grpc.aio.ServicerContext,
-    ) -> AsyncIterator[tensor_pb2.ProcessResponse]:
-        method = "/strata.v1.Preprocess/ProcessStream"
-        limit = self._max_stream_in_flight
-        async for answer in serve_stream(requests, self._process, method, limit):
-            yield answer
 
     async def _process(self, request: tensor_pb2.ProcessRequest) -> tensor_pb2.ProcessResponse:
         size = sum(len(t.data) for item in request.requests for t in item.tensors)
