@@ -63,6 +63,9 @@ def test_softmax_accepts_integers_and_empty_batches_and_refuses_bytes() -> None:
         apply("softmax", {"x": np.array([b"a"], dtype=object)}, input="x")
     with pytest.raises(InvalidArgument, match="softmax needs tensor 'x'"):
         apply("softmax", {"y": f32([1])}, input="x")
+    for shape in [(0,), (3, 0), ()]:  # no class to share the probability: the caller's input
+        with pytest.raises(InvalidArgument, match="at least one class"):
+            apply("softmax", {"x": np.zeros(shape, np.float32)}, input="x")
 
 
 def test_sigmoid_is_stable_at_the_extremes() -> None:

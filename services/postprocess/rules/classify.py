@@ -30,6 +30,10 @@ def softmax(logits: np.ndarray, axis: int = -1) -> np.ndarray:
     uniform; NaN makes its row NaN.
     """
     values = logits.astype(np.float32, copy=False)
+    if values.ndim == 0 or values.shape[axis] == 0:
+        raise InvalidArgument(
+            f"softmax needs at least one class along the last axis, got shape {list(values.shape)}"
+        )
     top = values.max(axis=axis, keepdims=True)
     with np.errstate(invalid="ignore"):
         # Equal to the maximum counts as 0 even when both are infinite (inf - inf is NaN).
