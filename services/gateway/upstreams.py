@@ -29,7 +29,7 @@ from strata.config.endpoints import ServiceEndpoint
 from strata.errors import Unavailable, from_code, hinted_retry
 from strata.proto.inference import grpc_service_pb2_grpc as v2_grpc
 from strata.proto.v1 import postprocess_pb2_grpc, preprocess_pb2_grpc
-from strata.telemetry import annotate, outgoing
+from strata.telemetry import annotate, outgoing, recording
 
 INFERENCE_SERVICE = "inference.GRPCInferenceService"
 
@@ -55,6 +55,7 @@ class Hop:
         streams: dict[str, Callable[[Any], StreamMethod]] | None = None,
     ) -> None:
         self.name = name
+        self._timed_as = f"hop.{name}_ms"  # strata.hop.<hop>_ms on the caller's span
         self.channel = open_channel(endpoint.address, settings.server, [service], settings.tls)
         self.stub = stub(self.channel)
         # Lanes turn over well before the server ages their connection out, and often enough
@@ -110,7 +111,8 @@ class Hop:
                     if attempts == 0 or budget <= 0:
                         raise
         finally:
-            annotate(**{f"hop.{self.name}_ms": (time.monotonic() - started) * 1e3})
+            if recording():
+                annotate(**{self._timed_as: (time.monotonic() - started) * 1e3})
 
     async def _call(
         self,
