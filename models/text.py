@@ -14,7 +14,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from convert.cli import convert_main
+from strata.convert.cli import convert_main
 
 TOPICS = Path(__file__).with_name("topics.yaml")
 VERSION = "1"

@@ -20,8 +20,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from services.preprocess.pipeline import Pipelines, build_pipeline
 from strata.config.pipelines import Pipeline
+from strata.preprocess.pipeline import Pipelines, build_pipeline
 from strata.process import process_all
 from strata.proto.v1 import tensor_pb2 as v1
 from tests.support.flight_requests import flight

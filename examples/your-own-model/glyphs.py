@@ -18,7 +18,7 @@ import torch
 from sklearn.datasets import load_digits
 from torch import nn
 
-from convert.source import Source, TensorDecl
+from strata.convert.source import Source, TensorDecl
 
 WEIGHTS = Path("data/glyphs.pt")
 

@@ -17,9 +17,9 @@ import numpy as np
 import pytest
 import yaml
 
-from services.inference.app import build
 from strata import codec, flight
 from strata.config import load_settings
+from strata.inference.app import build
 from strata.proto.inference import grpc_service_pb2 as v2
 from strata.proto.inference import grpc_service_pb2_grpc as v2_grpc
 from strata.server import start_server

@@ -18,11 +18,6 @@ import grpc
 import numpy as np
 import pytest
 
-from services.postprocess.app import build_engine
-from services.postprocess.chain import build_chain
-from services.postprocess.engine import RuleEngine
-from services.postprocess.rules import RULES, RuleContext
-from services.postprocess.servicer import PostprocessServicer
 from strata import codec
 from strata.codec import Arrays
 from strata.config import load_settings
@@ -31,6 +26,11 @@ from strata.config.pipelines import Pipeline
 from strata.config.postprocess import BUILTIN_RULES, PluginRule, PostprocessSettings, RuleSpec
 from strata.config.server import ServerSettings
 from strata.errors import InvalidArgument
+from strata.postprocess.app import build_engine
+from strata.postprocess.chain import build_chain
+from strata.postprocess.engine import RuleEngine
+from strata.postprocess.rules import RULES, RuleContext
+from strata.postprocess.servicer import PostprocessServicer
 from strata.process import raise_for_result
 from strata.proto.v1 import postprocess_pb2_grpc
 from strata.proto.v1 import tensor_pb2 as v1

@@ -6,7 +6,8 @@ import math
 
 import pytest
 
-from services.inference.batching_policy import (
+from strata.config.inference import InferenceSettings
+from strata.inference.batching_policy import (
     Adaptive,
     ArrivalRate,
     ExecutionModel,
@@ -15,7 +16,6 @@ from services.inference.batching_policy import (
     Utilization,
     make_policy,
 )
-from strata.config.inference import InferenceSettings
 
 
 def test_execution_model_recovers_fixed_and_per_row_cost() -> None:

@@ -14,19 +14,19 @@ torch = pytest.importorskip(
     "torch", reason="conversion needs PyTorch: install the convert extra (.[convert])"
 )
 
-from convert.cli import EXIT_FAILED, EXIT_PARITY, convert_main  # noqa: E402
-from convert.factory import parse_decl  # noqa: E402
-from convert.pipeline import Options, convert  # noqa: E402
-from convert.source import (  # noqa: E402
+from strata.command import main  # noqa: E402
+from strata.convert.cli import EXIT_FAILED, EXIT_PARITY, convert_main  # noqa: E402
+from strata.convert.factory import parse_decl  # noqa: E402
+from strata.convert.pipeline import Options, convert  # noqa: E402
+from strata.convert.source import (  # noqa: E402
     ConversionError,
     ParityError,
     Source,
     TensorDecl,
     random_samples,
 )
-from convert.text import read_topics  # noqa: E402
-from services.inference.validation import read_cases  # noqa: E402
-from strata_cli import main  # noqa: E402
+from strata.convert.text import read_topics  # noqa: E402
+from strata.inference.validation import read_cases  # noqa: E402
 
 FEATURES = [TensorDecl("features", "float32", ("batch", 6))]
 LOGITS = [TensorDecl("logits", "float32", ("batch", 3))]

@@ -1,4 +1,4 @@
-"""How flights form at the gateway (services/gateway/flights.py): alone when idle, together
+"""How flights form at the gateway (strata/gateway/flights.py): alone when idle, together
 under load, bounded, grouped by key, and never carrying a request whose caller has gone."""
 
 import asyncio
@@ -6,9 +6,9 @@ import functools
 
 import pytest
 
-from services.gateway.flights import Flights, Member
 from strata.config.gateway import FlightSettings
 from strata.errors import DeadlineExceeded
+from strata.gateway.flights import Flights, Member
 
 
 def run(test):

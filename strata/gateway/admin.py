@@ -1,0 +1,156 @@
+"""strata.v1.Admin on the gateway: status, route weights, forced levels, config reload.
+
+Registered only when an admin token is configured; every call must carry it as
+`authorization: Bearer <token>` (strata.tokens), the token of the config as last (re)loaded.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from strata.errors import InvalidArgument
+from strata.gateway.concurrency import AdaptiveLimit
+from strata.gateway.ladder import Reading
+from strata.gateway.metrics import RATE_LIMITED, SHED, UPSTREAM_CALLS
+from strata.gateway.runtime import Runtime
+from strata.grpc_errors import grpc_errors
+from strata.proto.v1 import admin_pb2, admin_pb2_grpc
+from strata.tokens import ControlAuth
+
+
+def admin_auth(runtime: Runtime) -> ControlAuth:
+    """The check of the gateway's control calls (the admin API and model repository
+    control), one throttle for both: the admin token of the config as last (re)loaded."""
+
+    def token() -> str | None:
+        token = runtime.settings.gateway.admin_token
+        return token.get_secret_value() if token is not None else None
+
+    return ControlAuth("the gateway's control calls", "gateway.admin_token", token)
+
+
+class AdminServicer(admin_pb2_grpc.AdminServicer):
+    def __init__(self, runtime: Runtime, auth: ControlAuth) -> None:
+        self._runtime = runtime
+        self._auth = auth
+
+    @grpc_errors
+    async def Status(self, request, context) -> admin_pb2.StatusResponse:
+        self._auth.check(context)
+        return await self._status()
+
+    @grpc_errors
+    async def SetWeights(self, request, context) -> admin_pb2.StatusResponse:
+        self._auth.check(context)
+        self._runtime.router(request.pipeline).set_weights(dict(request.weights))
+        return await self._status()
+
+    @grpc_errors
+    async def ForceLevel(self, request, context) -> admin_pb2.StatusResponse:
+        self._auth.check(context)
+        if request.release:
+            self._runtime.ladder.force(None)
+        elif not 0 <= request.level <= 4:
+            raise InvalidArgument(f"level must be 0..4, got {request.level}")
+        else:
+            self._runtime.ladder.force(request.level)
+        return await self._status()
+
+    @grpc_errors
+    async def Reload(self, request, context) -> admin_pb2.ReloadResponse:
+        self._auth.check(context)
+        applied, restart, kept = self._runtime.reload()
+        return admin_pb2.ReloadResponse(applied=applied, needs_restart=restart, kept_live=kept)
+
+    async def _status(self) -> admin_pb2.StatusResponse:
+        runtime = self._runtime
+        ladder, limits = runtime.ladder, runtime.door.limits
+        return admin_pb2.StatusResponse(
+            level=ladder.level,
+            level_name=runtime.level_name(),
+            forced=ladder.forced is not None,
+            pressure=ladder.last_pressure,
+            signals={name: _reading(r) for name, r in ladder.readings.items()},
+            level_reason=ladder.reason,
+            concurrency={name: _concurrency(limit) for name, limit in limits.items()},
+            pipelines={name: self._pipeline(name) for name in runtime.routers},
+            upstreams=await runtime.upstreams.healthy(),
+            inflight=sum(limit.inflight for limit in limits.values()),
+            cache_entries=len(runtime.cache),
+            counters=_counters(),
+        )
+
+    def _pipeline(self, name: str) -> admin_pb2.PipelineStatus:
+        runtime = self._runtime
+        router = runtime.router(name)
+        model = runtime.settings.pipelines[name].model.name
+        configured = {route.arm: route.weight for route in runtime.settings.routes(name)}
+        arms = []
+        for route in router.routes:
+            figures = runtime.arms.get(name, route.arm)
+            p50, p95, p99 = figures.percentiles_ms()
+            breaker = runtime.upstreams.inference[route.deployment].breaker.state(model)
+            arms.append(
+                admin_pb2.ArmStatus(
+                    arm=route.arm,
+                    deployment=route.deployment,
+                    version=route.version,
+                    weight=route.weight,
+                    requests=figures.requests,
+                    errors=figures.errors,
+                    p50_ms=p50,
+                    p95_ms=p95,
+                    p99_ms=p99,
+                    breaker=breaker,
+                    config_weight=configured.get(route.arm, route.weight),
+                )
+            )
+        status = admin_pb2.PipelineStatus(arms=arms)
+        if router.shadow is not None:
+            stats = runtime.shadow.stats.get(name)
+            status.shadow.deployment = router.shadow.deployment
+            status.shadow.version = router.shadow.version
+            if stats is not None:
+                status.shadow.compared = stats.compared
+                status.shadow.agreed = stats.agreed
+                status.shadow.errors = stats.errors
+                status.shadow.dropped = stats.dropped
+                if stats.latencies:
+                    status.shadow.p50_ms = float(np.median(stats.latencies) * 1000)
+        return status
+
+
+def _reading(reading: Reading) -> admin_pb2.SignalReading:
+    return admin_pb2.SignalReading(
+        value=reading.value,
+        threshold=reading.threshold,
+        unit=reading.unit.strip(),
+        pressure=reading.pressure,
+    )
+
+
+def _concurrency(limit: AdaptiveLimit) -> admin_pb2.ConcurrencyStatus:
+    return admin_pb2.ConcurrencyStatus(
+        limit=limit.limit,
+        inflight=limit.inflight,
+        baseline_ms=(limit.baseline or 0.0) * 1000,
+        recent_ms=limit.recent * 1000,
+        clients=len(limit.holders),
+    )
+
+
+def _counters() -> dict[str, float]:
+    """Sums of a few counters by their first label: upstream calls, limits, sheds."""
+    out: dict[str, float] = {}
+    for prefix, metric in (
+        ("upstream_calls", UPSTREAM_CALLS.metric),
+        ("rate_limited", RATE_LIMITED),
+        ("shed", SHED),
+    ):
+        for family in metric.collect():
+            for sample in family.samples:
+                if sample.name.endswith("_total"):
+                    label = next(iter(sample.labels.values()))
+                    key = f"{prefix}.{label}"
+                    out[key] = out.get(key, 0.0) + sample.value
+    return out

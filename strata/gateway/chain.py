@@ -1,0 +1,341 @@
+"""One flight through the chain: preprocess, inference on its arm, postprocess.
+
+Every hop is one call for the whole flight. Tensors go from one layer to the next as the
+bytes the last one returned; only the final answer is decoded, once, and split by rows.
+Each member keeps its own outcome: a member a layer refused gets that layer's error and
+leaves, and a member whose caller gave up or whose deadline passed is cut out of the stack
+before the next hop. When an arm is unavailable, the flight moves to each member's
+fallback arm (A/B stickiness decides which), unless its arm was forced. Each answered
+flight's hop times go to the pipeline's statistics (strata/gateway/statistics.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Sequence
+from itertools import accumulate
+
+from strata import codec, stack
+from strata.config.pipelines import Route
+from strata.errors import DeadlineExceeded, StrataError, Unavailable, from_code
+from strata.flight import ROWS, TIMEOUTS, TRACE_CONTEXTS, member_errors
+from strata.gateway.arms import ArmBook
+from strata.gateway.flights import Member
+from strata.gateway.metrics import FAILOVERS
+from strata.gateway.request import Answer, ClientRequest
+from strata.gateway.router import Router
+from strata.gateway.shadow import ShadowRunner
+from strata.gateway.statistics import STATISTICS, Hops
+from strata.gateway.upstreams import Hop, Upstreams
+from strata.proto.inference import grpc_service_pb2 as v2
+from strata.proto.v1 import tensor_pb2 as v1
+
+# A flight's tensors as the hops carry them (strata.v1 raw bytes), not decoded Arrays.
+WireTensors = list[v1.Tensor]
+
+
+class Chain:
+    """Carries flights through the upstreams."""
+
+    def __init__(
+        self,
+        upstreams: Upstreams,
+        routers: dict[str, Router],
+        shadow: ShadowRunner,
+        arms: ArmBook,
+        usable: Callable[[Route], bool],
+    ) -> None:
+        self._up = upstreams
+        self._routers = routers
+        self._shadow = shadow
+        self._arms = arms
+        self._usable = usable
+
+    async def fly(self, members: list[Member]) -> None:
+        """Answer every member of the flight (their futures), or raise for all of them."""
+        first = _request(members[0])
+        tensors = stack.join([_request(m).inputs for m in members])
+        started = time.monotonic()
+        members, features, _ = await self._layer(self._up.preprocess, members, tensors, {})
+        if members:
+            spent = time.monotonic() - started
+            await self._onward(first.route, members, features, True, spent)
+
+    async def _onward(
+        self,
+        route: Route,
+        members: list[Member],
+        features: WireTensors,
+        may_fail_over: bool,
+        preprocess_seconds: float,
+    ) -> None:
+        """From inference on `route` to the answers."""
+        first = _request(members[0])
+        started = time.monotonic()
+        try:
+            spare = may_fail_over and self._spare(first, route)
+            members, features, scores, version = await self._infer(route, members, features, spare)
+        except Unavailable as exc:
+            if not may_fail_over or first.forced_arm:
+                raise
+            await self._fail_over(route, members, features, exc, preprocess_seconds)
+            return
+        if not members:
+            return
+        inferred = time.monotonic()
+        self._mirror(members, features, scores)
+        flags = {**first.parameters, "core_only": "true" if first.level >= 1 else "false"}
+        tensors = [*scores, *_forwarded(first, features)]
+        members, outputs, info = await self._layer(self._up.postprocess, members, tensors, flags)
+        if members:
+            answered = _answer(members, outputs, route.arm, version, info.get("skipped_rules", ""))
+            hops = Hops(preprocess_seconds, inferred - started, time.monotonic() - inferred)
+            STATISTICS.flew(first.pipeline_name, answered, hops)
+
+    async def _layer(
+        self, hop: Hop, members: list[Member], tensors: WireTensors, flags: dict[str, str]
+    ) -> tuple[list[Member], WireTensors, dict[str, str]]:
+        """One strata.v1 Process call for the flight: who is left, their tensors, the info."""
+        members, tensors = _aboard(members, tensors)
+        if not members:
+            return [], [], {}
+        first = _request(members[0])
+        item = v1.Request(
+            id=first.request_id, pipeline=first.pipeline_name, tensors=tensors, parameters=flags
+        )
+        if len(members) > 1:
+            for member in members:
+                item.members.add(
+                    id=_request(member).request_id,
+                    rows=member.rows,
+                    trace_context=member.carrier(),
+                )
+        reply = await hop.call("Process", v1.ProcessRequest(requests=[item]), _budget(members, hop))
+        if len(reply.results) != 1:
+            raise RuntimeError(f"{hop.name} answered {len(reply.results)} results for 1 request")
+        result = reply.results[0]
+        return _survivors(members, result), list(result.tensors), dict(result.info)
+
+    async def _infer(
+        self, route: Route, members: list[Member], features: WireTensors, spare: bool
+    ) -> tuple[list[Member], WireTensors, WireTensors, str]:
+        """One ModelInfer over the flight's rows on `route`'s deployment; `spare`: whether
+        another arm could take them, should this one hang."""
+        members, features = _aboard(members, features)
+        if not members:
+            return [], features, [], ""
+        first = _request(members[0])
+        request = _model_request(first, route, members, features)
+        hop = self._up.inference[route.deployment]
+        started = asyncio.get_running_loop().time()
+        try:
+            reply = await hop.call("ModelInfer", request, _budget(members, hop), spare=spare)
+        except StrataError as exc:
+            self._record(members, route, exc.code.name, 0.0)
+            raise
+        self._record(members, route, "OK", asyncio.get_running_loop().time() - started)
+        errors = member_errors(reply.parameters, len(members))
+        scores = _outputs(reply)
+        if errors:
+            kept = [i for i in range(len(members)) if i not in errors]
+            features = stack.take(features, [m.rows for m in members], kept)
+            for index, error in errors.items():
+                _fail(members[index], error)
+            members = [members[i] for i in kept]
+        return members, features, scores, reply.model_version
+
+    def _spare(self, first: ClientRequest, route: Route) -> bool:
+        """Whether another arm could take the flight, should `route`'s hang."""
+        if first.forced_arm:
+            return False
+        router = self._routers[first.pipeline_name]
+        return router.fallback(first.client, route, self._usable) is not None
+
+    def _record(self, members: list[Member], route: Route, code: str, seconds: float) -> None:
+        name = _request(members[0]).pipeline_name
+        self._arms.record(name, route.arm, code, seconds, len(members))
+
+    async def _fail_over(
+        self,
+        failed: Route,
+        members: list[Member],
+        features: WireTensors,
+        exc: Unavailable,
+        preprocess_seconds: float,
+    ) -> None:
+        """Each member on its fallback arm (one inference call per arm); the error if none."""
+        router = self._routers[_request(members[0]).pipeline_name]
+        by_arm: dict[str, tuple[Route, list[int]]] = {}
+        for index, member in enumerate(members):
+            other = router.fallback(_request(member).client, failed, self._usable)
+            if other is None:
+                _fail(member, exc)
+                continue
+            by_arm.setdefault(other.arm, (other, []))[1].append(index)
+        rows = [m.rows for m in members]
+        moves = []
+        for route, indices in by_arm.values():
+            FAILOVERS.labels(router.pipeline, failed.arm, route.arm).inc(len(indices))
+            group = [members[i] for i in indices]
+            taken = stack.take(features, rows, indices)
+            moved = self._onward(route, group, taken, False, preprocess_seconds)
+            moves.append(_answering(group, moved))
+        await asyncio.gather(*moves)
+
+    def _mirror(self, members: list[Member], features: WireTensors, scores: WireTensors) -> None:
+        """Submit the members the pipeline's shadow route mirrors (decoded: rare and off the
+        answer's path)."""
+        first = _request(members[0])
+        router = self._routers[first.pipeline_name]
+        mirrored = [
+            i
+            for i, m in enumerate(members)
+            if router.mirrors(_request(m).request_id or _request(m).client)
+        ]
+        if not mirrored:
+            return
+        inputs = _split(codec.tensors_to_arrays(features), [m.rows for m in members])
+        outputs = _split(codec.tensors_to_arrays(scores), [m.rows for m in members])
+        for i in mirrored:
+            request = _request(members[i])
+            self._shadow.submit(
+                first.pipeline_name, first.pipeline, inputs[i], outputs[i], request.budget
+            )
+
+
+def _request(member: Member) -> ClientRequest:
+    return member.request
+
+
+async def _answering(members: list[Member], work) -> None:
+    """Run `work` for `members`; if it fails, they fail with it, and no one else."""
+    try:
+        await work
+    except Exception as exc:
+        for member in members:
+            _fail(member, exc)
+
+
+def _fail(member: Member, exc: BaseException) -> None:
+    if member.waiting:
+        member.future.set_exception(exc)
+
+
+def _aboard(members: list[Member], tensors: WireTensors) -> tuple[list[Member], WireTensors]:
+    """The members whose callers still wait, and their rows of `tensors`."""
+    kept = [i for i, member in enumerate(members) if member.waiting]
+    if len(kept) == len(members):
+        return members, tensors
+    if not kept:
+        return [], []
+    rows = [m.rows for m in members]
+    return [members[i] for i in kept], stack.take(tensors, rows, kept)
+
+
+def _budget(members: list[Member], hop: Hop) -> float:
+    """The longest any member may still wait: the hop's call must not outlive it."""
+    left = max(_request(m).budget.left() for m in members)
+    if left <= 0:
+        raise DeadlineExceeded(f"deadline passed before {hop.name}")
+    return left
+
+
+def _survivors(members: list[Member], result: v1.Result) -> list[Member]:
+    """The members a layer answered; the others get their own error."""
+    if not result.members:
+        if result.HasField("error"):
+            _fail(members[0], from_code(result.error.code, result.error.message))
+            return []
+        return members
+    if len(result.members) != len(members):
+        raise RuntimeError(f"a layer answered {len(result.members)} of {len(members)} members")
+    kept = []
+    for member, outcome in zip(members, result.members, strict=True):
+        if outcome.HasField("error"):
+            _fail(member, from_code(outcome.error.code, outcome.error.message))
+        else:
+            member.rows = outcome.rows
+            kept.append(member)
+    return kept
+
+
+def _model_request(
+    first: ClientRequest, route: Route, members: list[Member], features: WireTensors
+) -> v2.ModelInferRequest:
+    """A v2 ModelInfer over the stacked rows; for several members, each one's rows, trace
+    context and time budget in the parameters (another v2 server just sees a batch)."""
+    model = first.pipeline.model.name
+    request = v2.ModelInferRequest(
+        model_name=model,
+        model_version=route.version or first.pipeline.model.version,
+        id=first.request_id,
+    )
+    for tensor in features:
+        request.inputs.add(name=tensor.name, datatype=tensor.datatype, shape=tensor.shape)
+        request.raw_input_contents.append(tensor.data)
+    parameters = request.parameters
+    if first.level >= 2:
+        parameters["skip_batching"].bool_param = True
+    if len(members) > 1:
+        parameters[ROWS].string_param = ",".join(str(m.rows) for m in members)
+        parameters[TRACE_CONTEXTS].string_param = ",".join(
+            m.carrier().get("traceparent", "") for m in members
+        )
+        parameters[TIMEOUTS].string_param = ",".join(
+            str(max(1, int(_request(m).budget.left() * 1e6))) for m in members
+        )
+    return request
+
+
+def _outputs(reply: v2.ModelInferResponse) -> WireTensors:
+    """The reply's outputs as strata.v1 tensors (raw bytes passed on as they are)."""
+    if reply.raw_output_contents:
+        return [
+            v1.Tensor(name=o.name, datatype=o.datatype, shape=o.shape, data=raw)
+            for o, raw in zip(reply.outputs, reply.raw_output_contents, strict=True)
+        ]
+    return codec.arrays_to_tensors(codec.response_outputs(reply))
+
+
+def _forwarded(first: ClientRequest, features: WireTensors) -> WireTensors:
+    """The preprocess outputs the pipeline passes on to postprocess."""
+    wanted = first.pipeline.forward_to_postprocess
+    forwarded = [t for t in features if t.name in wanted]
+    if len(forwarded) != len(wanted):
+        missing = sorted(set(wanted) - {t.name for t in forwarded})
+        raise RuntimeError(f"forward_to_postprocess names {missing}, not preprocess outputs")
+    return forwarded
+
+
+def _answer(
+    members: list[Member], outputs: WireTensors, arm: str, version: str, skipped: str
+) -> int:
+    """Decode the flight's answer once and give each member its rows; how many got it."""
+    level = _request(members[0]).level
+    answered = 0
+    for member, arrays in zip(
+        members, _split(codec.tensors_to_arrays(outputs), [m.rows for m in members]), strict=True
+    ):
+        if member.waiting:
+            answer = Answer(arrays, arm, version, level, skipped_rules=skipped)
+            member.future.set_result(answer)
+            answered += 1
+    return answered
+
+
+def _split(arrays: codec.Arrays, rows: Sequence[int]) -> list[codec.Arrays]:
+    """Each member's rows of stacked `arrays` (views, no copies)."""
+    if len(rows) == 1:
+        return [arrays]
+    bounds = [0, *accumulate(rows)]
+    for name, array in arrays.items():
+        if array.ndim == 0 or array.shape[0] != bounds[-1]:
+            raise RuntimeError(
+                f"output {name!r} of shape {list(array.shape)} is not stacked over "
+                f"{bounds[-1]} rows"
+            )
+    return [
+        {name: array[bounds[i] : bounds[i + 1]] for name, array in arrays.items()}
+        for i in range(len(rows))
+    ]

@@ -1,0 +1,58 @@
+"""The v2 request parameters the inference service honours.
+
+- `priority` (int): 1 is served first, higher numbers later; 0 or absent is the model's
+  default level (as in Triton).
+- `timeout` (int, microseconds): the request's own time budget; the gRPC deadline, when
+  shorter, wins. 0 or absent means none.
+- `skip_batching` (bool): run this request alone at the next free worker slot instead of
+  waiting for a batch (the gateway sets it on its second degradation level).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from strata.errors import InvalidArgument
+from strata.inference.jobs import Request
+from strata.proto.inference import grpc_service_pb2 as v2
+
+PRIORITY, TIMEOUT, SKIP_BATCHING = "priority", "timeout", "skip_batching"
+
+
+def request_options(
+    parameters: Mapping[str, v2.InferParameter], time_remaining: float | None, now: float
+) -> Request:
+    """The queueing options of one request; `now` is on the clock deadlines are kept on."""
+    priority = _integer(parameters, PRIORITY)
+    timeout_us = _integer(parameters, TIMEOUT)
+    budgets = [
+        b for b in (time_remaining, timeout_us / 1e6 if timeout_us else None) if b is not None
+    ]
+    return Request(
+        priority=priority,
+        deadline=now + min(budgets) if budgets else None,
+        skip_batching=_flag(parameters, SKIP_BATCHING),
+    )
+
+
+def _integer(parameters: Mapping[str, v2.InferParameter], name: str) -> int:
+    if name not in parameters:
+        return 0
+    param = parameters[name]
+    kind = param.WhichOneof("parameter_choice")
+    if kind not in ("int64_param", "uint64_param"):
+        raise InvalidArgument(f"parameter {name!r} must be an integer, got {kind or 'nothing'}")
+    value = getattr(param, kind)
+    if value < 0:
+        raise InvalidArgument(f"parameter {name!r} must not be negative, got {value}")
+    return value
+
+
+def _flag(parameters: Mapping[str, v2.InferParameter], name: str) -> bool:
+    if name not in parameters:
+        return False
+    param = parameters[name]
+    kind = param.WhichOneof("parameter_choice")
+    if kind != "bool_param":
+        raise InvalidArgument(f"parameter {name!r} must be a bool, got {kind or 'nothing'}")
+    return param.bool_param
