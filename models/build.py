@@ -23,6 +23,7 @@ from strata.repository import write_npz
 BUILDERS: dict[str, Callable[[Path], BuiltModel]] = {
     "digits": digits.build,
     "digits@2": digits.build_v2,
+    "digits-large": digits.build_large,
     "tabular": tabular.build,
 }
 MAX_BATCH_SIZE = 64

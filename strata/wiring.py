@@ -183,3 +183,133 @@ def declared(stage: object, where: str) -> dict[str, Made] | None:
     ):
         raise ValueError(f"{where}: outputs must map tensor names to strata.plugins.Made")
     return dict(outputs)
+
+
+class Staged(Protocol):
+    """A later model stage as the config declares it (strata.config.pipelines.Stage)."""
+
+    label: str
+    inputs: Mapping[str, str]
+    outputs: Mapping[str, str]
+    when: object | None
+
+
+def model_flows(root: Path, pipeline: str, spec: object) -> list[tuple[str, Flow]]:
+    """The tensors postprocess receives from a pipeline's models (strata.config Pipeline
+    `spec`), for each combination of the model versions its routes call, with a label
+    naming them; the later stages' wiring (docs/pipelines.md) checked on the way: each
+    stage's inputs fed by tensors of its model's datatypes and ranks, its outputs known, a
+    conditional stage giving only what earlier stages gave, its condition's tensor there."""
+    first = spec.model  # type: ignore[attr-defined]
+    flows = []
+    for version in versions(root, first.name, first.versions_called()):
+        flow = from_model(pipeline, version)
+        fed = {t.name: Known(Made(t.datatype, len(t.shape)), "preprocess") for t in version.inputs}
+        flows += _through(root, flow, fed, spec.stages, version.label)  # type: ignore[attr-defined]
+    return flows
+
+
+def _through(
+    root: Path, given: Flow, fed: dict[str, Known], stages: Sequence, label: str
+) -> list[tuple[str, Flow]]:
+    """`given` (what the models gave so far) after `stages`, each version of the next one."""
+    if not stages:
+        return [(label, given)]
+    stage, later = stages[0], stages[1:]
+    found = []
+    for version in versions(root, stage.model.name, stage.model.versions_called()):
+        after = Flow(given.pipeline, dict(given.tensors), given.open)
+        _stage(after, fed, stage, version)
+        found += _through(root, after, fed, later, f"{label}, {version.label}")
+    return found
+
+
+def _stage(given: Flow, fed: Mapping[str, Known], stage: Staged, version: Version) -> None:
+    """Check one version of a stage's model against what is there, and add what it gives."""
+    where = f"pipeline {given.pipeline!r}: stage {stage.label!r} ({version.label})"
+    there = {**fed, **given.tensors}
+    _check_inputs(where, there, stage, version)
+    gives = {info.name: info for info in version.outputs}
+    unknown = sorted(set(stage.outputs) - set(gives))
+    if unknown:
+        raise ValueError(
+            f"{where}: outputs renames {unknown[0]!r}, which the model does not "
+            f"give (its outputs: {sorted(gives)})"
+        )
+    if stage.when is not None:
+        _check_condition(where, there, stage)
+    for name, info in gives.items():
+        given_as = stage.outputs.get(name, name)
+        if stage.when is not None:
+            _keeps(where, given, given_as, info)
+        given.tensors[given_as] = Known(Made(info.datatype, len(info.shape)), version.label)
+
+
+def _check_inputs(where: str, there: Mapping[str, Known], stage: Staged, version: Version) -> None:
+    """Raise unless each model input is fed by a tensor that is there, of its kind."""
+    takes = {info.name: info for info in version.inputs}
+    unknown = sorted(set(stage.inputs) - set(takes))
+    if unknown:
+        raise ValueError(
+            f"{where}: the model takes no input {unknown[0]!r} (its inputs: {sorted(takes)})"
+        )
+    unfed = sorted(set(takes) - set(stage.inputs))
+    if unfed:
+        raise ValueError(
+            f"{where}: the model's input {unfed[0]!r} is fed by nothing; name its "
+            f"tensor in the stage's inputs"
+        )
+    for model_input, source in stage.inputs.items():
+        if source not in there:
+            raise ValueError(
+                f"{where}: input {model_input!r} is fed by {source!r}, which "
+                f"neither preprocess nor an earlier model gives (there: {sorted(there)})"
+            )
+        _feeds(where, source, there[source].made, takes[model_input])
+
+
+def _feeds(where: str, source: str, made: Made, info: TensorInfo) -> None:
+    if made.datatype is not None and made.datatype != info.datatype:
+        raise ValueError(
+            f"{where}: input {info.name!r} is fed by {source!r}, a {made.datatype} tensor, "
+            f"but the model takes {info.datatype}"
+        )
+    if made.rank is not None and made.rank != len(info.shape):
+        raise ValueError(
+            f"{where}: input {info.name!r} is fed by {source!r}, of {made.rank} dimensions, "
+            f"but the model takes {len(info.shape)} ({list(info.shape)})"
+        )
+
+
+def _check_condition(where: str, there: Mapping[str, Known], stage: Staged) -> None:
+    tensor = stage.when.tensor  # type: ignore[attr-defined]
+    known = there.get(tensor)
+    if known is None:
+        raise ValueError(
+            f"{where}: its condition reads {tensor!r}, which nothing before it "
+            f"gives (there: {sorted(there)})"
+        )
+    if known.made.datatype in ("BYTES", "BOOL"):
+        raise ValueError(
+            f"{where}: its condition reads {tensor!r}, a {known.made.datatype} "
+            "tensor; a condition measures numbers"
+        )
+
+
+def _keeps(where: str, given: Flow, name: str, info: TensorInfo) -> None:
+    """A conditional stage's output must be one an earlier model gave, of its kind: the rows
+    the stage passes over keep that one."""
+    known = given.tensors.get(name)
+    if known is None:
+        raise ValueError(
+            f"{where}: runs on a condition, so it may only give tensors an "
+            f"earlier model gave, for the rows it passes over keep those; it gives "
+            f"{name!r} (earlier models give {sorted(given.tensors)})"
+        )
+    made = known.made
+    if (made.datatype, made.rank) != (info.datatype, len(info.shape)):
+        raise ValueError(
+            f"{where}: gives {name!r} as {info.datatype} of rank {len(info.shape)}, "
+            f"but {known.stage} gave it as {made.datatype} of rank {made.rank}; "
+            "the rows the stage passes over keep that one"
+        )

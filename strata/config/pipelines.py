@@ -123,6 +123,66 @@ class ModelRef(Strict):
         return routes
 
 
+class Condition(Strict):
+    """Which rows a stage runs for: those where a measure of an earlier tensor, taken per
+    row over its other dimensions, is below (or above) a bound."""
+
+    tensor: str = Field(description="A tensor an earlier stage gave (e.g. logits).")
+    measure: Literal["top_probability", "margin", "max", "min"] = Field(
+        default="top_probability",
+        description="top_probability: the largest softmax probability of the row; margin: "
+        "the top two probabilities' difference; max, min: the row's largest or smallest value.",
+    )
+    below: float | None = Field(
+        default=None, allow_inf_nan=False, description="Run for rows whose measure is below it."
+    )
+    above: float | None = Field(
+        default=None, allow_inf_nan=False, description="Run for rows whose measure is above it."
+    )
+
+    @model_validator(mode="after")
+    def _one_bound(self) -> Condition:
+        if (self.below is None) == (self.above is None):
+            raise ValueError(f"condition on {self.tensor!r}: give exactly one of below, above")
+        return self
+
+
+class Stage(Strict):
+    """A model after the pipeline's first one: it reads tensors preprocess or earlier stages
+    made and gives its outputs to the stages after it and to postprocess."""
+
+    name: str = Field(
+        default="", description="Stage name in strata.stages and spans; empty: its model's."
+    )
+    model: ModelRef = Field(description="The model it runs, and its routes (no shadow).")
+    inputs: dict[str, str] = Field(
+        min_length=1,
+        description="Each model input and the tensor that feeds it: one the first model "
+        "takes (preprocess's) or one an earlier model gave.",
+    )
+    outputs: dict[str, str] = Field(
+        default_factory=dict,
+        description="Model outputs renamed as they are given on; an output not named here "
+        "keeps its name.",
+    )
+    when: Condition | None = Field(
+        default=None,
+        description="Run only for the rows that meet it; the others keep the tensors earlier "
+        "stages gave (a cascade's early exit), so a stage with a condition may only give "
+        "tensors an earlier stage gave.",
+    )
+
+    @model_validator(mode="after")
+    def _no_shadow(self) -> Stage:
+        if self.model.shadow is not None:
+            raise ValueError(f"stage {self.label!r}: a shadow applies to the first model only")
+        return self
+
+    @property
+    def label(self) -> str:
+        return self.name or self.model.name
+
+
 class Pipeline(Strict):
     """A pipeline: what clients see as one model."""
 
@@ -139,6 +199,11 @@ class Pipeline(Strict):
         default_factory=list, description="Steps after validation, in order, chosen by kind."
     )
     model: ModelRef = Field(description="The model the inputs feed, and its routes.")
+    stages: list[Stage] = Field(
+        default_factory=list,
+        description="Models that run after `model`, in order, each on its tensors or earlier "
+        "stages' (docs/pipelines.md); none: a pipeline of one model.",
+    )
     latency_objective_ms: float = Field(
         default=250.0, gt=0, description="P95 latency the ladder defends for this pipeline."
     )
@@ -162,6 +227,23 @@ class Pipeline(Strict):
     postprocess: list[Rule] = Field(
         default_factory=list, description="Rules, in order, chosen by kind."
     )
+
+    @model_validator(mode="after")
+    def _stages_named_once(self) -> Pipeline:
+        names = [self.model.name, *(stage.label for stage in self.stages)]
+        if len(set(names)) != len(names):
+            raise ValueError(f"stage names repeat (the first is its model's name): {names}")
+        if self.stages and self.max_batch_size == 0:
+            raise ValueError("stages carry rows of a batch: they need max_batch_size > 0")
+        return self
+
+    def stage_names(self) -> list[str]:
+        """The first model's name, then each later stage's."""
+        return [self.model.name, *(stage.label for stage in self.stages)]
+
+    def model_refs(self) -> list[ModelRef]:
+        """Every model the pipeline runs: the first, then each stage's."""
+        return [self.model, *(stage.model for stage in self.stages)]
 
     @model_validator(mode="after")
     def _default_answer_has_rows(self) -> Pipeline:

@@ -18,7 +18,7 @@ from strata.config.endpoints import Services
 from strata.config.gateway import GatewaySettings
 from strata.config.inference import InferenceSettings
 from strata.config.limits import TensorLimits
-from strata.config.pipelines import Pipeline, Route
+from strata.config.pipelines import ModelRef, Pipeline, Route
 from strata.config.postprocess import PostprocessSettings
 from strata.config.preprocess import PreprocessSettings
 from strata.config.server import ServerSettings, TelemetrySettings
@@ -81,19 +81,22 @@ class Settings(BaseSettings):
     @model_validator(mode="after")
     def _pipelines_use_served_models(self) -> Settings:
         for name, pipeline in self.pipelines.items():
-            if pipeline.model.name not in self.inference.models:
-                raise ValueError(
-                    f"pipeline {name!r} uses model {pipeline.model.name!r}, "
-                    f"which inference.models does not load"
-                )
-            routes = [*pipeline.model.routes, *filter(None, [pipeline.model.shadow])]
-            for route in routes:
-                if route.deployment not in self.services.inference:
-                    raise ValueError(
-                        f"pipeline {name!r} routes to deployment {route.deployment!r}, "
-                        f"not one of services.inference: {sorted(self.services.inference)}"
-                    )
+            for model in pipeline.model_refs():
+                self._check_served(name, model)
         return self
+
+    def _check_served(self, pipeline: str, model: ModelRef) -> None:
+        if model.name not in self.inference.models:
+            raise ValueError(
+                f"pipeline {pipeline!r} uses model {model.name!r}, "
+                f"which inference.models does not load"
+            )
+        for route in [*model.routes, *filter(None, [model.shadow])]:
+            if route.deployment not in self.services.inference:
+                raise ValueError(
+                    f"pipeline {pipeline!r} routes to deployment {route.deployment!r}, "
+                    f"not one of services.inference: {sorted(self.services.inference)}"
+                )
 
     @property
     def source(self) -> Path | None:
@@ -102,7 +105,11 @@ class Settings(BaseSettings):
 
     def routes(self, pipeline: str) -> list[Route]:
         """A pipeline's arms; with none configured, one arm on the first deployment."""
-        model = self.pipelines[pipeline].model
+        return self.model_routes(self.pipelines[pipeline].model)
+
+    def model_routes(self, model: ModelRef) -> list[Route]:
+        """A model's arms (a pipeline's or a stage's); with none configured, one arm on the
+        first deployment."""
         if model.routes:
             return model.routes
         first = next(iter(self.services.inference))

@@ -23,6 +23,7 @@ from strata.flight import ROWS, TIMEOUTS, TRACE_CONTEXTS, member_errors
 from strata.gateway.arms import ArmBook
 from strata.gateway.flights import Member
 from strata.gateway.metrics import FAILOVERS
+from strata.gateway.model_stages import EARLY_EXIT, Staged, Stages
 from strata.gateway.request import Answer, ClientRequest
 from strata.gateway.router import Router
 from strata.gateway.shadow import ShadowRunner
@@ -45,8 +46,10 @@ class Chain:
         shadow: ShadowRunner,
         arms: ArmBook,
         usable: Callable[[Route], bool],
+        stages: Stages,
     ) -> None:
         self._up = upstreams
+        self._stages = stages
         self._routers = routers
         self._shadow = shadow
         self._arms = arms
@@ -83,13 +86,20 @@ class Chain:
             return
         if not members:
             return
-        inferred = time.monotonic()
         self._mirror(members, features, scores)
+        staged = None
+        if first.pipeline.stages:
+            staged = await self._stages.run(members, features, scores, first.pipeline.model.name)
+            members, features, scores = staged.members, staged.features, staged.given
+            if not members:
+                return
+        inferred = time.monotonic()
         flags = {**first.parameters, "core_only": "true" if first.level >= 1 else "false"}
         tensors = [*scores, *_forwarded(first, features)]
         members, outputs, info = await self._layer(self._up.postprocess, members, tensors, flags)
         if members:
-            answered = _answer(members, outputs, route.arm, version, info.get("skipped_rules", ""))
+            skipped = info.get("skipped_rules", "")
+            answered = _answer(members, outputs, route.arm, version, skipped, staged)
             hops = Hops(preprocess_seconds, inferred - started, time.monotonic() - inferred)
             STATISTICS.flew(first.pipeline_name, answered, hops)
 
@@ -126,7 +136,10 @@ class Chain:
         if not members:
             return [], features, [], ""
         first = _request(members[0])
-        request = _model_request(first, route, members, features)
+        model = first.pipeline.model
+        rows = [m.rows for m in members]
+        version = route.version or model.version
+        request = model_request(model.name, version, members, rows, features)
         hop = self._up.inference[route.deployment]
         started = asyncio.get_running_loop().time()
         try:
@@ -260,17 +273,14 @@ def _survivors(members: list[Member], result: v1.Result) -> list[Member]:
     return kept
 
 
-def _model_request(
-    first: ClientRequest, route: Route, members: list[Member], features: WireTensors
+def model_request(
+    model: str, version: str, members: list[Member], rows: list[int], features: WireTensors
 ) -> v2.ModelInferRequest:
-    """A v2 ModelInfer over the stacked rows; for several members, each one's rows, trace
-    context and time budget in the parameters (another v2 server just sees a batch)."""
-    model = first.pipeline.model.name
-    request = v2.ModelInferRequest(
-        model_name=model,
-        model_version=route.version or first.pipeline.model.version,
-        id=first.request_id,
-    )
+    """A v2 ModelInfer of `model` over the stacked rows (`rows` of each member); for several
+    members, each one's rows, trace context and time budget in the parameters (another v2
+    server just sees a batch)."""
+    first = _request(members[0])
+    request = v2.ModelInferRequest(model_name=model, model_version=version, id=first.request_id)
     for tensor in features:
         request.inputs.add(name=tensor.name, datatype=tensor.datatype, shape=tensor.shape)
         request.raw_input_contents.append(tensor.data)
@@ -278,7 +288,7 @@ def _model_request(
     if first.level >= 2:
         parameters["skip_batching"].bool_param = True
     if len(members) > 1:
-        parameters[ROWS].string_param = ",".join(str(m.rows) for m in members)
+        parameters[ROWS].string_param = ",".join(str(count) for count in rows)
         parameters[TRACE_CONTEXTS].string_param = ",".join(
             m.carrier().get("traceparent", "") for m in members
         )
@@ -309,7 +319,12 @@ def _forwarded(first: ClientRequest, features: WireTensors) -> WireTensors:
 
 
 def _answer(
-    members: list[Member], outputs: WireTensors, arm: str, version: str, skipped: str
+    members: list[Member],
+    outputs: WireTensors,
+    arm: str,
+    version: str,
+    skipped: str,
+    staged: Staged | None,
 ) -> int:
     """Decode the flight's answer once and give each member its rows; how many got it."""
     level = _request(members[0]).level
@@ -319,6 +334,9 @@ def _answer(
     ):
         if member.waiting:
             answer = Answer(arrays, arm, version, level, skipped_rules=skipped)
+            if staged is not None:
+                answer.stages = ",".join(staged.answered[member])
+                answer.degraded = EARLY_EXIT if member in staged.early else ""
             member.future.set_result(answer)
             answered += 1
     return answered

@@ -20,11 +20,12 @@ from strata.config.pipelines import Pipeline, Route
 from strata.errors import StrataError
 from strata.gateway.arms import ArmBook
 from strata.gateway.cache import Cached, ResultCache, cache_key
-from strata.gateway.chain import Chain
+from strata.gateway.chain import Chain, model_request
 from strata.gateway.concurrency import Door
 from strata.gateway.flights import Flights, Member
 from strata.gateway.ladder import LadderController
 from strata.gateway.metrics import CACHE, DEGRADED, INFLIGHT
+from strata.gateway.model_stages import StageKey, Stages
 from strata.gateway.request import Answer, ClientRequest
 from strata.gateway.router import Router
 from strata.gateway.shadow import ShadowRunner
@@ -45,6 +46,7 @@ class Orchestrator:
         arms: ArmBook,
         flights: FlightSettings,
         door: Door,
+        stage_routers: dict[StageKey, Router],
     ) -> None:
         self._up = upstreams
         self.arms = arms
@@ -52,7 +54,8 @@ class Orchestrator:
         self.cache = cache
         self.routers = routers
         self.door = door
-        chain = Chain(upstreams, routers, shadow, arms, self._usable)
+        stages = Stages(upstreams, stage_routers, model_request)
+        chain = Chain(upstreams, routers, shadow, arms, self._usable, stages)
         self.flights = Flights(flights, chain.fly, self._departed)
 
     async def infer(self, req: ClientRequest) -> Answer:
@@ -86,7 +89,7 @@ class Orchestrator:
             self.door.leave(ticket, telling)
             INFLIGHT.dec()
         signals.record(name, time.monotonic() - started, "ok")
-        if not answer.skipped_rules:  # a partial answer is never served as a full one
+        if not (answer.skipped_rules or answer.degraded):  # never served as a full one
             self.cache.put(key, Cached(answer.outputs, answer.arm, answer.model_version))
         return answer
 

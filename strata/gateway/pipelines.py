@@ -286,6 +286,8 @@ def _response(
         parameters["strata.cached"].bool_param = True
     if answer.skipped_rules:
         parameters["strata.skipped_rules"].string_param = answer.skipped_rules
+    if answer.stages:
+        parameters["strata.stages"].string_param = answer.stages
     for name, array in outputs.items():
         place = placed.get(name)
         if place is None:

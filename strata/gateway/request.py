@@ -51,6 +51,7 @@ class Answer:
     arm: str
     model_version: str
     level: int
-    degraded: str = ""  # "", "cache" or "default"
+    degraded: str = ""  # "", "cache", "default" or "early_exit"
     cached: bool = False
     skipped_rules: str = ""
+    stages: str = ""  # a pipeline of several models: those that answered, in order

@@ -25,6 +25,7 @@ from strata.gateway.concurrency import Door
 from strata.gateway.ladder import LEVELS, LadderController
 from strata.gateway.limiter import RateLimiter
 from strata.gateway.metrics import LEVEL, LEVEL_CHANGES
+from strata.gateway.model_stages import stage_routers
 from strata.gateway.orchestrator import Orchestrator
 from strata.gateway.router import Router
 from strata.gateway.shadow import ShadowRunner
@@ -77,6 +78,7 @@ class Runtime:
             self.arms,
             settings.gateway.flights,
             self.door,
+            stage_routers(settings, self._serving),
         )
         self._ticker: asyncio.Task | None = None
 

@@ -10,7 +10,7 @@ from strata import wiring
 from strata.config.pipelines import Pipeline
 from strata.config.postprocess import PluginRule, RuleSpec
 from strata.plugins import Made, Rule
-from strata.wiring import Flow, Version
+from strata.wiring import Flow
 
 # The keys of a built-in rule that name a tensor it writes; an unset `output` or `values`
 # means the rule writes over its input.
@@ -20,19 +20,18 @@ _WRITES = ("output", "values", "indices")
 def check(name: str, spec: Pipeline, rules: list[tuple[RuleSpec, Rule]], root: Path) -> None:
     """Raise ValueError naming the pipeline, rule and tensor where a rule lacks an input or
     the pipeline's declared outputs are not made, for any model version a route may call."""
-    for version in wiring.versions(root, spec.model.name, spec.model.versions_called()):
-        _check_version(name, spec, rules, version)
+    for models, flow in wiring.model_flows(root, name, spec):
+        _check_models(spec, rules, models, flow)
 
 
-def _check_version(
-    name: str, spec: Pipeline, rules: list[tuple[RuleSpec, Rule]], version: Version
+def _check_models(
+    spec: Pipeline, rules: list[tuple[RuleSpec, Rule]], models: str, flow: Flow
 ) -> None:
-    flow = wiring.from_model(name, version)
     forwarded = dict.fromkeys(spec.forward_to_postprocess, Made())
     flow.make("preprocess (forward_to_postprocess)", forwarded)
     for stage, rule in rules:
         label = f"postprocess rule {stage.label!r}"
-        flow.need(f"{label} (with {version.label})", rule.inputs)
+        flow.need(f"{label} (with {models})", rule.inputs)
         flow.make(label, *_makes(stage, rule, flow))
     wiring.check_outputs(flow, spec.outputs)
 

@@ -234,5 +234,5 @@ def test_model_statistics_at_the_gateway_count_the_requests(system) -> None:
     infer = after["inference_stats"]
     assert int(infer["success"]["ns"]) >= int(infer["compute_infer"]["ns"]) > 0
     assert int(after["last_inference"]) > 0
-    assert report["all"] == ["digits", "tabular"]
+    assert report["all"] == ["digits", "digits-cascade", "tabular"]
     assert report["unknown"]["status"] == "StatusCode.NOT_FOUND"

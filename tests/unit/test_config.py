@@ -27,7 +27,7 @@ def tabular_input(datatype: str, shape: list) -> dict:
 
 def test_default_config_loads_with_paths_resolved() -> None:
     settings = load_settings(DEFAULT_CONFIG)
-    assert set(settings.pipelines) == {"digits", "tabular"}
+    assert set(settings.pipelines) == {"digits", "digits-cascade", "tabular"}
     assert settings.services.gateway.listen.endswith(":8001")
     assert settings.repository.is_absolute()
     resize = settings.pipelines["digits"].preprocess[0]
@@ -40,7 +40,7 @@ def test_default_config_loads_with_paths_resolved() -> None:
         ({"services": {"gateway": {"listen": "8001"}}}, ["services.gateway.listen", "host:port"]),
         ({"server": {"grace_seconds": -1}}, ["server.grace_seconds", "greater than 0"]),
         ({"server": {"colour": "blue"}}, ["server.colour", "Extra inputs"]),
-        ({"inference": {"models": ["digits"]}}, ["tabular", "inference.models"]),
+        ({"inference": {"models": ["digits", "digits-large"]}}, ["tabular", "inference.models"]),
         ({"pipelines": {"digits": {"inputs": []}}}, ["pipelines.digits.inputs"]),
         (
             {

@@ -1,0 +1,335 @@
+"""A pipeline's later model stages, run over a flight after its first model.
+
+The flight's tensors (preprocess's outputs and the first model's) are decoded once into one
+table of rows; each stage takes the rows it runs for (all of them, or those its condition
+picks, evaluated over the whole flight at once), calls its model with just those rows, one
+ModelInfer per arm, and writes its outputs back into their rows. A row a conditional stage
+passes over keeps what earlier stages gave it: a cascade's early exit. Each member keeps its
+own error (a stage's error for one member fails only that member), its own deadline (a stage
+is not started for a member whose budget is shorter than the stage's usual time: it leaves
+with its earlier answer, marked degraded, or fails where the stage was not optional) and its
+own trace (each stage is a span linked to the members it carried). What postprocess receives
+is every tensor a model gave, for the members still waiting.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from itertools import accumulate
+
+import numpy as np
+from opentelemetry import trace
+from opentelemetry.trace import Link
+
+from strata import codec, stack
+from strata.config.pipelines import Condition, Pipeline, Route, Stage
+from strata.config.settings import Settings
+from strata.errors import DeadlineExceeded, NotReady, StrataError
+from strata.flight import member_errors
+from strata.gateway.flights import Member
+from strata.gateway.router import Router
+from strata.gateway.upstreams import Upstreams
+from strata.proto.inference import grpc_service_pb2 as v2
+from strata.proto.v1 import tensor_pb2 as v1
+
+TRACER = trace.get_tracer("strata.gateway")
+# A degraded answer's source when a member left a cascade early because its budget was
+# shorter than the next stage's usual time.
+EARLY_EXIT = "early_exit"
+# How fast a stage's usual time follows its latest calls.
+SMOOTHING = 0.2
+
+StageKey = tuple[str, str]  # (pipeline, stage)
+# Builds a ModelInfer request for a model and version over members' stacked tensors.
+# (model, version, members, each member's rows in the call, the stacked inputs).
+RequestBuilder = Callable[
+    [str, str, list[Member], list[int], list[v1.Tensor]], v2.ModelInferRequest
+]
+
+
+def stage_routers(
+    settings: Settings, serving: Callable[[str], Callable[[Route], bool]]
+) -> dict[StageKey, Router]:
+    """A router per later stage of every pipeline, over the stage's own arms."""
+    return {
+        (name, stage.label): Router(
+            f"{name}/{stage.label}",
+            settings.model_routes(stage.model),
+            None,
+            serving(stage.model.name),
+        )
+        for name, pipeline in settings.pipelines.items()
+        for stage in pipeline.stages
+    }
+
+
+@dataclass
+class Staged:
+    """A flight after its stages: the members still waiting, their rows of preprocess's
+    outputs and of every tensor a model gave, which stages answered each one, and those that
+    left early."""
+
+    members: list[Member]
+    features: list[v1.Tensor]
+    given: list[v1.Tensor]
+    answered: dict[Member, list[str]]
+    early: set[Member] = field(default_factory=set)
+
+
+@dataclass
+class _Table:
+    """The flight's tensors decoded, stacked over every member's rows in boarding order."""
+
+    members: list[Member]
+    rows: list[int]
+    tensors: dict[str, np.ndarray]
+    given: list[str]
+    answered: dict[Member, list[str]]
+    early: set[Member] = field(default_factory=set)
+    fresh: set[str] = field(default_factory=set)  # tensors the running stage made anew
+
+    def __post_init__(self) -> None:
+        self._starts = [0, *accumulate(self.rows)]
+
+    def row_slices(self, index: int) -> slice:
+        return slice(self._starts[index], self._starts[index + 1])
+
+
+class Stages:
+    """Runs the later stages of flights' pipelines."""
+
+    def __init__(
+        self,
+        upstreams: Upstreams,
+        routers: dict[StageKey, Router],
+        build: RequestBuilder,
+    ) -> None:
+        self._up = upstreams
+        self._routers = routers
+        self._build = build
+        self._usual: dict[StageKey, float] = {}  # each stage's usual seconds per call
+
+    async def run(
+        self,
+        members: list[Member],
+        features: list[v1.Tensor],
+        outputs: list[v1.Tensor],
+        first_stage: str,
+    ) -> Staged:
+        """The flight after `members`' pipeline's later stages (`outputs`: its first
+        model's, stacked over the members' rows like `features`)."""
+        pipeline: Pipeline = members[0].request.pipeline
+        table = _Table(
+            members,
+            [m.rows for m in members],
+            {**codec.tensors_to_arrays(features), **codec.tensors_to_arrays(outputs)},
+            [t.name for t in outputs],
+            {m: [first_stage] for m in members},
+        )
+        for stage in pipeline.stages:
+            await self._stage(table, stage)
+        kept = [i for i, m in enumerate(members) if m.waiting]
+        rows = _rows_of(table, kept, np.ones(sum(table.rows), dtype=bool))
+        given = {name: table.tensors[name][rows] for name in table.given}
+        survivors = [members[i] for i in kept]
+        return Staged(
+            survivors,
+            stack.take(features, table.rows, kept) if len(kept) < len(members) else features,
+            codec.arrays_to_tensors(given),
+            {m: table.answered[m] for m in survivors},
+            table.early & set(survivors),
+        )
+
+    async def _stage(self, table: _Table, stage: Stage) -> None:
+        """Run `stage` for the rows it takes, one call per arm, all at once."""
+        pipeline_name = table.members[0].request.pipeline_name
+        key = (pipeline_name, stage.label)
+        chosen = _chosen_rows(table, stage.when)
+        usual = self._usual.get(key, 0.0)
+        by_arm: dict[str, tuple[Route, list[int]]] = {}
+        for index, member in enumerate(table.members):
+            if not member.waiting or not chosen[table.row_slices(index)].any():
+                continue
+            if member.request.budget.left() < usual:
+                _too_short(table, member, stage, usual)
+                continue
+            route = self._route(key, member)
+            if route is not None:
+                by_arm.setdefault(route.arm, (route, []))[1].append(index)
+        calls = [
+            self._call(table, stage, key, route, indices, chosen)
+            for route, indices in by_arm.values()
+        ]
+        table.fresh = set()
+        await asyncio.gather(*calls)
+        if stage.when is None:
+            table.given = [*dict.fromkeys([*table.given, *sorted(table.fresh)])]
+
+    def _route(self, key: StageKey, member: Member) -> Route | None:
+        """The member's arm for the stage (sticky by client), or None, the member failed,
+        when no arm is available."""
+        try:
+            return self._routers[key].choose(member.request.client)
+        except StrataError as exc:
+            _fail(member, exc)
+            return None
+
+    async def _call(
+        self,
+        table: _Table,
+        stage: Stage,
+        key: StageKey,
+        route: Route,
+        indices: list[int],
+        chosen: np.ndarray,
+    ) -> None:
+        """One ModelInfer on `route` for the chosen rows of members `indices`."""
+        members = [table.members[i] for i in indices]
+        picked = [_rows_of(table, [i], chosen) for i in indices]
+        rows = np.concatenate(picked)
+        inputs = {
+            model_input: table.tensors[source][rows] for model_input, source in stage.inputs.items()
+        }
+        request = self._build(
+            stage.model.name,
+            route.version or stage.model.version,
+            members,
+            [len(p) for p in picked],
+            codec.arrays_to_tensors(inputs),
+        )
+        hop = self._up.inference[route.deployment]
+        budget = max(m.request.budget.left() for m in members)
+        started = time.monotonic()
+        with _stage_span(stage, route, members, len(rows)):
+            try:
+                if budget <= 0:
+                    raise DeadlineExceeded(f"deadline passed before stage {stage.label!r}")
+                reply = await hop.call("ModelInfer", request, budget, spare=False)
+            except StrataError as exc:
+                for member in members:
+                    _fail(member, exc)
+                return
+        self._learn(key, time.monotonic() - started)
+        errors = member_errors(reply.parameters, len(members))
+        outputs = _renamed(codec.response_outputs(reply), stage.outputs)
+        answered = [i for i in range(len(members)) if i not in errors]
+        for index, error in errors.items():
+            _fail(members[index], error)
+        if answered:
+            written = np.concatenate([picked[i] for i in answered])
+            _write(table, stage, outputs, written)
+            for i in answered:
+                table.answered[members[i]].append(stage.label)
+
+    def _learn(self, key: StageKey, seconds: float) -> None:
+        before = self._usual.get(key)
+        self._usual[key] = seconds if before is None else before + SMOOTHING * (seconds - before)
+
+
+def _rows_of(table: _Table, indices: Sequence[int], chosen: np.ndarray) -> np.ndarray:
+    """The chosen rows of members `indices`, as row numbers of the table."""
+    parts = [
+        np.flatnonzero(chosen[table.row_slices(i)]) + table.row_slices(i).start for i in indices
+    ]
+    return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
+
+
+def _chosen_rows(table: _Table, when: Condition | None) -> np.ndarray:
+    """Which rows of the flight the stage runs for (a row whose measure is not a number
+    runs it: nothing says it is sure)."""
+    total = sum(table.rows)
+    if when is None:
+        return np.ones(total, dtype=bool)
+    measure = _measure(table.tensors[when.tensor].reshape(total, -1), when.measure)
+    with np.errstate(invalid="ignore"):
+        if when.below is not None:
+            return ~(measure >= when.below)
+        return ~(measure <= when.above)
+
+
+def _measure(values: np.ndarray, kind: str) -> np.ndarray:
+    """One number per row of `values` ([rows, n])."""
+    values = values.astype(np.float64)
+    with np.errstate(invalid="ignore", over="ignore"):
+        if kind == "max":
+            return values.max(axis=1)
+        if kind == "min":
+            return values.min(axis=1)
+        shifted = np.exp(values - values.max(axis=1, keepdims=True))
+        probabilities = shifted / shifted.sum(axis=1, keepdims=True)
+        if kind == "top_probability":
+            return probabilities.max(axis=1)
+        top = np.sort(probabilities, axis=1)
+        return top[:, -1] - (top[:, -2] if top.shape[1] > 1 else 0.0)
+
+
+def _renamed(outputs: codec.Arrays, names: dict[str, str]) -> codec.Arrays:
+    return {names.get(name, name): array for name, array in outputs.items()}
+
+
+def _write(table: _Table, stage: Stage, outputs: codec.Arrays, rows: np.ndarray) -> None:
+    """Write a stage's outputs into `rows` of the table; a conditional stage writes over
+    tensors an earlier stage gave, which must have the same kind of rows."""
+    total = sum(table.rows)
+    for name, array in outputs.items():
+        if len(array) != len(rows):
+            raise NotReady(
+                f"stage {stage.label!r}: model {stage.model.name!r} answered {len(array)} rows "
+                f"of {name!r} for {len(rows)}"
+            )
+        present = table.tensors.get(name)
+        if stage.when is None and name not in table.fresh:
+            present = table.tensors[name] = np.zeros((total, *array.shape[1:]), array.dtype)
+            table.fresh.add(name)
+        elif present is None or present.shape[1:] != array.shape[1:]:
+            before = "nothing" if present is None else list(present.shape[1:])
+            raise NotReady(
+                f"stage {stage.label!r} gives {name!r} with rows of shape "
+                f"{list(array.shape[1:])} where the rows it passes over keep {before}"
+            )
+        if not present.flags.writeable:  # decoded from the wire: a view of its bytes
+            present = table.tensors[name] = present.copy()
+        present[rows] = array
+
+
+def _too_short(table: _Table, member: Member, stage: Stage, usual: float) -> None:
+    """A member whose budget is shorter than the stage's usual time: it leaves with what
+    earlier stages gave it, marked degraded, where the stage is conditional; else it fails."""
+    if stage.when is not None:
+        table.early.add(member)
+        return
+    _fail(
+        member,
+        DeadlineExceeded(
+            f"stage {stage.label!r} usually takes {usual * 1e3:.0f} ms, more than the "
+            f"{max(member.request.budget.left(), 0) * 1e3:.0f} ms left"
+        ),
+    )
+
+
+def _fail(member: Member, exc: BaseException) -> None:
+    if member.waiting:
+        member.future.set_exception(exc)
+
+
+@contextlib.contextmanager
+def _stage_span(stage: Stage, route: Route, members: Sequence[Member], rows: int) -> Iterator[None]:
+    """The stage's span, linked to the sampled members it carried."""
+    sampled = [s for s in (trace.get_current_span(m.context) for m in members) if s.is_recording()]
+    if not sampled and not trace.get_current_span().is_recording():
+        yield
+        return
+    attributes = {
+        "strata.stage": stage.label,
+        "strata.model": stage.model.name,
+        "strata.arm": route.arm,
+        "strata.rows": rows,
+        "strata.requests": len(members),
+    }
+    links = [Link(s.get_span_context()) for s in sampled]
+    with TRACER.start_as_current_span(f"stage {stage.label}", links=links, attributes=attributes):
+        yield
