@@ -1,0 +1,36 @@
+"""docs/pipelines.md's config example is the default config's cascade, valid as written, and
+its graph fits the demo models' signatures."""
+
+import re
+
+import yaml
+
+from strata import wiring
+from strata.config import load_settings
+from strata.config.pipelines import Pipeline
+from tests.support.system import DEFAULT_CONFIG, ROOT
+
+DOC = ROOT / "docs" / "pipelines.md"
+
+
+def example() -> dict:
+    blocks = re.findall(r"```yaml\n(.*?)```", DOC.read_text(), flags=re.S)
+    return yaml.safe_load(blocks[0])["pipelines"]["digits-cascade"]
+
+
+def test_the_example_is_the_default_configs_cascade() -> None:
+    shown = Pipeline.model_validate(example())
+    served = load_settings(DEFAULT_CONFIG).pipelines["digits-cascade"]
+    assert shown == served
+    assert [stage.label for stage in shown.stages] == ["large"]
+
+
+def test_the_examples_graph_fits_the_demo_models() -> None:
+    settings = load_settings(DEFAULT_CONFIG)
+    flows = wiring.model_flows(settings.repository, "digits-cascade", Pipeline(**example()))
+    assert [label for label, _ in flows] == [
+        "model 'digits' version 1, model 'digits-large' version 1"
+    ]
+    ((_, given),) = flows
+    assert sorted(given.tensors) == ["logits"]
+    assert (given.tensors["logits"].made.datatype, given.tensors["logits"].made.rank) == ("FP32", 2)
