@@ -34,6 +34,7 @@ class Cached:
     outputs: dict[str, np.ndarray]
     arm: str
     model_version: str
+    stages: str = ""  # a pipeline of several models: those that answered
 
 
 class ResultCache:

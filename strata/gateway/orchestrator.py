@@ -90,7 +90,8 @@ class Orchestrator:
             INFLIGHT.dec()
         signals.record(name, time.monotonic() - started, "ok")
         if not (answer.skipped_rules or answer.degraded):  # never served as a full one
-            self.cache.put(key, Cached(answer.outputs, answer.arm, answer.model_version))
+            cached = Cached(answer.outputs, answer.arm, answer.model_version, answer.stages)
+            self.cache.put(key, cached)
         return answer
 
     def _departed(self, member: Member, waited: float) -> None:
@@ -111,7 +112,9 @@ class Orchestrator:
                 degraded = "cache" if level >= 3 else ""
                 if degraded:
                     DEGRADED.labels("cache").inc()
-                return Answer(hit.outputs, hit.arm, hit.model_version, level, degraded, True)
+                answer = Answer(hit.outputs, hit.arm, hit.model_version, level, degraded, True)
+                answer.stages = hit.stages
+                return answer
         if level >= 3 and pipeline.default_answer:
             DEGRADED.labels("default").inc()
             return Answer(default_outputs(pipeline, rows), route.arm, "", level, "default")

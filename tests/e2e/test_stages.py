@@ -25,15 +25,17 @@ def cascade(images: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """What the config's cascade answers, in process: each row's class and whether
     digits-large answered it."""
     stage = load_settings(DEFAULT_CONFIG).pipelines["digits-cascade"].stages[0]
-    pixels = run_steps(DIGITS_STEPS, {"images": images}, BUILD / "repository")["pixels"]
-    small = _run(BUILD / "repository" / "digits" / "1" / "model.onnx", pixels)
-    large = _run(BUILD / "repository" / "digits-large" / "1" / "model.onnx", pixels)
+    small = logits("digits", images)
     shifted = np.exp(small - small.max(axis=1, keepdims=True))
     unsure = (shifted / shifted.sum(axis=1, keepdims=True)).max(axis=1) < stage.when.below
+    large = logits("digits-large", images)
     return np.where(unsure, large.argmax(axis=1), small.argmax(axis=1)), unsure
 
 
-def _run(path, pixels: np.ndarray) -> np.ndarray:
+def logits(model: str, images: np.ndarray) -> np.ndarray:
+    """Version 1 of `model` on client images, in process."""
+    pixels = run_steps(DIGITS_STEPS, {"images": images}, BUILD / "repository")["pixels"]
+    path = BUILD / "repository" / model / "1" / "model.onnx"
     session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     return session.run(None, {"pixels": pixels})[0]
 
