@@ -192,6 +192,7 @@ class Staged(Protocol):
     inputs: Mapping[str, str]
     outputs: Mapping[str, str]
     when: object | None
+    fallback: object | None
 
 
 def model_flows(root: Path, pipeline: str, spec: object) -> list[tuple[str, Flow]]:
@@ -212,12 +213,15 @@ def model_flows(root: Path, pipeline: str, spec: object) -> list[tuple[str, Flow
 def _through(
     root: Path, given: Flow, fed: dict[str, Known], stages: Sequence, label: str
 ) -> list[tuple[str, Flow]]:
-    """`given` (what the models gave so far) after `stages`, each version of the next one."""
+    """`given` (what the models gave so far) after `stages`, each version of the next one's
+    model and of its fallback."""
     if not stages:
         return [(label, given)]
     stage, later = stages[0], stages[1:]
     found = []
-    for version in versions(root, stage.model.name, stage.model.versions_called()):
+    models = [stage.model, *([stage.fallback.model] if stage.fallback else [])]
+    every = [v for m in models for v in versions(root, m.name, m.versions_called())]
+    for version in every:
         after = Flow(given.pipeline, dict(given.tensors), given.open)
         _stage(after, fed, stage, version)
         found += _through(root, after, fed, later, f"{label}, {version.label}")

@@ -147,6 +147,27 @@ class Condition(Strict):
         return self
 
 
+class Fallback(Strict):
+    """A cheaper model a stage runs instead of its own, its answers marked degraded."""
+
+    model: ModelRef = Field(
+        description="The model: it takes the stage's inputs and gives the stage's outputs."
+    )
+    from_level: int | None = Field(
+        default=None,
+        ge=1,
+        le=3,
+        description="The degradation level from which it runs instead of the stage's own "
+        "model; none: only when that one cannot answer.",
+    )
+
+    @model_validator(mode="after")
+    def _no_shadow(self) -> Fallback:
+        if self.model.shadow is not None:
+            raise ValueError("a fallback model takes no shadow")
+        return self
+
+
 class Stage(Strict):
     """A model after the pipeline's first one: it reads tensors preprocess or earlier stages
     made and gives its outputs to the stages after it and to postprocess."""
@@ -164,6 +185,12 @@ class Stage(Strict):
         default_factory=dict,
         description="Model outputs renamed as they are given on; an output not named here "
         "keeps its name.",
+    )
+    fallback: Fallback | None = Field(
+        default=None,
+        description="A cheaper model run instead when the stage's own cannot answer (its "
+        "arms unavailable, overloaded, failing, their circuits open, the model not served) "
+        "or from a degradation level; its answers are marked degraded and never cached.",
     )
     when: Condition | None = Field(
         default=None,
@@ -242,8 +269,9 @@ class Pipeline(Strict):
         return [self.model.name, *(stage.label for stage in self.stages)]
 
     def model_refs(self) -> list[ModelRef]:
-        """Every model the pipeline runs: the first, then each stage's."""
-        return [self.model, *(stage.model for stage in self.stages)]
+        """Every model the pipeline may run: the first, then each stage's and its fallback's."""
+        stages = [[s.model, *([s.fallback.model] if s.fallback else [])] for s in self.stages]
+        return [self.model, *(model for models in stages for model in models)]
 
     @model_validator(mode="after")
     def _default_answer_has_rows(self) -> Pipeline:

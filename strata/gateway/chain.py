@@ -23,7 +23,7 @@ from strata.flight import ROWS, TIMEOUTS, TRACE_CONTEXTS, member_errors
 from strata.gateway.arms import ArmBook
 from strata.gateway.flights import Member
 from strata.gateway.metrics import FAILOVERS
-from strata.gateway.model_stages import EARLY_EXIT, Staged, Stages
+from strata.gateway.model_stages import Staged, Stages
 from strata.gateway.request import Answer, ClientRequest
 from strata.gateway.router import Router
 from strata.gateway.shadow import ShadowRunner
@@ -336,7 +336,7 @@ def _answer(
             answer = Answer(arrays, arm, version, level, skipped_rules=skipped)
             if staged is not None:
                 answer.stages = ",".join(staged.answered[member])
-                answer.degraded = EARLY_EXIT if member in staged.early else ""
+                answer.degraded = staged.degraded.get(member, "")
             member.future.set_result(answer)
             answered += 1
     return answered

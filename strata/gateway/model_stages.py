@@ -8,8 +8,11 @@ passes over keeps what earlier stages gave it: a cascade's early exit. Each memb
 own error (a stage's error for one member fails only that member), its own deadline (a stage
 is not started for a member whose budget is shorter than the stage's usual time: it leaves
 with its earlier answer, marked degraded, or fails where the stage was not optional) and its
-own trace (each stage is a span linked to the members it carried). What postprocess receives
-is every tensor a model gave, for the members still waiting.
+own trace (each stage is a span linked to the members it carried). A stage with a fallback
+runs that cheaper model instead, for the members its own could not answer (an arm
+unavailable, overloaded or failing, its circuit open, the model not served there) and for
+all of them from the fallback's degradation level; their answers are marked degraded. What
+postprocess receives is every tensor a model gave, for the members still waiting.
 """
 
 from __future__ import annotations
@@ -40,10 +43,22 @@ TRACER = trace.get_tracer("strata.gateway")
 # A degraded answer's source when a member left a cascade early because its budget was
 # shorter than the next stage's usual time.
 EARLY_EXIT = "early_exit"
+# A degraded answer's source when a stage's fallback model answered it.
+FALLBACK = "fallback"
 # How fast a stage's usual time follows its latest calls.
 SMOOTHING = 0.2
+# Failures of a stage's own model that its fallback answers instead: the server's, not the
+# request's (a bad input or a deadline that passed is the same for any model).
+FALLS_BACK = {
+    "UNAVAILABLE",
+    "RESOURCE_EXHAUSTED",
+    "FAILED_PRECONDITION",
+    "NOT_FOUND",
+    "INTERNAL",
+    "UNKNOWN",
+}
 
-StageKey = tuple[str, str]  # (pipeline, stage)
+StageKey = tuple[str, str]  # (pipeline, stage; "<stage>/fallback" for its fallback)
 # Builds a ModelInfer request for a model and version over members' stacked tensors.
 # (model, version, members, each member's rows in the call, the stacked inputs).
 RequestBuilder = Callable[
@@ -54,30 +69,30 @@ RequestBuilder = Callable[
 def stage_routers(
     settings: Settings, serving: Callable[[str], Callable[[Route], bool]]
 ) -> dict[StageKey, Router]:
-    """A router per later stage of every pipeline, over the stage's own arms."""
-    return {
-        (name, stage.label): Router(
-            f"{name}/{stage.label}",
-            settings.model_routes(stage.model),
-            None,
-            serving(stage.model.name),
-        )
-        for name, pipeline in settings.pipelines.items()
-        for stage in pipeline.stages
-    }
+    """A router per later stage of every pipeline and per fallback, over its own arms."""
+    routers = {}
+    for name, pipeline in settings.pipelines.items():
+        for stage in pipeline.stages:
+            models = [(stage.label, stage.model)]
+            if stage.fallback is not None:
+                models.append((_fallback_label(stage), stage.fallback.model))
+            for label, model in models:
+                routes = settings.model_routes(model)
+                routers[name, label] = Router(f"{name}/{label}", routes, None, serving(model.name))
+    return routers
 
 
 @dataclass
 class Staged:
     """A flight after its stages: the members still waiting, their rows of preprocess's
-    outputs and of every tensor a model gave, which stages answered each one, and those that
-    left early."""
+    outputs and of every tensor a model gave, which stages answered each one, and why an
+    answer is degraded (EARLY_EXIT, FALLBACK), where it is."""
 
     members: list[Member]
     features: list[v1.Tensor]
     given: list[v1.Tensor]
     answered: dict[Member, list[str]]
-    early: set[Member] = field(default_factory=set)
+    degraded: dict[Member, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -89,7 +104,7 @@ class _Table:
     tensors: dict[str, np.ndarray]
     given: list[str]
     answered: dict[Member, list[str]]
-    early: set[Member] = field(default_factory=set)
+    degraded: dict[Member, str] = field(default_factory=dict)
     fresh: set[str] = field(default_factory=set)  # tensors the running stage made anew
 
     def __post_init__(self) -> None:
@@ -141,51 +156,82 @@ class Stages:
             stack.take(features, table.rows, kept) if len(kept) < len(members) else features,
             codec.arrays_to_tensors(given),
             {m: table.answered[m] for m in survivors},
-            table.early & set(survivors),
+            {m: table.degraded[m] for m in survivors if m in table.degraded},
         )
 
     async def _stage(self, table: _Table, stage: Stage) -> None:
         """Run `stage` for the rows it takes, one call per arm, all at once."""
-        pipeline_name = table.members[0].request.pipeline_name
-        key = (pipeline_name, stage.label)
+        name = table.members[0].request.pipeline_name
         chosen = _chosen_rows(table, stage.when)
-        usual = self._usual.get(key, 0.0)
-        by_arm: dict[str, tuple[Route, list[int]]] = {}
+        usual = self._usual.get((name, stage.label), 0.0)
+        own, fallback = [], []
         for index, member in enumerate(table.members):
             if not member.waiting or not chosen[table.row_slices(index)].any():
                 continue
             if member.request.budget.left() < usual:
                 _too_short(table, member, stage, usual)
-                continue
-            route = self._route(key, member)
-            if route is not None:
-                by_arm.setdefault(route.arm, (route, []))[1].append(index)
-        calls = [
-            self._call(table, stage, key, route, indices, chosen)
-            for route, indices in by_arm.values()
-        ]
+            elif _falls_back_at_level(stage, member):
+                fallback.append(index)
+            else:
+                own.append(index)
         table.fresh = set()
-        await asyncio.gather(*calls)
+        await asyncio.gather(
+            self._by_arm(table, stage, own, chosen, fallback=False),
+            self._by_arm(table, stage, fallback, chosen, fallback=True),
+        )
         if stage.when is None:
             table.given = [*dict.fromkeys([*table.given, *sorted(table.fresh)])]
 
-    def _route(self, key: StageKey, member: Member) -> Route | None:
-        """The member's arm for the stage (sticky by client), or None, the member failed,
-        when no arm is available."""
-        try:
-            return self._routers[key].choose(member.request.client)
-        except StrataError as exc:
-            _fail(member, exc)
-            return None
+    async def _by_arm(
+        self, table: _Table, stage: Stage, indices: list[int], chosen: np.ndarray, fallback: bool
+    ) -> None:
+        """Members `indices` through the stage's model (or its fallback), one call per arm."""
+        label = _fallback_label(stage) if fallback else stage.label
+        key = (table.members[0].request.pipeline_name, label)
+        by_arm: dict[str, tuple[Route, list[int]]] = {}
+        unrouted: dict[int, StrataError] = {}
+        for index in indices:
+            try:
+                route = self._routers[key].choose(table.members[index].request.client)
+            except StrataError as exc:  # no arm available
+                unrouted[index] = exc
+                continue
+            by_arm.setdefault(route.arm, (route, []))[1].append(index)
+        calls = [
+            self._call(table, stage, route, group, chosen, fallback)
+            for route, group in by_arm.values()
+        ]
+        calls += [
+            self._failed(table, stage, group, chosen, fallback, error)
+            for group, error in _by_code(unrouted)
+        ]
+        await asyncio.gather(*calls)
+
+    async def _failed(
+        self,
+        table: _Table,
+        stage: Stage,
+        indices: list[int],
+        chosen: np.ndarray,
+        fallback: bool,
+        exc: StrataError,
+    ) -> None:
+        """Members the stage's model could not answer: to its fallback where that may answer
+        instead, else they fail with `exc`."""
+        if not fallback and stage.fallback is not None and exc.code.name in FALLS_BACK:
+            await self._by_arm(table, stage, indices, chosen, fallback=True)
+            return
+        for index in indices:
+            _fail(table.members[index], exc)
 
     async def _call(
         self,
         table: _Table,
         stage: Stage,
-        key: StageKey,
         route: Route,
         indices: list[int],
         chosen: np.ndarray,
+        fallback: bool,
     ) -> None:
         """One ModelInfer on `route` for the chosen rows of members `indices`."""
         members = [table.members[i] for i in indices]
@@ -194,9 +240,10 @@ class Stages:
         inputs = {
             model_input: table.tensors[source][rows] for model_input, source in stage.inputs.items()
         }
+        model = stage.fallback.model if fallback else stage.model
         request = self._build(
-            stage.model.name,
-            route.version or stage.model.version,
+            model.name,
+            route.version or model.version,
             members,
             [len(p) for p in picked],
             codec.arrays_to_tensors(inputs),
@@ -204,30 +251,58 @@ class Stages:
         hop = self._up.inference[route.deployment]
         budget = max(m.request.budget.left() for m in members)
         started = time.monotonic()
-        with _stage_span(stage, route, members, len(rows)):
+        with _stage_span(stage, model.name, route, members, len(rows)):
             try:
                 if budget <= 0:
                     raise DeadlineExceeded(f"deadline passed before stage {stage.label!r}")
                 reply = await hop.call("ModelInfer", request, budget, spare=False)
             except StrataError as exc:
-                for member in members:
-                    _fail(member, exc)
+                await self._failed(table, stage, indices, chosen, fallback, exc)
                 return
-        self._learn(key, time.monotonic() - started)
+        if not fallback:
+            self._learn((members[0].request.pipeline_name, stage.label), time.monotonic() - started)
         errors = member_errors(reply.parameters, len(members))
         outputs = _renamed(codec.response_outputs(reply), stage.outputs)
         answered = [i for i in range(len(members)) if i not in errors]
-        for index, error in errors.items():
-            _fail(members[index], error)
         if answered:
-            written = np.concatenate([picked[i] for i in answered])
-            _write(table, stage, outputs, written)
+            _write(table, stage, outputs, np.concatenate([picked[i] for i in answered]))
+            label = _fallback_label(stage) if fallback else stage.label
             for i in answered:
-                table.answered[members[i]].append(stage.label)
+                table.answered[members[i]].append(label)
+                if fallback:
+                    table.degraded[members[i]] = FALLBACK
+        await asyncio.gather(
+            *(
+                self._failed(table, stage, [indices[i] for i in group], chosen, fallback, error)
+                for group, error in _by_code(errors)
+            )
+        )
 
     def _learn(self, key: StageKey, seconds: float) -> None:
         before = self._usual.get(key)
         self._usual[key] = seconds if before is None else before + SMOOTHING * (seconds - before)
+
+
+def _fallback_label(stage: Stage) -> str:
+    return f"{stage.label}/fallback"
+
+
+def _falls_back_at_level(stage: Stage, member: Member) -> bool:
+    """Whether the ladder's level sends `member` to the stage's fallback at once."""
+    fallback = stage.fallback
+    return (
+        fallback is not None
+        and fallback.from_level is not None
+        and member.request.level >= fallback.from_level
+    )
+
+
+def _by_code(errors: dict[int, StrataError]) -> list[tuple[list[int], StrataError]]:
+    """Members' errors grouped by status code, each group with its first error."""
+    groups: dict[str, tuple[list[int], StrataError]] = {}
+    for index, error in errors.items():
+        groups.setdefault(error.code.name, ([], error))[0].append(index)
+    return list(groups.values())
 
 
 def _rows_of(table: _Table, indices: Sequence[int], chosen: np.ndarray) -> np.ndarray:
@@ -300,7 +375,7 @@ def _too_short(table: _Table, member: Member, stage: Stage, usual: float) -> Non
     """A member whose budget is shorter than the stage's usual time: it leaves with what
     earlier stages gave it, marked degraded, where the stage is conditional; else it fails."""
     if stage.when is not None:
-        table.early.add(member)
+        table.degraded[member] = EARLY_EXIT
         return
     _fail(
         member,
@@ -317,7 +392,9 @@ def _fail(member: Member, exc: BaseException) -> None:
 
 
 @contextlib.contextmanager
-def _stage_span(stage: Stage, route: Route, members: Sequence[Member], rows: int) -> Iterator[None]:
+def _stage_span(
+    stage: Stage, model: str, route: Route, members: Sequence[Member], rows: int
+) -> Iterator[None]:
     """The stage's span, linked to the sampled members it carried."""
     sampled = [s for s in (trace.get_current_span(m.context) for m in members) if s.is_recording()]
     if not sampled and not trace.get_current_span().is_recording():
@@ -325,7 +402,7 @@ def _stage_span(stage: Stage, route: Route, members: Sequence[Member], rows: int
         return
     attributes = {
         "strata.stage": stage.label,
-        "strata.model": stage.model.name,
+        "strata.model": model,
         "strata.arm": route.arm,
         "strata.rows": rows,
         "strata.requests": len(members),

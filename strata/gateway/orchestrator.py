@@ -89,6 +89,8 @@ class Orchestrator:
             self.door.leave(ticket, telling)
             INFLIGHT.dec()
         signals.record(name, time.monotonic() - started, "ok")
+        if answer.degraded:  # a later model's fallback, or an early exit from a cascade
+            DEGRADED.labels(answer.degraded).inc()
         if not (answer.skipped_rules or answer.degraded):  # never served as a full one
             cached = Cached(answer.outputs, answer.arm, answer.model_version, answer.stages)
             self.cache.put(key, cached)

@@ -32,10 +32,10 @@ def cascade(images: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return np.where(unsure, large.argmax(axis=1), small.argmax(axis=1)), unsure
 
 
-def logits(model: str, images: np.ndarray) -> np.ndarray:
-    """Version 1 of `model` on client images, in process."""
+def logits(model: str, images: np.ndarray, version: str = "1") -> np.ndarray:
+    """A version of `model` on client images, in process."""
     pixels = run_steps(DIGITS_STEPS, {"images": images}, BUILD / "repository")["pixels"]
-    path = BUILD / "repository" / model / "1" / "model.onnx"
+    path = BUILD / "repository" / model / version / "model.onnx"
     session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     return session.run(None, {"pixels": pixels})[0]
 

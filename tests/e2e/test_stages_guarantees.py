@@ -3,7 +3,8 @@ chain: its own arm and error (a stage arm that fails fails only the requests on 
 same flights as requests that are answered), and its own deadline (a stage is not started
 for a request whose budget is shorter than the stage's usual time: at a conditional stage it
 leaves with the earlier model's answer, marked degraded and never cached; at any other stage
-it fails DEADLINE_EXCEEDED naming the stage)."""
+it fails DEADLINE_EXCEEDED naming the stage). A stage's fallback model answers, marked
+degraded, where the stage's own cannot, and from its degradation level."""
 
 import copy
 from collections.abc import Iterator
@@ -19,10 +20,14 @@ from strata.config.pipelines import Route
 from strata.gateway.router import Router
 from strata.launch import Supervisor
 from strata.proto.inference import grpc_service_pb2_grpc as v2_grpc
+from strata.proto.v1 import admin_pb2, admin_pb2_grpc
 from tests.e2e.test_stages import BUILD, cascade, logits
 from tests.support.system import DEFAULT_CONFIG, running_system
 
 WINDOW_MS = 300  # every model call waits this long for a fuller batch
+TOKEN = "stages-admin-token-of-at-least-32-chars"
+AUTH = (("authorization", f"Bearer {TOKEN}"),)
+FALLBACK = {"model": {"name": "digits", "version": "2"}, "from_level": 2}
 ARMS = [
     {"arm": "good", "deployment": "a", "weight": 1},
     {"arm": "missing", "deployment": "b", "version": "9", "weight": 1},
@@ -39,15 +44,23 @@ def pipelines() -> dict:
     stage["model"]["routes"] = ARMS
     # Objectives the window cannot breach: the ladder stays at level 0.
     relaxed = {"latency_objective_ms": 60_000}
+    covered = copy.deepcopy(served)
+    covered["stages"][0]["fallback"] = FALLBACK
+    broken = copy.deepcopy(chained)
+    broken["stages"][0]["model"]["routes"] = ARMS[1:]
+    broken["stages"][0]["fallback"] = FALLBACK
     return {
         "slow-cascade": {**served, **relaxed, "cache": True},
         "chained": {**chained, **relaxed},
+        "covered-cascade": {**covered, **relaxed, "cache": True},
+        "broken-chain": {**broken, **relaxed, "cache": True},
     }
 
 
 @pytest.fixture(scope="module")
 def system(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Supervisor]:
     changes = {
+        "gateway": {"admin_token": TOKEN},
         "inference": {"batching": {"policy": "fixed", "max_queue_delay_ms": WINDOW_MS}},
         "pipelines": pipelines(),
     }
@@ -124,3 +137,34 @@ def _arm(client: str) -> str:
     """The stage arm the gateway gives a client sending `x-client-id: client`."""
     router = Router("chained/large", [Route(**arm) for arm in ARMS], None)
     return router.choose(f"id:{client}").arm
+
+
+def test_a_stage_whose_model_cannot_answer_falls_back_marked_degraded(stub) -> None:
+    images = np.load(BUILD / "data" / "digits_test.npz")["images"][:4]
+    for _ in range(2):  # the second is not the first's answer from the cache
+        reply = infer(stub, "broken-chain", images, "anyone")
+        assert reply.parameters["strata.stages"].string_param == "digits,large/fallback"
+        assert reply.parameters["strata.degraded"].bool_param
+        assert reply.parameters["strata.degraded_source"].string_param == "fallback"
+        assert not reply.parameters["strata.cached"].bool_param
+        answered = codec.response_outputs(reply)["labels"][:, 0].astype(int)
+        assert answered.tolist() == logits("digits", images, "2").argmax(axis=1).tolist()
+
+
+def test_from_its_level_a_stage_runs_its_fallback(stub, system: Supervisor) -> None:
+    data = np.load(BUILD / "data" / "digits_test.npz")
+    _, unsure = cascade(data["images"])
+    rows = np.flatnonzero(unsure)[:2]
+    images = data["images"][rows]
+    full = infer(stub, "covered-cascade", images, "leveled")
+    assert full.parameters["strata.stages"].string_param == "digits,large"
+    admin = admin_pb2_grpc.AdminStub(grpc.insecure_channel(system.address("gateway")))
+    admin.ForceLevel(admin_pb2.ForceLevelRequest(level=2), metadata=AUTH)
+    try:
+        cheap = infer(stub, "covered-cascade", images, "another")  # not the cached answer
+    finally:
+        admin.ForceLevel(admin_pb2.ForceLevelRequest(release=True), metadata=AUTH)
+    assert cheap.parameters["strata.stages"].string_param == "digits,large/fallback"
+    assert cheap.parameters["strata.degraded_source"].string_param == "fallback"
+    answered = codec.response_outputs(cheap)["labels"][:, 0].astype(int)
+    assert answered.tolist() == logits("digits", images, "2").argmax(axis=1).tolist()

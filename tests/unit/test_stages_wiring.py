@@ -106,6 +106,17 @@ def test_a_stage_that_does_not_fit_its_model_stops_the_service(
         build_chain("p", pipeline([stage]), root, PostprocessSettings())
 
 
+def test_a_fallback_is_checked_as_the_stage_it_stands_in_for(root: Path) -> None:
+    fits = {**LARGE, "when": UNSURE, "fallback": {"model": {"name": "m"}, "from_level": 2}}
+    build_both(pipeline([fits]), root)
+    misfit = {**LARGE, "fallback": {"model": {"name": "pool"}}}
+    with pytest.raises(
+        ValueError,
+        match=r"stage 'large' \(model 'pool' version 1\): the model takes no input 'x'",
+    ):
+        build_chain("p", pipeline([misfit]), root, PostprocessSettings())
+
+
 def test_postprocess_follows_what_the_stages_gave(root: Path) -> None:
     later = {"name": "after", "model": {"name": "big"}, "inputs": {"x": "x"}, "outputs": {"y": "z"}}
     with pytest.raises(
@@ -127,6 +138,18 @@ def test_postprocess_follows_what_the_stages_gave(root: Path) -> None:
             "give exactly one of below, above",
         ),
         ({"stages": [{**LARGE, "inputs": {}}]}, "inputs"),
+        (
+            {"stages": [{**LARGE, "fallback": {"model": {"name": "m"}, "from_level": 4}}]},
+            "from_level",
+        ),
+        (
+            {
+                "stages": [
+                    {**LARGE, "fallback": {"model": {"name": "m", "shadow": {"deployment": "a"}}}}
+                ]
+            },
+            "a fallback model takes no shadow",
+        ),
         (
             {"stages": [{**LARGE, "model": {"name": "big", "shadow": {"deployment": "a"}}}]},
             "a shadow applies to the first model only",
