@@ -193,6 +193,7 @@ class Staged(Protocol):
     outputs: Mapping[str, str]
     when: object | None
     fallback: object | None
+    parallel: bool
 
 
 def model_flows(root: Path, pipeline: str, spec: object) -> list[tuple[str, Flow]]:
@@ -211,20 +212,36 @@ def model_flows(root: Path, pipeline: str, spec: object) -> list[tuple[str, Flow
 
 
 def _through(
-    root: Path, given: Flow, fed: dict[str, Known], stages: Sequence, label: str
+    root: Path,
+    given: Flow,
+    fed: dict[str, Known],
+    stages: Sequence,
+    label: str,
+    before: Flow | None = None,
 ) -> list[tuple[str, Flow]]:
     """`given` (what the models gave so far) after `stages`, each version of the next one's
-    model and of its fallback."""
+    model and of its fallback; `before`: what there was before the running group of
+    parallel stages (a parallel stage reads from there)."""
     if not stages:
         return [(label, given)]
     stage, later = stages[0], stages[1:]
+    base = before if stage.parallel and before is not None else given
+    mates = {n for n, k in given.tensors.items() if base.tensors.get(n) is not k}
     found = []
     models = [stage.model, *([stage.fallback.model] if stage.fallback else [])]
     every = [v for m in models for v in versions(root, m.name, m.versions_called())]
     for version in every:
-        after = Flow(given.pipeline, dict(given.tensors), given.open)
-        _stage(after, fed, stage, version)
-        found += _through(root, after, fed, later, f"{label}, {version.label}")
+        checked = Flow(base.pipeline, dict(base.tensors), base.open)
+        _stage(checked, fed, stage, version)
+        made = {n: k for n, k in checked.tensors.items() if base.tensors.get(n) is not k}
+        clash = sorted(set(made) & mates)
+        if clash:
+            raise ValueError(
+                f"pipeline {given.pipeline!r}: stage {stage.label!r} runs beside the stage "
+                f"before it and both give {clash[0]!r}; rename one in its outputs"
+            )
+        after = Flow(given.pipeline, {**given.tensors, **made}, given.open)
+        found += _through(root, after, fed, later, f"{label}, {version.label}", base)
     return found
 
 

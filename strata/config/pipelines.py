@@ -192,6 +192,12 @@ class Stage(Strict):
         "arms unavailable, overloaded, failing, their circuits open, the model not served) "
         "or from a degradation level; its answers are marked degraded and never cached.",
     )
+    parallel: bool = Field(
+        default=False,
+        description="Run at the same time as the stage before it (fan-out): it reads nothing "
+        "that stage gives, and they give different tensors, which a postprocess rule may "
+        "merge (e.g. mean).",
+    )
     when: Condition | None = Field(
         default=None,
         description="Run only for the rows that meet it; the others keep the tensors earlier "
@@ -260,6 +266,11 @@ class Pipeline(Strict):
         names = [self.model.name, *(stage.label for stage in self.stages)]
         if len(set(names)) != len(names):
             raise ValueError(f"stage names repeat (the first is its model's name): {names}")
+        if self.stages and self.stages[0].parallel:
+            raise ValueError(
+                f"stage {self.stages[0].label!r}: parallel runs a stage beside the stage before "
+                "it; the first stage has none (the first model runs before every stage)"
+            )
         if self.stages and self.max_batch_size == 0:
             raise ValueError("stages carry rows of a batch: they need max_batch_size > 0")
         return self
@@ -267,6 +278,17 @@ class Pipeline(Strict):
     def stage_names(self) -> list[str]:
         """The first model's name, then each later stage's."""
         return [self.model.name, *(stage.label for stage in self.stages)]
+
+    def stage_groups(self) -> list[list[Stage]]:
+        """The stages in the order they run: each group at once (a stage and the parallel
+        ones after it)."""
+        groups: list[list[Stage]] = []
+        for stage in self.stages:
+            if stage.parallel and groups:
+                groups[-1].append(stage)
+            else:
+                groups.append([stage])
+        return groups
 
     def model_refs(self) -> list[ModelRef]:
         """Every model the pipeline may run: the first, then each stage's and its fallback's."""

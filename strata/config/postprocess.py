@@ -8,6 +8,7 @@ keywords file) or a library (a regex that must compile) is checked there.
 
 from __future__ import annotations
 
+import math
 import string
 from typing import Annotated, ClassVar, Literal
 
@@ -215,6 +216,29 @@ class L2NormalizeRule(RuleSpec):
     output: str | None = Field(default=None, description=OUTPUT)
 
 
+class MeanRule(RuleSpec):
+    """The element-wise mean of tensors of one shape, weighted or not: how the outputs of
+    models that ran side by side (a fan-out, docs/pipelines.md) merge into one answer."""
+
+    kind: Literal["mean"] = Field(description=KIND)
+    inputs: list[str] = Field(min_length=2, description="Numeric tensors of one shape.")
+    weights: list[float] | None = Field(
+        default=None, description="One per input, relative; none: every input counts alike."
+    )
+    output: str = Field(description="The tensor it writes.")
+
+    @model_validator(mode="after")
+    def _weights_fit(self) -> MeanRule:
+        weights = self.weights
+        if weights is None:
+            return self
+        if len(weights) != len(self.inputs):
+            raise ValueError(f"mean: {len(weights)} weights for {len(self.inputs)} inputs")
+        if any(not math.isfinite(w) or w < 0 for w in weights) or sum(weights) <= 0:
+            raise ValueError(f"mean: weights {weights} must be finite, at least 0, not all 0")
+        return self
+
+
 class FilterSpec(RuleSpec):
     """What the keyword and regex filters share: what they read and what they do."""
 
@@ -347,6 +371,7 @@ BUILTIN_RULES = (
     LabelsRule,
     MeanPoolRule,
     L2NormalizeRule,
+    MeanRule,
     KeywordFilterRule,
     RegexFilterRule,
     FormatRule,

@@ -45,6 +45,7 @@ TRACER = trace.get_tracer("strata.gateway")
 EARLY_EXIT = "early_exit"
 # A degraded answer's source when a stage's fallback model answered it.
 FALLBACK = "fallback"
+FALLBACK_SUFFIX = "/fallback"  # a stage's label in strata.stages when its fallback answered
 # How fast a stage's usual time follows its latest calls.
 SMOOTHING = 0.2
 # Failures of a stage's own model that its fallback answers instead: the server's, not the
@@ -105,7 +106,6 @@ class _Table:
     given: list[str]
     answered: dict[Member, list[str]]
     degraded: dict[Member, str] = field(default_factory=dict)
-    fresh: set[str] = field(default_factory=set)  # tensors the running stage made anew
 
     def __post_init__(self) -> None:
         self._starts = [0, *accumulate(self.rows)]
@@ -145,8 +145,12 @@ class Stages:
             [t.name for t in outputs],
             {m: [first_stage] for m in members},
         )
-        for stage in pipeline.stages:
-            await self._stage(table, stage)
+        for group in pipeline.stage_groups():
+            made = await asyncio.gather(*(self._stage(table, stage) for stage in group))
+            table.given = [*dict.fromkeys([*table.given, *(n for names in made for n in names)])]
+        order = {name: index for index, name in enumerate(pipeline.stage_names())}
+        for labels in table.answered.values():  # parallel stages answer in any order
+            labels.sort(key=lambda label: order[label.removesuffix(FALLBACK_SUFFIX)])
         kept = [i for i, m in enumerate(members) if m.waiting]
         rows = _rows_of(table, kept, np.ones(sum(table.rows), dtype=bool))
         given = {name: table.tensors[name][rows] for name in table.given}
@@ -159,8 +163,9 @@ class Stages:
             {m: table.degraded[m] for m in survivors if m in table.degraded},
         )
 
-    async def _stage(self, table: _Table, stage: Stage) -> None:
-        """Run `stage` for the rows it takes, one call per arm, all at once."""
+    async def _stage(self, table: _Table, stage: Stage) -> list[str]:
+        """Run `stage` for the rows it takes, one call per arm, all at once; the tensors it
+        gave anew (none for a conditional stage: it writes over earlier ones)."""
         name = table.members[0].request.pipeline_name
         chosen = _chosen_rows(table, stage.when)
         usual = self._usual.get((name, stage.label), 0.0)
@@ -174,16 +179,21 @@ class Stages:
                 fallback.append(index)
             else:
                 own.append(index)
-        table.fresh = set()
+        fresh: set[str] = set()
         await asyncio.gather(
-            self._by_arm(table, stage, own, chosen, fallback=False),
-            self._by_arm(table, stage, fallback, chosen, fallback=True),
+            self._by_arm(table, stage, own, chosen, fresh, fallback=False),
+            self._by_arm(table, stage, fallback, chosen, fresh, fallback=True),
         )
-        if stage.when is None:
-            table.given = [*dict.fromkeys([*table.given, *sorted(table.fresh)])]
+        return sorted(fresh)
 
     async def _by_arm(
-        self, table: _Table, stage: Stage, indices: list[int], chosen: np.ndarray, fallback: bool
+        self,
+        table: _Table,
+        stage: Stage,
+        indices: list[int],
+        chosen: np.ndarray,
+        fresh: set[str],
+        fallback: bool,
     ) -> None:
         """Members `indices` through the stage's model (or its fallback), one call per arm."""
         label = _fallback_label(stage) if fallback else stage.label
@@ -198,11 +208,11 @@ class Stages:
                 continue
             by_arm.setdefault(route.arm, (route, []))[1].append(index)
         calls = [
-            self._call(table, stage, route, group, chosen, fallback)
+            self._call(table, stage, route, group, chosen, fresh, fallback)
             for route, group in by_arm.values()
         ]
         calls += [
-            self._failed(table, stage, group, chosen, fallback, error)
+            self._failed(table, stage, group, chosen, fresh, fallback, error)
             for group, error in _by_code(unrouted)
         ]
         await asyncio.gather(*calls)
@@ -213,13 +223,14 @@ class Stages:
         stage: Stage,
         indices: list[int],
         chosen: np.ndarray,
+        fresh: set[str],
         fallback: bool,
         exc: StrataError,
     ) -> None:
         """Members the stage's model could not answer: to its fallback where that may answer
         instead, else they fail with `exc`."""
         if not fallback and stage.fallback is not None and exc.code.name in FALLS_BACK:
-            await self._by_arm(table, stage, indices, chosen, fallback=True)
+            await self._by_arm(table, stage, indices, chosen, fresh, fallback=True)
             return
         for index in indices:
             _fail(table.members[index], exc)
@@ -231,6 +242,7 @@ class Stages:
         route: Route,
         indices: list[int],
         chosen: np.ndarray,
+        fresh: set[str],
         fallback: bool,
     ) -> None:
         """One ModelInfer on `route` for the chosen rows of members `indices`."""
@@ -257,7 +269,7 @@ class Stages:
                     raise DeadlineExceeded(f"deadline passed before stage {stage.label!r}")
                 reply = await hop.call("ModelInfer", request, budget, spare=False)
             except StrataError as exc:
-                await self._failed(table, stage, indices, chosen, fallback, exc)
+                await self._failed(table, stage, indices, chosen, fresh, fallback, exc)
                 return
         if not fallback:
             self._learn((members[0].request.pipeline_name, stage.label), time.monotonic() - started)
@@ -265,7 +277,7 @@ class Stages:
         outputs = _renamed(codec.response_outputs(reply), stage.outputs)
         answered = [i for i in range(len(members)) if i not in errors]
         if answered:
-            _write(table, stage, outputs, np.concatenate([picked[i] for i in answered]))
+            _write(table, stage, outputs, np.concatenate([picked[i] for i in answered]), fresh)
             label = _fallback_label(stage) if fallback else stage.label
             for i in answered:
                 table.answered[members[i]].append(label)
@@ -273,7 +285,9 @@ class Stages:
                     table.degraded[members[i]] = FALLBACK
         await asyncio.gather(
             *(
-                self._failed(table, stage, [indices[i] for i in group], chosen, fallback, error)
+                self._failed(
+                    table, stage, [indices[i] for i in group], chosen, fresh, fallback, error
+                )
                 for group, error in _by_code(errors)
             )
         )
@@ -284,7 +298,7 @@ class Stages:
 
 
 def _fallback_label(stage: Stage) -> str:
-    return f"{stage.label}/fallback"
+    return stage.label + FALLBACK_SUFFIX
 
 
 def _falls_back_at_level(stage: Stage, member: Member) -> bool:
@@ -346,7 +360,9 @@ def _renamed(outputs: codec.Arrays, names: dict[str, str]) -> codec.Arrays:
     return {names.get(name, name): array for name, array in outputs.items()}
 
 
-def _write(table: _Table, stage: Stage, outputs: codec.Arrays, rows: np.ndarray) -> None:
+def _write(
+    table: _Table, stage: Stage, outputs: codec.Arrays, rows: np.ndarray, fresh: set[str]
+) -> None:
     """Write a stage's outputs into `rows` of the table; a conditional stage writes over
     tensors an earlier stage gave, which must have the same kind of rows."""
     total = sum(table.rows)
@@ -357,9 +373,9 @@ def _write(table: _Table, stage: Stage, outputs: codec.Arrays, rows: np.ndarray)
                 f"of {name!r} for {len(rows)}"
             )
         present = table.tensors.get(name)
-        if stage.when is None and name not in table.fresh:
+        if stage.when is None and name not in fresh:
             present = table.tensors[name] = np.zeros((total, *array.shape[1:]), array.dtype)
-            table.fresh.add(name)
+            fresh.add(name)
         elif present is None or present.shape[1:] != array.shape[1:]:
             before = "nothing" if present is None else list(present.shape[1:])
             raise NotReady(

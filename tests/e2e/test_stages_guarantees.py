@@ -49,7 +49,21 @@ def pipelines() -> dict:
     broken = copy.deepcopy(chained)
     broken["stages"][0]["model"]["routes"] = ARMS[1:]
     broken["stages"][0]["fallback"] = FALLBACK
+    fanned = copy.deepcopy(served)
+    fanned["stages"] = [
+        {**stage, "outputs": {"logits": "large_logits"}},
+        {
+            "name": "canary",
+            "model": {"name": "digits", "version": "2"},
+            "inputs": {"pixels": "pixels"},
+            "outputs": {"logits": "canary_logits"},
+            "parallel": True,
+        },
+    ]
+    merge = {"kind": "mean", "inputs": ["logits", "large_logits", "canary_logits"]}
+    fanned["postprocess"] = [{**merge, "output": "logits"}, *served["postprocess"]]
     return {
+        "fanned": {**fanned, **relaxed},
         "slow-cascade": {**served, **relaxed, "cache": True},
         "chained": {**chained, **relaxed},
         "covered-cascade": {**covered, **relaxed, "cache": True},
@@ -168,3 +182,13 @@ def test_from_its_level_a_stage_runs_its_fallback(stub, system: Supervisor) -> N
     assert cheap.parameters["strata.degraded_source"].string_param == "fallback"
     answered = codec.response_outputs(cheap)["labels"][:, 0].astype(int)
     assert answered.tolist() == logits("digits", images, "2").argmax(axis=1).tolist()
+
+
+def test_stages_side_by_side_merge_by_a_rule(stub) -> None:
+    images = np.load(BUILD / "data" / "digits_test.npz")["images"][:8]
+    reply = infer(stub, "fanned", images, "anyone")
+    assert reply.parameters["strata.stages"].string_param == "digits,large,canary"
+    each = [logits("digits", images), logits("digits-large", images), logits("digits", images, "2")]
+    expected = np.mean(each, axis=0).argmax(axis=1)
+    answered = codec.response_outputs(reply)["labels"][:, 0].astype(int)
+    assert answered.tolist() == expected.tolist()

@@ -117,6 +117,24 @@ def test_a_fallback_is_checked_as_the_stage_it_stands_in_for(root: Path) -> None
         build_chain("p", pipeline([misfit]), root, PostprocessSettings())
 
 
+def test_parallel_stages_read_what_was_there_before_them_and_give_apart(root: Path) -> None:
+    beside = {"name": "beside", "model": {"name": "m"}, "parallel": True}
+    fanned = [
+        {**LARGE, "outputs": {"y": "y_big"}},
+        {**beside, "inputs": {"x": "x"}, "outputs": {"y": "y_m"}},
+    ]
+    merge = {"kind": "mean", "inputs": ["y", "y_big", "y_m"], "output": "y"}
+    build_both(pipeline(fanned, postprocess=[merge, SOFTMAX]), root)
+    reads_mate = [fanned[0], {**fanned[1], "inputs": {"x": "y_big"}}]
+    with pytest.raises(ValueError, match=r"stage 'beside' .*: input 'x' is fed by 'y_big', which"):
+        build_chain("p", pipeline(reads_mate), root, PostprocessSettings())
+    clash = [fanned[0], {**fanned[1], "outputs": {"y": "y_big"}}]
+    with pytest.raises(
+        ValueError, match="stage 'beside' runs beside the stage before it and both give 'y_big'"
+    ):
+        build_chain("p", pipeline(clash), root, PostprocessSettings())
+
+
 def test_postprocess_follows_what_the_stages_gave(root: Path) -> None:
     later = {"name": "after", "model": {"name": "big"}, "inputs": {"x": "x"}, "outputs": {"y": "z"}}
     with pytest.raises(
@@ -138,6 +156,7 @@ def test_postprocess_follows_what_the_stages_gave(root: Path) -> None:
             "give exactly one of below, above",
         ),
         ({"stages": [{**LARGE, "inputs": {}}]}, "inputs"),
+        ({"stages": [{**LARGE, "parallel": True}]}, "the first stage has none"),
         (
             {"stages": [{**LARGE, "fallback": {"model": {"name": "m"}, "from_level": 4}}]},
             "from_level",

@@ -2,7 +2,7 @@
 
 # Importing each module registers its rules.
 from strata.plugins import Rule, RuleContext, RuleTimeout
-from strata.postprocess.rules import classify, embed, filters, format  # noqa: F401
+from strata.postprocess.rules import classify, embed, filters, format, merge  # noqa: F401
 from strata.postprocess.rules.base import RULES, is_bounded
 
 build_rule = RULES.build
