@@ -3,6 +3,7 @@ gateway's under the request's, named for the stage, with the model, arm and rows
 and the inference call it made sits under it (the first model's under the request's)."""
 
 import secrets
+import time
 from collections.abc import Iterator
 
 import grpc
@@ -12,7 +13,7 @@ import pytest
 from strata import codec
 from strata.launch import Supervisor
 from strata.proto.inference import grpc_service_pb2_grpc as v2_grpc
-from strata.traces import Receiver, roots
+from strata.traces import Receiver, Span, roots
 from tests.e2e.test_stages import BUILD, cascade
 from tests.support.system import running_system
 
@@ -31,6 +32,10 @@ def traced(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Superviso
             yield system, receiver
 
 
+def inference_spans(spans: list[Span]) -> list[Span]:
+    return [s for s in spans if s.service == "strata-inference"]
+
+
 def test_a_stage_is_a_span_over_its_models_work(traced) -> None:
     system, receiver = traced
     data = np.load(BUILD / "data" / "digits_test.npz")
@@ -43,6 +48,10 @@ def test_a_stage_is_a_span_over_its_models_work(traced) -> None:
     reply = stub.ModelInfer(request, metadata=(("traceparent", traceparent),), timeout=10)
     assert reply.parameters["strata.stages"].string_param == "digits,large"
     spans = receiver.wait_for(trace_id, LAYERS)
+    end = time.monotonic() + 10
+    while len(inference_spans(spans)) < 2 and time.monotonic() < end:  # each exports apart
+        time.sleep(0.05)
+        spans = receiver.trace(trace_id)
     (stage,) = [s for s in spans if s.name == "stage large"]
     assert stage.service == "strata-gateway"
     assert stage.attributes["strata.stage"] == "large"
@@ -50,7 +59,7 @@ def test_a_stage_is_a_span_over_its_models_work(traced) -> None:
     assert stage.attributes["strata.rows"] == 1
     assert stage.attributes["strata.requests"] == 1
     (root,) = roots(spans)
-    inference = [s for s in spans if s.service == "strata-inference"]
+    inference = inference_spans(spans)
     assert len(inference) == 2, "one call per model"
     assert {s.parent_id for s in inference} == {stage.span_id, stage.parent_id}
     assert stage.parent_id == root.span_id
