@@ -82,10 +82,6 @@ class Flights:
         self._tasks: set[asyncio.Task] = set()
         self._numbers = itertools.count(1)
 
-    @property
-    def in_air(self) -> int:
-        return self._in_air
-
     async def board(self, key: Hashable, member: Member) -> Any:
         """Queue `member` for the next flight of `key` and wait for its answer."""
         loop = asyncio.get_running_loop()

@@ -31,11 +31,11 @@ from strata.postprocess.chain import build_chain
 from strata.postprocess.engine import RuleEngine
 from strata.postprocess.rules import RULES, RuleContext
 from strata.postprocess.servicer import PostprocessServicer
-from strata.process import raise_for_result
 from strata.proto.v1 import postprocess_pb2_grpc
 from strata.proto.v1 import tensor_pb2 as v1
 from strata.server import start_server
 from tests.support.flight_requests import alone, by_member, flight
+from tests.support.results import raise_for_result
 from tests.support.system import make_config
 
 LIMIT = 0.2

@@ -18,9 +18,10 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from strata import codec, process
 from strata.codec import Arrays
 from strata.errors import InvalidArgument, StrataError
-from strata.process import process_all, process_all_async, raise_for_result
+from strata.process import process_all, process_all_async
 from strata.proto.v1 import tensor_pb2 as v1
 from tests.support.flight_requests import split_flight
+from tests.support.results import raise_for_result
 
 INVALID = grpc.StatusCode.INVALID_ARGUMENT.value[0]
 INTERNAL = grpc.StatusCode.INTERNAL.value[0]
