@@ -86,6 +86,7 @@ def serving(deployment: Resource) -> Endpoint:
     return endpoint_of(container_settings(), parse_command(container(deployment)["args"]))
 
 
+@pytest.mark.slow
 def test_manifests_are_valid_kubernetes(overlay: tuple[str, list[Resource]]) -> None:
     _, resources = overlay
     failures = []

@@ -30,7 +30,7 @@ from tests.unit.test_deploy import (
     port_of,
     strata_services,
 )
-from tests.unit.test_deploy_entry import loopback_config
+from tests.e2e.test_deploy_entry import loopback_config
 from tests.unit.test_deploy_k8s import K8S, OVERLAYS, container, strata_workloads
 from tests.unit.test_deploy_kustomize import Resource, build, pod_containers
 
