@@ -82,6 +82,10 @@ class Flights:
         self._tasks: set[asyncio.Task] = set()
         self._numbers = itertools.count(1)
 
+    def configure(self, settings: FlightSettings) -> None:
+        """New bounds for the flights that leave from now on."""
+        self.settings = settings
+
     async def board(self, key: Hashable, member: Member) -> Any:
         """Queue `member` for the next flight of `key` and wait for its answer."""
         loop = asyncio.get_running_loop()

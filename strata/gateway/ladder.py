@@ -164,6 +164,11 @@ class LadderController:
         self._above = 0
         self._calm = 0
 
+    def configure(self, settings: Ladder, objectives: Mapping[str, float]) -> None:
+        """New thresholds and latency objectives, live; the signals and level stay."""
+        self.settings = settings
+        self.objectives = dict(objectives)
+
     def force(self, level: int | None) -> None:
         """Pin the ladder at `level`, or release it (None) to follow the signals again."""
         self.forced = level

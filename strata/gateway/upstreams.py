@@ -21,6 +21,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from strata.channels import open_channel
 from strata.config import Settings
 from strata.config.endpoints import ServiceEndpoint
+from strata.config.gateway import GatewaySettings
 from strata.errors import Unavailable, from_code, hinted_retry
 from strata.gateway.breaker import Breakers, CircuitBreaker
 from strata.gateway.hoptime import HopTimer
@@ -71,6 +72,11 @@ class Hop:
         self.timer = HopTimer(gateway.hop_timeouts, gateway.upstream_timeout_seconds)
         # A dns: target may resolve to several replicas; a single local address is one.
         self.replicated = endpoint.replicas > 1 or endpoint.target is not None
+
+    def configure(self, gateway: GatewaySettings) -> None:
+        """New breaker thresholds and hop timeouts, live."""
+        self.breaker.settings = gateway.breaker
+        self.timer.configure(gateway.hop_timeouts, gateway.upstream_timeout_seconds)
 
     async def call(
         self,
