@@ -27,8 +27,8 @@ from strata.config.postprocess import BUILTIN_RULES, PluginRule, PostprocessSett
 from strata.config.server import ServerSettings
 from strata.errors import InvalidArgument
 from strata.postprocess.app import build_engine
-from strata.postprocess.chain import build_chain
 from strata.postprocess.engine import RuleEngine
+from strata.postprocess.rule_chain import build_chain
 from strata.postprocess.rules import RULES, RuleContext
 from strata.postprocess.servicer import PostprocessServicer
 from strata.proto.v1 import postprocess_pb2_grpc

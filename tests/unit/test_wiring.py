@@ -17,8 +17,8 @@ from onnx import TensorProto, helper
 from strata.config.pipelines import Pipeline
 from strata.config.postprocess import PostprocessSettings
 from strata.errors import NotReady
-from strata.postprocess.chain import build_chain
 from strata.postprocess.engine import RuleEngine
+from strata.postprocess.rule_chain import build_chain
 from strata.preprocess.pipeline import build_pipeline
 from tests.unit.test_inference_toymodels import _finish, dense, pooling_model
 

@@ -39,7 +39,7 @@ from strata.codec import Arrays, arrays_to_tensors, tensors_to_arrays
 from strata.errors import InvalidArgument, StrataError, shown, status_of
 from strata.proto.v1 import tensor_pb2 as v1
 
-TRACER = trace.get_tracer("strata.process")
+TRACER = trace.get_tracer("strata.v1process")
 Info = dict[str, str]
 Outputs = tuple[Arrays, Info]
 # (pipeline name, tensors, parameters) -> (tensors, info for the caller)
