@@ -21,7 +21,7 @@ from strata.errors import InvalidArgument, NotFound, NotReady
 from strata.inference.jobs import Request
 from strata.inference.manager import ModelManager
 from strata.inference.manifest import VersionPolicy, read_spec
-from tests.unit.test_inference_toymodels import (
+from tests.unit.inference.test_inference_toymodels import (
     dense,
     run,
     write_case,
