@@ -252,8 +252,7 @@ def annotate(**attributes: object) -> None:
     """Set `strata.<name>` attributes on the current span (tuples/lists become arrays)."""
     span = trace.get_current_span()
     if span.is_recording():
-        for key, value in attributes.items():
-            span.set_attribute(f"strata.{key}", value)
+        span.set_attributes({f"strata.{key}": value for key, value in attributes.items()})
 
 
 def record_error(code_name: str, kind: str, message: str) -> None:
