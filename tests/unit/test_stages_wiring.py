@@ -15,7 +15,7 @@ from pydantic import ValidationError
 
 from strata.config.pipelines import Pipeline
 from strata.config.postprocess import PostprocessSettings
-from strata.postprocess.chain import build_chain
+from strata.postprocess.rule_chain import build_chain
 from strata.preprocess.pipeline import build_pipeline
 from tests.unit.test_inference_toymodels import dense, pooling_model
 
