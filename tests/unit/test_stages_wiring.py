@@ -17,7 +17,7 @@ from strata.config.pipelines import Pipeline
 from strata.config.postprocess import PostprocessSettings
 from strata.postprocess.rule_chain import build_chain
 from strata.preprocess.pipeline import build_pipeline
-from tests.unit.test_inference_toymodels import dense, pooling_model
+from tests.unit.inference.test_inference_toymodels import dense, pooling_model
 
 DECLARED = {"name": "probabilities", "datatype": "FP32", "shape": [-1, 3]}
 SOFTMAX = {"kind": "softmax", "input": "y", "output": "probabilities"}
