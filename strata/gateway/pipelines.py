@@ -5,14 +5,14 @@ statistics and inference. The gRPC servicer and the REST API are thin adapters o
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 
 import grpc
 
 from strata import __version__, codec
-from strata.config.pipelines import Pipeline
+from strata.config.pipelines import ModelRef, Pipeline, Route, Stage
 from strata.errors import InvalidArgument, NotFound, Unavailable, shown, status_of
 from strata.gateway.admission import ARM_PARAMETER
 from strata.gateway.caller import Caller
@@ -100,17 +100,31 @@ class Pipelines:
         return states["preprocess"] and states["postprocess"] and any(inference)
 
     async def model_ready(self, name: str, version: str = "") -> bool:
-        """Whether any route of pipeline `name` has its model ready (False if no such one, or
-        while its last request failed by the server's fault, FAILED_PRECONDITION)."""
+        """Whether any route of pipeline `name` has its model ready, and so has each later
+        stage's model or fallback (False if no such pipeline, or while its last request
+        failed by the server's fault, FAILED_PRECONDITION)."""
         pipeline = self._pipelines.get(name)
         if pipeline is None or version not in ("", PIPELINE_VERSION) or name in self._faulted:
             return False
-        for route in self._runtime.router(name).routes:
-            probe = v2.ModelReadyRequest(
-                name=pipeline.model.name, version=route.version or pipeline.model.version
-            )
-            hop = self._runtime.upstreams.inference[route.deployment]
-            if await hop.model_ready(probe):
+        if not await self._any_ready(pipeline.model, self._runtime.router(name).routes):
+            return False
+        for stage in pipeline.stages:
+            if not await self._stage_ready(stage):
+                return False
+        return True
+
+    async def _stage_ready(self, stage: Stage) -> bool:
+        """Whether a later stage's model, or else its fallback, is ready on any route."""
+        for model in [stage.model, *([stage.fallback.model] if stage.fallback else [])]:
+            if await self._any_ready(model, self._runtime.settings.model_routes(model)):
+                return True
+        return False
+
+    async def _any_ready(self, model: ModelRef, routes: Sequence[Route]) -> bool:
+        """Whether `model` is ready on any of `routes`."""
+        for route in routes:
+            probe = v2.ModelReadyRequest(name=model.name, version=route.version or model.version)
+            if await self._runtime.upstreams.inference[route.deployment].model_ready(probe):
                 return True
         return False
 

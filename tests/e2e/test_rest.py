@@ -286,7 +286,11 @@ def test_every_endpoint_answers(system: Supervisor) -> None:
     counted = before["model_stats"][0]["inference_stats"]["success"]["count"]
     assert after["inference_stats"]["success"]["count"] == counted + 1
     assert isinstance(after["inference_count"], int) and after["last_inference"] > 0
-    assert [s["name"] for s in get("/v2/models/stats")["model_stats"]] == ["digits", "tabular"]
+    assert [s["name"] for s in get("/v2/models/stats")["model_stats"]] == [
+        "digits",
+        "digits-cascade",
+        "tabular",
+    ]
     document = get("/openapi.json")
     assert document["openapi"].startswith("3.")
     assert "/v2/models/{name}/infer" in document["paths"]

@@ -19,6 +19,7 @@ from strata import codec
 from strata.config.pipelines import Route
 from strata.gateway.router import Router
 from strata.launch import Supervisor
+from strata.proto.inference import grpc_service_pb2 as v2
 from strata.proto.inference import grpc_service_pb2_grpc as v2_grpc
 from strata.proto.v1 import admin_pb2, admin_pb2_grpc
 from tests.e2e.test_stages import BUILD, cascade, logits
@@ -49,6 +50,8 @@ def pipelines() -> dict:
     broken = copy.deepcopy(chained)
     broken["stages"][0]["model"]["routes"] = ARMS[1:]
     broken["stages"][0]["fallback"] = FALLBACK
+    unready = copy.deepcopy(broken)
+    del unready["stages"][0]["fallback"]
     fanned = copy.deepcopy(served)
     fanned["stages"] = [
         {**stage, "outputs": {"logits": "large_logits"}},
@@ -68,6 +71,7 @@ def pipelines() -> dict:
         "chained": {**chained, **relaxed},
         "covered-cascade": {**covered, **relaxed, "cache": True},
         "broken-chain": {**broken, **relaxed, "cache": True},
+        "unready-chain": {**unready, **relaxed},
     }
 
 
@@ -192,3 +196,12 @@ def test_stages_side_by_side_merge_by_a_rule(stub) -> None:
     expected = np.mean(each, axis=0).argmax(axis=1)
     answered = codec.response_outputs(reply)["labels"][:, 0].astype(int)
     assert answered.tolist() == expected.tolist()
+
+
+def test_a_pipeline_is_ready_when_every_stage_has_a_model_ready(stub) -> None:
+    def ready(name: str) -> bool:
+        return stub.ModelReady(v2.ModelReadyRequest(name=name), timeout=10).ready
+
+    assert ready("chained"), "one of its stage's arms serves"
+    assert ready("broken-chain"), "its stage's fallback serves"
+    assert not ready("unready-chain"), "no arm of its stage serves version 9"
