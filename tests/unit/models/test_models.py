@@ -12,7 +12,9 @@ import yaml
 from models.build import build_all
 from strata.preprocess.normalisation import load_stats
 
-pytestmark = pytest.mark.slow  # builds the demo models (make test-unit leaves it out)
+# Builds the demo models (make test-unit leaves it out), digits-large's training alone taking
+# over a minute on a small shared machine: past the suite's default time limit.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 IO_NAMES = {"digits": ("pixels", "logits"), "tabular": ("features", "logits")}
 MIN_ACCURACY = {"digits": 0.95, "tabular": 0.93}
