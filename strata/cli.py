@@ -9,6 +9,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from strata.allocator import keep_tensor_memory
 from strata.config import ConfigError, Settings, load_settings
 from strata.config.endpoints import ServiceEndpoint
 from strata.errors import StrataError
@@ -55,6 +56,7 @@ def run_service(name: str, build: Builder, argv: list[str] | None = None) -> Non
         "--listen", help="host:port to bind instead of the config's (a replica or deployment)"
     )
     args = parser.parse_args(argv)
+    keep_tensor_memory()
     process = name
     try:
         settings = _settings(args.config, name)
