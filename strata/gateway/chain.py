@@ -19,7 +19,7 @@ from itertools import accumulate
 from strata import codec, stack
 from strata.config.pipelines import Route
 from strata.errors import DeadlineExceeded, StrataError, Unavailable, from_code
-from strata.flight import ROWS, TIMEOUTS, TRACE_CONTEXTS, member_errors
+from strata.flight import FlightMember, member_errors, set_members
 from strata.gateway.arms import ArmBook
 from strata.gateway.flights import Member
 from strata.gateway.metrics import FAILOVERS
@@ -278,14 +278,13 @@ def _model_request(
     if first.level >= 2:
         parameters["skip_batching"].bool_param = True
     if len(members) > 1:
-        parameters[ROWS].string_param = ",".join(str(m.rows) for m in members)
-        parameters[TRACE_CONTEXTS].string_param = ",".join(
-            m.carrier().get("traceparent", "") for m in members
-        )
-        parameters[TIMEOUTS].string_param = ",".join(
-            str(max(1, int(_request(m).budget.left() * 1e6))) for m in members
-        )
+        set_members(parameters, [_flight_member(m) for m in members])
     return request
+
+
+def _flight_member(member: Member) -> FlightMember:
+    budget_us = max(1, int(_request(member).budget.left() * 1e6))
+    return FlightMember(member.rows, member.carrier().get("traceparent", ""), budget_us)
 
 
 def _outputs(reply: v2.ModelInferResponse) -> WireTensors:
