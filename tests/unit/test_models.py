@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from models.build import build_all
-from strata.preprocess.normalisation import load_stats
+from strata.normalisation import load_stats
 
 IO_NAMES = {"digits": ("pixels", "logits"), "tabular": ("features", "logits")}
 MIN_ACCURACY = {"digits": 0.95, "tabular": 0.93}

@@ -17,8 +17,8 @@ from strata.config.preprocess import (
     ScaleStep,
     StandardizeStep,
 )
+from strata.normalisation import Stats, load_stats
 from strata.plugins import StepError, take
-from strata.preprocess.normalisation import Stats, load_stats
 from strata.preprocess.steps.base import STEPS
 
 
