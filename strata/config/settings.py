@@ -20,7 +20,7 @@ from strata.config.inference import InferenceSettings
 from strata.config.limits import TensorLimits
 from strata.config.pipelines import Pipeline, Route
 from strata.config.postprocess import PostprocessSettings
-from strata.config.preprocess import PreprocessSettings
+from strata.config.preprocess import VERSION, PreprocessSettings, per_version
 from strata.config.server import ServerSettings, TelemetrySettings
 from strata.config.tls import TlsSettings
 from strata.stages import PluginError, dotted
@@ -93,6 +93,28 @@ class Settings(BaseSettings):
                         f"pipeline {name!r} routes to deployment {route.deployment!r}, "
                         f"not one of services.inference: {sorted(self.services.inference)}"
                     )
+        return self
+
+    @model_validator(mode="after")
+    def _versioned_preprocessing_knows_the_version(self) -> Settings:
+        """Preprocess learns the version from the request's arm; a pipeline that reads files
+        per version needs every arm to name one, and its shadow (fed the inputs prepared for
+        the request's arm) to call the version every arm calls."""
+        for name, pipeline in self.pipelines.items():
+            if not per_version(pipeline.preprocess):
+                continue
+            called = pipeline.model.versions_called()
+            if "" in called:
+                raise ValueError(
+                    f"pipeline {name!r} reads preprocess files per model version ({VERSION}): "
+                    "every route must name its version (the route's version or model.version)"
+                )
+            if pipeline.model.shadow is not None and len(set(called)) > 1:
+                raise ValueError(
+                    f"pipeline {name!r} reads preprocess files per model version ({VERSION}): "
+                    "its shadow gets the inputs prepared for the request's arm, so it must "
+                    f"call the version every route calls (they call {sorted(set(called))})"
+                )
         return self
 
     @property

@@ -17,6 +17,7 @@ from collections.abc import Callable
 
 from strata.config import ConfigError, Settings, load_settings
 from strata.config.pipelines import Route
+from strata.config.preprocess import per_version
 from strata.errors import NotFound, NotReady
 from strata.gateway.admission import Admission
 from strata.gateway.arms import ArmBook
@@ -63,6 +64,7 @@ class Runtime:
                 settings.routes(name),
                 pipeline.model.shadow,
                 self._serving(pipeline.model.name),
+                per_version(pipeline.preprocess),
             )
             for name, pipeline in settings.pipelines.items()
         }
