@@ -3,9 +3,9 @@
 A step's file option may name `{version}` (`stats: tabular/{version}/stats.json`); the gateway
 tells preprocess which version the request's arm calls, and the request runs the pipeline
 built with that version's files. Each version's pipeline is built once: at start for every
-version the routes call, later for a version first asked for (a route changed by a reload).
-Every build is checked against that version's fingerprint and its model's inputs, as a
-pipeline is at start.
+version the routes call, later for a version first asked for (a gateway restarted with an arm
+on version 3 while this preprocess kept running). Every build is checked against that
+version's fingerprint and its model's inputs, as a pipeline is at start.
 
 A hot swap replaces a version's files in place. At most every `version_check_seconds` a
 version's files are looked at again (their sizes and times, not their contents); when they
@@ -77,11 +77,21 @@ class VersionedPipeline:
     def for_version(self, version: str) -> PreprocessPipeline:
         """The pipeline built with `version`'s files; NotReady if they fail the checks."""
         build = self._builds.get(version)
-        if build is None or time.monotonic() >= build.next_check:
-            build = self._refresh(_checked(self.name, version))
+        if build is None:
+            build = self._refresh(self._known(_checked(self.name, version)))
+        elif time.monotonic() >= build.next_check:
+            build = self._refresh(version)
         if build.pipeline is None:
             raise NotReady(build.reason)
         return build.pipeline
+
+    def _known(self, version: str) -> str:
+        """`version` if the repository has its folder; NotReady otherwise, remembering
+        nothing (a caller naming any number must not grow the builds)."""
+        model = self._spec.model.name
+        if not (self._root / model / version).is_dir():
+            raise NotReady(f"model {model!r} has no version {version} in the repository")
+        return version
 
     def _refresh(self, version: str) -> Build:
         with self._lock:

@@ -133,10 +133,12 @@ def test_a_hot_swap_is_checked_and_a_bad_one_keeps_the_statistics_before(
 def test_a_version_first_asked_for_later_is_built_then_or_refused(tmp_path: Path) -> None:
     root, stats = repository(tmp_path / "repository")
     pipes = pipelines(tmp_path, root)
+    with pytest.raises(NotReady, match="model 'tabular' has no version 3 in the repository"):
+        pipes.get("tabular", "3")
+    shutil.copytree(root / "tabular" / "2", root / "tabular" / "3")
     with pytest.raises(NotReady, match="no preprocess_fingerprint for version 3") as refused:
         pipes.get("tabular", "3")
     assert str(root) not in str(refused.value)
-    shutil.copytree(root / "tabular" / "2", root / "tabular" / "3")
     prints = {v: s.fingerprint for v, s in stats.items()}
     record(root, {**prints, "3": stats["2"].fingerprint})
     x = features(stats["1"])
