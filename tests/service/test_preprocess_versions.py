@@ -207,3 +207,25 @@ def test_the_canary_is_fed_its_own_statistics_beside_the_control(world) -> None:
         assert answered == version
         np.testing.assert_allclose(score, top_probability(stats[version], x), atol=1e-5)
     assert not np.allclose(top_probability(stats["1"], x), top_probability(stats["2"], x))
+
+
+def test_a_tokenizer_may_be_the_versions_own(tmp_path: Path) -> None:
+    raw = yaml.safe_load((DEFAULT_CONFIG.parent / "text.yaml").read_text())
+    raw["repository"] = str(BUILT)
+    embed = raw["pipelines"]["embed"]
+    raw["pipelines"] = {"embed": embed}
+    raw["inference"]["models"] = ["minilm"]
+    (tokenize,) = [step for step in embed["preprocess"] if step["kind"] == "tokenize"]
+    shared = build_pipelines(settings_at(tmp_path / "shared.yaml", raw), StepTimings())
+    tokenize["tokenizer"] = "minilm/{version}/tokenizer.json"
+    embed["model"]["version"] = "1"
+    versioned = build_pipelines(settings_at(tmp_path / "versioned.yaml", raw), StepTimings())
+    text = {"text": np.array([b"a version's own vocabulary", b"hello"], dtype=object)}
+    ours = versioned.get("embed", "1").run(dict(text))
+    for name, tensor in shared.get("embed").run(dict(text)).items():
+        np.testing.assert_array_equal(ours[name], tensor)
+
+
+def settings_at(path: Path, raw: dict):
+    path.write_text(yaml.safe_dump(raw))
+    return load_settings(path)
