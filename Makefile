@@ -9,7 +9,7 @@ STAMP_PROTO := strata/proto/.generated
 STAMP_MODELS := build/.models
 STAMP_MODELS_TEXT := build/.models-text
 
-.PHONY: venv proto models models-text run test lint fmt bench trace fuzz certs clean config-docs
+.PHONY: venv proto models models-text run test test-unit lint fmt bench trace fuzz certs clean config-docs
 .PHONY: compose-up compose-down soak bench-peers bench-overload
 
 # The Compose specification's JSON schema, as the docker-compose package on PyPI ships it.
@@ -54,6 +54,10 @@ run: $(STAMP_MODELS)
 
 test: $(STAMP_MODELS) $(STAMP_MODELS_TEXT) $(COMPOSE_SCHEMA) lint
 	$(PY) -m pytest
+
+# The fast tests alone: no demo models, no PyTorch, no processes started (tests/unit, not slow).
+test-unit: $(STAMP_PROTO) $(COMPOSE_SCHEMA)
+	$(PY) -m pytest tests/unit -m "not slow" -q
 
 lint: $(STAMP_PROTO)
 	$(PY) -m ruff check .

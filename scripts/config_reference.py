@@ -169,8 +169,17 @@ def _row(path: str, info: FieldInfo) -> Row:
         type=_type(info.annotation),
         default=_default(info),
         constraints=", ".join(_constraints(info)),
-        description=info.description or "",
+        description=_described(info),
     )
+
+
+def _described(info: FieldInfo) -> str:
+    """The field's description, saying so when a config reload applies it live."""
+    text = info.description or ""
+    extra = info.json_schema_extra
+    if isinstance(extra, dict) and extra.get("live"):
+        text = f"{text} Applies live on reload (Admin/Reload).".strip()
+    return text
 
 
 def _type(tp: Any) -> str:

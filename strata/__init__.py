@@ -1,6 +1,8 @@
-"""Strata's shared package: codec, config, errors, server lifecycle, telemetry, stubs.
+"""Strata, the one installed package: its shared modules (codec, config, errors, server
+life-cycle, telemetry, stubs), one sub-package per service (gateway, preprocess, inference,
+postprocess), the converter and the `strata` command.
 
-It imports no service; every service imports it.
+The shared modules import no service; every service imports them.
 """
 
 __version__ = "0.1.0"  # the one version string; pyproject.toml reads it

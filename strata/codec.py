@@ -201,7 +201,7 @@ def _decode_all(tensors: Sequence, raw: Sequence[bytes]) -> dict[str, np.ndarray
     for i, tensor in enumerate(tensors):
         if tensor.name in arrays:
             raise InvalidArgument(f"input {shown(tensor.name)} appears more than once")
-        if raw and _has_contents(tensor.contents):
+        if raw and tensor.HasField("contents") and tensor.contents.ByteSize():
             raise InvalidArgument(
                 f"input {shown(tensor.name)}: both typed contents and raw contents given"
             )
@@ -225,10 +225,6 @@ def requested_outputs(request: v2.ModelInferRequest, available: Sequence[str]) -
             f"outputs: {list(available)}"
         )
     return asked or list(available)
-
-
-def _has_contents(contents: v2.InferTensorContents) -> bool:
-    return any(len(getattr(contents, field)) for field in set(CONTENTS_FIELD.values()))
 
 
 def build_request(

@@ -27,10 +27,6 @@ class Summary:
     total_seconds: float = 0.0
     max_seconds: float = 0.0
 
-    @property
-    def mean_seconds(self) -> float:
-        return self.total_seconds / self.count if self.count else 0.0
-
 
 class Timings:
     """Thread-safe per-(pipeline, stage) duration summaries, a histogram, and hooks."""

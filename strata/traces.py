@@ -100,10 +100,6 @@ class Receiver(trace_service_pb2_grpc.TraceServiceServicer):
         with self._lock:
             return list(self._traces.get(trace_id, []))
 
-    def all_spans(self) -> list[Span]:
-        with self._lock:
-            return [s for spans in self._traces.values() for s in spans]
-
     def quiet_traces(self, quiet_seconds: float) -> list[str]:
         """Trace ids that received nothing for `quiet_seconds`, oldest first."""
         horizon = time.monotonic() - quiet_seconds

@@ -16,10 +16,10 @@ import grpc
 
 from strata.errors import status_of
 from strata.grpc_errors import grpc_errors
-from strata.process import error
 from strata.proto.v1 import tensor_pb2 as v1
 from strata.streams import answer_each
 from strata.telemetry import Meter, server_span
+from strata.v1process import error
 
 Handle = Callable[[v1.ProcessRequest], Awaitable[v1.ProcessResponse]]
 

@@ -22,6 +22,19 @@ from pydantic import (
 
 from strata.stages import Family, Plugin
 
+# A setting's json_schema_extra when a config reload applies it to the running gateway
+# (the admin API's Reload): `live_fields` lists them, the config reference says so.
+LIVE: dict[str, Any] = {"live": True}
+
+
+def live_fields(model: type[BaseModel]) -> tuple[str, ...]:
+    """The fields of `model` marked LIVE."""
+    return tuple(
+        name
+        for name, info in model.model_fields.items()
+        if isinstance(info.json_schema_extra, dict) and info.json_schema_extra.get("live")
+    )
+
 
 class Strict(BaseModel):
     """The base of every config model: unknown keys are mistakes, refused at load time."""

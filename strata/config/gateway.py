@@ -13,6 +13,7 @@ import yaml
 from pydantic import Field, TypeAdapter, ValidationError, model_validator
 
 from strata.config.base import (
+    LIVE,
     AdminToken,
     Strict,
     admin_token_from,
@@ -318,16 +319,22 @@ class GatewaySettings(Strict):
         "null: no limit. Read at start.",
     )
     default_timeout_seconds: float = Field(
-        default=30.0, gt=0, description="Budget of a request whose caller set no deadline."
+        default=30.0,
+        gt=0,
+        description="Budget of a request whose caller set no deadline.",
+        json_schema_extra=LIVE,
     )
     upstream_timeout_seconds: float = Field(
         default=10.0,
         gt=0,
         description="Longest one upstream call may take, however much of the client's budget "
         "is left; an upstream that misses it counts as failing (UNAVAILABLE, breaker).",
+        json_schema_extra=LIVE,
     )
     hop_timeouts: HopTimeouts = Field(
-        default_factory=HopTimeouts, description="Upstream calls' own timeouts, adaptive."
+        default_factory=HopTimeouts,
+        description="Upstream calls' own timeouts, adaptive.",
+        json_schema_extra=LIVE,
     )
     stream_lanes: int = Field(
         default=2,
@@ -336,16 +343,27 @@ class GatewaySettings(Strict):
         "the preprocess replicas, postprocess); a flight's call to the layer is one message "
         "on the least busy one, at about half a unary call's cost. 0: a unary call each.",
     )
-    rate_limits: RateLimits = Field(default_factory=RateLimits, description="Token buckets.")
-    concurrency: Concurrency = Field(
-        default_factory=Concurrency, description="Adaptive concurrency limit and fair shares."
+    rate_limits: RateLimits = Field(
+        default_factory=RateLimits, description="Token buckets.", json_schema_extra=LIVE
     )
-    ladder: Ladder = Field(default_factory=Ladder, description="The degradation ladder.")
-    cache: Cache = Field(default_factory=Cache, description="The result cache.")
-    breaker: Breaker = Field(default_factory=Breaker, description="Upstream circuit breakers.")
+    concurrency: Concurrency = Field(
+        default_factory=Concurrency,
+        description="Adaptive concurrency limit and fair shares.",
+        json_schema_extra=LIVE,
+    )
+    ladder: Ladder = Field(
+        default_factory=Ladder, description="The degradation ladder.", json_schema_extra=LIVE
+    )
+    cache: Cache = Field(
+        default_factory=Cache, description="The result cache.", json_schema_extra=LIVE
+    )
+    breaker: Breaker = Field(
+        default_factory=Breaker, description="Upstream circuit breakers.", json_schema_extra=LIVE
+    )
     flights: FlightSettings = Field(
         default_factory=FlightSettings,
         description="Flights: concurrent requests through every hop in one call each.",
+        json_schema_extra=LIVE,
     )
     rest: Rest = Field(default_factory=Rest, description="The REST API's request limits.")
     shared_memory: SharedMemory = Field(
@@ -356,23 +374,27 @@ class GatewaySettings(Strict):
         default_factory=list,
         description="Clients' API keys (hashed); when any are set, requests without a valid "
         "key in the api_key_header are refused UNAUTHENTICATED.",
+        json_schema_extra=LIVE,
     )
     api_keys_file: Path | None = Field(
         default=None,
         description="A YAML file of more API keys, a list like api_keys (a mounted secret; "
         "relative to the config file), read at start and again by every config reload.",
+        json_schema_extra=LIVE,
     )
     admin_token: AdminToken = Field(
         default=None,
         description="Token the admin API and model repository control (RepositoryIndex, "
         "RepositoryModelLoad, RepositoryModelUnload and their REST routes) require "
         "(STRATA_GATEWAY__ADMIN_TOKEN), at least 32 characters; unset or empty disables both.",
+        json_schema_extra=LIVE,
     )
     admin_token_file: Path | None = Field(
         default=None,
         description="A file holding the admin token instead (a mounted secret; relative to "
         "the config file), read at start and again by every config reload, so a rotated "
         "token applies live.",
+        json_schema_extra=LIVE,
     )
 
     @model_validator(mode="after")

@@ -7,7 +7,7 @@ from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from strata.config.base import Datatype, Strict
+from strata.config.base import LIVE, Datatype, Strict
 from strata.config.postprocess import Rule
 from strata.config.preprocess import Step
 
@@ -140,9 +140,16 @@ class Pipeline(Strict):
     )
     model: ModelRef = Field(description="The model the inputs feed, and its routes.")
     latency_objective_ms: float = Field(
-        default=250.0, gt=0, description="P95 latency the ladder defends for this pipeline."
+        default=250.0,
+        gt=0,
+        description="P95 latency the ladder defends for this pipeline.",
+        json_schema_extra=LIVE,
     )
-    cache: bool = Field(default=False, description="Answer repeated requests from the cache.")
+    cache: bool = Field(
+        default=False,
+        description="Answer repeated requests from the cache.",
+        json_schema_extra=LIVE,
+    )
     shared_cache: bool = Field(
         default=False,
         description="Cached answers serve every client. By default each client (its API "
@@ -158,6 +165,7 @@ class Pipeline(Strict):
         default=None,
         description="One row of output values returned, marked degraded, when the ladder "
         "is at level 3 and the cache has no answer.",
+        json_schema_extra=LIVE,
     )
     postprocess: list[Rule] = Field(
         default_factory=list, description="Rules, in order, chosen by kind."

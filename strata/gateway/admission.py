@@ -60,6 +60,11 @@ class Admission:
         self.limiter = limiter
         self.keys = keys
 
+    def configure(self, limits: RateLimits, keys: KeyRing) -> None:
+        """New rate limits and API keys, live."""
+        self.limiter.configure(limits)
+        self.keys = keys
+
     def identify(self, caller: Caller) -> str:
         """The caller's client key (UNAUTHENTICATED without a valid API key, when required)."""
         return client_key(caller, self.limiter.limits, self.keys)

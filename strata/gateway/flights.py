@@ -82,9 +82,9 @@ class Flights:
         self._tasks: set[asyncio.Task] = set()
         self._numbers = itertools.count(1)
 
-    @property
-    def in_air(self) -> int:
-        return self._in_air
+    def configure(self, settings: FlightSettings) -> None:
+        """New bounds for the flights that leave from now on."""
+        self.settings = settings
 
     async def board(self, key: Hashable, member: Member) -> Any:
         """Queue `member` for the next flight of `key` and wait for its answer."""

@@ -17,8 +17,8 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -31,13 +31,6 @@ LEVELS = ("normal", "core_rules_only", "skip_batching", "cache_or_default", "she
 MIN_SAMPLES = 5
 # Signals for which giving up full answers (level 3 and beyond) can help.
 FULL_ANSWERS_FAIL = ("latency:", "errors")
-
-
-@dataclass(frozen=True)
-class Outcome:
-    pipeline: str
-    seconds: float
-    kind: str  # "ok", "error" (upstream unwell) or "rejected" (a full queue upstream)
 
 
 @dataclass(frozen=True)
@@ -56,21 +49,26 @@ class Reading:
         return f"{self.value:.3g}{self.unit} against {self.threshold:.3g}{self.unit}"
 
 
-class Window:
-    """Timestamped samples of the last few seconds."""
+SLOT_SECONDS = 0.25  # signals are kept per slot of time: a window is whole slots
 
-    def __init__(self, clock: Callable[[], float]) -> None:
-        self._clock = clock
-        self._items: deque = deque()
 
-    def add(self, item) -> None:
-        self._items.append((self._clock(), item))
+@dataclass
+class Slot:
+    """What happened in one slot of time: each request's outcome is counted, and its
+    latency and queueing kept by pipeline, so that a tick reads a window of thousands of
+    requests as a handful of slots (a pass over every request cost 5% of the gateway)."""
 
-    def recent(self, seconds: float) -> list:
-        horizon = self._clock() - seconds
-        while self._items and self._items[0][0] < horizon:
-            self._items.popleft()
-        return [item for _, item in self._items]
+    outcomes: int = 0
+    errors: int = 0  # upstream unwell
+    rejected: int = 0  # a full queue upstream
+    answered: dict[str, list[float] | np.ndarray] = field(default_factory=dict)  # seconds
+    waited: dict[str, list[float] | np.ndarray] = field(default_factory=dict)
+
+    def seal(self) -> None:
+        """Its lists as arrays, once the slot is over: a window joins them many times."""
+        for kept in (self.answered, self.waited):
+            for pipeline, values in kept.items():
+                kept[pipeline] = np.asarray(values)
 
 
 class Signals:
@@ -79,58 +77,69 @@ class Signals:
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self.loop_lag = 0.0  # seconds the event loop last fell behind its tick
         self._clock = clock
-        self._outcomes = Window(clock)
-        self._delays = Window(clock)
+        self._slots: deque[tuple[int, Slot]] = deque()
 
     def record(self, pipeline: str, seconds: float, kind: str) -> None:
-        self._outcomes.add(Outcome(pipeline, seconds, kind))
+        """One request's outcome: "ok", "error" (upstream unwell) or "rejected"."""
+        slot = self._slot()
+        slot.outcomes += 1
+        if kind == "ok":
+            slot.answered.setdefault(pipeline, []).append(seconds)
+        elif kind == "error":
+            slot.errors += 1
+        elif kind == "rejected":
+            slot.rejected += 1
 
     def queued(self, pipeline: str, seconds: float) -> None:
         """A request of `pipeline` waited `seconds` between arriving and its flight leaving."""
-        self._delays.add((pipeline, seconds))
+        self._slot().waited.setdefault(pipeline, []).append(seconds)
 
-    def window(self, seconds: float) -> list[Outcome]:
-        return self._outcomes.recent(seconds)
+    def recent(self, seconds: float) -> list[Slot]:
+        """The slots of the last `seconds` (to within a slot); older ones are forgotten."""
+        first = int((self._clock() - seconds) // SLOT_SECONDS)
+        while self._slots and self._slots[0][0] < first:
+            self._slots.popleft()
+        return [slot for _, slot in self._slots]
 
-    def delays(self, seconds: float) -> list[tuple[str, float]]:
-        return self._delays.recent(seconds)
+    def _slot(self) -> Slot:
+        number = int(self._clock() // SLOT_SECONDS)
+        if not self._slots or self._slots[-1][0] != number:
+            if self._slots:
+                self._slots[-1][1].seal()
+            self._slots.append((number, Slot()))
+        return self._slots[-1][1]
 
 
 def readings(
     signals: Signals, settings: Ladder, objectives: Mapping[str, float]
 ) -> dict[str, Reading]:
     """Each signal's reading (pressure 1.0 = at its threshold)."""
-    window = settings.window_seconds
-    recent = signals.window(window)
+    slots = signals.recent(settings.window_seconds)
     lag = signals.loop_lag
     parts = {"event_loop": Reading(lag * 1000, settings.loop_lag_limit_ms, " ms")}
-    answered: dict[str, list[float]] = {}
-    kinds = {"error": 0, "rejected": 0}
-    for outcome in recent:  # one pass: at load the window holds thousands
-        if outcome.kind == "ok":
-            answered.setdefault(outcome.pipeline, []).append(outcome.seconds)
-        elif outcome.kind in kinds:
-            kinds[outcome.kind] += 1
-    if len(recent) >= settings.min_error_samples:
-        parts["errors"] = Reading(kinds["error"] / len(recent), settings.error_rate_limit)
-        parts["rejections"] = Reading(
-            kinds["rejected"] / len(recent), settings.rejection_rate_limit
-        )
-    waited: dict[str, list[float]] = {}
-    for pipeline, seconds in signals.delays(window):
-        waited.setdefault(pipeline, []).append(seconds)
+    outcomes = sum(slot.outcomes for slot in slots)
+    if outcomes and outcomes >= settings.min_error_samples:
+        errors = sum(slot.errors for slot in slots)
+        rejected = sum(slot.rejected for slot in slots)
+        parts["errors"] = Reading(errors / outcomes, settings.error_rate_limit)
+        parts["rejections"] = Reading(rejected / outcomes, settings.rejection_rate_limit)
     for pipeline, objective in objectives.items():
-        latencies = answered.get(pipeline, [])
+        latencies = _joined(slot.answered.get(pipeline) for slot in slots)
         if len(latencies) >= MIN_SAMPLES:
             parts[f"latency:{pipeline}"] = Reading(_p95(latencies), objective, " s")
-        waits = waited.get(pipeline, [])
+        waits = _joined(slot.waited.get(pipeline) for slot in slots)
         if len(waits) >= MIN_SAMPLES:
             threshold = settings.queue_delay_share * objective
             parts[f"queue_delay:{pipeline}"] = Reading(_p95(waits) + lag, threshold, " s")
     return parts
 
 
-def _p95(values: list[float]) -> float:
+def _joined(parts: Iterable[Sequence[float] | None]) -> np.ndarray:
+    kept = [values for values in parts if values is not None and len(values)]
+    return np.concatenate(kept) if kept else np.empty(0)
+
+
+def _p95(values: np.ndarray) -> float:
     return float(np.percentile(values, 95))
 
 
@@ -154,6 +163,11 @@ class LadderController:
         self._on_change = on_change
         self._above = 0
         self._calm = 0
+
+    def configure(self, settings: Ladder, objectives: Mapping[str, float]) -> None:
+        """New thresholds and latency objectives, live; the signals and level stay."""
+        self.settings = settings
+        self.objectives = dict(objectives)
 
     def force(self, level: int | None) -> None:
         """Pin the ladder at `level`, or release it (None) to follow the signals again."""

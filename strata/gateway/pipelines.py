@@ -110,11 +110,8 @@ class Pipelines:
                 name=pipeline.model.name, version=route.version or pipeline.model.version
             )
             hop = self._runtime.upstreams.inference[route.deployment]
-            try:
-                if (await hop.stub.ModelReady(probe, timeout=2.0)).ready:
-                    return True
-            except grpc.aio.AioRpcError:
-                continue
+            if await hop.model_ready(probe):
+                return True
         return False
 
     def model_metadata(self, name: str, version: str = "") -> v2.ModelMetadataResponse:

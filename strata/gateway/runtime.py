@@ -16,7 +16,9 @@ import logging
 from collections.abc import Callable
 
 from strata.config import ConfigError, Settings, load_settings
-from strata.config.pipelines import Route
+from strata.config.base import live_fields
+from strata.config.gateway import GatewaySettings
+from strata.config.pipelines import Pipeline, Route
 from strata.config.preprocess import per_version
 from strata.errors import NotFound, NotReady
 from strata.gateway.admission import Admission
@@ -33,12 +35,8 @@ from strata.gateway.upstreams import Upstreams
 from strata.security import KeyRing
 
 log = logging.getLogger(__name__)
-LIVE_GATEWAY = (
-    "rate_limits", "ladder", "cache", "breaker", "flights", "default_timeout_seconds",
-    "upstream_timeout_seconds", "hop_timeouts", "concurrency", "api_keys", "api_keys_file",
-    "admin_token", "admin_token_file",
-)  # fmt: skip
-LIVE_PIPELINE = ("latency_objective_ms", "cache", "default_answer")
+LIVE_GATEWAY = live_fields(GatewaySettings)
+LIVE_PIPELINE = live_fields(Pipeline)
 
 
 def _on_level_change(old: int, new: int, why: str) -> None:
@@ -158,17 +156,14 @@ class Runtime:
 
     def _apply_gateway(self, new: Settings) -> list[str]:
         old, gateway = self.settings.gateway, new.gateway
-        changed = [key for key in LIVE_GATEWAY if getattr(old, key) != getattr(gateway, key)]
-        self.admission.limiter.configure(gateway.rate_limits)
-        self.admission.keys = KeyRing(gateway.api_keys)
-        self.ladder.settings = gateway.ladder
-        self.ladder.objectives = _objectives(new)
+        changed = sorted(key for key in LIVE_GATEWAY if getattr(old, key) != getattr(gateway, key))
+        self.admission.configure(gateway.rate_limits, KeyRing(gateway.api_keys))
+        self.ladder.configure(gateway.ladder, _objectives(new))
         self.door.configure(gateway.concurrency, _objectives(new))
         self.cache.configure(gateway.cache)
         for hop in self.upstreams.hops:
-            hop.breaker.settings = gateway.breaker
-            hop.timer.configure(gateway.hop_timeouts, gateway.upstream_timeout_seconds)
-        self.orchestrator.flights.settings = gateway.flights
+            hop.configure(gateway)
+        self.orchestrator.flights.configure(gateway.flights)
         return [f"gateway.{key}" for key in changed]
 
     def _apply_pipelines(self, new: Settings) -> list[str]:

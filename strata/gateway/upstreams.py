@@ -21,6 +21,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from strata.channels import open_channel
 from strata.config import Settings
 from strata.config.endpoints import ServiceEndpoint
+from strata.config.gateway import GatewaySettings
 from strata.errors import Unavailable, from_code, hinted_retry
 from strata.gateway.breaker import Breakers, CircuitBreaker
 from strata.gateway.hoptime import HopTimer
@@ -36,6 +37,7 @@ INFERENCE_SERVICE = "inference.GRPCInferenceService"
 
 TIMEOUT_ATTEMPTS = 3
 LANE_SECONDS = 10.0
+READY_PROBE_SECONDS = 2.0  # how long a ModelReady probe waits for a deployment
 
 
 class HopTimedOut(Unavailable):
@@ -71,6 +73,11 @@ class Hop:
         self.timer = HopTimer(gateway.hop_timeouts, gateway.upstream_timeout_seconds)
         # A dns: target may resolve to several replicas; a single local address is one.
         self.replicated = endpoint.replicas > 1 or endpoint.target is not None
+
+    def configure(self, gateway: GatewaySettings) -> None:
+        """New breaker thresholds and hop timeouts, live."""
+        self.breaker.settings = gateway.breaker
+        self.timer.configure(gateway.hop_timeouts, gateway.upstream_timeout_seconds)
 
     async def call(
         self,
@@ -198,6 +205,25 @@ class Hop:
         except grpc.aio.AioRpcError:
             return False
         return reply.status == health_pb2.HealthCheckResponse.SERVING
+
+    async def model_ready(self, probe: Any, timeout: float = READY_PROBE_SECONDS) -> bool:
+        """The upstream's answer to a v2 ModelReady `probe`: False without a call while the
+        model's breaker is open, and a failed call counts for the breaker, as ModelInfer's
+        do; the call carries the caller's trace. Not timed: a probe's latency is not the
+        hop's P99."""
+        breaker = self.breaker[probe.name]
+        if not breaker.allow():
+            return False
+        code = grpc.StatusCode.OK
+        try:
+            reply = await self.stub.ModelReady(probe, timeout=timeout, metadata=outgoing())
+        except grpc.aio.AioRpcError as exc:
+            code = exc.code()
+            return False
+        finally:
+            breaker.record(code)
+            UPSTREAM_CALLS(self.name, code.name).inc()
+        return reply.ready
 
 
 class Upstreams:

@@ -176,7 +176,7 @@ class Batcher:
             jobs, at = self._form(now)
             if jobs is None:
                 if at is not None:
-                    self._arm(loop, at)
+                    self._set_timer(loop, at)
                 break
             self._start(loop, jobs, now)
         self._check_drained()
@@ -199,7 +199,7 @@ class Batcher:
             return self._queue.take([alone]), None
         return None, at
 
-    def _arm(self, loop: asyncio.AbstractEventLoop, at: float) -> None:
+    def _set_timer(self, loop: asyncio.AbstractEventLoop, at: float) -> None:
         if self._timer is not None and self._timer_at <= at:
             return
         if self._timer is not None:

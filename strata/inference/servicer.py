@@ -1,4 +1,5 @@
-"""inference.GRPCInferenceService on the inference layer: thin decode -> domain -> encode.
+"""inference.GRPCInferenceService on the inference layer, thin: inference requests go to the
+data plane (dataplane.py), the rest to the model manager.
 
 Serves v2 inference, metadata and statistics, and the repository extension (index, load,
 unload) that hot-swaps model versions; all three need the admin token (strata.tokens): the
@@ -12,26 +13,18 @@ another arm.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 from collections.abc import AsyncIterator
-from dataclasses import replace
-from itertools import accumulate
 
 import grpc
-import numpy as np
 from grpc_health.v1 import health_pb2
 
-from strata import __version__, codec, flight
+from strata import __version__, flight
 from strata.config.inference import InferenceSettings
-from strata.errors import InvalidArgument, NotReady, StrataError, Unavailable
+from strata.errors import InvalidArgument
 from strata.grpc_errors import answers_unimplemented, grpc_errors
-from strata.inference import spans
+from strata.inference.dataplane import DataPlane
 from strata.inference.index import index_response
-from strata.inference.jobs import Request
 from strata.inference.manager import ModelManager
-from strata.inference.model import ModelVersion
-from strata.inference.params import request_options
 from strata.inference.statistics import statistics_response
 from strata.proto.inference import grpc_service_pb2 as v2
 from strata.proto.inference import grpc_service_pb2_grpc as v2_grpc
@@ -64,8 +57,9 @@ class InferenceServicer(v2_grpc.GRPCInferenceServiceServicer):
         max_stream_in_flight: int = DEFAULT_MAX_IN_FLIGHT,
     ) -> None:
         self._models = models
-        self._max_stream_in_flight = max_stream_in_flight
         self._configured = list(settings.models)
+        self._plane = DataPlane(models, self._configured)
+        self._max_stream_in_flight = max_stream_in_flight
         token = settings.admin_token.get_secret_value() if settings.admin_token else None
         self._auth = ControlAuth("the model repository API", "inference.admin_token", lambda: token)
         self._running: Running | None = None
@@ -129,7 +123,7 @@ class InferenceServicer(v2_grpc.GRPCInferenceServiceServicer):
     async def ModelInfer(
         self, request: v2.ModelInferRequest, context: grpc.aio.ServicerContext
     ) -> v2.ModelInferResponse:
-        return await self._infer(request, context)
+        return await self._plane.infer(request, context.time_remaining())
 
     async def ModelStreamInfer(
         self, requests: AsyncIterator[v2.ModelInferRequest], context: grpc.aio.ServicerContext
@@ -140,76 +134,12 @@ class InferenceServicer(v2_grpc.GRPCInferenceServiceServicer):
         async def infer(request: v2.ModelInferRequest) -> v2.ModelInferResponse:
             traceparent = flight.call_traceparent(request.parameters)
             if not traceparent:
-                return await self._infer(request, context)
+                return await self._plane.infer(request, context.time_remaining())
             with server_span(STREAM_METHOD, {"traceparent": traceparent}):
-                return await self._infer(request, context)
+                return await self._plane.infer(request, context.time_remaining())
 
         async for answer in answer_stream(requests, infer, self._max_stream_in_flight):
             yield answer
-
-    async def _infer(
-        self, request: v2.ModelInferRequest, context: grpc.aio.ServicerContext
-    ) -> v2.ModelInferResponse:
-        model = self._serving(request.model_name, request.model_version)
-        wanted = codec.requested_outputs(request, model.signature.output_names)
-        arrays = codec.request_inputs(request)
-        now = asyncio.get_running_loop().time()
-        options = request_options(request.parameters, context.time_remaining(), now)
-        if flight.is_flight(request.parameters):
-            return await self._flight(model, request, arrays, options, wanted)
-        outputs = await model.infer(arrays, options)
-        return _response(model, request.id, {name: outputs[name] for name in wanted})
-
-    def _serving(self, name: str, version: str) -> ModelVersion:
-        """The version that runs a request; UNAVAILABLE for a configured model that is not
-        loaded here now (unloaded, or its load failed): another replica or arm may have it."""
-        try:
-            return self._models.resolve(name, version)
-        except NotReady as exc:
-            if name not in self._configured:
-                raise
-            raise Unavailable(f"{exc}; another replica may serve it") from None
-
-    async def _flight(
-        self,
-        model: ModelVersion,
-        request: v2.ModelInferRequest,
-        arrays: codec.Arrays,
-        options: Request,
-        wanted: list[str],
-    ) -> v2.ModelInferResponse:
-        """A flight (strata.flight): each member queued as a request of its own; the
-        answered members' outputs stacked in order, the others' errors in the parameters."""
-        first = next(iter(arrays.values()), None)
-        total = first.shape[0] if first is not None and first.ndim else 0
-        members = flight.members(request.parameters, total)
-        if options.skip_batching:
-            # The gateway's skip-batching level: the flight is a batch already, so it runs
-            # as one, at once; only if that fails do its members run apart, to isolate one.
-            with contextlib.suppress(StrataError):
-                outputs = await model.infer(arrays, options)
-                return _response(model, request.id, {name: outputs[name] for name in wanted})
-        starts = [0, *accumulate(m.rows for m in members)]
-        now = asyncio.get_running_loop().time()
-        outcomes = await asyncio.gather(
-            *(
-                model.infer(
-                    _rows(arrays, starts[i], starts[i + 1]),
-                    _own(options, m, now),
-                    spans.sampled(m.traceparent),  # its batch links to it
-                )
-                for i, m in enumerate(members)
-            ),
-            return_exceptions=True,
-        )
-        errors = {i: o for i, o in enumerate(outcomes) if isinstance(o, BaseException)}
-        if len(errors) == len(members):
-            raise outcomes[0]
-        answered = [o for o in outcomes if not isinstance(o, BaseException)]
-        outputs = {name: np.concatenate([o[name] for o in answered]) for name in wanted}
-        response = _response(model, request.id, outputs)
-        flight.set_errors(response.parameters, errors)
-        return response
 
     @grpc_errors
     async def ModelStatistics(self, request, context) -> v2.ModelStatisticsResponse:
@@ -244,25 +174,3 @@ class InferenceServicer(v2_grpc.GRPCInferenceServiceServicer):
         finally:
             await self._publish_health()
         return v2.RepositoryModelUnloadResponse()
-
-
-def _rows(arrays: codec.Arrays, start: int, end: int) -> codec.Arrays:
-    return {name: array[start:end] for name, array in arrays.items()}
-
-
-def _own(options: Request, member: flight.FlightMember, now: float) -> Request:
-    """The call's options with the member's own deadline, where it is the sooner."""
-    if not member.timeout_us:
-        return options
-    deadline = now + member.timeout_us / 1e6
-    if options.deadline is not None and options.deadline <= deadline:
-        return options
-    return replace(options, deadline=deadline)
-
-
-def _response(model: ModelVersion, request_id: str, outputs: dict) -> v2.ModelInferResponse:
-    response = v2.ModelInferResponse(
-        model_name=model.name, model_version=str(model.version), id=request_id
-    )
-    codec.add_outputs(response, outputs)
-    return response

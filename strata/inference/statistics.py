@@ -117,10 +117,6 @@ class VersionStats:
         """A request was answered without running, for `reason` (one of REASONS)."""
         self.rejected[reason] += 1
 
-    def mean_batch_rows(self) -> float:
-        batches = sum(self.batch_sizes.values())
-        return sum(r * n for r, n in self.batch_sizes.items()) / batches if batches else 0.0
-
 
 def _count(n: int) -> v2.StatisticDuration:
     return v2.StatisticDuration(count=n)

@@ -5,8 +5,8 @@ from __future__ import annotations
 from strata import limits
 from strata.cli import Service
 from strata.config import Settings
-from strata.postprocess.chain import build_chain
 from strata.postprocess.engine import RuleEngine
+from strata.postprocess.rule_chain import build_chain
 from strata.postprocess.servicer import PostprocessServicer
 from strata.proto.v1 import postprocess_pb2, postprocess_pb2_grpc
 

@@ -4,7 +4,7 @@ A call with more than `preprocess.inline_max_bytes` of tensors runs on a worker 
 hand-off per call: decoding a large image or tokenising a long batch must not hold up the
 event loop, and with it every other call and the health checks. A smaller call runs on the
 loop, since the hand-off would cost more than its steps. A flight's steps run once over its
-stacked rows (strata.process has the mechanism). The request's `model_version` parameter
+stacked rows (strata.v1process has the mechanism). The request's `model_version` parameter
 (the version its arm calls) picks the pipeline's build for pipelines fed per version.
 """
 
@@ -15,9 +15,9 @@ from collections.abc import Mapping
 
 from strata.preprocess.pipeline import Pipelines
 from strata.preprocess.versions import MODEL_VERSION
-from strata.process import Arrays, process_all
 from strata.proto.v1 import preprocess_pb2_grpc, tensor_pb2
 from strata.streams import DEFAULT_MAX_IN_FLIGHT
+from strata.v1process import Arrays, process_all
 from strata.v1stream import ProcessService
 
 

@@ -18,6 +18,12 @@ from strata.proto.inference import grpc_service_pb2_grpc as v2_grpc
 from strata.traces import Receiver, Span, roots
 from tests.support.system import running_system
 
+
+def all_spans(receiver: Receiver) -> list[Span]:
+    """Every span the receiver holds, of every trace."""
+    return [span for trace_id in receiver.quiet_traces(0) for span in receiver.trace(trace_id)]
+
+
 LAYERS = {f"strata-{name}" for name in ("gateway", "preprocess", "inference", "postprocess")}
 
 
@@ -106,7 +112,7 @@ def burst(system: Supervisor, receiver: Receiver, count: int) -> tuple[list[str]
         # A request that flew with others has only the gateway's spans in its own trace.
         for span in receiver.wait_for(trace_id, {"strata-gateway"}):
             ours[span.span_id] = trace_id
-    batches = [s for s in receiver.all_spans() if s.name == "inference batch"]
+    batches = [s for s in all_spans(receiver) if s.name == "inference batch"]
     return trace_ids, [b for b in batches if len({ours[i] for i in b.links if i in ours}) >= 2]
 
 
@@ -126,7 +132,7 @@ def test_a_batch_span_links_the_requests_it_carried(traced) -> None:
 
 def flown(receiver: Receiver, trace_ids: list[str]) -> list[tuple[Span, Span]]:
     """(root, flight) of each request that travelled in a flight of several."""
-    flights = {s.span_id: s for s in receiver.all_spans() if s.name == "flight"}
+    flights = {s.span_id: s for s in all_spans(receiver) if s.name == "flight"}
     pairs = []
     for trace_id in trace_ids:
         root = root_of(receiver.trace(trace_id))
@@ -174,7 +180,7 @@ def linked_batch(receiver: Receiver, span_id: str, within: float = 5.0) -> bool:
     schedule, so its spans may arrive after the other layers')."""
     deadline = time.monotonic() + within
     while time.monotonic() < deadline:
-        batches = [s for s in receiver.all_spans() if s.name == "inference batch"]
+        batches = [s for s in all_spans(receiver) if s.name == "inference batch"]
         if any(span_id in b.links for b in batches):
             return True
         time.sleep(0.05)

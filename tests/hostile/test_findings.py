@@ -15,7 +15,6 @@ import pytest
 
 from strata import codec
 from strata.launch import Supervisor
-from strata.process import raise_for_result
 from strata.proto.v1 import tensor_pb2 as v1
 from tests.support.hostile import (
     CLIENT,
@@ -32,6 +31,7 @@ from tests.support.hostile import (
     item_outcomes,
 )
 from tests.support.ports import INPUTS, good_item, kind, named, ports, stub_for, watched
+from tests.support.results import raise_for_result
 
 READS = {
     "gateway": ["ModelInfer", "ModelReady", "ModelMetadata", "ModelConfig"],

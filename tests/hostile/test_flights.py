@@ -16,7 +16,6 @@ from prometheus_client.parser import text_string_to_metric_families
 from strata import codec
 from strata.flight import ROWS, TIMEOUTS, TRACE_CONTEXTS, member_errors
 from strata.launch import Supervisor
-from strata.process import raise_for_result
 from strata.proto.v1 import tensor_pb2 as v1
 from tests.support.flight_requests import alone, by_member, flight
 from tests.support.hostile import (
@@ -29,6 +28,7 @@ from tests.support.hostile import (
     item_outcomes,
 )
 from tests.support.ports import INPUTS, assert_serving, kind, ports, stub_for
+from tests.support.results import raise_for_result
 from tests.support.system import ROOT
 
 CLIENT_ID = (("x-client-id", "hostile-flights"),)  # one client: one A/B arm, one flight key

@@ -15,12 +15,12 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from strata import codec
 from strata.config import Settings
 from strata.gateway.metrics import UPSTREAM_CALLS
-from strata.process import raise_for_result
 from strata.proto.inference import grpc_service_pb2 as v2
 from strata.proto.inference import grpc_service_pb2_grpc as v2_grpc
 from strata.proto.v1 import postprocess_pb2_grpc, preprocess_pb2_grpc
 from strata.proto.v1 import tensor_pb2 as v1
 from tests.support.inprocess import InProcess, servers_in_process
+from tests.support.results import raise_for_result
 
 DIGIT = np.zeros((1, 8, 8), np.uint8)
 

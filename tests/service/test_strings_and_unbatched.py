@@ -23,7 +23,7 @@ from strata.proto.inference import grpc_service_pb2 as v2
 from strata.proto.inference import grpc_service_pb2_grpc as v2_grpc
 from tests.support.inprocess import InProcess, servers_in_process
 from tests.support.system import ROOT
-from tests.unit.test_inference_toymodels import _finish
+from tests.unit.inference.test_inference_toymodels import _finish
 
 TEXTS = np.array(["plain", "été ☃", ""], dtype=object)
 

@@ -16,11 +16,11 @@ from strata import codec
 from strata.config import load_settings
 from strata.healthcheck import check
 from strata.launch import Supervisor, instances
-from strata.process import raise_for_result
 from strata.proto.inference import grpc_service_pb2 as v2
 from strata.proto.inference import grpc_service_pb2_grpc as v2_grpc
 from strata.proto.v1 import postprocess_pb2_grpc, preprocess_pb2_grpc
 from strata.proto.v1 import tensor_pb2 as v1
+from tests.support.results import raise_for_result
 from tests.support.system import DEFAULT_CONFIG
 
 # Each port's tensor names by pipeline, and a good request for it.

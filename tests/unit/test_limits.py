@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import yaml
 
-from strata import codec, limits, process, stack
+from strata import codec, limits, stack, v1process
 from strata.config import load_settings
 from strata.config.limits import TensorLimits
 from strata.errors import InvalidArgument
@@ -203,7 +203,7 @@ def test_a_stack_is_cut_only_when_its_shape_matches_its_bytes() -> None:
         stack.take([endless], [1, 1], [0])
 
 
-def handler(pipeline: str, arrays: codec.Arrays, parameters: object) -> process.Outputs:
+def handler(pipeline: str, arrays: codec.Arrays, parameters: object) -> v1process.Outputs:
     return arrays, {}
 
 
@@ -223,7 +223,7 @@ def test_a_process_item_with_a_hostile_tensor_fails_alone(
             flight,
         ]
     )
-    bad, good, flown = process.process_all(call, handler).results
+    bad, good, flown = v1process.process_all(call, handler).results
     errors = [bad.error, *(member.error for member in flown.members)]
     for error in errors:
         assert error.code == grpc.StatusCode.INVALID_ARGUMENT.value[0]

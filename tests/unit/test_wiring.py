@@ -17,10 +17,10 @@ from onnx import TensorProto, helper
 from strata.config.pipelines import Pipeline
 from strata.config.postprocess import PostprocessSettings
 from strata.errors import NotReady
-from strata.postprocess.chain import build_chain
 from strata.postprocess.engine import RuleEngine
+from strata.postprocess.rule_chain import build_chain
 from strata.preprocess.pipeline import build_pipeline
-from tests.unit.test_inference_toymodels import _finish, dense, pooling_model
+from tests.unit.inference.test_inference_toymodels import _finish, dense, pooling_model
 
 DECLARED = {"name": "probabilities", "datatype": "FP32", "shape": [-1, 3]}
 SOFTMAX = {"kind": "softmax", "input": "y", "output": "probabilities"}

@@ -16,7 +16,12 @@ from strata.errors import InvalidArgument, NotReady
 from strata.inference.jobs import Request
 from strata.inference.manifest import read_spec
 from strata.inference.model import ModelVersion, load_version
-from tests.unit.test_inference_toymodels import _finish, pooling_model, tokens, write_version
+from tests.unit.inference.test_inference_toymodels import (
+    _finish,
+    pooling_model,
+    tokens,
+    write_version,
+)
 
 SETTINGS = InferenceSettings(models=["pool"], workers=2)
 LENGTHS = [3, 7, 1, 5, 7, 2]

@@ -27,15 +27,15 @@ from strata.config.postprocess import BUILTIN_RULES, PluginRule, PostprocessSett
 from strata.config.server import ServerSettings
 from strata.errors import InvalidArgument
 from strata.postprocess.app import build_engine
-from strata.postprocess.chain import build_chain
 from strata.postprocess.engine import RuleEngine
+from strata.postprocess.rule_chain import build_chain
 from strata.postprocess.rules import RULES, RuleContext
 from strata.postprocess.servicer import PostprocessServicer
-from strata.process import raise_for_result
 from strata.proto.v1 import postprocess_pb2_grpc
 from strata.proto.v1 import tensor_pb2 as v1
 from strata.server import start_server
 from tests.support.flight_requests import alone, by_member, flight
+from tests.support.results import raise_for_result
 from tests.support.system import make_config
 
 LIMIT = 0.2

@@ -26,8 +26,8 @@ from strata.config.postprocess import (
     SoftmaxRule,
 )
 from strata.errors import InvalidArgument, NotFound, NotReady, Unavailable
-from strata.postprocess.chain import build_chain
 from strata.postprocess.engine import RuleEngine
+from strata.postprocess.rule_chain import build_chain
 from strata.postprocess.rules import RULES, RuleContext
 from strata.postprocess.rules.base import Misconfigured
 

@@ -8,7 +8,7 @@ import yaml
 from strata.config import load_settings
 from strata.config.preprocess import TokenizeStep
 
-CONFIGS = Path(__file__).resolve().parents[2] / "configs"
+CONFIGS = Path(__file__).resolve().parents[3] / "configs"
 TEXT_MODELS = {"minilm", "minilm-int8", "topics"}
 TEXT_PIPELINES = {"embed", "embed-int8", "topics"}
 

@@ -42,7 +42,7 @@ MERGE_KEYS = {
     "imagePullSecrets": "name",
 }
 CLUSTER_SCOPED = {"Namespace", "ClusterRole", "ClusterRoleBinding", "PersistentVolume"}
-OVERLAYS = Path(__file__).resolve().parents[2] / "deploy" / "k8s" / "overlays"
+OVERLAYS = Path(__file__).resolve().parents[3] / "deploy" / "k8s" / "overlays"
 
 
 def load_documents(path: Path) -> list[Resource]:

@@ -22,7 +22,8 @@ from strata.config import load_settings
 from strata.config.base import MIN_ADMIN_TOKEN
 from strata.config.tls import KEY
 from strata.security import KeyRing
-from tests.unit.test_deploy import (
+from tests.e2e.test_deploy_entry import loopback_config
+from tests.unit.deploy.test_deploy import (
     COMPOSE_CONFIG,
     ROOT,
     container_settings,
@@ -30,9 +31,8 @@ from tests.unit.test_deploy import (
     port_of,
     strata_services,
 )
-from tests.unit.test_deploy_entry import loopback_config
-from tests.unit.test_deploy_k8s import K8S, OVERLAYS, container, strata_workloads
-from tests.unit.test_deploy_kustomize import Resource, build, pod_containers
+from tests.unit.deploy.test_deploy_k8s import K8S, OVERLAYS, container, strata_workloads
+from tests.unit.deploy.test_deploy_kustomize import Resource, build, pod_containers
 
 CHECKLIST = ROOT / "docs" / "security.md"
 

@@ -20,7 +20,7 @@ from strata.gateway.breaker import FAILURES
 from strata.inference.jobs import Request
 from strata.inference.manifest import read_spec
 from strata.inference.model import ModelVersion, load_version
-from tests.unit.test_inference_toymodels import _finish, write_version
+from tests.unit.inference.test_inference_toymodels import _finish, write_version
 
 SETTINGS = InferenceSettings(models=["alloc"], workers=2)
 

@@ -36,10 +36,10 @@ from opentelemetry.context import Context
 from opentelemetry.trace import Link, Span
 
 from strata.codec import Arrays, arrays_to_tensors, tensors_to_arrays
-from strata.errors import InvalidArgument, StrataError, from_code, shown, status_of
+from strata.errors import InvalidArgument, StrataError, shown, status_of
 from strata.proto.v1 import tensor_pb2 as v1
 
-TRACER = trace.get_tracer("strata.process")
+TRACER = trace.get_tracer("strata.v1process")
 Info = dict[str, str]
 Outputs = tuple[Arrays, Info]
 # (pipeline name, tensors, parameters) -> (tensors, info for the caller)
@@ -104,13 +104,6 @@ def in_own_trace(item: v1.Request) -> Iterator[None]:
         attributes={"strata.pipeline": item.pipeline},
     ):
         yield
-
-
-def raise_for_result(result: v1.Result) -> Arrays:
-    """The tensors of a successful result; the mapped domain error of a failed one."""
-    if result.HasField("error"):
-        raise from_code(result.error.code, result.error.message)
-    return tensors_to_arrays(result.tensors)
 
 
 # Driving the async core with a synchronous handler.

@@ -15,8 +15,8 @@ import pytest
 from strata.errors import NotReady
 from strata.inference.manager import ModelManager
 from strata.normalisation import STATS_FILE, fit_stats, save_stats
-from tests.unit.test_inference_repository import X, answer, settings, with_manager
-from tests.unit.test_inference_toymodels import dense, write_manifest, write_version
+from tests.unit.inference.test_inference_repository import X, answer, settings, with_manager
+from tests.unit.inference.test_inference_toymodels import dense, write_manifest, write_version
 
 ALL = {"version_policy": {"all": True}}
 

@@ -27,7 +27,7 @@ from scripts.make_certs import ADMIN_SECRET, IDENTITIES, KEYS_SECRET
 from strata.config import Settings, load_settings
 from strata.config.tls import GATEWAY, public_identity
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 DEPLOY = ROOT / "deploy"
 COMPOSE_FILE = DEPLOY / "docker-compose.yml"
 COMPOSE_SCHEMA = ROOT / "build" / "schema" / "compose_spec.json"  # `make test` fetches it

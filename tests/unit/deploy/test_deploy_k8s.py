@@ -29,7 +29,7 @@ from scripts.make_certs import (
     secret_name,
 )
 from strata.config.tls import CA, CERT, GATEWAY, KEY
-from tests.unit.test_deploy import (
+from tests.unit.deploy.test_deploy import (
     COLLECTOR,
     COMPOSE_CONFIG,
     DEPLOY,
@@ -46,7 +46,7 @@ from tests.unit.test_deploy import (
     parse_command,
     port_of,
 )
-from tests.unit.test_deploy_kustomize import Resource, build, find, pod_containers
+from tests.unit.deploy.test_deploy_kustomize import Resource, build, find, pod_containers
 
 K8S = DEPLOY / "k8s"
 OVERLAYS = {"dev": "strata-dev", "prod": "strata"}
@@ -86,6 +86,7 @@ def serving(deployment: Resource) -> Endpoint:
     return endpoint_of(container_settings(), parse_command(container(deployment)["args"]))
 
 
+@pytest.mark.slow
 def test_manifests_are_valid_kubernetes(overlay: tuple[str, list[Resource]]) -> None:
     _, resources = overlay
     failures = []

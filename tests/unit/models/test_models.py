@@ -12,6 +12,8 @@ import yaml
 from models.build import build_all
 from strata.normalisation import load_stats
 
+pytestmark = pytest.mark.slow  # builds the demo models (make test-unit leaves it out)
+
 IO_NAMES = {"digits": ("pixels", "logits"), "tabular": ("features", "logits")}
 MIN_ACCURACY = {"digits": 0.95, "tabular": 0.93}
 

@@ -28,7 +28,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from scripts.make_certs import ADMIN_FILE, ADMIN_SECRET, KEYS_FILE, KEYS_SECRET, make_certs
 from strata import healthcheck
 from tests.support.system import free_port
-from tests.unit.test_deploy import (
+from tests.unit.deploy.test_deploy import (
     COMPOSE_CONFIG,
     ROOT,
     container_settings,

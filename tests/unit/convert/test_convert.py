@@ -158,7 +158,12 @@ def test_the_command_refuses_a_broken_export_with_its_own_exit_status(
 ) -> None:
     argv = [
         *("branchy", "--repository", str(tmp_path)),
-        *("--module", "tests.unit.test_convert:branchy", "--input", "features:float32:batch,6"),
+        *(
+            "--module",
+            "tests.unit.convert.test_convert:branchy",
+            "--input",
+            "features:float32:batch,6",
+        ),
     ]
     assert convert_main(argv) == EXIT_PARITY
     assert "refused, nothing written" in capsys.readouterr().err
@@ -167,7 +172,7 @@ def test_the_command_refuses_a_broken_export_with_its_own_exit_status(
 
 def test_the_command_converts_a_module_from_a_factory(tmp_path: Path) -> None:
     argv = [
-        *("tiny", "--repository", str(tmp_path), "--module", "tests.unit.test_convert:mlp"),
+        *("tiny", "--repository", str(tmp_path), "--module", "tests.unit.convert.test_convert:mlp"),
         *("--input", "features:float32:batch,6", "--output", "logits:float32:batch,3"),
         *("--max-batch-size", "16", "--quantise", "int8", "--per-tensor"),
     ]
@@ -176,7 +181,7 @@ def test_the_command_converts_a_module_from_a_factory(tmp_path: Path) -> None:
     assert manifest["max_batch_size"] == 16
     report = yaml.safe_load((tmp_path / "tiny" / "1" / "conversion.yaml").read_text())
     assert report["per_channel"] is False
-    assert report["source"] == "factory tests.unit.test_convert:mlp"
+    assert report["source"] == "factory tests.unit.convert.test_convert:mlp"
 
 
 def test_versions_are_immutable_unless_overwritten(tmp_path: Path) -> None:
@@ -242,7 +247,7 @@ def test_topic_files_are_checked(tmp_path: Path) -> None:
 
 def test_the_report_records_the_graphs_own_shapes_not_the_declaration(tmp_path: Path) -> None:
     argv = [
-        *("tiny", "--repository", str(tmp_path), "--module", "tests.unit.test_convert:mlp"),
+        *("tiny", "--repository", str(tmp_path), "--module", "tests.unit.convert.test_convert:mlp"),
         *("--input", "features:float32:batch,6", "--output", "logits"),  # dims left out
     ]
     assert convert_main(argv) == 0

@@ -33,11 +33,11 @@ from strata.preprocess.metrics import StepTimings, Summary
 from strata.preprocess.pipeline import Pipelines, build_pipeline
 from strata.preprocess.servicer import PreprocessServicer
 from strata.preprocess.steps import STEPS
-from strata.process import raise_for_result
 from strata.proto.v1 import preprocess_pb2_grpc
 from strata.proto.v1 import tensor_pb2 as v1
 from strata.server import start_server
 from tests.support.flight_requests import alone, by_member, flight
+from tests.support.results import raise_for_result
 from tests.support.system import make_config
 
 

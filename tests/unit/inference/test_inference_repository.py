@@ -21,7 +21,7 @@ from strata.errors import InvalidArgument, NotFound, NotReady
 from strata.inference.jobs import Request
 from strata.inference.manager import ModelManager
 from strata.inference.manifest import VersionPolicy, read_spec
-from tests.unit.test_inference_toymodels import (
+from tests.unit.inference.test_inference_toymodels import (
     dense,
     run,
     write_case,
@@ -304,6 +304,7 @@ def rss() -> int:
     return psutil.Process(os.getpid()).memory_info().rss
 
 
+@pytest.mark.slow
 def test_repeated_swaps_and_unloads_do_not_grow_memory(tmp_path: Path) -> None:
     # 512x512 weights: each session holds about 1 MB of initializers plus its arenas.
     x = {"x": np.ones((4, 512), np.float32)}

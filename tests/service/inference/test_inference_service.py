@@ -24,7 +24,7 @@ from strata.proto.inference import grpc_service_pb2 as v2
 from strata.proto.inference import grpc_service_pb2_grpc as v2_grpc
 from strata.server import start_server
 from tests.support.system import endpoint
-from tests.unit.test_inference_toymodels import (
+from tests.unit.inference.test_inference_toymodels import (
     dense,
     pooling_model,
     run,

@@ -1,0 +1,78 @@
+"""Spans exported from a child process: what reaches the collector is what the SDK made."""
+
+from __future__ import annotations
+
+import os
+
+from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExporter, SpanExportResult
+from opentelemetry.trace import Link, SpanKind, Status, StatusCode
+
+from strata.spanexport import HEADER, ChildSpanExporter, FrameReader, decode, encode
+from strata.traces import Receiver
+
+RESOURCE = Resource.create({"service.name": "svc"})
+
+
+class Kept(SpanExporter):
+    def __init__(self) -> None:
+        self.spans = []
+
+    def export(self, spans):
+        self.spans.extend(spans)
+        return SpanExportResult.SUCCESS
+
+
+def finished_spans() -> list:
+    kept = Kept()
+    provider = TracerProvider(resource=RESOURCE)
+    provider.add_span_processor(SimpleSpanProcessor(kept))
+    tracer = provider.get_tracer("strata.test", "1.0")
+    with tracer.start_as_current_span("root", kind=SpanKind.SERVER) as root:
+        root.set_attribute("strata.steps", ("resize", "scale"))
+        root.set_attribute("strata.hop.preprocess_ms", 0.42)
+        root.add_event("error", {"error.code": "INVALID_ARGUMENT", "error.retryable": False})
+        root.set_status(Status(StatusCode.ERROR, "INVALID_ARGUMENT: bad shape"))
+        with tracer.start_as_current_span("child", links=[Link(root.get_span_context(), {"n": 3})]):
+            pass
+    return kept.spans
+
+
+def test_a_frame_decodes_to_the_spans_the_sdk_made() -> None:
+    spans = finished_spans()
+    frame = encode(spans)
+    (size,) = HEADER.unpack_from(frame)
+    assert size == len(frame) - HEADER.size
+    again = decode(frame[HEADER.size :], RESOURCE)
+    # The OTLP message the child sends is the one the serving process would have sent.
+    assert encode_spans(again) == encode_spans(spans)
+
+
+def test_frames_written_together_are_read_together_and_a_partial_one_waits() -> None:
+    spans = finished_spans()
+    read, write = os.pipe()
+    try:
+        frame = encode(spans)
+        os.write(write, frame + frame + frame[:5])
+        reader = FrameReader(read)
+        assert reader.frames() == [frame[HEADER.size :]] * 2
+        os.write(write, frame[5:])
+        os.close(write)
+        assert reader.frames() == [frame[HEADER.size :]]
+        assert reader.frames() is None
+    finally:
+        os.close(read)
+
+
+def test_the_child_process_exports_to_an_otlp_receiver() -> None:
+    with Receiver() as receiver:
+        exporter = ChildSpanExporter("svc", f"http://127.0.0.1:{receiver.port}")
+        spans = finished_spans()
+        assert exporter.export(spans) is SpanExportResult.SUCCESS
+        exporter.shutdown()  # the child exports what it has read, then ends
+        trace_id = format(spans[0].context.trace_id, "032x")
+        received = receiver.wait_for(trace_id, {"svc"})
+    assert sorted(s.name for s in received) == ["child", "root"]
+    assert exporter.export(spans) is SpanExportResult.FAILURE  # no child any more
