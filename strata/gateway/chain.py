@@ -57,7 +57,9 @@ class Chain:
         first = _request(members[0])
         tensors = stack.join([_request(m).inputs for m in members])
         started = time.monotonic()
-        members, features, _ = await self._layer(self._up.preprocess, members, tensors, {})
+        # The version the arm calls picks the steps of a pipeline fed per model version.
+        flags = {"model_version": first.version} if first.version else {}
+        members, features, _ = await self._layer(self._up.preprocess, members, tensors, flags)
         if members:
             spent = time.monotonic() - started
             await self._onward(first.route, members, features, True, spent)

@@ -293,6 +293,9 @@ class ThreadNoting:
     def __init__(self) -> None:
         self.threads: list[int] = []
 
+    def for_version(self, version: str) -> ThreadNoting:
+        return self
+
     def run(self, tensors: Arrays) -> Arrays:
         self.threads.append(threading.get_ident())
         return tensors

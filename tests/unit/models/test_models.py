@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from models.build import build_all
-from strata.preprocess.normalisation import load_stats
+from strata.normalisation import load_stats
 
 pytestmark = pytest.mark.slow  # builds the demo models (make test-unit leaves it out)
 
