@@ -79,7 +79,7 @@ class Versions(Protocol):
     def for_version(self, version: str) -> PreprocessPipeline: ...
 
 
-class Pipelines:
+class PreprocessPipelines:
     """All pipelines of the deployment, looked up by name and model version per request."""
 
     def __init__(self, pipelines: dict[str, Versions]) -> None:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Mapping
 
-from strata.preprocess.pipeline import Pipelines
+from strata.preprocess.pipeline import PreprocessPipelines
 from strata.preprocess.versions import MODEL_VERSION
 from strata.proto.v1 import preprocess_pb2_grpc, tensor_pb2
 from strata.streams import DEFAULT_MAX_IN_FLIGHT
@@ -26,7 +26,7 @@ class PreprocessServicer(ProcessService, preprocess_pb2_grpc.PreprocessServicer)
 
     def __init__(
         self,
-        pipelines: Pipelines,
+        pipelines: PreprocessPipelines,
         inline_max_bytes: int = 0,
         max_stream_in_flight: int = DEFAULT_MAX_IN_FLIGHT,
     ) -> None:

@@ -23,7 +23,7 @@ from strata.errors import InvalidArgument, NotReady
 from strata.normalisation import STATS_FILE, Stats, load_stats, save_stats
 from strata.preprocess.app import build_pipelines
 from strata.preprocess.metrics import StepTimings
-from strata.preprocess.pipeline import Pipelines
+from strata.preprocess.pipeline import PreprocessPipelines
 from strata.proto.inference import grpc_service_pb2_grpc as v2_grpc
 from tests.support.inprocess import InProcess, servers_in_process
 from tests.support.system import DEFAULT_CONFIG, make_config
@@ -76,14 +76,14 @@ def swap_stats(root: Path, version: str, stats: Stats, stamp: int) -> None:
     os.utime(path, ns=(stamp, stamp))  # a new stamp whatever the clock's resolution
 
 
-def pipelines(folder: Path, root: Path, changes: dict | None = None) -> Pipelines:
+def pipelines(folder: Path, root: Path, changes: dict | None = None) -> PreprocessPipelines:
     settings = load_settings(
         make_config(folder, {**CHANGES, "repository": str(root), **(changes or {})})
     )
     return build_pipelines(settings, StepTimings())
 
 
-def standardized(pipes: Pipelines, version: str, x: np.ndarray) -> np.ndarray:
+def standardized(pipes: PreprocessPipelines, version: str, x: np.ndarray) -> np.ndarray:
     return pipes.get("tabular", version).run({"features": x})["features"]
 
 
