@@ -96,8 +96,9 @@ bench-overload: $(STAMP_MODELS)
 bench-peers: $(STAMP_MODELS)
 	$(PY) -m bench.peers --config $(CONFIG)
 
-# Steady load while every service's RSS and open descriptors are watched (bench/soak.py).
-SOAK_MINUTES ?= 10
+# An hour of mixed load (steady gRPC, REST, connection churn, bad inputs) while every
+# service's RSS, descriptors and threads and the gateway's refusals are watched (bench/soak.py).
+SOAK_MINUTES ?= 60
 soak: $(STAMP_MODELS)
 	$(PY) -m bench.soak --config $(CONFIG) --minutes $(SOAK_MINUTES)
 

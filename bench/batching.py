@@ -1,7 +1,7 @@
 """The batching benchmark: `python -m bench.batching --config configs/default.yaml [--quick]`.
 
-For the configured model (the first of `inference.models` unless `--model`) and a synthetic
-compute-bound MLP (bench/synthetic.py; `--no-synthetic` leaves it out):
+For the configured model (the first one the first deployment loads, unless `--model`) and a
+synthetic compute-bound MLP (bench/synthetic.py; `--no-synthetic` leaves it out):
 
 1. The ceiling: the model in ONNX Runtime in this process, at every batch size.
 2. The inference service as its own process, one per policy (no batching, a fixed window per
@@ -48,11 +48,12 @@ def main(argv: list[str] | None = None) -> None:
     bound = args.bound if args.bound is not None else max(args.windows)
     policies = [("none", 0.0), *(("fixed", w) for w in args.windows), ("adaptive", bound)]
     policies = [p for p in policies if p[0] in args.policies]
-    names = [args.model or settings.inference.models[0]]
+    loaded = settings.models_of(settings.deployment)
+    names = [args.model or loaded[0]]
     names += [] if args.no_synthetic else [synthetic.NAME]
     with tempfile.TemporaryDirectory(prefix="strata-bench-") as folder:
         scratch = Path(folder)
-        root = synthetic.write_repository(scratch, settings.repository, settings.inference.models)
+        root = synthetic.write_repository(scratch, settings.repository, loaded)
         results = [_ceiling(settings, root, name, plan) for name in names]
         configs = [_config(scratch, args.config, root, p, w) for p, w in policies]
         with ExitStack() as stack:
@@ -123,7 +124,7 @@ def _config(scratch: Path, config: Path, root: Path, policy: str, window: float)
         max_connection_age_seconds=24 * 3600, max_concurrent_streams=1 << 20
     )
     inference = raw.setdefault("inference", {})
-    inference["models"] = [*inference["models"], synthetic.NAME]
+    inference["models"] = sorted(p.name for p in root.iterdir())  # the models linked, and mlp
     inference.setdefault("batching", {}).update(policy=policy, max_queue_delay_ms=window)
     path = scratch / f"{_label(policy, window).replace(' ', '_')}.yaml"
     path.write_text(yaml.safe_dump(raw))

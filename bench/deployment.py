@@ -1,8 +1,9 @@
 """The system under test: a deployment config on free loopback ports, run by strata.launch.
 
 The benchmarks measure the config they are given, changed only where one machine and a
-benchmark need it: every service on a free port (replica counts kept), no metrics ports, an
-admin token so the benchmark can read the gateway's status, and trace export on or off.
+benchmark need it: every service on a free port (replica counts kept), no metrics ports (but
+the gateway's, when a benchmark reads it), an admin token so the benchmark can read the
+gateway's status, and trace export on or off.
 """
 
 from __future__ import annotations
@@ -53,15 +54,20 @@ def bench_config(
     admin_token: str,
     otlp_endpoint: str | None = None,
     gateway: dict[str, Any] | None = None,
+    gateway_metrics: bool = False,
 ) -> Path:
-    """`config` on free ports (REST too) with an admin token, tracing as asked and the
-    `gateway` settings given replaced, written into `folder`."""
+    """`config` on free ports (REST too, and the gateway's metrics page if asked) with an
+    admin token, tracing as asked and the `gateway` settings given replaced, written into
+    `folder`."""
     settings = load_settings(config)
     raw = yaml.safe_load(Path(config).read_text())
     raw["repository"] = str(settings.repository)
     services = settings.services
+    front = {**_endpoint(), "rest": f"127.0.0.1:{free_port()}"}
+    if gateway_metrics:
+        front["metrics"] = f"127.0.0.1:{free_port()}"
     raw["services"] = {
-        "gateway": {**_endpoint(), "rest": f"127.0.0.1:{free_port()}"},
+        "gateway": front,
         "preprocess": _endpoint(services.preprocess.replicas),
         "postprocess": _endpoint(services.postprocess.replicas),
         "inference": {name: _endpoint(e.replicas) for name, e in services.inference.items()},
@@ -83,10 +89,11 @@ def running(
     folder: Path,
     otlp_endpoint: str | None = None,
     gateway: dict[str, Any] | None = None,
+    gateway_metrics: bool = False,
 ) -> Iterator[tuple[Supervisor, str]]:
     """Every service of `config` as processes on free ports: (supervisor, admin token)."""
     token = secrets.token_hex(16)
-    path = bench_config(config, folder, token, otlp_endpoint, gateway)
+    path = bench_config(config, folder, token, otlp_endpoint, gateway, gateway_metrics)
     # Without a collector configured nothing is exported, so the variable must not leak in.
     env = {
         "OTEL_EXPORTER_OTLP_ENDPOINT": otlp_endpoint or "",

@@ -5,7 +5,8 @@ data set. Capacity is the closed-loop answer rate with 64 requests in flight; th
 loop (no coordinated omission) at 0.1 to 4x that rate, 1 s client deadline, reports per step
 goodput (full answers within the pipeline's objective) as a share of the peak, the P99 of
 admitted requests against the P99 at 0.8x, refusals by code, the busiest load-tool worker's
-CPU (a saturated client is visible) and how long the gateway's health check took meanwhile.
+CPU (a saturated client is visible) and how long the gateway's health took to answer
+meanwhile, asked as a gRPC health check on its port and as GET /readyz on its metrics port.
 Results go to `--out` (bench/results/overload.md).
 """
 
@@ -16,6 +17,8 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 
 import grpc
@@ -34,12 +37,17 @@ FRACTIONS = (0.1, 0.5, 0.8, 1.0, 1.5, 2.0, 3.0, 4.0)
 
 
 class HealthProbe:
-    """grpc.health.v1 Check on the gateway every 50 ms, from its own thread."""
+    """Every 50 ms, from its own thread, the gateway's health asked two ways: a
+    grpc.health.v1 Check on its public port (a client's or a gRPC probe's view, served on the
+    event loop among the requests) and GET /readyz on its metrics port (what the shipped
+    container and Kubernetes probes ask, answered from the metrics server's thread)."""
 
-    def __init__(self, address: str) -> None:
+    def __init__(self, address: str, metrics: str) -> None:
         self._stub = health_pb2_grpc.HealthStub(grpc.insecure_channel(address))
+        self._readyz = f"http://{metrics}/readyz"
         self._stop = threading.Event()
-        self.seconds: list[float] = []
+        self.grpc_seconds: list[float] = []
+        self.readyz_seconds: list[float] = []
         self._thread = threading.Thread(target=self._probe)
 
     def __enter__(self) -> HealthProbe:
@@ -52,53 +60,73 @@ class HealthProbe:
 
     def _probe(self) -> None:
         while not self._stop.is_set():
-            started = time.perf_counter()
-            try:
-                self._stub.Check(health_pb2.HealthCheckRequest(), timeout=2)
-                self.seconds.append(time.perf_counter() - started)
-            except grpc.RpcError:
-                self.seconds.append(float("inf"))
+            self.grpc_seconds.append(_timed(self._check))
+            self.readyz_seconds.append(_timed(self._get_readyz))
             time.sleep(0.05)
 
+    def _check(self) -> None:
+        self._stub.Check(health_pb2.HealthCheckRequest(), timeout=2)
 
-def sweep(pool: LoadPool, plan: Plan, objective: float, seconds: float, fractions) -> list:
+    def _get_readyz(self) -> None:
+        with urllib.request.urlopen(self._readyz, timeout=2) as reply:
+            reply.read()
+
+
+def _timed(probe: Callable[[], None]) -> float:
+    """Seconds `probe` took; infinity if it failed."""
+    started = time.perf_counter()
+    try:
+        probe()
+    except (grpc.RpcError, OSError):
+        return float("inf")
+    return time.perf_counter() - started
+
+
+def sweep(
+    pool: LoadPool, plan: Plan, metrics: str, objective: float, seconds: float, fractions
+) -> list:
     capacity = closed(pool, plan, 64, seconds).throughput()
     print(f"capacity (closed loop, 64 in flight): {capacity:.0f}/s", flush=True)
     rows = []
     for fraction in fractions:
         time.sleep(1.0)
-        with HealthProbe(plan.target) as probe:
+        with HealthProbe(plan.target, metrics) as probe:
             results = opened(pool, plan, fraction * capacity, seconds)
         step = point(f"{fraction:g}x", results, objective, None)
         busiest = results.client()["busiestWorkerCpu"]
-        rows.append((step, busiest, max(probe.seconds, default=float("nan"))))
+        slowest = (
+            max(seconds, default=float("nan"))
+            for seconds in (probe.grpc_seconds, probe.readyz_seconds)
+        )
+        rows.append((step, busiest, *slowest))
         print(row_text(rows[-1]), flush=True)
     return rows
 
 
-def row_text(row: tuple[Point, float, float]) -> str:
-    step, busiest, health = row
+def row_text(row: tuple[Point, float, float, float]) -> str:
+    step, busiest, health, readyz = row
     return (
         f"{step.label}: offered {step.offered:.0f}/s, goodput {step.goodput:.0f}/s, "
         f"P50 {step.p50_ms:.1f} ms, P99 {step.p99_ms:.1f} ms, errors {step.errors}, "
-        f"busiest client worker {busiest:.0%}, slowest health check {health * 1000:.0f} ms"
+        f"busiest client worker {busiest:.0%}, slowest gRPC health check "
+        f"{health * 1000:.0f} ms, slowest /readyz {readyz * 1000:.0f} ms"
     )
 
 
 def report(rows: list) -> str:
-    peak = max(step.goodput for step, _, _ in rows)
-    base = next((step.p99_ms for step, _, _ in rows if step.label == "0.8x"), float("nan"))
+    peak = max(step.goodput for step, *_ in rows)
+    base = next((step.p99_ms for step, *_ in rows if step.label == "0.8x"), float("nan"))
     lines = [
         "| load | offered/s | goodput/s | % of peak | P50 ms | P99 ms | P99 / P99 at 0.8x "
-        "| errors | busiest client worker | slowest health check ms |",
-        "|---|---:|---:|---:|---:|---:|---:|---|---:|---:|",
+        "| errors | busiest client worker | slowest gRPC health check ms | slowest /readyz ms |",
+        "|---|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|",
     ]
-    for step, busiest, health in rows:
+    for step, busiest, health, readyz in rows:
         lines.append(
             f"| {step.label} | {step.offered:.0f} | {step.goodput:.0f} | "
             f"{100 * step.goodput / peak:.0f}% | {step.p50_ms:.1f} | {step.p99_ms:.1f} | "
             f"{step.p99_ms / base:.2f} | {step.errors or '-'} | {busiest:.0%} | "
-            f"{health * 1000:.0f} |"
+            f"{health * 1000:.0f} | {readyz * 1000:.0f} |"
         )
     return "\n".join(lines)
 
@@ -118,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
     with (
         tempfile.TemporaryDirectory(prefix="strata-") as tmp,
         LoadPool(2) as pool,
-        running(args.config, Path(tmp)) as (supervisor, _),
+        running(args.config, Path(tmp), gateway_metrics=True) as (supervisor, _),
     ):
         plan = Plan(
             target=supervisor.address("gateway"),
@@ -128,7 +156,8 @@ def main(argv: list[str] | None = None) -> int:
             timeout=1.0,
             connections=2,  # one per client worker, as a tritonclient user has
         )
-        rows = sweep(pool, plan, w.objective_seconds, seconds, fractions)
+        metrics = supervisor.settings.services.gateway.metrics
+        rows = sweep(pool, plan, metrics, w.objective_seconds, seconds, fractions)
         crashed = supervisor.failed()
     table = report(rows)
     print(table)

@@ -1,71 +1,78 @@
-"""Soak: `python -m bench.soak --config configs/default.yaml [--minutes 10]` (`make soak`).
+"""Soak: `python -m bench.soak --config configs/default.yaml [--minutes 60]` (`make soak`).
 
-A steady open-loop load on every pipeline that has a demo data set, for `--minutes`, while
-each service's resident memory (RSS) and open file descriptors are sampled every
-`--interval` seconds. Growth per hour is the least-squares slope of the samples taken after
-the warm-up (caches fill, arenas grow, then memory should stay flat). The soak fails (exit
-status 1) if any service grows faster than `--max-growth-mb-per-hour` or
-`--max-fd-growth-per-hour`, if a service exits, or if more than `--max-error-rate` of the
-requests fail. Results go to `--out`: soak.md, soak.json and soak.png.
+The mixed load a fleet sends (bench/mixed_load.py: steady gRPC on several connections, REST
+keep-alive, a new connection every second, a trickle of bad inputs) for `--minutes`, while
+each service's resident memory (RSS), open file descriptors and threads are sampled every
+`--interval` seconds, with the gateway's refusals by reason from its metrics page. Growth per
+hour is the least-squares slope of the samples taken after the warm-up (caches fill, arenas
+grow, then memory should stay flat). The soak fails (exit status 1) if any service grows
+faster than the `--max-*-growth-per-hour` bounds (judged only on runs with at least five
+minutes after the warm-up), if a service exits, if more than `--max-error-rate` of any kind's
+requests fail (a bad input refused as its case expects is right, not failed), or if the load
+itself breaks. Results go to `--out`: soak.md, soak.json and soak.png.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import math
+import os
 import signal
 import sys
 import tempfile
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 
-import matplotlib
-
-matplotlib.use("Agg")  # no display: files only
-import matplotlib.pyplot as plt
 import numpy as np
 import psutil
 
+from bench import gateway_counts
 from bench.deployment import running, service_pids
-from bench.load import LoadPool, Plan
-from bench.load.worker import INFER
-from bench.measure import point
-from bench.report import machine
+from bench.gateway_counts import GatewayCounts
+from bench.load import LoadPool
+from bench.mixed_load import Mix, SideTraffic, Tally, interleave, steady_plan
+from bench.soak_report import write
 from bench.workloads import has_dataset, workload
 from strata.config import load_settings
 
 RESULTS = Path(__file__).resolve().parent / "results"
 MB = 1024 * 1024
-SHORT_SECONDS = 300  # less measured time than this, and a slope says little
+SHORT_SECONDS = 300  # less measured time than this, and a slope says little: not judged
+QUICK_MINUTES = 0.4
 
 
 @dataclass
 class Series:
-    """One service's samples: seconds since the start, RSS in MB, open descriptors."""
+    """One process's samples: seconds since the start, RSS in MB, descriptors, threads."""
 
     name: str
     seconds: list[float] = field(default_factory=list)
     rss_mb: list[float] = field(default_factory=list)
     fds: list[int] = field(default_factory=list)
+    threads: list[int] = field(default_factory=list)
 
-    def growth(self, values: list[float], warmup: float) -> float:
-        """Per hour: the slope of the samples after `warmup` seconds (0 if too few)."""
-        kept = [(t, v) for t, v in zip(self.seconds, values, strict=True) if t >= warmup]
+    def growth(self, values: list[float] | list[int], since: float) -> float:
+        """Per hour: the slope of the samples from `since` seconds on (0 if too few)."""
+        kept = [(t, v) for t, v in zip(self.seconds, values, strict=True) if t >= since]
         if len(kept) < 3 or kept[-1][0] - kept[0][0] <= 0:
             return 0.0
-        t, v = np.array(kept).T
+        t, v = np.array(kept, dtype=float).T
         return float(np.polyfit(t / 3600.0, v, 1)[0])
 
 
 class Sampler:
-    """Reads every service's RSS and descriptor count, at most once per `interval`."""
+    """Reads every process's RSS, descriptors and threads, and the gateway's refusals, at
+    most once per `interval`."""
 
-    def __init__(self, pids: dict[str, int], interval: float) -> None:
+    def __init__(self, pids: dict[str, int], interval: float, metrics: str | None) -> None:
         self.processes = {name: psutil.Process(pid) for name, pid in pids.items()}
         self.series = {name: Series(name) for name in pids}
         self.interval = interval
+        self.metrics = metrics
+        self.counts = GatewayCounts()  # the latest read
+        self.refused: list[tuple[float, int]] = []  # (seconds, refusals so far)
+        self.load: list[float] = []  # the machine's 1-minute load average, each sample
+        self.unread: str | None = None  # why the metrics page could not be read, if it could not
         self.start = time.monotonic()
         self._next = 0.0
         self.gone: set[str] = set()
@@ -80,6 +87,7 @@ class Sampler:
             try:
                 with process.oneshot():
                     rss, fds = process.memory_info().rss / MB, process.num_fds()
+                    threads = process.num_threads()
             except psutil.NoSuchProcess:
                 self.gone.add(name)
                 continue
@@ -87,17 +95,34 @@ class Sampler:
             series.seconds.append(now)
             series.rss_mb.append(rss)
             series.fds.append(fds)
+            series.threads.append(threads)
+        self.load.append(os.getloadavg()[0])
+        self._read_gateway(now)
+
+    def _read_gateway(self, now: float) -> None:
+        if self.metrics is None:
+            return
+        try:
+            self.counts = gateway_counts.read(self.metrics)
+        except OSError as exc:
+            self.unread = f"{self.metrics}: {exc}"
+            return
+        self.refused.append((now, self.counts.refused))
 
 
 @dataclass
 class Verdict:
-    service: str
-    rss_start_mb: float
-    rss_end_mb: float
-    rss_growth_mb_per_hour: float
-    fds_start: int
-    fds_end: int
+    """One process over the soak: start, end and most of each resource, growth per hour."""
+
+    process: str
+    rss_mb: tuple[float, float, float]  # start, end, max
+    rss_growth_mb_per_hour: float  # after the warm-up
+    rss_growth_second_half: float  # the second half of that: warm-up left over fades here
+    fds: tuple[int, int, int]
     fd_growth_per_hour: float
+    threads: tuple[int, int, int]
+    thread_growth_per_hour: float
+    judged: bool  # long enough after the warm-up for the slopes to mean something
     ok: bool
 
 
@@ -106,157 +131,177 @@ def verdicts(sampler: Sampler, warmup: float, args: argparse.Namespace) -> list[
     for name, s in sampler.series.items():
         if not s.seconds:
             continue
-        rss = s.growth(s.rss_mb, warmup)
-        fds = s.growth([float(f) for f in s.fds], warmup)
-        ok = rss <= args.max_growth_mb_per_hour and fds <= args.max_fd_growth_per_hour
-        ok = ok and name not in sampler.gone
-        out.append(Verdict(name, s.rss_mb[0], s.rss_mb[-1], rss, s.fds[0], s.fds[-1], fds, ok))
+        judged = s.seconds[-1] - warmup >= SHORT_SECONDS
+        half = warmup + (s.seconds[-1] - warmup) / 2
+        rss, fds, threads = (s.growth(v, warmup) for v in (s.rss_mb, s.fds, s.threads))
+        within = (
+            rss <= args.max_growth_mb_per_hour
+            and fds <= args.max_fd_growth_per_hour
+            and threads <= args.max_thread_growth_per_hour
+        )
+        out.append(
+            Verdict(
+                process=name,
+                rss_mb=_span(s.rss_mb),
+                rss_growth_mb_per_hour=rss,
+                rss_growth_second_half=s.growth(s.rss_mb, half),
+                fds=_span(s.fds),
+                fd_growth_per_hour=fds,
+                threads=_span(s.threads),
+                thread_growth_per_hour=threads,
+                judged=judged,
+                ok=(within or not judged) and name not in sampler.gone,
+            )
+        )
     return out
+
+
+def _span(values: list) -> tuple:
+    return values[0], values[-1], max(values)
+
+
+@dataclass
+class Soak:
+    """Everything a soak found, for the report."""
+
+    args: argparse.Namespace
+    mix: Mix
+    started: str  # when the load began, UTC
+    warmup: float
+    kinds: dict[str, Tally]
+    cases: dict[str, Tally]  # each bad input case
+    sampler: Sampler
+    found: list[Verdict]
+    failures: list[str]
+    warnings: list[str]  # why the steady load's figures may describe the load tool
 
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    if args.quick:
+        args.minutes, args.interval, args.warmup = QUICK_MINUTES, 1.0, 5.0
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # stop the services on the way out
+    soak = run(args)
+    text, paths = write(soak)
+    print(text)
+    for path in paths:
+        print(f"wrote {path}")
+    return 1 if soak.failures else 0
+
+
+def run(args: argparse.Namespace) -> Soak:
+    """Start the system, send the mixed load for the soak's length while sampling, judge."""
     settings = load_settings(args.config)
     loads = [workload(settings, p) for p in settings.pipelines if has_dataset(p)]
+    mix = _mix(args)
     seconds = args.minutes * 60
-    warmup = args.warmup if args.warmup is not None else min(60.0, 0.2 * seconds)
+    warmup = args.warmup if args.warmup is not None else min(300.0, 0.1 * seconds)
     with (
         tempfile.TemporaryDirectory(prefix="strata-soak-") as tmp,
         LoadPool(1) as pool,
-        running(args.config, Path(tmp)) as (supervisor, _),
+        running(args.config, Path(tmp), gateway_metrics=True) as (supervisor, _),
     ):
-        plan = Plan(
-            target=supervisor.address("gateway"),
-            method=INFER,
-            requests=_interleave([w.pipeline_requests for w in loads]),
-            metadata=(("x-client-id", "strata-soak"),),
-            timeout=10.0,
-            rps=args.rps,
-            duration=seconds,
+        gateway = supervisor.settings.services.gateway
+        side = SideTraffic(
+            supervisor.address("gateway"), f"http://{gateway.rest}", loads, mix, seconds
         )
-        sampler = Sampler(service_pids(supervisor), args.interval)
-        print(f"soak: {args.rps:g} requests/s for {args.minutes:g} min", flush=True)
+        requests = interleave([w.pipeline_requests for w in loads])
+        plan = steady_plan(supervisor.address("gateway"), requests, mix, seconds)
+        sampler = Sampler(service_pids(supervisor), args.interval, gateway.metrics)
+        started = time.strftime("%Y-%m-%d %H:%M", time.gmtime())
+        print(f"soak: {args.minutes:g} min of mixed load from {started} UTC", flush=True)
+        side.start()
         results = pool.run(plan, sampler.maybe)
+        side.stop()
         sampler.maybe(force=True)
         exited = supervisor.failed()
-    load = point("soak", results, min(w.objective_seconds for w in loads))
+    kinds = {"grpc": Tally.of(results), **side.tallies, "bad": side.bad_tally()}
     found = verdicts(sampler, warmup, args)
-    failures = [f"{v.service} grew too fast" for v in found if not v.ok]
-    failures += [f"{name} exited during the soak" for name in sorted(sampler.gone)]
-    if exited:
-        failures.append(f"{exited} exited during the soak")
-    if load.error_rate > args.max_error_rate:
-        failures.append(f"{load.error_rate:.1%} of requests failed: {load.errors}")
-    text = markdown(args, warmup, load, found, failures)
-    print(text)
-    for path in write(args.out, text, args, sampler, load, found, failures):
-        print(f"wrote {path}")
-    return 1 if failures else 0
+    failures = _failures(args, found, sampler, kinds, exited, side.error)
+    warnings = results.warnings()
+    return Soak(args, mix, started, warmup, kinds, side.cases, sampler, found, failures, warnings)
 
 
-def markdown(args, warmup: float, load, found: list[Verdict], failures: list[str]) -> str:
-    lines = [
-        "# Soak",
-        "",
-        f"Machine: {machine()}. {args.rps:g} requests/s for {args.minutes:g} min; growth is "
-        f"the slope after a {warmup:.0f} s warm-up. Bounds: "
-        f"{args.max_growth_mb_per_hour:g} MB/h RSS, {args.max_fd_growth_per_hour:g} fds/h.",
-        "",
-        f"Load: {load.count} requests, {load.throughput:.1f} answered/s, P50 "
-        f"{load.p50_ms:.1f} ms, P99 {load.p99_ms:.1f} ms, errors {load.errors or 'none'}.",
-        "",
-        "| service | RSS MB start → end | RSS growth MB/h | fds start → end | fd growth /h | ok |",
-        "|---|---:|---:|---:|---:|---|",
-    ]
-    for v in found:
-        lines.append(
-            f"| {v.service} | {v.rss_start_mb:.1f} → {v.rss_end_mb:.1f} "
-            f"| {v.rss_growth_mb_per_hour:+.1f} | {v.fds_start} → {v.fds_end} "
-            f"| {v.fd_growth_per_hour:+.1f} | {'yes' if v.ok else 'NO'} |"
-        )
-    if args.minutes * 60 - warmup < SHORT_SECONDS:
-        lines += [
-            "",
-            f"Under {SHORT_SECONDS // 60} minutes of samples: growth per hour "
-            "extrapolates warm-up and noise; trust a longer run.",
-        ]
-    verdict = "FAILED: " + "; ".join(failures) if failures else "passed"
-    return "\n".join([*lines, "", f"Soak {verdict}.", ""])
+def _failures(args, found, sampler, kinds, exited, broke) -> list[str]:
+    out = [_too_fast(v) for v in found if not v.ok and v.process not in sampler.gone]
+    out += [f"{name} exited during the soak" for name in sorted(sampler.gone)]
+    if exited and exited not in sampler.gone:
+        out.append(f"{exited} exited during the soak")
+    for kind, tally in kinds.items():
+        if not tally.sent:
+            out.append(f"the {kind} load sent nothing")
+        elif sum(tally.failed.values()) / tally.sent > args.max_error_rate:
+            out.append(f"{kind}: {sum(tally.failed.values())} of {tally.sent} failed")
+    if broke:
+        out.append(f"the side traffic stopped early: {broke}")
+    if sampler.metrics and not sampler.refused:
+        out.append(f"the gateway's metrics could not be read ({sampler.unread})")
+    return out
 
 
-def write(out: Path, text: str, args, sampler: Sampler, load, found, failures) -> list[Path]:
-    out.mkdir(parents=True, exist_ok=True)
-    paths = [out / "soak.md", out / "soak.json", out / "soak.png"]
-    paths[0].write_text(text)
-    data = {
-        "machine": machine(),
-        "settings": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
-        "load": {
-            k: None if isinstance(v, float) and math.isnan(v) else v
-            for k, v in load.as_dict().items()
-        },
-        "services": [asdict(v) for v in found],
-        "samples": [asdict(s) for s in sampler.series.values()],
-        "failures": failures,
-    }
-    paths[1].write_text(json.dumps(data, indent=2) + "\n")
-    plot(sampler, paths[2])
-    return paths
+def _too_fast(v: Verdict) -> str:
+    return (
+        f"{v.process} grew too fast: RSS {v.rss_growth_mb_per_hour:+.1f} MB/h, fds "
+        f"{v.fd_growth_per_hour:+.1f}/h, threads {v.thread_growth_per_hour:+.1f}/h"
+    )
 
 
-def plot(sampler: Sampler, path: Path) -> None:
-    figure, (rss, fds) = plt.subplots(2, 1, figsize=(9, 6), sharex=True)
-    for s in sampler.series.values():
-        minutes = [t / 60 for t in s.seconds]
-        rss.plot(minutes, s.rss_mb, label=s.name)
-        fds.plot(minutes, s.fds, label=s.name)
-    rss.set_ylabel("RSS, MB")
-    fds.set_ylabel("open file descriptors")
-    fds.set_xlabel("minutes")
-    rss.set_title("Services during the soak")
-    rss.legend(fontsize="small", ncol=3)
-    figure.tight_layout()
-    figure.savefig(path, dpi=120)
-    plt.close(figure)
-
-
-def _interleave(groups: list[tuple[bytes, ...]]) -> tuple[bytes, ...]:
-    """Requests of every pipeline in turn, so each sees the load all the time."""
-    longest = max(len(g) for g in groups)
-    return tuple(g[i % len(g)] for i in range(longest) for g in groups)
+def _mix(args: argparse.Namespace) -> Mix:
+    return Mix(
+        grpc_rps=args.grpc_rps,
+        grpc_connections=args.grpc_connections,
+        grpc_in_flight=args.grpc_in_flight,
+        rest_rps=args.rest_rps,
+        rest_connections=args.rest_connections,
+        churn_seconds=args.churn_seconds,
+        bad_rps=args.bad_rps,
+    )
 
 
 def _parser() -> argparse.ArgumentParser:
+    mix = Mix()
     parser = argparse.ArgumentParser(prog="python -m bench.soak", description=__doc__)
-    parser.add_argument("--config", type=Path, default=Path("configs/default.yaml"))
-    parser.add_argument("--minutes", type=float, default=10.0, help="how long (default 10)")
-    parser.add_argument("--rps", type=float, default=30.0, help="requests per second (30)")
-    parser.add_argument("--interval", type=float, default=5.0, help="seconds between samples")
-    parser.add_argument(
+    add = parser.add_argument
+    add("--config", type=Path, default=Path("configs/default.yaml"))
+    add("--minutes", type=float, default=60.0, help="how long (default 60)")
+    add("--quick", action="store_true", help=f"a smoke run of {QUICK_MINUTES * 60:.0f} s")
+    add(
+        "--grpc-rps",
+        type=float,
+        default=mix.grpc_rps,
+        help="steady gRPC requests/s; 0: closed loop",
+    )
+    add("--grpc-connections", type=int, default=mix.grpc_connections)
+    add("--grpc-in-flight", type=int, default=mix.grpc_in_flight, help="most per connection")
+    add("--rest-rps", type=float, default=mix.rest_rps, help="REST keep-alive requests/s")
+    add("--rest-connections", type=int, default=mix.rest_connections)
+    add(
+        "--churn-seconds", type=float, default=mix.churn_seconds, help="a new connection this often"
+    )
+    add("--bad-rps", type=float, default=mix.bad_rps, help="bad inputs/s")
+    add("--interval", type=float, default=5.0, help="seconds between samples")
+    add(
         "--warmup",
         type=float,
-        help="seconds not counted in the growth (default: 20%% of the run, at most 60)",
+        help="seconds not counted in the growth (default: 10%% of the run, at most 300)",
     )
-    parser.add_argument(
-        "--max-growth-mb-per-hour",
-        type=float,
-        default=50.0,
-        help="RSS growth that fails the soak (default 50)",
-    )
-    parser.add_argument(
+    add("--max-growth-mb-per-hour", type=float, default=50.0, help="RSS growth that fails the soak")
+    add(
         "--max-fd-growth-per-hour",
         type=float,
         default=100.0,
-        help="descriptor growth that fails the soak (default 100)",
+        help="descriptor growth that fails it",
     )
-    parser.add_argument(
+    add(
+        "--max-thread-growth-per-hour", type=float, default=20.0, help="thread growth that fails it"
+    )
+    add(
         "--max-error-rate",
         type=float,
         default=0.01,
-        help="share of failed requests that fails the soak (default 0.01)",
+        help="share of a kind's requests failed that fails it",
     )
-    parser.add_argument("--out", type=Path, default=RESULTS, help="where results go")
+    add("--out", type=Path, default=RESULTS, help="where results go")
     return parser
 
 

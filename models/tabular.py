@@ -11,7 +11,7 @@ from sklearn.model_selection import train_test_split
 
 from models.common import SEED, TEST_SIZE, BuiltModel, StepSpec, run_steps
 from models.onnx_export import dense_model
-from strata.preprocess.normalisation import fit_stats, save_stats
+from strata.normalisation import fit_stats, save_stats
 
 NAME = "tabular"
 STATS_PATH = "tabular/1/stats.json"

@@ -21,7 +21,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from strata.config.pipelines import Pipeline
-from strata.preprocess.pipeline import Pipelines, build_pipeline
+from strata.preprocess.pipeline import PreprocessPipelines, build_pipeline
 from strata.proto.v1 import tensor_pb2 as v1
 from strata.v1process import process_all
 from tests.support.flight_requests import flight
@@ -45,7 +45,7 @@ def pipeline(kind: str) -> Pipeline:
     )
 
 
-def seconds_per_flight(pipelines: Pipelines, rows: int, repeat: int) -> dict[str, float]:
+def seconds_per_flight(pipelines: PreprocessPipelines, rows: int, repeat: int) -> dict[str, float]:
     """Median seconds of one flight of `rows` one-row members, per pipeline."""
     rng = np.random.default_rng(0)
     members = {
@@ -71,7 +71,7 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=2000)
     args = parser.parse_args()
     built = {name: build_pipeline(name, pipeline(kind), Path(".")) for name, kind in KINDS.items()}
-    pipelines = Pipelines(built)
+    pipelines = PreprocessPipelines(built)
     print("rows  built-in µs  plugin µs  difference µs")
     for rows in args.rows:
         median = seconds_per_flight(pipelines, rows, args.repeat)

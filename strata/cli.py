@@ -9,6 +9,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from strata.allocator import keep_tensor_memory
 from strata.config import ConfigError, Settings, load_settings
 from strata.config.endpoints import ServiceEndpoint
 from strata.errors import StrataError
@@ -55,11 +56,13 @@ def run_service(name: str, build: Builder, argv: list[str] | None = None) -> Non
         "--listen", help="host:port to bind instead of the config's (a replica or deployment)"
     )
     args = parser.parse_args(argv)
+    keep_tensor_memory()
     process = name
     try:
-        settings = _settings(args.config, name)
-        process = _process_name(name, settings, args.listen)
-        setup_logging(name, settings.telemetry.log_level)
+        settings = _settings(args.config, name, args.listen)
+        deployment = _deployment(name, settings)
+        process = f"{name}-{deployment}" if deployment else name
+        setup_logging(name, settings.telemetry.log_level, deployment)
         asyncio.run(_main(name, build, settings, args.listen))
     except StartFailure as exc:
         # One write: beside other processes on a shared, unbuffered stderr, print's two
@@ -68,20 +71,17 @@ def run_service(name: str, build: Builder, argv: list[str] | None = None) -> Non
         raise SystemExit(exc.code) from None
 
 
-def _settings(path: Path, name: str) -> Settings:
+def _settings(path: Path, name: str, listen: str | None) -> Settings:
     try:
-        return load_settings(path, name)
+        return load_settings(path, name, listen)
     except ConfigError as exc:
         raise ConfigInvalid(one_line(str(exc))) from None
 
 
-def _process_name(name: str, settings: Settings, listen: str | None) -> str:
-    """What the operator calls the process: `inference-a` for a deployment, else `name`."""
-    if name != "inference":
-        return name
-    listen = listen or settings.services.primary_inference.listen
-    deployments = settings.services.inference.items()
-    return next((f"{name}-{d}" for d, e in deployments if listen in e.listens), name)
+def _deployment(name: str, settings: Settings) -> str | None:
+    """The inference deployment an inference process serves (`inference-a` to the operator,
+    and in its logs, traces and metrics); None for the other layers."""
+    return settings.deployment if name == "inference" else None
 
 
 async def _main(name: str, build: Builder, settings: Settings, listen: str | None) -> None:
@@ -89,7 +89,13 @@ async def _main(name: str, build: Builder, settings: Settings, listen: str | Non
     telemetry = settings.telemetry
     # A public server's callers are clients: their traceparent must not choose sampling.
     trusted = not service.public
-    setup_tracing(f"strata-{name}", telemetry.otlp_endpoint, telemetry.sample_ratio, trusted)
+    setup_tracing(
+        f"strata-{name}",
+        telemetry.otlp_endpoint,
+        telemetry.sample_ratio,
+        trusted,
+        _deployment(name, settings),
+    )
     listen = listen or service.endpoint.listen
     endpoint = settings.services.endpoint_of(listen) or service.endpoint
     _serve_metrics(endpoint.metrics_for(listen))

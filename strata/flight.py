@@ -1,5 +1,6 @@
 """A flight as one v2 ModelInfer: the stacked rows of several client requests.
 
+This module writes and reads every parameter below (the gateway writes, inference reads).
 The gateway sends a flight to inference as an ordinary v2 batch, with each member's rows,
 trace context and time budget in string parameters, so that any v2 server can stand behind a
 route (it just sees a batch), while Strata's inference service queues each member as a
@@ -18,7 +19,7 @@ request of its own: its own deadline, its own error, its own link from the batch
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from strata.errors import (
@@ -49,6 +50,13 @@ class FlightMember:
 
 def is_flight(parameters: Parameters) -> bool:
     return ROWS in parameters
+
+
+def set_members(parameters, members: Sequence[FlightMember]) -> None:
+    """Write a flight's members into a request's parameters (what `members` reads)."""
+    parameters[ROWS].string_param = ",".join(str(m.rows) for m in members)
+    parameters[TRACE_CONTEXTS].string_param = ",".join(m.traceparent for m in members)
+    parameters[TIMEOUTS].string_param = ",".join(str(m.timeout_us) for m in members)
 
 
 def members(parameters: Parameters, total_rows: int) -> list[FlightMember]:
@@ -100,6 +108,11 @@ def member_errors(parameters: Parameters, count: int) -> dict[int, StrataError]:
 
 def _error(code: int, message: str, retry_ms: float = 0) -> StrataError:
     return from_code(int(code), str(message), float(retry_ms) / 1000)
+
+
+def set_call_traceparent(parameters, traceparent: str) -> None:
+    """Write the traceparent of the call a request on a stream stands for."""
+    parameters[TRACE_CONTEXT].string_param = traceparent
 
 
 def call_traceparent(parameters: Parameters) -> str:

@@ -5,7 +5,8 @@ Shared by what writes entries (the converter, the demo-model builds) and what re
 
 A version folder holds `model.onnx` and optionally `validation/*.npz` golden cases. Version
 folders are positive integers. A version's fingerprint changes whenever a file in its folder
-or the model's model.yaml changes, which is how a reload or a poll tells what is new.
+or what model.yaml says of how it loads changes, which is how a reload or a poll tells what
+is new.
 """
 
 from __future__ import annotations
@@ -61,19 +62,18 @@ def versions(folder: Path) -> dict[int, Path]:
     }
 
 
-def fingerprint(model_folder: Path, version_folder: Path) -> str:
-    """A digest of the size and modification time of every file a version is loaded from."""
-    digest = hashlib.sha256()
-    files = [model_folder / "model.yaml", *sorted(version_folder.rglob("*"))]
-    for path in files:
+def fingerprint(version_folder: Path, loaded_with: str = "") -> str:
+    """A digest of the size and modification time of every file in a version's folder, and
+    of `loaded_with` (what the model's settings say of how this version loads)."""
+    digest = hashlib.sha256(loaded_with.encode())
+    for path in sorted(version_folder.rglob("*")):
         try:
             stat = path.stat()
         except FileNotFoundError:
             continue
         if path.is_file():
-            digest.update(
-                f"{path.relative_to(model_folder)}:{stat.st_size}:{stat.st_mtime_ns};".encode()
-            )
+            where = path.relative_to(version_folder.parent)
+            digest.update(f"{where}:{stat.st_size}:{stat.st_mtime_ns};".encode())
     return digest.hexdigest()[:16]
 
 

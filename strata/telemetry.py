@@ -39,25 +39,30 @@ from strata.spanexport import ChildSpanExporter
 log = logging.getLogger(__name__)
 LOG_MESSAGE_BYTES = 8192  # of one log line's message
 LOG_TRACE_BYTES = 6144  # of one log line's traceback
+# The resource attribute naming an inference process's deployment (`a`), on all its spans.
+DEPLOYMENT_ATTRIBUTE = "strata.deployment"
 
 
 class JsonFormatter(logging.Formatter):
-    """One JSON object per line: time, level, service, logger, message, trace and span ids.
+    """One JSON object per line: time, level, service (and the inference deployment an
+    inference process serves), logger, message, trace and span ids.
 
     The message and any traceback are cut (strata.errors.bounded), so that whatever a client
     put into them, a line stays within about 16 KiB."""
 
     converter = time.gmtime
 
-    def __init__(self, service: str) -> None:
+    def __init__(self, service: str, deployment: str | None = None) -> None:
         super().__init__()
         self.service = service
+        self.deployment = {"deployment": deployment} if deployment else {}
 
     def format(self, record: logging.LogRecord) -> str:
         event = {
             "ts": self.formatTime(record, "%Y-%m-%dT%H:%M:%S") + f".{int(record.msecs):03d}Z",
             "level": record.levelname,
             "service": self.service,
+            **self.deployment,
             "logger": record.name,
             "msg": _fitted(record.getMessage(), LOG_MESSAGE_BYTES),
         }
@@ -85,10 +90,10 @@ def _fitted(text: str, limit: int) -> str:
         budget = budget * limit // size
 
 
-def setup_logging(service: str, level: str) -> None:
+def setup_logging(service: str, level: str, deployment: str | None = None) -> None:
     """Structured JSON logs on stderr, one event per line."""
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(JsonFormatter(service))
+    handler.setFormatter(JsonFormatter(service, deployment))
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
@@ -99,6 +104,7 @@ def setup_tracing(
     otlp_endpoint: str | None = None,
     sample_ratio: float = 1.0,
     trust_callers: bool = True,
+    deployment: str | None = None,
 ) -> TracerProvider:
     """Install a tracer provider for `service`, exporting over OTLP if an endpoint is set
     (here or in OTEL_EXPORTER_OTLP_ENDPOINT), sampling `sample_ratio` of new traces; without
@@ -117,7 +123,10 @@ def setup_tracing(
         sampler, _sampling = ALWAYS_OFF, "off"
     elif "OTEL_TRACES_SAMPLER" not in os.environ:
         sampler, _sampling = _sampler(sample_ratio, trust_callers)
-    provider = TracerProvider(resource=Resource.create({"service.name": service}), sampler=sampler)
+    attributes = {"service.name": service}
+    if deployment:
+        attributes[DEPLOYMENT_ATTRIBUTE] = deployment
+    provider = TracerProvider(resource=Resource.create(attributes), sampler=sampler)
     if endpoint:
         exporter = ChildSpanExporter(service, endpoint)
         provider.add_span_processor(BatchSpanProcessor(exporter, **_small_batches()))

@@ -113,7 +113,12 @@ class InferenceSettings(Strict):
                 )
             return self
 
-    models: list[str] = Field(min_length=1, description="Repository models to load and warm.")
+    models: list[str] | dict[str, list[str]] | None = Field(
+        default=None,
+        description="Repository models each deployment loads and warms: unset, the models its "
+        "routes (and shadows) name; a list, every deployment loads it; a mapping of deployment "
+        "to list, each named deployment loads its own (the others what their routes name).",
+    )
     workers: int = Field(default=2, gt=0, description="Model runs allowed at once (threads).")
     session: Session = Field(default_factory=Session, description="Session option defaults.")
     batching: Batching = Field(default_factory=Batching, description="Batching defaults.")
@@ -151,7 +156,21 @@ class InferenceSettings(Strict):
 
     @field_validator("models")
     @classmethod
-    def _models_unique(cls, names: list[str]) -> list[str]:
-        if len(set(names)) != len(names):
-            raise ValueError(f"model names repeat: {names}")
-        return names
+    def _models_unique(
+        cls, models: list[str] | dict[str, list[str]] | None
+    ) -> list[str] | dict[str, list[str]] | None:
+        lists = models.values() if isinstance(models, dict) else [models or []]
+        for names in lists:
+            if len(set(names)) != len(names):
+                raise ValueError(f"model names repeat: {names}")
+        return models
+
+    def loads(self, deployment: str, routed: list[str]) -> list[str]:
+        """The models `deployment` loads, given those its routes name (`routed`)."""
+        if isinstance(self.models, dict):
+            return self.models.get(deployment, routed)
+        return routed if self.models is None else self.models
+
+    def for_deployment(self, deployment: str, routed: list[str]) -> InferenceSettings:
+        """A copy whose `models` is the list `deployment` loads."""
+        return self.model_copy(update={"models": self.loads(deployment, routed)})

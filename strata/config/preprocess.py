@@ -38,6 +38,15 @@ Interpolation = Literal["area", "bilinear", "bicubic", "lanczos", "nearest"]
 Offset = Annotated[int, Field(strict=True, ge=0)]
 NumericDatatype = Literal[tuple(d for d in get_args(Datatype) if d != "BYTES")]  # type: ignore[misc]
 
+# In a file option, the number of the model version the request's arm calls: the version's
+# own statistics, vocabulary or tokenizer (docs/preprocess-postprocess.md).
+VERSION = "{version}"
+FILE_OPTIONS = ("stats", "vocabulary", "tokenizer")
+PER_VERSION = (
+    f" May contain {VERSION}: the number of the model version the request's arm calls, so "
+    "each version is fed its own file (e.g. m/{version}/stats.json)."
+)
+
 DEFAULT_MAX_PIXELS = 4096 * 4096
 DEFAULT_MAX_BYTES = 16 * 1024 * 1024
 
@@ -62,6 +71,13 @@ class PreprocessSettings(Strict):
         description="A call whose tensors hold at most this many bytes runs its steps on the "
         "event loop (a thread hand-off costs more than the steps of a small input); larger "
         "calls, e.g. big images or long texts, run on a worker thread so the loop stays free.",
+    )
+    version_check_seconds: float = Field(
+        default=1.0,
+        ge=0,
+        description="Pipelines fed per model version ({version} in a file option): how often "
+        "a version's files are looked at again (sizes and times), to rebuild and check its "
+        "steps after a hot swap replaced them; 0: at every request.",
     )
 
 
@@ -100,7 +116,9 @@ class TokenizeStep(StepSpec):
 
     kind: Literal["tokenize"] = Field(description=KIND)
     input: str = Field(description="BYTES tensor of texts; consumed, not passed on.")
-    tokenizer: str = Field(description="Path of the tokenizer.json, relative to the repository.")
+    tokenizer: str = Field(
+        description="Path of the tokenizer.json, relative to the repository." + PER_VERSION
+    )
     max_length: Count = Field(description="Most tokens per text (special tokens included).")
     truncation: bool = Field(
         default=True, description="Cut longer texts; false refuses them with INVALID_ARGUMENT."
@@ -145,6 +163,7 @@ class VocabularyStep(StepSpec):
     vocabulary: str = Field(
         description="The file, relative to the repository: .txt (one entry a line; the id is "
         "the line number from 0) or .json (a list, ids by position, or an object of entry -> id)."
+        + PER_VERSION
     )
     output: str | None = Field(default=None, description=OUTPUT)
     oov_id: Annotated[int, Field(strict=True)] | None = Field(
@@ -357,19 +376,26 @@ class StandardizeStep(StepSpec):
     input: str = Field(description="FP32 [batch, features], standardised in place.")
     stats: str = Field(
         description="The stats file (written by fit-stats), relative to the repository."
+        + PER_VERSION
     )
     fingerprint: str | None = Field(
         default=None, description="The fingerprint the stats must have."
     )
     model_yaml: str | None = Field(
         default=None,
-        description="The model's model.yaml, whose preprocess_fingerprint the stats must have.",
+        description="The model's model.yaml, whose preprocess_fingerprint (for the version "
+        "fed, where it records one per version) the stats must have.",
     )
 
     @model_validator(mode="after")
     def _one_fingerprint(self) -> StandardizeStep:
         if self.fingerprint is not None and self.model_yaml is not None:
             raise ValueError("give fingerprint or model_yaml, not both")
+        if self.fingerprint is not None and VERSION in self.stats:
+            raise ValueError(
+                f"stats per model version ({VERSION}) have a fingerprint per version: give "
+                "model_yaml, whose preprocess_fingerprint records each version's"
+            )
         return self
 
 
@@ -404,3 +430,10 @@ class PluginStep(PluginStage, StepSpec):
 
 
 Step = stage_union(BUILTIN_STEPS, PluginStep)
+
+
+def per_version(steps: list[StepSpec]) -> bool:
+    """Whether any step reads a file of the model version it feeds ({version} in a path)."""
+    return any(
+        VERSION in (getattr(s, option, None) or "") for s in steps for option in FILE_OPTIONS
+    )

@@ -18,9 +18,9 @@ from strata.config.endpoints import Services
 from strata.config.gateway import GatewaySettings
 from strata.config.inference import InferenceSettings
 from strata.config.limits import TensorLimits
-from strata.config.pipelines import ModelRef, Pipeline, Route
+from strata.config.pipelines import ModelRef, Pipeline, Route, Shadow
 from strata.config.postprocess import PostprocessSettings
-from strata.config.preprocess import PreprocessSettings
+from strata.config.preprocess import VERSION, PreprocessSettings, per_version
 from strata.config.server import ServerSettings, TelemetrySettings
 from strata.config.tls import TlsSettings
 from strata.stages import PluginError, dotted
@@ -42,6 +42,8 @@ class Settings(BaseSettings):
     )
     # The file these settings came from, so a running service can reload it.
     _source: Path | None = PrivateAttr(default=None)
+    # The inference deployment an inference process serves (see `deployment`).
+    _deployment: str = PrivateAttr(default="")
 
     services: Services = Field(description="Where each layer listens.")
     server: ServerSettings = Field(
@@ -80,28 +82,90 @@ class Settings(BaseSettings):
 
     @model_validator(mode="after")
     def _pipelines_use_served_models(self) -> Settings:
-        for name, pipeline in self.pipelines.items():
-            for model in pipeline.model_refs():
-                self._check_served(name, model)
+        deployments = sorted(self.services.inference)
+        if isinstance(self.inference.models, dict):
+            unknown = sorted(set(self.inference.models) - set(deployments))
+            if unknown:
+                raise ValueError(
+                    f"inference.models names deployment {unknown[0]!r}, not one of "
+                    f"services.inference: {deployments}"
+                )
+        for name in self.pipelines:
+            for model, route in self._called(name):
+                if route.deployment not in self.services.inference:
+                    raise ValueError(
+                        f"pipeline {name!r} routes to deployment {route.deployment!r}, "
+                        f"not one of services.inference: {deployments}"
+                    )
+                if model not in self.models_of(route.deployment):
+                    raise ValueError(
+                        f"pipeline {name!r} routes to deployment {route.deployment!r}, which "
+                        f"does not load model {model!r} (inference.models)"
+                    )
         return self
 
-    def _check_served(self, pipeline: str, model: ModelRef) -> None:
-        if model.name not in self.inference.models:
-            raise ValueError(
-                f"pipeline {pipeline!r} uses model {model.name!r}, "
-                f"which inference.models does not load"
-            )
-        for route in [*model.routes, *filter(None, [model.shadow])]:
-            if route.deployment not in self.services.inference:
+    @model_validator(mode="after")
+    def _versioned_preprocessing_knows_the_version(self) -> Settings:
+        """Preprocess learns the version from the request's arm; a pipeline that reads files
+        per version needs every arm to name one, and its shadow (fed the inputs prepared for
+        the request's arm) to call the version every arm calls."""
+        for name, pipeline in self.pipelines.items():
+            if not per_version(pipeline.preprocess):
+                continue
+            called = pipeline.model.versions_called()
+            if "" in called:
                 raise ValueError(
-                    f"pipeline {pipeline!r} routes to deployment {route.deployment!r}, "
-                    f"not one of services.inference: {sorted(self.services.inference)}"
+                    f"pipeline {name!r} reads preprocess files per model version ({VERSION}): "
+                    "every route must name its version (the route's version or model.version)"
                 )
+            if pipeline.model.shadow is not None and len(set(called)) > 1:
+                raise ValueError(
+                    f"pipeline {name!r} reads preprocess files per model version ({VERSION}): "
+                    "its shadow gets the inputs prepared for the request's arm, so it must "
+                    f"call the version every route calls (they call {sorted(set(called))})"
+                )
+        return self
 
     @property
     def source(self) -> Path | None:
         """The config file these settings were loaded from."""
         return self._source
+
+    @property
+    def deployment(self) -> str:
+        """The inference deployment this process serves (load_settings' `listen`; the first
+        when it names none)."""
+        return self._deployment or next(iter(self.services.inference))
+
+    def as_deployment(self, deployment: str) -> Settings:
+        """These settings as an inference process serving `deployment` has them."""
+        copy = self.model_copy()
+        copy._deployment = deployment
+        return copy
+
+    def deployment_at(self, listen: str) -> str:
+        """The inference deployment one of whose replicas listens on `listen` ("" if none)."""
+        found = (d for d, endpoint in self.services.inference.items() if listen in endpoint.listens)
+        return next(found, "")
+
+    def models_of(self, deployment: str) -> list[str]:
+        """The models inference deployment `deployment` loads (inference.models)."""
+        routed = [
+            model
+            for name in self.pipelines
+            for model, route in self._called(name)
+            if route.deployment == deployment
+        ]
+        return self.inference.loads(deployment, list(dict.fromkeys(routed)))
+
+    def _called(self, pipeline: str) -> list[tuple[str, Route | Shadow]]:
+        """Each model `pipeline` runs (its first, its later stages' and their fallbacks',
+        docs/pipelines.md) with each route and shadow that calls it."""
+        return [
+            (model.name, route)
+            for model in self.pipelines[pipeline].model_refs()
+            for route in [*self.model_routes(model), *filter(None, [model.shadow])]
+        ]
 
     def routes(self, pipeline: str) -> list[Route]:
         """A pipeline's arms; with none configured, one arm on the first deployment."""
@@ -116,13 +180,14 @@ class Settings(BaseSettings):
         return [Route(arm=first, deployment=first, version=model.version)]
 
 
-def load_settings(path: Path, service: str | None = None) -> Settings:
+def load_settings(path: Path, service: str | None = None, listen: str | None = None) -> Settings:
     """Read and validate the config file; relative paths resolve against its folder.
 
     `service` names the process's own section (gateway, inference), whose secret files
     (`*_file` settings) are read into it: each container mounts only its own secrets, so the
     others' files are left unread. Preprocess and postprocess import the plugins of their
-    own stages and validate their options; no other service imports plugin code.
+    own stages and validate their options; no other service imports plugin code. An
+    inference process serves the deployment one of whose replicas listens on `listen`.
     """
     try:
         raw = yaml.safe_load(Path(path).read_text())
@@ -149,6 +214,8 @@ def load_settings(path: Path, service: str | None = None) -> Settings:
     if service in STAGE_SECTIONS:
         _load_plugins(path, settings, service)
     settings._source = Path(path)
+    if service == "inference" and listen is not None:
+        return settings.as_deployment(settings.deployment_at(listen))
     return settings
 
 

@@ -20,6 +20,7 @@ from strata.gateway.limiter import RateLimiter
 from strata.gateway.metrics import RATE_LIMITED
 from strata.gateway.router import Router
 from strata.security import KeyRing, key_hash
+from strata.tokens import source_address
 
 ARM_PARAMETER = "strata.arm"
 FORCE_ARM = "force_arm"
@@ -49,8 +50,8 @@ def client_key(caller: Caller, limits: RateLimits, keys: KeyRing) -> str:
 
 
 def peer_host(peer: str) -> str:
-    """The caller's address without its port, from gRPC's `ipv4:10.0.0.1:5123` form."""
-    return "peer:" + peer.rsplit(":", 1)[0]
+    """The caller's address without its port, as a client key ("peer:ipv4:10.0.0.1")."""
+    return "peer:" + source_address(peer)
 
 
 class Admission:

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import logging
 
+from grpc_health.v1 import health_pb2
+
 from strata import limits
 from strata.cli import Service
 from strata.config import Settings
@@ -44,7 +46,9 @@ class AdminServer:
             raise AddressUnusable(self.listen, "admin", exc.reason) from None
 
     async def stop(self, grace: float) -> None:
+        """Its health NOT_SERVING (for those watching it), then drain, as the public one."""
         if self._running is not None:
+            await self._running.set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
             await self._running.stop(grace)
 
 

@@ -19,7 +19,7 @@ from itertools import accumulate
 from strata import codec, stack
 from strata.config.pipelines import Route
 from strata.errors import DeadlineExceeded, StrataError, Unavailable, from_code
-from strata.flight import ROWS, TIMEOUTS, TRACE_CONTEXTS, member_errors
+from strata.flight import FlightMember, member_errors, set_members
 from strata.gateway.arms import ArmBook
 from strata.gateway.flights import Member
 from strata.gateway.metrics import FAILOVERS
@@ -60,7 +60,9 @@ class Chain:
         first = _request(members[0])
         tensors = stack.join([_request(m).inputs for m in members])
         started = time.monotonic()
-        members, features, _ = await self._layer(self._up.preprocess, members, tensors, {})
+        # The version the arm calls picks the steps of a pipeline fed per model version.
+        flags = {"model_version": first.version} if first.version else {}
+        members, features, _ = await self._layer(self._up.preprocess, members, tensors, flags)
         if members:
             spent = time.monotonic() - started
             await self._onward(first.route, members, features, True, spent)
@@ -288,14 +290,14 @@ def model_request(
     if first.level >= 2:
         parameters["skip_batching"].bool_param = True
     if len(members) > 1:
-        parameters[ROWS].string_param = ",".join(str(count) for count in rows)
-        parameters[TRACE_CONTEXTS].string_param = ",".join(
-            m.carrier().get("traceparent", "") for m in members
-        )
-        parameters[TIMEOUTS].string_param = ",".join(
-            str(max(1, int(_request(m).budget.left() * 1e6))) for m in members
-        )
+        set_members(parameters, [_flight_member(m, n) for m, n in zip(members, rows, strict=True)])
     return request
+
+
+def _flight_member(member: Member, rows: int) -> FlightMember:
+    """`member` as a flight request declares it, carrying `rows` rows there."""
+    budget_us = max(1, int(_request(member).budget.left() * 1e6))
+    return FlightMember(rows, member.carrier().get("traceparent", ""), budget_us)
 
 
 def _outputs(reply: v2.ModelInferResponse) -> WireTensors:

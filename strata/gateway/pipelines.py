@@ -283,8 +283,9 @@ def _response(
     """The answer; an output written into shared memory (`placed`) is described with its
     region and byte size and no data (an empty raw entry keeps the others' places, as
     tritonclient reads them)."""
+    # The version that answered, as strata.model_version says ("" for a default answer).
     response = v2.ModelInferResponse(
-        model_name=request.model_name, model_version=PIPELINE_VERSION, id=request.id
+        model_name=request.model_name, model_version=answer.model_version, id=request.id
     )
     parameters = response.parameters
     parameters["strata.arm"].string_param = answer.arm

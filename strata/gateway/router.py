@@ -31,11 +31,15 @@ class Router:
         routes: Sequence[Route],
         shadow: Shadow | None,
         available: Callable[[Route], bool] = lambda r: True,
+        prepared_per_version: bool = False,
     ) -> None:
         self.pipeline = pipeline
         self.shadow = shadow
         self._routes: tuple[Route, ...] = tuple(routes)
         self._available = available
+        # A flight's inputs were prepared for its arm's version: it fails over only to an
+        # arm of the same version where preprocessing differs by version.
+        self._per_version = prepared_per_version
 
     @property
     def routes(self) -> tuple[Route, ...]:
@@ -87,17 +91,27 @@ class Router:
         sticky = _pick(routes, unit_hash(self.pipeline, client))
         if usable(sticky) and self._available(sticky):
             return sticky
-        fallback = self.fallback(client, sticky, usable)
+        fallback = self._another(client, sticky, usable, prepared=False)
         if fallback is None:
             raise Unavailable(f"pipeline {self.pipeline!r}: no arm is available")
         return fallback
 
     def fallback(self, client: str, failed: Route, usable: Callable[[Route], bool]) -> Route | None:
-        """Another usable arm for `client` (by weight), or None."""
+        """Another usable arm for `client` (by weight) that can take a flight already
+        prepared for `failed`, or None."""
+        return self._another(client, failed, usable, prepared=self._per_version)
+
+    def _another(
+        self, client: str, failed: Route, usable: Callable[[Route], bool], prepared: bool
+    ) -> Route | None:
         healthy = [
             r
             for r in self._routes
-            if r.arm != failed.arm and r.weight > 0 and usable(r) and self._available(r)
+            if r.arm != failed.arm
+            and r.weight > 0
+            and usable(r)
+            and self._available(r)
+            and not (prepared and r.version != failed.version)
         ]
         if not healthy:
             return None

@@ -19,6 +19,7 @@ from strata.config import ConfigError, Settings, load_settings
 from strata.config.base import live_fields
 from strata.config.gateway import GatewaySettings
 from strata.config.pipelines import Pipeline, Route
+from strata.config.preprocess import per_version
 from strata.errors import NotFound, NotReady
 from strata.gateway.admission import Admission
 from strata.gateway.arms import ArmBook
@@ -62,6 +63,7 @@ class Runtime:
                 settings.routes(name),
                 pipeline.model.shadow,
                 self._serving(pipeline.model.name),
+                per_version(pipeline.preprocess),
             )
             for name, pipeline in settings.pipelines.items()
         }

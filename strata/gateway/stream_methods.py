@@ -17,7 +17,7 @@ from typing import Any
 
 import grpc
 
-from strata.flight import TRACE_CONTEXT, is_flight
+from strata.flight import is_flight, set_call_traceparent
 from strata.gateway.lanes import StreamMethod, rpc_error
 from strata.proto.inference import grpc_service_pb2 as v2
 from strata.proto.v1 import tensor_pb2 as v1
@@ -64,7 +64,7 @@ def _tag_infer(
 ) -> v2.ModelInferRequest:
     parameters = request.parameters
     traceparent = next((value for key, value in metadata if key == "traceparent"), "")
-    parameters[TRACE_CONTEXT].string_param = traceparent
+    set_call_traceparent(parameters, traceparent)
     if not is_flight(parameters):
         parameters[TIMEOUT].int64_param = max(1, int(timeout * 1e6))
     request.id = f"{tag}#{request.id}"

@@ -1,4 +1,5 @@
-"""Builds the inference service: every configured model loaded, validated and warmed first."""
+"""Builds the inference service of one deployment: every model it loads (those its routes
+name, or inference.models) loaded, validated and warmed first."""
 
 from __future__ import annotations
 
@@ -16,12 +17,12 @@ from strata.proto.inference import grpc_service_pb2, grpc_service_pb2_grpc
 
 
 async def build(settings: Settings) -> Service:
-    """The servicer over a model manager that has loaded every configured model."""
+    """The servicer over a model manager that has loaded every model its deployment loads."""
     limits.install(settings.limits.plain())
-    executor = ThreadPoolExecutor(
-        max_workers=settings.inference.workers, thread_name_prefix="onnxruntime"
-    )
-    models = ModelManager(settings.repository, settings.inference, executor)
+    deployment = settings.deployment
+    inference = settings.inference.model_copy(update={"models": settings.models_of(deployment)})
+    executor = ThreadPoolExecutor(max_workers=inference.workers, thread_name_prefix="onnxruntime")
+    models = ModelManager(settings.repository, inference, executor)
     try:
         await models.start()
     except BaseException as exc:
@@ -30,8 +31,8 @@ async def build(settings: Settings) -> Service:
         if isinstance(exc, StrataError):  # its message names the model, not the repository
             raise ModelUnusable(f"repository {settings.repository}: {exc}") from None
         raise
-    servicer = InferenceServicer(models, settings.inference, settings.server.max_stream_in_flight)
-    unwatch = metrics.watch(models.statistics)
+    servicer = InferenceServicer(models, inference, settings.server.max_stream_in_flight)
+    unwatch = metrics.watch(models.statistics, deployment)
     name = grpc_service_pb2.DESCRIPTOR.services_by_name["GRPCInferenceService"].full_name
 
     async def on_stop() -> None:
@@ -43,7 +44,7 @@ async def build(settings: Settings) -> Service:
         registrations=[
             (servicer, grpc_service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server, name)
         ],
-        endpoint=settings.services.primary_inference,
+        endpoint=settings.services.inference[deployment],
         on_stop=on_stop,
         on_start=servicer.report_health,
     )

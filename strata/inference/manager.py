@@ -149,7 +149,7 @@ class ModelManager:
             self._index.model_refused(name, str(exc))
             raise NotReady(f"model {name!r}: {exc}") from None
         self._index.model_cleared(name)
-        prints = {v: repository.fingerprint(folder, available[v]) for v in wanted}
+        prints = {v: repository.fingerprint(available[v], spec.stamp(v)) for v in wanted}
         current = self._served.get(name)
         keep = {
             v: m
@@ -272,7 +272,7 @@ class ModelManager:
         self._spec_errors.pop(name, None)
         available = repository.versions(folder)
         wanted = spec.version_policy.select(list(available))
-        prints = {repository.fingerprint(folder, available[v]) for v in wanted}
+        prints = {repository.fingerprint(available[v], spec.stamp(v)) for v in wanted}
         serving = {m.fingerprint for m in served.versions.values()}
         new = prints - serving
         return bool(wanted) and prints != serving and not (new and new <= self._bad[name])

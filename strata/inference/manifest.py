@@ -2,12 +2,14 @@
 
 Inputs and outputs come from the graph. model.yaml adds the max batch size, which versions
 serve (Triton's version policy: the latest N, all, or specific ones), which inputs are padded
-when requests of different lengths share a batch, and overrides of the deployment's session
-and batching defaults. Keys other layers read (labels, preprocess fingerprints) are kept.
+when requests of different lengths share a batch, overrides of the deployment's session
+and batching defaults, and the fingerprint of the statistics each version was trained with.
+Keys other layers read (labels) are kept.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, TypeVar
@@ -70,6 +72,13 @@ class ModelManifest(BaseModel):
     batching: dict[str, Any] = Field(
         default_factory=dict, description="Overrides of inference.batching for this model."
     )
+    preprocess_fingerprint: str | dict[int, str] | None = Field(
+        default=None,
+        description="The fingerprint of the statistics the model was trained with (fit-stats "
+        "writes it into stats.json): one for every version, or one per version number. A "
+        "version folder whose stats.json has another is refused; preprocess checks the stats "
+        "it feeds each version against it.",
+    )
 
 
 class ModelSpec:
@@ -89,6 +98,24 @@ class ModelSpec:
         self.session = session
         self.batching = batching
         self.concurrency = batching.max_concurrent_batches or workers
+
+    def trained_stats(self, version: int) -> str | None:
+        """The fingerprint of the statistics `version` was trained with, if recorded."""
+        recorded = self.manifest.preprocess_fingerprint
+        return recorded.get(version) if isinstance(recorded, dict) else recorded
+
+    def stamp(self, version: int) -> str:
+        """What of model.yaml (and the deployment's defaults) `version` is loaded with: when
+        it changes the version reloads; the version policy, other versions' entries and
+        other layers' keys (labels) leave it serving, its counters kept."""
+        loaded_with = [
+            self.max_batch_size,
+            self.padding,
+            self.session.model_dump(),
+            self.batching.model_dump(),
+            self.trained_stats(version),
+        ]
+        return json.dumps(loaded_with, sort_keys=True)
 
 
 def read_spec(path: Path, defaults: InferenceSettings) -> ModelSpec:

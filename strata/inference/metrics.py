@@ -18,7 +18,9 @@ from prometheus_client.registry import REGISTRY
 
 from strata.inference.statistics import REASONS, Histogram, VersionStats
 
-LABELS = ["model", "version"]
+LABELS = ["deployment", "model", "version"]
+# An inference deployment's name, and what reads its model versions' statistics.
+Source = tuple[str, Callable[[], list[VersionStats]]]
 
 
 def _histogram(name: str, doc: str, rows: list[tuple[list[str], Histogram]]) -> Metric:
@@ -32,19 +34,19 @@ def _histogram(name: str, doc: str, rows: list[tuple[list[str], Histogram]]) -> 
     return family
 
 
-def _batch_sizes(stats: list[VersionStats]) -> Metric:
+def _batch_sizes(rows: list[tuple[list[str], VersionStats]]) -> Metric:
     family = HistogramMetricFamily(
         "strata_inference_batch_rows", "Rows in each batch run, by model version.", labels=LABELS
     )
     bounds = (1, 2, 4, 8, 16, 32, 64, 128, 256)
-    for s in stats:
+    for labels, s in rows:
         cumulative, total = [], 0
         for bound in bounds:
             total = sum(n for rows, n in s.batch_sizes.items() if rows <= bound)
             cumulative.append((str(bound), total))
         cumulative.append(("+Inf", sum(s.batch_sizes.values())))
         rows_sum = sum(rows * n for rows, n in s.batch_sizes.items())
-        family.add_metric([s.name, s.version], cumulative, rows_sum)
+        family.add_metric(labels, cumulative, rows_sum)
     return family
 
 
@@ -52,12 +54,15 @@ class BatcherCollector:
     """Collects `strata_inference_*` from whatever versions serve at scrape time."""
 
     def __init__(self) -> None:
-        self.sources: list[Callable[[], list[VersionStats]]] = []
+        self.sources: list[Source] = []
 
     def collect(self) -> Iterator[Metric]:
-        stats = [s for source in list(self.sources) for s in source()]
-        rows = [([s.name, s.version], s) for s in stats]
-        yield _batch_sizes(stats)
+        rows = [
+            ([deployment, s.name, s.version], s)
+            for deployment, statistics in list(self.sources)
+            for s in statistics()
+        ]
+        yield _batch_sizes(rows)
         yield _histogram(
             "strata_inference_queue_seconds",
             "Time a request waited before its batch started.",
@@ -94,7 +99,9 @@ COLLECTOR = BatcherCollector()
 REGISTRY.register(COLLECTOR)
 
 
-def watch(statistics: Callable[[], list[VersionStats]]) -> Callable[[], None]:
-    """Export a model manager's statistics; returns the function that stops it."""
-    COLLECTOR.sources.append(statistics)
-    return lambda: COLLECTOR.sources.remove(statistics)
+def watch(statistics: Callable[[], list[VersionStats]], deployment: str) -> Callable[[], None]:
+    """Export a model manager's statistics, labelled with the inference deployment it
+    serves; returns the function that stops it."""
+    source = (deployment, statistics)
+    COLLECTOR.sources.append(source)
+    return lambda: COLLECTOR.sources.remove(source)

@@ -25,6 +25,7 @@ from strata.inference.jobs import Request
 from strata.inference.manifest import ModelSpec
 from strata.inference.signature import Signature
 from strata.inference.statistics import VersionStats
+from strata.normalisation import STATS_FILE, load_stats
 from strata.onnxsig import TensorInfo
 
 log = logging.getLogger(__name__)
@@ -173,6 +174,7 @@ def load_version(
     folder: Path, name: str, version: int, spec: ModelSpec, executor: Executor, fingerprint: str
 ) -> ModelVersion:
     """Open, validate and warm one version folder (blocking). NotReady if it must not serve."""
+    check_statistics(folder, spec.trained_stats(version))
     session = open_session(folder / "model.onnx", spec.session)
     try:
         model = ModelVersion(name, version, spec, session, executor, fingerprint)
@@ -191,6 +193,25 @@ def load_version(
         len(cases),
     )
     return model
+
+
+def check_statistics(folder: Path, trained: str | None) -> None:
+    """NotReady unless the statistics a version folder carries are those its model was
+    trained with (model.yaml's preprocess_fingerprint): preprocess would feed it others."""
+    path = folder / STATS_FILE
+    if trained is None or not path.is_file():
+        return
+    where = f"{folder.parent.name}/{folder.name}/{STATS_FILE}"
+    try:
+        stats = load_stats(path)
+    except (ValueError, OSError) as exc:
+        reason = _first_line(exc).replace(f"{path}: ", "").replace(str(path), where)
+        raise NotReady(f"cannot read {where}: {reason}") from None
+    if stats.fingerprint != trained:
+        raise NotReady(
+            f"{where} has fingerprint {stats.fingerprint}, but model.yaml records {trained} "
+            f"for version {folder.name} (the statistics it was trained with)"
+        )
 
 
 def _first_line(exc: BaseException) -> str:

@@ -5,20 +5,27 @@ from __future__ import annotations
 from strata import limits
 from strata.cli import Service
 from strata.config import Settings
+from strata.config.preprocess import per_version
 from strata.preprocess.metrics import StepTimings
-from strata.preprocess.pipeline import Pipelines, build_pipeline
+from strata.preprocess.pipeline import PreprocessPipelines, Versions, build_pipeline
 from strata.preprocess.servicer import PreprocessServicer
+from strata.preprocess.versions import VersionedPipeline
 from strata.proto.v1 import preprocess_pb2, preprocess_pb2_grpc
 
 
-def build_pipelines(settings: Settings, timings: StepTimings) -> Pipelines:
-    """Every pipeline's steps, built once; a config mistake raises ValueError naming it."""
-    return Pipelines(
-        {
-            name: build_pipeline(name, spec, settings.repository, timings)
-            for name, spec in settings.pipelines.items()
-        }
-    )
+def build_pipelines(settings: Settings, timings: StepTimings) -> PreprocessPipelines:
+    """Every pipeline's steps, built once (per model version its routes call, for those fed
+    per version); a config mistake raises ValueError naming it."""
+    built: dict[str, Versions] = {}
+    for name, spec in settings.pipelines.items():
+        if not per_version(spec.preprocess):
+            built[name] = build_pipeline(name, spec, settings.repository, timings)
+            continue
+        check = settings.preprocess.version_check_seconds
+        versioned = VersionedPipeline(name, spec, settings.repository, timings, check)
+        versioned.build_all(dict.fromkeys(spec.model.versions_called()))
+        built[name] = versioned
+    return PreprocessPipelines(built)
 
 
 async def build(settings: Settings) -> Service:

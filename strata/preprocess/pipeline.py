@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol
 
 from opentelemetry import trace
 
@@ -25,6 +26,10 @@ class PreprocessPipeline:
     name: str
     steps: list[tuple[str, Step]]
     timings: StepTimings = field(default_factory=StepTimings)
+
+    def for_version(self, version: str) -> PreprocessPipeline:
+        """The same steps whatever the model version (see versions.py for those that vary)."""
+        return self
 
     def run(self, tensors: Arrays) -> Arrays:
         """The steps in order. Each step's time goes to the metrics and, where the request's
@@ -68,14 +73,21 @@ def build_pipeline(
     return PreprocessPipeline(name=name, steps=steps, timings=timings or StepTimings())
 
 
-class Pipelines:
-    """All pipelines of the deployment, looked up by name per request."""
+class Versions(Protocol):
+    """A pipeline as each model version is fed."""
 
-    def __init__(self, pipelines: dict[str, PreprocessPipeline]) -> None:
+    def for_version(self, version: str) -> PreprocessPipeline: ...
+
+
+class PreprocessPipelines:
+    """All pipelines of the deployment, looked up by name and model version per request."""
+
+    def __init__(self, pipelines: dict[str, Versions]) -> None:
         self._pipelines = pipelines
 
-    def get(self, name: str) -> PreprocessPipeline:
+    def get(self, name: str, version: str = "") -> PreprocessPipeline:
         try:
-            return self._pipelines[name]
+            found = self._pipelines[name]
         except KeyError:
             raise NotFound(f"unknown pipeline {name!r}") from None
+        return found.for_version(version)

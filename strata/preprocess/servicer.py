@@ -4,7 +4,8 @@ A call with more than `preprocess.inline_max_bytes` of tensors runs on a worker 
 hand-off per call: decoding a large image or tokenising a long batch must not hold up the
 event loop, and with it every other call and the health checks. A smaller call runs on the
 loop, since the hand-off would cost more than its steps. A flight's steps run once over its
-stacked rows (strata.v1process has the mechanism).
+stacked rows (strata.v1process has the mechanism). The request's `model_version` parameter
+(the version its arm calls) picks the pipeline's build for pipelines fed per version.
 """
 
 from __future__ import annotations
@@ -12,7 +13,8 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Mapping
 
-from strata.preprocess.pipeline import Pipelines
+from strata.preprocess.pipeline import PreprocessPipelines
+from strata.preprocess.versions import MODEL_VERSION
 from strata.proto.v1 import preprocess_pb2_grpc, tensor_pb2
 from strata.streams import DEFAULT_MAX_IN_FLIGHT
 from strata.v1process import Arrays, process_all
@@ -24,7 +26,7 @@ class PreprocessServicer(ProcessService, preprocess_pb2_grpc.PreprocessServicer)
 
     def __init__(
         self,
-        pipelines: Pipelines,
+        pipelines: PreprocessPipelines,
         inline_max_bytes: int = 0,
         max_stream_in_flight: int = DEFAULT_MAX_IN_FLIGHT,
     ) -> None:
@@ -41,4 +43,5 @@ class PreprocessServicer(ProcessService, preprocess_pb2_grpc.PreprocessServicer)
     def _run(
         self, pipeline: str, tensors: Arrays, parameters: Mapping[str, str]
     ) -> tuple[Arrays, dict[str, str]]:
-        return self._pipelines.get(pipeline).run(tensors), {}
+        version = parameters.get(MODEL_VERSION, "")
+        return self._pipelines.get(pipeline, version).run(tensors), {}

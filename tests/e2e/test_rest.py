@@ -243,7 +243,8 @@ def test_response_parameters_say_what_happened_as_on_grpc(system: Supervisor) ->
         }
         reply = grpc_infer(system, "digits", {"images": images(1)}, arm)
         assert answer["parameters"] == parameters_of(reply)
-        assert (answer["model_name"], answer["model_version"]) == ("digits", "1")
+        assert (answer["model_name"], answer["model_version"]) == ("digits", version)
+        assert reply.model_version == version
 
 
 def test_every_endpoint_answers(system: Supervisor) -> None:

@@ -51,8 +51,8 @@ def servers_in_process(
     thread.start()
     world = InProcess(settings, loop)
 
-    async def start(builder, listen: str | None = None):
-        service = await builder(settings)
+    async def start(builder, listen: str | None = None, serving: Settings = settings):
+        service = await builder(serving)
         running = await start_server(
             service.registrations,
             listen or service.endpoint.listen,
@@ -63,8 +63,8 @@ def servers_in_process(
         world.running.append((running, service))
         return service
 
-    for endpoint in settings.services.inference.values():
-        world.run(start(build_inference, endpoint.listen))
+    for name, endpoint in settings.services.inference.items():
+        world.run(start(build_inference, endpoint.listen, settings.as_deployment(name)))
     world.run(start(build_preprocess))
     world.run(start(build_postprocess))
     if before_gateway is not None:

@@ -34,3 +34,10 @@ def test_the_examples_graph_fits_the_demo_models() -> None:
     ((_, given),) = flows
     assert sorted(given.tensors) == ["logits"]
     assert (given.tensors["logits"].made.datatype, given.tensors["logits"].made.rank) == ("FP32", 2)
+
+
+def test_each_deployment_loads_the_stage_models_its_routes_name() -> None:
+    settings = load_settings(DEFAULT_CONFIG)
+    # The cascade's digits-large has no routes: it runs on the first deployment, a.
+    assert "digits-large" in settings.models_of("a")
+    assert "digits-large" not in settings.models_of("b")

@@ -11,14 +11,15 @@ import yaml
 
 from strata.codec import DTYPES, Arrays
 from strata.config.preprocess import (
+    VERSION,
     CastStep,
     ClipStep,
     FlattenStep,
     ScaleStep,
     StandardizeStep,
 )
+from strata.normalisation import Stats, load_stats
 from strata.plugins import StepError, take
-from strata.preprocess.normalisation import Stats, load_stats
 from strata.preprocess.steps.base import STEPS
 
 
@@ -208,16 +209,34 @@ def _build_flatten(spec: FlattenStep, base_dir: Path) -> Flatten:
     return Flatten(input=spec.input, output=spec.output or spec.input)
 
 
+def recorded_fingerprint(base_dir: Path, model_yaml: str, version: str = "") -> str:
+    """The `preprocess_fingerprint` a model.yaml records: its one for every version, or the
+    one for `version` where it records one per version."""
+    body = yaml.safe_load((base_dir / model_yaml).read_text()) or {}
+    recorded = body.get("preprocess_fingerprint") if isinstance(body, dict) else None
+    if isinstance(recorded, dict):
+        if not version:
+            raise ValueError(
+                f"{model_yaml} records a preprocess_fingerprint per version: name the stats "
+                f"per version ({VERSION} in the path)"
+            )
+        recorded = {str(v): p for v, p in recorded.items()}.get(version)
+        if recorded is None:
+            raise ValueError(
+                f"{model_yaml} records no preprocess_fingerprint for version {version}"
+            )
+    if not isinstance(recorded, str):
+        raise ValueError(f"{model_yaml} records no preprocess_fingerprint")
+    return recorded
+
+
 @STEPS.register("standardize")
 def _build_standardize(spec: StandardizeStep, base_dir: Path) -> Standardize:
     """Stats must match `fingerprint`, or the `preprocess_fingerprint` in `model_yaml`."""
     stats = load_stats(base_dir / spec.stats)
     expected = spec.fingerprint
     if spec.model_yaml is not None:
-        model_yaml = yaml.safe_load((base_dir / spec.model_yaml).read_text()) or {}
-        expected = model_yaml.get("preprocess_fingerprint")
-        if expected is None:
-            raise ValueError(f"{spec.model_yaml} records no preprocess_fingerprint")
+        expected = recorded_fingerprint(base_dir, spec.model_yaml)
     if expected is not None and expected != stats.fingerprint:
         raise ValueError(
             f"stats {spec.stats!r} have fingerprint {stats.fingerprint}, "

@@ -30,7 +30,7 @@ from strata.config.preprocess import BUILTIN_STEPS, PluginStep, StepSpec
 from strata.config.server import ServerSettings
 from strata.preprocess.app import build_pipelines
 from strata.preprocess.metrics import StepTimings, Summary
-from strata.preprocess.pipeline import Pipelines, build_pipeline
+from strata.preprocess.pipeline import PreprocessPipelines, build_pipeline
 from strata.preprocess.servicer import PreprocessServicer
 from strata.preprocess.steps import STEPS
 from strata.proto.v1 import preprocess_pb2_grpc
@@ -122,14 +122,14 @@ def repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return folder
 
 
-def built(repository: Path, timings: StepTimings) -> Pipelines:
-    return Pipelines(
+def built(repository: Path, timings: StepTimings) -> PreprocessPipelines:
+    return PreprocessPipelines(
         {name: build_pipeline(name, spec, repository, timings) for name, spec in SPECS.items()}
     )
 
 
 @asynccontextmanager
-async def preprocess(pipelines: Pipelines) -> AsyncIterator[grpc.aio.Channel]:
+async def preprocess(pipelines: PreprocessPipelines) -> AsyncIterator[grpc.aio.Channel]:
     registration = (
         PreprocessServicer(pipelines),
         preprocess_pb2_grpc.add_PreprocessServicer_to_server,
@@ -160,7 +160,7 @@ def png(pixels: np.ndarray) -> bytes:
     return buffer.getvalue()
 
 
-def call(pipelines: Pipelines, *requests: v1.Request) -> list[v1.Result]:
+def call(pipelines: PreprocessPipelines, *requests: v1.Request) -> list[v1.Result]:
     async def go():
         async with preprocess(pipelines) as channel:
             stub = preprocess_pb2_grpc.PreprocessStub(channel)
@@ -223,7 +223,7 @@ def test_a_slow_request_blocks_neither_other_calls_nor_health(repository: Path) 
 
 
 @pytest.fixture(scope="module")
-def default(tmp_path_factory: pytest.TempPathFactory) -> tuple[Pipelines, StepTimings]:
+def default(tmp_path_factory: pytest.TempPathFactory) -> tuple[PreprocessPipelines, StepTimings]:
     settings = load_settings(make_config(tmp_path_factory.mktemp("default")))
     timings = StepTimings()
     return build_pipelines(settings, timings), timings
@@ -253,7 +253,7 @@ def same_as_alone(flown: v1.Result, separate: list[v1.Result]) -> None:
 
 @pytest.mark.parametrize("pipeline", ["digits", "tabular"])
 def test_a_flight_runs_each_step_once_and_matches_separate_requests(
-    default: tuple[Pipelines, StepTimings], pipeline: str
+    default: tuple[PreprocessPipelines, StepTimings], pipeline: str
 ) -> None:
     pipelines, timings = default
     group = members(pipeline, [1, 3, 2])
@@ -271,7 +271,7 @@ def test_a_flight_runs_each_step_once_and_matches_separate_requests(
 
 
 def test_a_bad_member_fails_alone_and_an_oversized_flight_still_answers_all(
-    default: tuple[Pipelines, StepTimings],
+    default: tuple[PreprocessPipelines, StepTimings],
 ) -> None:
     pipelines, _ = default
     group = members("tabular", [2, 1, 3])
@@ -293,6 +293,9 @@ class ThreadNoting:
     def __init__(self) -> None:
         self.threads: list[int] = []
 
+    def for_version(self, version: str) -> ThreadNoting:
+        return self
+
     def run(self, tensors: Arrays) -> Arrays:
         self.threads.append(threading.get_ident())
         return tensors
@@ -300,7 +303,7 @@ class ThreadNoting:
 
 def test_small_calls_run_on_the_loop_and_large_ones_on_a_worker() -> None:
     noting = ThreadNoting()
-    servicer = PreprocessServicer(Pipelines({"p": noting}), inline_max_bytes=1024)
+    servicer = PreprocessServicer(PreprocessPipelines({"p": noting}), inline_max_bytes=1024)
 
     async def go() -> int:
         for size in (16, 4096):

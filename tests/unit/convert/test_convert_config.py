@@ -1,4 +1,5 @@
-"""configs/text.yaml is configs/default.yaml plus the text models, and stays so."""
+"""configs/text.yaml is configs/default.yaml plus the text models (its text pipelines route
+to deployment a, which loads them), and stays so."""
 
 from pathlib import Path
 
@@ -15,8 +16,6 @@ TEXT_PIPELINES = {"embed", "embed-int8", "topics"}
 def test_the_text_config_is_the_default_plus_the_text_models() -> None:
     default = yaml.safe_load((CONFIGS / "default.yaml").read_text())
     text = yaml.safe_load((CONFIGS / "text.yaml").read_text())
-    models = text["inference"].pop("models")
-    assert set(models) == set(default["inference"].pop("models")) | TEXT_MODELS
     pipelines, shared = text.pop("pipelines"), default.pop("pipelines")
     assert set(pipelines) == set(shared) | TEXT_PIPELINES
     for name, pipeline in shared.items():
@@ -31,6 +30,7 @@ def test_the_text_config_loads_and_its_pipelines_use_the_text_models() -> None:
     settings = load_settings(CONFIGS / "text.yaml")
     used = {settings.pipelines[name].model.name for name in TEXT_PIPELINES}
     assert used == TEXT_MODELS
+    assert set(settings.models_of("a")) == {"digits", "tabular", "digits-large"} | TEXT_MODELS
     for name in TEXT_PIPELINES:
         (step,) = settings.pipelines[name].preprocess
         assert isinstance(step, TokenizeStep)

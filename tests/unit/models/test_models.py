@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from models.build import build_all
-from strata.preprocess.normalisation import load_stats
+from strata.normalisation import load_stats
 
 # Builds the demo models (make test-unit leaves it out), digits-large's training alone taking
 # over a minute on a small shared machine: past the suite's default time limit.

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from strata.config.preprocess import StandardizeStep
+from strata.normalisation import fit_stats, load_stats
 from strata.preprocess.fit_stats import main
-from strata.preprocess.normalisation import fit_stats, load_stats
 from strata.preprocess.steps import build_step
 from tests.support.system import ROOT
 

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from strata.errors import InvalidArgument
-from strata.preprocess.normalisation import Stats, save_stats
+from strata.normalisation import Stats, save_stats
 from strata.preprocess.steps import StepError
 from strata.preprocess.steps import build_step_options as build
 from strata.preprocess.steps.numeric import Standardize

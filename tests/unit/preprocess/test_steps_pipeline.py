@@ -11,7 +11,7 @@ from pydantic import ValidationError
 from strata.config.pipelines import Pipeline
 from strata.errors import InvalidArgument, NotFound
 from strata.preprocess.metrics import StepTimings
-from strata.preprocess.pipeline import Pipelines, build_pipeline
+from strata.preprocess.pipeline import PreprocessPipelines, build_pipeline
 
 
 def spec(*steps: dict) -> Pipeline:
@@ -107,6 +107,6 @@ def test_rule_keys_and_unknown_kinds_are_refused_by_the_config(step: dict, words
 
 
 def test_unknown_pipeline_is_not_found() -> None:
-    pipelines = Pipelines({"p": build_pipeline("p", spec(), Path("."))})
+    pipelines = PreprocessPipelines({"p": build_pipeline("p", spec(), Path("."))})
     with pytest.raises(NotFound, match="unknown pipeline 'q'"):
         pipelines.get("q")

@@ -1,7 +1,8 @@
 """Normalisation statistics: computed once from training data, loaded once at start-up.
 
 The file carries a fingerprint of its values, so a pipeline can refuse to feed a model that
-was trained with other statistics.
+was trained with other statistics. A model version that was trained with its own keeps them
+in its folder as `stats.json`, where the inference service checks them when it loads it.
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+
+STATS_FILE = "stats.json"  # a version's own statistics, in its folder
 
 
 @dataclass(frozen=True)
