@@ -66,7 +66,7 @@ def column_sums() -> onnx.ModelProto:
 def repository(root: Path) -> Path:
     """The shipped demo models beside the two built here."""
     shipped = ROOT / "build" / "repository"
-    for model in ("digits", "tabular"):
+    for model in ("digits", "tabular", "digits-large"):
         (root / model).symlink_to(shipped / model, target_is_directory=True)
     for name, model in (("echo", echo_model()), ("parse", parse_model()), ("sums", column_sums())):
         (root / name / "1").mkdir(parents=True)
@@ -79,7 +79,7 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[InProcess]:
     root = repository(tmp_path_factory.mktemp("repository"))
     changes = {
         "repository": str(root),
-        "inference": {"models": ["digits", "tabular", "echo", "parse", "sums"]},
+        "inference": {"models": ["digits", "tabular", "digits-large", "echo", "parse", "sums"]},
         "pipelines": {
             "echo": {
                 "inputs": [{"name": "text", "datatype": "BYTES", "shape": [-1], "utf8": True}],

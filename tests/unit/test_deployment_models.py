@@ -38,19 +38,19 @@ def loads(tmp_path: Path, changes: dict) -> dict[str, list[str]]:
 @pytest.mark.parametrize(
     ("changes", "loaded"),
     [
-        ({}, {"a": ["digits", "tabular"], "b": ["digits"]}),
+        ({}, {"a": ["digits", "digits-large", "tabular"], "b": ["digits"]}),
         (
             {"pipelines": {"digits": {"model": {"shadow": {"deployment": "b"}, "routes": []}}}},
-            {"a": ["digits", "tabular"], "b": ["digits"]},
+            {"a": ["digits", "digits-large", "tabular"], "b": ["digits"]},
         ),
-        (CANARY_WINE, {"a": ["digits", "tabular"], "b": ["digits", "tabular"]}),
+        (CANARY_WINE, {"a": ["digits", "digits-large", "tabular"], "b": ["digits", "tabular"]}),
         (
-            {"inference": {"models": ["digits", "tabular"]}},
-            {"a": ["digits", "tabular"]} | {"b": ["digits", "tabular"]},
+            {"inference": {"models": ["digits", "tabular", "digits-large"]}},
+            {d: ["digits", "tabular", "digits-large"] for d in "ab"},
         ),
         (
             {"inference": {"models": {"b": ["digits", "tabular"]}}},
-            {"a": ["digits", "tabular"], "b": ["digits", "tabular"]},
+            {"a": ["digits", "digits-large", "tabular"], "b": ["digits", "tabular"]},
         ),
     ],
 )
