@@ -127,7 +127,7 @@ def test_a_missing_key_is_one_line_and_exit_66(tmp_path: Path) -> None:
 
 def test_a_model_that_will_not_load_is_one_line_and_exit_65(tmp_path: Path) -> None:
     repository = tmp_path / "repository"
-    for model in ("digits", "tabular"):
+    for model in ("digits", "tabular", "digits-large"):
         shutil.copytree(REPOSITORY / model, repository / model)
     (repository / "digits" / "2" / "model.onnx").write_bytes(b"not a model")
     config = make_config(tmp_path, {"repository": str(repository)})

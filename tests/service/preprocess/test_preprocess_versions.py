@@ -51,10 +51,11 @@ def other_stats(stats: Stats, shift: float) -> Stats:
 
 
 def repository(root: Path) -> tuple[Path, dict[str, Stats]]:
-    """digits as built; tabular version 1 as built and version 2 (the same graph) trained
+    """digits (and digits-large) as built; tabular version 1 as built and version 2 (the same graph) trained
     with other statistics, each version's in its folder and recorded in model.yaml."""
     root.mkdir()
-    (root / "digits").symlink_to(BUILT / "digits")
+    for model in ("digits", "digits-large"):  # digits-large: the default config's cascade
+        (root / model).symlink_to(BUILT / model)
     shutil.copytree(BUILT / "tabular" / "1", root / "tabular" / "1")
     shutil.copytree(BUILT / "tabular" / "1", root / "tabular" / "2")
     stats = {"1": load_stats(root / "tabular" / "1" / STATS_FILE)}
