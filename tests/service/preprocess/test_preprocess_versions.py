@@ -51,8 +51,9 @@ def other_stats(stats: Stats, shift: float) -> Stats:
 
 
 def repository(root: Path) -> tuple[Path, dict[str, Stats]]:
-    """digits (and digits-large) as built; tabular version 1 as built and version 2 (the same graph) trained
-    with other statistics, each version's in its folder and recorded in model.yaml."""
+    """digits (and digits-large) as built; tabular version 1 as built and version 2 (the
+    same graph) trained with other statistics, each version's in its folder and recorded in
+    model.yaml."""
     root.mkdir()
     for model in ("digits", "digits-large"):  # digits-large: the default config's cascade
         (root / model).symlink_to(BUILT / model)
