@@ -110,7 +110,7 @@ def test_the_index_lists_every_pipeline_with_the_versions_behind_its_arms(
     report: dict[str, Any],
 ) -> None:
     index = report["repository"]["index"]
-    assert {e["name"] for e in index} == {"digits", "photos", "tabular"}
+    assert {e["name"] for e in index} == {"digits", "digits-cascade", "photos", "tabular"}
     digits = {e["reason"].split(":")[0]: e for e in index if e["name"] == "digits"}
     assert digits["arm control"]["version"] == "1" and digits["arm canary"]["version"] == "2"
     assert "on inference deployment b" in digits["arm canary"]["reason"]
