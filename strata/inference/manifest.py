@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from strata.config.inference import InferenceSettings
 from strata.errors import NotReady
+from strata.sequences import ModelSequence
 
 
 class VersionPolicy(BaseModel):
@@ -70,6 +71,11 @@ class ModelManifest(BaseModel):
     batching: dict[str, Any] = Field(
         default_factory=dict, description="Overrides of inference.batching for this model."
     )
+    sequence: ModelSequence | None = Field(
+        default=None,
+        description="The model is stateful: its control inputs and implicit state "
+        "(strata/inference/sequences.py).",
+    )
 
 
 class ModelSpec:
@@ -86,6 +92,7 @@ class ModelSpec:
         self.max_batch_size = manifest.max_batch_size
         self.version_policy = manifest.version_policy
         self.padding = manifest.padding
+        self.sequence = manifest.sequence
         self.session = session
         self.batching = batching
         self.concurrency = batching.max_concurrent_batches or workers
