@@ -21,7 +21,9 @@ from strata.inference.sequences import Sequences, check_model
 from strata.inference.signature import Signature
 from strata.onnxsig import TensorInfo
 from strata.proto.inference import grpc_service_pb2 as v2
+from strata.proto.inference import model_config_pb2 as mc
 from strata.sequences import Flags, Live, ModelSequence, sequence_flags
+from strata.v2meta import model_config
 
 
 def synchronously(test: Callable[[], Coroutine]) -> Callable[[], None]:
@@ -200,3 +202,32 @@ async def drive(sequences: Sequences) -> None:
     with pytest.raises(InvalidArgument, match="is the server's to fill"):
         arrays = {"value": np.ones((1, 1), np.float32), "START": np.ones((1, 1), bool)}
         await sequences.infer(accumulator.NAME, "", Flags(1), arrays, Request())
+
+
+def test_a_stateful_models_config_describes_its_controls_and_state_not_as_inputs() -> None:
+    inputs = [
+        info("value", "FP32"),
+        info("state_in", "FP32"),
+        info("START", "BOOL"),
+        info("READY", "INT32"),
+        info("CORRID", "UINT64"),
+    ]
+    outputs = [info("total", "FP32"), info("state_out", "FP32")]
+    section = ModelSequence.model_validate(
+        {
+            "control": {"start": "START", "ready": "READY", "corrid": "CORRID"},
+            "state": [{"input": "state_in", "output": "state_out"}],
+            "max_sequence_idle_microseconds": 2_000_000,
+        }
+    )
+    config = model_config("m", "onnxruntime_onnx", 8, inputs, outputs, section).config
+    assert [i.name for i in config.input] == ["value"]
+    assert [o.name for o in config.output] == ["total"]
+    batching = config.sequence_batching
+    assert batching.HasField("direct") and batching.max_sequence_idle_microseconds == 2_000_000
+    controls = {c.name: c.control[0] for c in batching.control_input}
+    assert list(controls["START"].bool_false_true) == [False, True]
+    assert list(controls["READY"].int32_false_true) == [0, 1]
+    assert controls["CORRID"].data_type == mc.TYPE_UINT64
+    (state,) = batching.state
+    assert (state.input_name, state.output_name, list(state.dims)) == ("state_in", "state_out", [1])
