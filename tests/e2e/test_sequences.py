@@ -19,13 +19,11 @@ from tests.support.system import DEFAULT_CONFIG, endpoint, run_client, running_s
 
 IDLE_SECONDS = 1.5
 LIMIT = 4  # the gateway's for the pipeline: the report keeps up to 4 sequences live at once
+SHIPPED = yaml.safe_load((DEFAULT_CONFIG.parent / "sequences.yaml").read_text())
+# The demo pipeline of configs/sequences.yaml, on deployment b's two replicas, with limits
+# a test can reach.
 COUNTER = {
-    "inputs": [{"name": "value", "datatype": "FP32", "shape": [-1, 1]}],
-    "outputs": [
-        {"name": "total", "datatype": "FP32", "shape": [-1, 1]},
-        {"name": "controls", "datatype": "INT32", "shape": [-1, 3]},
-        {"name": "corrid", "datatype": "BYTES", "shape": [-1, 1]},
-    ],
+    **SHIPPED["pipelines"]["counter"],
     "model": {"name": "accumulator", "routes": [{"arm": "only", "deployment": "b"}]},
     "sequence": {
         "max_sequence_idle_microseconds": int(IDLE_SECONDS * 1e6),
