@@ -22,6 +22,7 @@ from collections.abc import Awaitable, Callable
 
 from strata.config.pipelines import Pipeline
 from strata.errors import InvalidArgument, shown
+from strata.gateway.metrics import SEQUENCES
 from strata.gateway.request import Answer, ClientRequest
 from strata.gateway.router import unit_hash
 from strata.proto.inference import grpc_service_pb2 as v2
@@ -78,11 +79,14 @@ class Sequences:
         live = self._books.of(
             req.pipeline_name, sequence.max_sequence_idle_microseconds, sequence.max_sequences
         )
-        async with live.turn(flags, lambda: "", unknown=True) as entry:
-            if entry.value and not flags.start:
-                req.forced_arm = entry.value
-            answer = await infer(req)
-            entry.value = answer.arm
+        try:
+            async with live.turn(flags, lambda: "", unknown=True) as entry:
+                if entry.value and not flags.start:
+                    req.forced_arm = entry.value
+                answer = await infer(req)
+                entry.value = answer.arm
+        finally:
+            SEQUENCES(req.pipeline_name).set(len(live))
         return answer
 
 
