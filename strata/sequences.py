@@ -265,6 +265,10 @@ class Live(Generic[T]):
             if flags.key in self._entries:
                 self._entries.move_to_end(flags.key)
 
+    def end(self, flags: Flags) -> None:
+        """Free the sequence now (its keeper found it cannot go on)."""
+        self._entries.pop(flags.key, None)
+
     def not_active(self, flags: Flags) -> InvalidArgument:
         return InvalidArgument(
             f"{flags.named} of {self._owner} is not active (never started, ended, or idle "

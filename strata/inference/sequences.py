@@ -133,7 +133,12 @@ class Sequences:
         async with live.turn(flags, lambda: Held(model.version)) as entry:
             held = entry.value
             if held.version != model.version:
-                model = self._started_on(name, held.version, flags)
+                try:
+                    model = self._started_on(name, held.version, flags)
+                except InvalidArgument:
+                    live.end(flags)  # its state belongs to a version that is gone
+                    raise
+                spec = model.spec.sequence or spec  # that version's own section
             outputs = await self._run(model, spec, flags, held, arrays, options)
         return model, outputs
 

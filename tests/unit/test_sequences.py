@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import shutil
 from collections.abc import Callable, Coroutine
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -231,3 +232,38 @@ def test_a_stateful_models_config_describes_its_controls_and_state_not_as_inputs
     assert controls["CORRID"].data_type == mc.TYPE_UINT64
     (state,) = batching.state
     assert (state.input_name, state.output_name, list(state.dims)) == ("state_in", "state_out", [1])
+
+
+def test_a_sequence_stays_on_its_version_and_ends_when_it_stops_serving(tmp_path: Path) -> None:
+    accumulator.write(tmp_path)
+    root = tmp_path / "repository"
+    manifest = root / accumulator.NAME / "model.yaml"
+    manifest.write_text(manifest.read_text() + "version_policy: {latest: 2}\n")
+    settings = InferenceSettings(models=[accumulator.NAME])
+    one = {"value": np.ones((1, 1), np.float32)}
+
+    async def run() -> None:
+        with ThreadPoolExecutor(2) as executor:
+            models = ModelManager(root, settings, executor)
+            await models.start()
+            sequences = Sequences(models.resolve)
+            try:
+                await sequences.infer(accumulator.NAME, "", Flags(1, start=True), one, Request())
+                shutil.copytree(root / accumulator.NAME / "1", root / accumulator.NAME / "2")
+                await models.load(accumulator.NAME)  # 1 and 2 serve; 2 is the latest
+                version, outputs = await sequences.infer(
+                    accumulator.NAME, "", Flags(1), one, Request()
+                )
+                assert (version.version, outputs["total"].item()) == (1, 2.0)
+                manifest.write_text(manifest.read_text().replace("latest: 2", "latest: 1"))
+                await models.load(accumulator.NAME)  # only 2 serves now
+                with pytest.raises(
+                    InvalidArgument, match="started on model 'accumulator' version 1"
+                ):
+                    await sequences.infer(accumulator.NAME, "", Flags(1), one, Request())
+                with pytest.raises(InvalidArgument, match="is not active"):  # it is gone
+                    await sequences.infer(accumulator.NAME, "", Flags(1), one, Request())
+            finally:
+                await models.close()
+
+    asyncio.run(run())
