@@ -279,6 +279,12 @@ class Upstreams:
             hop = self._replicas[listen] = self._inference(deployment, one)
         return hop
 
+    def configure(self, gateway: GatewaySettings) -> None:
+        """New breaker thresholds and hop timeouts on every hop (sequences' too), live."""
+        self._settings = self._settings.model_copy(update={"gateway": gateway})
+        for hop in [*self.hops, *self._replicas.values()]:
+            hop.configure(gateway)
+
     @property
     def hops(self) -> list[Hop]:
         return [self.preprocess, *self.inference.values(), self.postprocess]
