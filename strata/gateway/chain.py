@@ -25,6 +25,7 @@ from strata.gateway.flights import Member
 from strata.gateway.metrics import FAILOVERS
 from strata.gateway.request import Answer, ClientRequest
 from strata.gateway.router import Router
+from strata.gateway.sequences import add_parameters
 from strata.gateway.shadow import ShadowRunner
 from strata.gateway.statistics import STATISTICS, Hops
 from strata.gateway.upstreams import Hop, Upstreams
@@ -129,7 +130,7 @@ class Chain:
             return [], features, [], ""
         first = _request(members[0])
         request = _model_request(first, route, members, features)
-        hop = self._up.inference[route.deployment]
+        hop = self._up.inference_hop(route.deployment, first.sequence)
         started = asyncio.get_running_loop().time()
         try:
             reply = await hop.call("ModelInfer", request, _budget(members, hop), spare=spare)
@@ -279,6 +280,8 @@ def _model_request(
     parameters = request.parameters
     if first.level >= 2:
         parameters["skip_batching"].bool_param = True
+    if first.sequence is not None:
+        add_parameters(parameters, first.sequence)
     if len(members) > 1:
         set_members(parameters, [_flight_member(m) for m in members])
     return request

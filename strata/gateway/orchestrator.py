@@ -64,7 +64,8 @@ class Orchestrator:
         # The client's parameters are part of what it asked: `when:` rules depend on them.
         variant = f"{route.deployment}:{req.version}:{sorted(req.parameters.items())}"
         key = cache_key(name, variant, req.inputs, "" if pipeline.shared_cache else req.client)
-        early = self._answer_without_chain(req, route, key, level, rows)
+        # A sequence's answer depends on its state: never a cached or default one.
+        early = None if req.sequence else self._answer_without_chain(req, route, key, level, rows)
         if early is not None:
             return early
         shedding = self.ladder.settings if level >= 4 else None
@@ -86,7 +87,7 @@ class Orchestrator:
             self.door.leave(ticket, telling)
             INFLIGHT.dec()
         signals.record(name, time.monotonic() - started, "ok")
-        if not answer.skipped_rules:  # a partial answer is never served as a full one
+        if not (answer.skipped_rules or req.sequence):  # partial answers are never served
             self.cache.put(key, Cached(answer.outputs, answer.arm, answer.model_version))
         return answer
 
@@ -116,10 +117,10 @@ class Orchestrator:
 
 
 def _flight_key(req: ClientRequest) -> tuple:
-    """What the requests of one flight must share; a request without a batch dimension
-    shares with none (its own identity, while it waits)."""
+    """What the requests of one flight must share; a request without a batch dimension,
+    or of a sequence, shares with none (its own identity, while it waits)."""
     return (
-        id(req) if req.pipeline.max_batch_size == 0 else None,
+        id(req) if req.pipeline.max_batch_size == 0 or req.sequence else None,
         req.pipeline_name,
         req.route.arm,
         req.version,

@@ -27,9 +27,11 @@ from strata.gateway.breaker import Breakers, CircuitBreaker
 from strata.gateway.hoptime import HopTimer
 from strata.gateway.lanes import LaneBroken, Lanes, StreamMethod
 from strata.gateway.metrics import BREAKER_OPEN, UPSTREAM_CALLS
+from strata.gateway.sequences import replica
 from strata.gateway.stream_methods import infer_stream, process_stream
 from strata.proto.inference import grpc_service_pb2_grpc as v2_grpc
 from strata.proto.v1 import postprocess_pb2_grpc, preprocess_pb2_grpc
+from strata.sequences import Flags
 from strata.telemetry import annotate, outgoing, recording
 
 INFERENCE_SERVICE = "inference.GRPCInferenceService"
@@ -247,17 +249,41 @@ class Upstreams:
             settings,
             {"Process": process_stream},
         )
+        self._settings = settings
         self.inference = {
-            name: Hop(
-                f"inference-{name}",
-                endpoint,
-                v2_grpc.GRPCInferenceServiceStub,
-                INFERENCE_SERVICE,
-                settings,
-                {"ModelInfer": infer_stream},
-            )
-            for name, endpoint in services.inference.items()
+            name: self._inference(name, endpoint) for name, endpoint in services.inference.items()
         }
+        self._replicas: dict[str, Hop] = {}  # a sequence's one replica, by its address
+
+    def _inference(self, name: str, endpoint: ServiceEndpoint) -> Hop:
+        return Hop(
+            f"inference-{name}",
+            endpoint,
+            v2_grpc.GRPCInferenceServiceStub,
+            INFERENCE_SERVICE,
+            self._settings,
+            {"ModelInfer": infer_stream},
+        )
+
+    def inference_hop(self, deployment: str, sequence: Flags | None = None) -> Hop:
+        """The hop to `deployment`; for a request of a sequence, to the one replica that
+        holds it, among those its endpoint lists (strata/gateway/sequences.py). An endpoint
+        reached through a `target` is one hop: its name must lead to one replica."""
+        endpoint = self._settings.services.inference[deployment]
+        if sequence is None or endpoint.target or endpoint.replicas == 1:
+            return self.inference[deployment]
+        listen = endpoint.listens[replica(sequence, endpoint.replicas)]
+        hop = self._replicas.get(listen)
+        if hop is None:
+            one = endpoint.model_copy(update={"listen": listen, "replicas": 1})
+            hop = self._replicas[listen] = self._inference(deployment, one)
+        return hop
+
+    def configure(self, gateway: GatewaySettings) -> None:
+        """New breaker thresholds and hop timeouts on every hop (sequences' too), live."""
+        self._settings = self._settings.model_copy(update={"gateway": gateway})
+        for hop in [*self.hops, *self._replicas.values()]:
+            hop.configure(gateway)
 
     @property
     def hops(self) -> list[Hop]:
@@ -269,7 +295,7 @@ class Upstreams:
         return {hop.name: state for hop, state in zip(self.hops, states, strict=True)}
 
     async def close(self) -> None:
-        for hop in self.hops:
+        for hop in [*self.hops, *self._replicas.values()]:
             for lanes in hop.lanes.values():
                 lanes.close()
             await hop.channel.close()

@@ -246,10 +246,11 @@ class _Api:
 
     async def trace(self, request: Request) -> Response:
         """Triton's trace settings, as its REST API writes them (lists for trace_level)."""
-        self._pipelines.identify(_caller(request))
+        caller = _caller(request)
+        self._pipelines.identify(caller)
         changes = await self._json_body(request) if request.method == "POST" else {}
         model = request.path_params.get("name", "")
-        settings = self._settings.set_trace(model, changes)
+        settings = self._settings.set_trace(caller, model, changes)
         return json_response(
             {key: v if key == "trace_level" else v[0] for key, v in settings.items()}
         )
