@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import grpc
@@ -52,29 +52,27 @@ class Hop:
     def __init__(
         self,
         name: str,
-        endpoint: ServiceEndpoint,
+        channel: grpc.aio.Channel,
         stub: type,
-        service: str,
-        settings: Settings,
-        streams: dict[str, Callable[[Any], StreamMethod]] | None = None,
+        gateway: GatewaySettings,
+        replicated: bool,
+        streams: Mapping[str, Callable[[Any], StreamMethod]] | None = None,
+        lane_lifetime: float = LANE_SECONDS,
     ) -> None:
+        """A hop over `channel`; `replicated`: whether another replica may answer behind it
+        (a retry or a refused message may then go there)."""
         self.name = name
         self._timed_as = f"hop.{name}_ms"  # strata.hop.<hop>_ms on the caller's span
-        self.channel = open_channel(endpoint.address, settings.server, [service], settings.tls)
-        self.stub = stub(self.channel)
-        # Lanes turn over well before the server ages their connection out, and often enough
-        # that round-robin soon spreads them over replicas that were not ready at the start.
-        lifetime = min(settings.server.max_connection_age_seconds / 2, LANE_SECONDS)
-        count = settings.gateway.stream_lanes
+        self.channel = channel
+        self.stub = stub(channel)
+        count = gateway.stream_lanes
         self.lanes = {
-            method: Lanes(f"{name} {method}", make(self.stub), count, lifetime, self._ready)
+            method: Lanes(f"{name} {method}", make(self.stub), count, lane_lifetime, self._ready)
             for method, make in (streams or {}).items()
         }
-        self.breaker = Breakers(name, settings.gateway.breaker)
-        gateway = settings.gateway
+        self.breaker = Breakers(name, gateway.breaker)
         self.timer = HopTimer(gateway.hop_timeouts, gateway.upstream_timeout_seconds)
-        # A dns: target may resolve to several replicas; a single local address is one.
-        self.replicated = endpoint.replicas > 1 or endpoint.target is not None
+        self.replicated = replicated
 
     def configure(self, gateway: GatewaySettings) -> None:
         """New breaker thresholds and hop timeouts, live."""
@@ -228,12 +226,30 @@ class Hop:
         return reply.ready
 
 
+def open_hop(
+    name: str,
+    endpoint: ServiceEndpoint,
+    stub: type,
+    service: str,
+    settings: Settings,
+    streams: Mapping[str, Callable[[Any], StreamMethod]] | None = None,
+) -> Hop:
+    """A hop to `endpoint`, over a channel with the deployment's server and TLS settings."""
+    channel = open_channel(endpoint.address, settings.server, [service], settings.tls)
+    # Lanes turn over well before the server ages their connection out, and often enough
+    # that round-robin soon spreads them over replicas that were not ready at the start.
+    lifetime = min(settings.server.max_connection_age_seconds / 2, LANE_SECONDS)
+    # A dns: target may resolve to several replicas; a single local address is one.
+    replicated = endpoint.replicas > 1 or endpoint.target is not None
+    return Hop(name, channel, stub, settings.gateway, replicated, streams, lifetime)
+
+
 class Upstreams:
     """Preprocess, every inference deployment, and postprocess."""
 
     def __init__(self, settings: Settings) -> None:
         services = settings.services
-        self.preprocess = Hop(
+        self.preprocess = open_hop(
             "preprocess",
             services.preprocess,
             preprocess_pb2_grpc.PreprocessStub,
@@ -241,7 +257,7 @@ class Upstreams:
             settings,
             {"Process": process_stream},
         )
-        self.postprocess = Hop(
+        self.postprocess = open_hop(
             "postprocess",
             services.postprocess,
             postprocess_pb2_grpc.PostprocessStub,
@@ -256,7 +272,7 @@ class Upstreams:
         self._replicas: dict[str, Hop] = {}  # a sequence's one replica, by its address
 
     def _inference(self, name: str, endpoint: ServiceEndpoint) -> Hop:
-        return Hop(
+        return open_hop(
             f"inference-{name}",
             endpoint,
             v2_grpc.GRPCInferenceServiceStub,

@@ -18,7 +18,7 @@ import pytest
 from strata.config import load_settings
 from strata.gateway.lanes import Lane, LaneBroken, Lanes
 from strata.gateway.stream_methods import process_stream
-from strata.gateway.upstreams import Hop
+from strata.gateway.upstreams import Hop, open_hop
 from strata.proto.v1 import preprocess_pb2_grpc
 from strata.proto.v1 import tensor_pb2 as v1
 from strata.streams import Drain
@@ -207,7 +207,7 @@ def hop_to(address: str, settings, replicated: bool = False) -> Hop:
     target = f"ipv4:{address}" if replicated else None
     update = {"listen": address, "replicas": 1, "target": target}
     endpoint = settings.services.preprocess.model_copy(update=update)
-    return Hop(
+    return open_hop(
         "preprocess",
         endpoint,
         preprocess_pb2_grpc.PreprocessStub,
