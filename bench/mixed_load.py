@@ -178,7 +178,7 @@ def client(kind: str) -> tuple[tuple[str, str], ...]:
 
 def gateway_label(kind: str) -> str:
     """A kind's client as the gateway's metrics label it (a client id header: `id:<id>`)."""
-    return f"id:soak-{kind}"
+    return "id:" + dict(client(kind))["x-client-id"]
 
 
 def bad_inputs(loads: Iterable[Workload]) -> list[BadInput]:
@@ -192,7 +192,9 @@ def bad_inputs(loads: Iterable[Workload]) -> list[BadInput]:
 
 
 def _grpc_cases(pipeline: str, good: v2.ModelInferRequest) -> list[BadInput]:
-    def bad(case: str, change: Callable[[v2.ModelInferRequest], None], code) -> BadInput:
+    def bad(
+        case: str, change: Callable[[v2.ModelInferRequest], None], code: grpc.StatusCode
+    ) -> BadInput:
         request = v2.ModelInferRequest()
         request.CopyFrom(good)
         change(request)

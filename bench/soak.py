@@ -222,7 +222,15 @@ def run(args: argparse.Namespace) -> Soak:
     return Soak(args, mix, started, warmup, kinds, side.cases, sampler, found, failures, warnings)
 
 
-def _failures(args, found, sampler, kinds, exited, broke) -> list[str]:
+def _failures(
+    args: argparse.Namespace,
+    found: list[Verdict],
+    sampler: Sampler,
+    kinds: dict[str, Tally],
+    exited: str | None,
+    broke: str | None,
+) -> list[str]:
+    """Why the soak failed (none: it passed)."""
     out = [_too_fast(v) for v in found if not v.ok and v.process not in sampler.gone]
     out += [f"{name} exited during the soak" for name in sorted(sampler.gone)]
     if exited and exited not in sampler.gone:

@@ -94,17 +94,21 @@ def instances(settings: Settings) -> list[Instance]:
     """Every process the deployment runs locally, back to front."""
     services = settings.services
     out = [
-        Instance(f"inference-{name}", "inference", endpoint.listen)
+        instance
         for name, endpoint in services.inference.items()
+        for instance in _replicas(f"inference-{name}", "inference", endpoint.listens)
     ]
     for service in ("postprocess", "preprocess"):
-        endpoint = getattr(services, service)
-        listens = endpoint.listens
-        out += [
-            Instance(service if len(listens) == 1 else f"{service}-{i}", service, listen)
-            for i, listen in enumerate(listens)
-        ]
+        out += _replicas(service, service, getattr(services, service).listens)
     return [*out, Instance("gateway", "gateway", services.gateway.listen)]
+
+
+def _replicas(name: str, service: str, listens: list[str]) -> list[Instance]:
+    """One instance per listen address: `name`, or `name-0`, `name-1`... for several."""
+    return [
+        Instance(name if len(listens) == 1 else f"{name}-{i}", service, listen)
+        for i, listen in enumerate(listens)
+    ]
 
 
 class Supervisor:

@@ -42,11 +42,15 @@ def validate_inputs(
     return batch
 
 
-def check_tensor(spec: TensorSpec, array: np.ndarray) -> None:
-    """Datatype, rank, each dimension, and the values themselves where the spec asks."""
-    datatype = datatype_of(array)
+def check_datatype(spec: TensorSpec, datatype: str) -> None:
+    """The datatype a request declares for an input against the pipeline's."""
     if datatype != spec.datatype:
         raise InvalidArgument(f"input {spec.name!r}: datatype {datatype}, expected {spec.datatype}")
+
+
+def check_tensor(spec: TensorSpec, array: np.ndarray) -> None:
+    """Datatype, rank, each dimension, and the values themselves where the spec asks."""
+    check_datatype(spec, datatype_of(array))
     if array.ndim != len(spec.shape):
         raise InvalidArgument(
             f"input {spec.name!r}: shape {list(array.shape)} has rank {array.ndim}, "

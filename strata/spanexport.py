@@ -78,12 +78,10 @@ def encode(spans: Sequence[ReadableSpan]) -> bytes:
 class ChildSpanExporter(SpanExporter):
     """A SpanExporter that hands spans to a child exporter process (module docstring)."""
 
-    def __init__(self, service: str, endpoint: str) -> None:
-        command = ("-m", "strata.spanexport", "--service", service, "--endpoint", endpoint)
-        self._child = subprocess.Popen(
-            [sys.executable, *command],
-            stdin=subprocess.PIPE,
-        )
+    def __init__(self, resource: Resource, endpoint: str) -> None:
+        attributes = orjson.dumps(dict(resource.attributes)).decode()
+        command = ("-m", "strata.spanexport", "--resource", attributes, "--endpoint", endpoint)
+        self._child = subprocess.Popen([sys.executable, *command], stdin=subprocess.PIPE)
         self._lock = threading.Lock()  # export and shutdown may come from two threads
         self._failed = False
 
@@ -182,11 +180,10 @@ class FrameReader:
         return frames
 
 
-def run(service: str, endpoint: str, fd: int) -> None:
-    """Export every frame read from the pipe `fd` until it ends."""
+def run(resource: Resource, endpoint: str, fd: int) -> None:
+    """Export every frame read from the pipe `fd` until it ends, as spans of `resource`."""
     from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
 
-    resource = Resource.create({"service.name": service})
     exporter = OTLPSpanExporter(endpoint=endpoint)
     try:
         reader = FrameReader(fd)
@@ -199,14 +196,16 @@ def run(service: str, endpoint: str, fd: int) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m strata.spanexport", description=__doc__)
-    parser.add_argument("--service", required=True, help="service.name of the spans")
+    parser.add_argument(
+        "--resource", required=True, help="the serving process's resource attributes, JSON"
+    )
     parser.add_argument("--endpoint", required=True, help="the OTLP gRPC endpoint")
     args = parser.parse_args(argv)
     # The serving process's signals are not the child's to act on: it ends when its stdin
     # does, after the serving process's last spans (or at once, if that process was killed).
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    run(args.service, args.endpoint, sys.stdin.fileno())
+    run(Resource(orjson.loads(args.resource)), args.endpoint, sys.stdin.fileno())
     return 0
 
 

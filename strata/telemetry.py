@@ -17,6 +17,7 @@ import time
 import types
 from collections.abc import Mapping, Sequence
 from contextlib import AbstractContextManager
+from typing import Any
 
 import grpc
 from google.protobuf import descriptor_pool
@@ -28,6 +29,7 @@ from opentelemetry.sdk.trace.sampling import (
     ALWAYS_OFF,
     ParentBased,
     Sampler,
+    SamplingResult,
     TraceIdRatioBased,
 )
 from opentelemetry.trace import NonRecordingSpan, SpanContext, SpanKind, Status, StatusCode
@@ -115,29 +117,65 @@ def setup_tracing(
     their trace id is kept, but whether it is sampled is `sample_ratio`'s decision, so a
     client's `traceparent` cannot raise the sampling rate; the decision made here then
     propagates to the hops behind."""
-    global _sampling
+    global _sampling, _ratio
     endpoint = otlp_endpoint or os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT")
     sampler = None  # the SDK then honours OTEL_TRACES_SAMPLER / OTEL_TRACES_SAMPLER_ARG
-    _sampling = "sdk"
+    _sampling, _ratio = "sdk", None
     if not endpoint:
         sampler, _sampling = ALWAYS_OFF, "off"
     elif "OTEL_TRACES_SAMPLER" not in os.environ:
-        sampler, _sampling = _sampler(sample_ratio, trust_callers)
+        _ratio = LiveRatio(sample_ratio)
+        sampler, _sampling = _sampler(_ratio, trust_callers)
     attributes = {"service.name": service}
     if deployment:
         attributes[DEPLOYMENT_ATTRIBUTE] = deployment
     provider = TracerProvider(resource=Resource.create(attributes), sampler=sampler)
     if endpoint:
-        exporter = ChildSpanExporter(service, endpoint)
+        exporter = ChildSpanExporter(provider.resource, endpoint)
         provider.add_span_processor(BatchSpanProcessor(exporter, **_small_batches()))
         log.info("exporting traces to %s (from a child process)", endpoint)
     trace.set_tracer_provider(provider)
     return provider
 
 
-def _sampler(ratio: float, trust_callers: bool) -> tuple[Sampler, str]:
-    """Parent-based sampling at `ratio`; a remote parent's flag counts only if trusted."""
-    root = TraceIdRatioBased(ratio)
+class LiveRatio(Sampler):
+    """Sampling of new traces at a ratio that may change while the server runs (Triton's
+    trace settings API): the ratio's sampler is swapped whole, never changed in place."""
+
+    def __init__(self, ratio: float) -> None:
+        self._sampler = TraceIdRatioBased(ratio)
+
+    @property
+    def ratio(self) -> float:
+        return self._sampler.rate
+
+    def change(self, ratio: float) -> None:
+        self._sampler = TraceIdRatioBased(ratio)
+
+    def should_sample(self, *args: Any, **kwargs: Any) -> SamplingResult:
+        return self._sampler.should_sample(*args, **kwargs)
+
+    def get_description(self) -> str:
+        return f"LiveRatio{{{self.ratio}}}"
+
+
+def exporting() -> bool:
+    """Whether spans that record go anywhere: an OTLP endpoint is set."""
+    return _sampling != "off"
+
+
+def set_sample_ratio(ratio: float) -> bool:
+    """Sample `ratio` (0 to 1) of new traces from now on; False where no ratio is set here
+    (nothing changes): without an OTLP endpoint nothing is sampled, and OTEL_TRACES_SAMPLER
+    leaves sampling to the SDK."""
+    if _ratio is None:
+        return False
+    _ratio.change(ratio)
+    return True
+
+
+def _sampler(root: Sampler, trust_callers: bool) -> tuple[Sampler, str]:
+    """Parent-based sampling by `root`; a remote parent's flag counts only if trusted."""
     if trust_callers:
         return ParentBased(root), "parent"
     return ParentBased(root, remote_parent_sampled=root, remote_parent_not_sampled=root), "ratio"
@@ -162,6 +200,7 @@ _server_tracer = trace.get_tracer("strata.server")
 # trace stays unsampled), "ratio" (the ratio decides whatever the caller says), or "sdk" (a
 # sampler or provider of someone else's: ask the SDK).
 _sampling = "sdk"
+_ratio: LiveRatio | None = None  # the ratio setup_tracing installed, where it did
 
 
 def server_span(name: str, carrier: Mapping[str, str]) -> AbstractContextManager:

@@ -10,6 +10,7 @@ from typing import Protocol
 
 from strata.proto.inference import grpc_service_pb2 as v2
 from strata.proto.inference import model_config_pb2 as mc
+from strata.sequences import ModelSequence, PipelineSequence
 
 
 class Tensor(Protocol):
@@ -52,10 +53,15 @@ def model_config(
     max_batch_size: int,
     inputs: Sequence[Tensor],
     outputs: Sequence[Tensor],
+    sequence: ModelSequence | PipelineSequence | None = None,
 ) -> v2.ModelConfigResponse:
     """Triton's convention: with max_batch_size > 0, dims leave out the batch dimension. An
-    input with a `format` (NHWC, NCHW) says it as FORMAT_NHWC or FORMAT_NCHW."""
+    input with a `format` (NHWC, NCHW) says it as FORMAT_NHWC or FORMAT_NCHW. A stateful
+    model or pipeline (`sequence`) is described by its sequence batching, a model's control
+    inputs and states there and not among its inputs and outputs (as Triton's)."""
     drop = 1 if max_batch_size > 0 else 0
+    fed, kept = (sequence.fed, sequence.kept) if isinstance(sequence, ModelSequence) else ((), ())
+    batching = _sequence_batching(sequence, inputs, drop)
     config = mc.ModelConfig(
         name=name,
         platform=platform,
@@ -68,15 +74,60 @@ def model_config(
                 dims=list(t.shape)[drop:],
             )
             for t in inputs
+            if t.name not in fed
         ],
         output=[
             mc.ModelOutput(
                 name=t.name, data_type=config_type(t.datatype), dims=list(t.shape)[drop:]
             )
             for t in outputs
+            if t.name not in kept
         ],
     )
+    if batching is not None:
+        config.sequence_batching.CopyFrom(batching)
     return v2.ModelConfigResponse(config=config)
+
+
+def _sequence_batching(
+    sequence: ModelSequence | PipelineSequence | None, inputs: Sequence[Tensor], drop: int
+) -> mc.ModelSequenceBatching | None:
+    """Triton's sequence batching, direct strategy: the idle timeout, and a model's
+    control inputs (true as 1, false as 0) and implicit states."""
+    if sequence is None:
+        return None
+    batching = mc.ModelSequenceBatching(
+        direct=mc.ModelSequenceBatching.StrategyDirect(),
+        max_sequence_idle_microseconds=sequence.max_sequence_idle_microseconds,
+    )
+    if isinstance(sequence, PipelineSequence):
+        return batching
+    types = {t.name: t for t in inputs}
+    for kind, name in sequence.control.named().items():
+        batching.control_input.add(name=name, control=[_control(kind, types[name].datatype)])
+    for state in sequence.state:
+        given = types[state.input]
+        batching.state.add(
+            input_name=state.input,
+            output_name=state.output,
+            data_type=config_type(given.datatype),
+            dims=list(given.shape)[drop:],
+        )
+    return batching
+
+
+def _control(kind: str, datatype: str) -> mc.ModelSequenceBatching.Control:
+    kinds = mc.ModelSequenceBatching.Control.Kind
+    control = mc.ModelSequenceBatching.Control(kind=kinds.Value(f"CONTROL_SEQUENCE_{kind}"))
+    if kind == "CORRID":
+        control.data_type = config_type(datatype)
+    elif datatype == "BOOL":
+        control.bool_false_true.extend([False, True])
+    elif datatype == "INT32":
+        control.int32_false_true.extend([0, 1])
+    else:
+        control.fp32_false_true.extend([0.0, 1.0])
+    return control
 
 
 def _format(tensor: Tensor) -> int:

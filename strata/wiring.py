@@ -22,6 +22,7 @@ from typing import Protocol
 from strata import onnxsig, repository
 from strata.onnxsig import TensorInfo
 from strata.plugins import Made
+from strata.sequences import model_sequence
 
 
 class Declared(Protocol):
@@ -93,10 +94,16 @@ def versions(root: Path, model: str, wanted: Iterable[str]) -> list[Version]:
     available = repository.versions(root / model)
     names = set(wanted)
     numbers = sorted(available) if "" in names else sorted(int(v) for v in names if v.isdigit())
+    # A stateful model's control and state inputs are the inference service's to feed, and
+    # its state outputs its to keep: the pipeline's stages never see them.
+    sequence = model_sequence(root / model)
+    fed, kept = (sequence.fed, sequence.kept) if sequence else (set(), set())
     found = []
     for number in numbers:
         if number in available:
             inputs, outputs = onnxsig.read(available[number] / "model.onnx")
+            inputs = [t for t in inputs if t.name not in fed]
+            outputs = [t for t in outputs if t.name not in kept]
             found.append(Version(f"model {model!r} version {number}", inputs, outputs))
     return found
 

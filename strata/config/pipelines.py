@@ -10,6 +10,7 @@ from pydantic import Field, field_validator, model_validator
 from strata.config.base import LIVE, Datatype, Strict
 from strata.config.postprocess import Rule
 from strata.config.preprocess import Step
+from strata.sequences import PipelineSequence
 
 
 class TensorSpec(Strict):
@@ -268,6 +269,12 @@ class Pipeline(Strict):
     postprocess: list[Rule] = Field(
         default_factory=list, description="Rules, in order, chosen by kind."
     )
+    sequence: PipelineSequence | None = Field(
+        default=None,
+        description="The model is stateful (its model.yaml has `sequence:`): requests carry "
+        "Triton's sequence_id, sequence_start and sequence_end, and each sequence stays on one "
+        "arm and one replica, in order (docs/gateway.md, Sequences).",
+    )
 
     @model_validator(mode="after")
     def _stages_named_once(self) -> Pipeline:
@@ -279,6 +286,8 @@ class Pipeline(Strict):
                 f"stage {self.stages[0].label!r}: parallel runs a stage beside the stage before "
                 "it; the first stage has none (the first model runs before every stage)"
             )
+        if self.stages and self.sequence is not None:
+            raise ValueError("a stateful pipeline (sequence) runs one model: it takes no stages")
         if self.stages and self.max_batch_size == 0:
             raise ValueError("stages carry rows of a batch: they need max_batch_size > 0")
         return self
@@ -307,6 +316,18 @@ class Pipeline(Strict):
     def _default_answer_has_rows(self) -> Pipeline:
         if self.max_batch_size == 0 and self.default_answer is not None:
             raise ValueError("default_answer is one row of a batch: it needs max_batch_size > 0")
+        return self
+
+    @model_validator(mode="after")
+    def _sequence_is_answered_live(self) -> Pipeline:
+        """A sequence's answer depends on its state: never from a cache, a default or a
+        mirror (which would see requests without their state)."""
+        if self.sequence is not None:
+            for key in ("cache", "shared_cache", "default_answer"):
+                if getattr(self, key):
+                    raise ValueError(f"a pipeline with a sequence cannot have {key}")
+            if self.model.shadow is not None:
+                raise ValueError("a pipeline with a sequence cannot have a shadow route")
         return self
 
     @field_validator("inputs", "outputs")

@@ -26,6 +26,7 @@ from strata.gateway.metrics import FAILOVERS
 from strata.gateway.model_stages import Staged, Stages
 from strata.gateway.request import Answer, ClientRequest
 from strata.gateway.router import Router
+from strata.gateway.sequences import add_parameters
 from strata.gateway.shadow import ShadowRunner
 from strata.gateway.statistics import STATISTICS, Hops
 from strata.gateway.upstreams import Hop, Upstreams
@@ -142,7 +143,7 @@ class Chain:
         rows = [m.rows for m in members]
         version = route.version or model.version
         request = model_request(model.name, version, members, rows, features)
-        hop = self._up.inference[route.deployment]
+        hop = self._up.inference_hop(route.deployment, first.sequence)
         started = asyncio.get_running_loop().time()
         try:
             reply = await hop.call("ModelInfer", request, _budget(members, hop), spare=spare)
@@ -289,6 +290,8 @@ def model_request(
     parameters = request.parameters
     if first.level >= 2:
         parameters["skip_batching"].bool_param = True
+    if first.sequence is not None:
+        add_parameters(parameters, first.sequence)
     if len(members) > 1:
         set_members(parameters, [_flight_member(m, n) for m, n in zip(members, rows, strict=True)])
     return request

@@ -95,6 +95,7 @@ class Lane:
             raise rpc_error(grpc.StatusCode.DEADLINE_EXCEEDED, "no answer in time") from None
         finally:
             self.owed.pop(tag, None)
+            _settle(answer)
             self._close_if_done()
         return self._method.result(reply)
 
@@ -143,6 +144,16 @@ class Lane:
         async with self._writing:
             with contextlib.suppress(grpc.aio.AioRpcError, asyncio.InvalidStateError):
                 await self._call.done_writing()  # unless it already ended
+
+
+def _settle(answer: asyncio.Future) -> None:
+    """An answer this send will not await again: cancelled if still owed, or its error marked
+    seen. The stream may end (and fail what it owes) while the message waits to be written;
+    the write then raises its own error, and the answer's would be logged as never retrieved."""
+    if not answer.done():
+        answer.cancel()
+    elif not answer.cancelled():
+        answer.exception()
 
 
 class Lanes:

@@ -66,6 +66,10 @@ FLIGHT_REQUESTS = Histogram(
     buckets=(1, 2, 4, 8, 16, 32, 64, 128),
 )
 FLIGHTS_IN_AIR = Gauge("strata_gateway_flights_in_air", "Flights travelling the chain now.")
+SEQUENCES = Children(Gauge(
+    "strata_gateway_sequences",
+    "Live sequences the gateway tracks for each stateful pipeline.", ["pipeline"],
+))  # fmt: skip
 CONCURRENCY_LIMIT = Children(Gauge(
     "strata_gateway_concurrency_limit",
     "Each pipeline's adaptive limit of requests in the chain at once.", ["pipeline"],

@@ -67,7 +67,8 @@ class Orchestrator:
         # The client's parameters are part of what it asked: `when:` rules depend on them.
         variant = f"{route.deployment}:{req.version}:{sorted(req.parameters.items())}"
         key = cache_key(name, variant, req.inputs, "" if pipeline.shared_cache else req.client)
-        early = self._answer_without_chain(req, route, key, level, rows)
+        # A sequence's answer depends on its state: never a cached or default one.
+        early = None if req.sequence else self._answer_without_chain(req, route, key, level, rows)
         if early is not None:
             return early
         shedding = self.ladder.settings if level >= 4 else None
@@ -91,7 +92,8 @@ class Orchestrator:
         signals.record(name, time.monotonic() - started, "ok")
         if answer.degraded:  # a later model's fallback, or an early exit from a cascade
             DEGRADED.labels(answer.degraded).inc()
-        if not (answer.skipped_rules or answer.degraded):  # never served as a full one
+        # A partial, degraded or sequence's answer is never served as a full one.
+        if not (answer.skipped_rules or answer.degraded or req.sequence):
             cached = Cached(answer.outputs, answer.arm, answer.model_version, answer.stages)
             self.cache.put(key, cached)
         return answer
@@ -124,10 +126,10 @@ class Orchestrator:
 
 
 def _flight_key(req: ClientRequest) -> tuple:
-    """What the requests of one flight must share; a request without a batch dimension
-    shares with none (its own identity, while it waits)."""
+    """What the requests of one flight must share; a request without a batch dimension,
+    or of a sequence, shares with none (its own identity, while it waits)."""
     return (
-        id(req) if req.pipeline.max_batch_size == 0 else None,
+        id(req) if req.pipeline.max_batch_size == 0 or req.sequence else None,
         req.pipeline_name,
         req.route.arm,
         req.version,

@@ -13,13 +13,14 @@ import grpc
 
 from strata import __version__, codec
 from strata.config.pipelines import ModelRef, Pipeline, Route, Stage
-from strata.errors import InvalidArgument, NotFound, Unavailable, shown, status_of
+from strata.errors import NotFound, Unavailable, shown, status_of
 from strata.gateway.admission import ARM_PARAMETER
 from strata.gateway.caller import Caller
 from strata.gateway.classification import class_counts, classified
 from strata.gateway.metrics import LATENCY, REQUESTS
 from strata.gateway.request import Answer, Budget, ClientRequest
 from strata.gateway.runtime import Runtime
+from strata.gateway.sequences import Sequences, request_flags
 from strata.gateway.shared_memory import (
     REGION,
     SIZE,
@@ -31,19 +32,21 @@ from strata.gateway.shared_memory import (
 )
 from strata.gateway.statistics import STATISTICS
 from strata.proto.inference import grpc_service_pb2 as v2
+from strata.sequences import FLAGS as SEQUENCE_FLAGS
 from strata.telemetry import annotate, recording, shapes
 from strata.v2meta import metadata_response, model_config
 
 PLATFORM = "strata_pipeline"
 SERVER_NAME = "strata"
 PIPELINE_VERSION = "1"
-SEQUENCE = ("sequence_id", "sequence_start", "sequence_end")
 EXTENSIONS = [
     "binary_tensor_data",
     "classification",
     "logging",
     "model_configuration",
     "model_repository",
+    "sequence",
+    "sequence(string_id)",
     "statistics",
     "system_shared_memory",
 ]
@@ -67,6 +70,7 @@ class Pipelines:
         # pipeline that does not make what it declares): not ready until one answers again.
         self._faulted: set[str] = set()
         self.memory = SharedMemory(lambda: runtime.settings.gateway.shared_memory)
+        self.sequences = Sequences()
 
     @property
     def _pipelines(self) -> dict[str, Pipeline]:
@@ -137,7 +141,9 @@ class Pipelines:
     def model_config(self, name: str, version: str = "") -> v2.ModelConfigResponse:
         pipeline = self.pipeline(name, version)
         batch = pipeline.max_batch_size if pipeline.batched else 0
-        return model_config(name, PLATFORM, batch, pipeline.inputs, pipeline.outputs)
+        return model_config(
+            name, PLATFORM, batch, pipeline.inputs, pipeline.outputs, pipeline.sequence
+        )
 
     def model_statistics(self, name: str = "", version: str = "") -> v2.ModelStatisticsResponse:
         """Each pipeline's numbers (strata/gateway/statistics.py); all with no name."""
@@ -186,7 +192,7 @@ class Pipelines:
         client = runtime.admission.admit(caller)
         pipeline = self.pipeline(request.model_name, request.model_version)
         wanted = codec.requested_outputs(request, [spec.name for spec in pipeline.outputs])
-        _refuse_sequence(request)
+        sequence = request_flags(request, pipeline, client)
         counts = class_counts(request, pipeline)
         request = with_inputs(self.memory, client, request)
         places = output_places(self.memory, client, request)
@@ -198,19 +204,22 @@ class Pipelines:
         arrays = codec.request_inputs(request)
         if recording():
             annotate(pipeline=request.model_name, input_shapes=shapes(arrays))
-        answer = await runtime.orchestrator.infer(
-            ClientRequest(
-                pipeline_name=request.model_name,
-                pipeline=pipeline,
-                arrays=arrays,
-                inputs=codec.raw_inputs(request, arrays),
-                request_id=request.id,
-                client=client,
-                forced_arm=forced,
-                budget=Budget(default if remaining is None else remaining),
-                parameters=_string_parameters(request),
-            )
+        req = ClientRequest(
+            pipeline_name=request.model_name,
+            pipeline=pipeline,
+            arrays=arrays,
+            inputs=codec.raw_inputs(request, arrays),
+            request_id=request.id,
+            client=client,
+            forced_arm=forced,
+            budget=Budget(default if remaining is None else remaining),
+            parameters=_string_parameters(request),
+            sequence=sequence,
         )
+        if sequence is None:
+            answer = await runtime.orchestrator.infer(req)
+        else:
+            answer = await self.sequences.infer(req, sequence, runtime.orchestrator.infer)
         if recording():
             annotate(
                 arm=answer.arm,
@@ -223,23 +232,6 @@ class Pipelines:
         outputs = classified(produced, counts, pipeline)
         placed = write_outputs(self.memory, client, places, outputs)
         return _response(request, answer, outputs, placed)
-
-
-def _refuse_sequence(request: v2.ModelInferRequest) -> None:
-    """Every pipeline is stateless: a request of a sequence is refused, not answered as if
-    it stood alone (the id and flags would be ignored, the model's state assumed)."""
-    given = [key for key in SEQUENCE if _given(request.parameters.get(key))]
-    if given:
-        raise InvalidArgument(
-            f"pipeline {shown(request.model_name)} is stateless: it takes no sequence "
-            f"({', '.join(given)}); send each request on its own, without them"
-        )
-
-
-def _given(value: v2.InferParameter | None) -> bool:
-    """Whether a parameter is there with a value other than its default (0, "", false)."""
-    choice = value.WhichOneof("parameter_choice") if value is not None else None
-    return choice is not None and bool(getattr(value, choice))
 
 
 def _forced_arm(request: v2.ModelInferRequest) -> str:
@@ -256,6 +248,7 @@ def _string_parameters(request: v2.ModelInferRequest) -> dict[str, str]:
         if value.WhichOneof("parameter_choice") == "string_param"
         and not key.startswith("strata.")
         and key != "core_only"
+        and key not in SEQUENCE_FLAGS
     }
 
 

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from strata.codec import Arrays
 from strata.config.pipelines import Pipeline, Route
 from strata.errors import DeadlineExceeded
+from strata.sequences import Flags
 from strata.stack import Raw
 
 
@@ -39,6 +40,8 @@ class ClientRequest:
     budget: Budget
     # The client's string parameters, passed to postprocess rules' `when:` conditions.
     parameters: dict[str, str] = field(default_factory=dict)
+    # Its place in a sequence, for a stateful pipeline (strata/gateway/sequences.py).
+    sequence: Flags | None = None
     # Set by the orchestrator before the request boards its flight.
     route: Route | None = None
     version: str = ""

@@ -163,8 +163,7 @@ class Runtime:
         self.ladder.configure(gateway.ladder, _objectives(new))
         self.door.configure(gateway.concurrency, _objectives(new))
         self.cache.configure(gateway.cache)
-        for hop in self.upstreams.hops:
-            hop.configure(gateway)
+        self.upstreams.configure(gateway)
         self.orchestrator.flights.configure(gateway.flights)
         return [f"gateway.{key}" for key in changed]
 

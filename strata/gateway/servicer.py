@@ -134,7 +134,7 @@ class GatewayServicer(v2_grpc.GRPCInferenceServiceServicer):
     async def TraceSetting(self, request, context) -> v2.TraceSettingResponse:
         self._client(context)
         changes = {key: list(value.value) for key, value in request.settings.items()}
-        settings = self._settings.set_trace(request.model_name, changes)
+        settings = self._settings.set_trace(grpc_caller(context), request.model_name, changes)
         response = v2.TraceSettingResponse()
         for key, values in settings.items():
             response.settings[key].value.extend(values)

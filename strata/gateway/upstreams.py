@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import grpc
@@ -27,9 +27,11 @@ from strata.gateway.breaker import Breakers, CircuitBreaker
 from strata.gateway.hoptime import HopTimer
 from strata.gateway.lanes import LaneBroken, Lanes, StreamMethod
 from strata.gateway.metrics import BREAKER_OPEN, UPSTREAM_CALLS
+from strata.gateway.sequences import replica
 from strata.gateway.stream_methods import infer_stream, process_stream
 from strata.proto.inference import grpc_service_pb2_grpc as v2_grpc
 from strata.proto.v1 import postprocess_pb2_grpc, preprocess_pb2_grpc
+from strata.sequences import Flags
 from strata.telemetry import annotate, outgoing, recording
 
 INFERENCE_SERVICE = "inference.GRPCInferenceService"
@@ -50,29 +52,27 @@ class Hop:
     def __init__(
         self,
         name: str,
-        endpoint: ServiceEndpoint,
+        channel: grpc.aio.Channel,
         stub: type,
-        service: str,
-        settings: Settings,
-        streams: dict[str, Callable[[Any], StreamMethod]] | None = None,
+        gateway: GatewaySettings,
+        replicated: bool,
+        streams: Mapping[str, Callable[[Any], StreamMethod]] | None = None,
+        lane_lifetime: float = LANE_SECONDS,
     ) -> None:
+        """A hop over `channel`; `replicated`: whether another replica may answer behind it
+        (a retry or a refused message may then go there)."""
         self.name = name
         self._timed_as = f"hop.{name}_ms"  # strata.hop.<hop>_ms on the caller's span
-        self.channel = open_channel(endpoint.address, settings.server, [service], settings.tls)
-        self.stub = stub(self.channel)
-        # Lanes turn over well before the server ages their connection out, and often enough
-        # that round-robin soon spreads them over replicas that were not ready at the start.
-        lifetime = min(settings.server.max_connection_age_seconds / 2, LANE_SECONDS)
-        count = settings.gateway.stream_lanes
+        self.channel = channel
+        self.stub = stub(channel)
+        count = gateway.stream_lanes
         self.lanes = {
-            method: Lanes(f"{name} {method}", make(self.stub), count, lifetime, self._ready)
+            method: Lanes(f"{name} {method}", make(self.stub), count, lane_lifetime, self._ready)
             for method, make in (streams or {}).items()
         }
-        self.breaker = Breakers(name, settings.gateway.breaker)
-        gateway = settings.gateway
+        self.breaker = Breakers(name, gateway.breaker)
         self.timer = HopTimer(gateway.hop_timeouts, gateway.upstream_timeout_seconds)
-        # A dns: target may resolve to several replicas; a single local address is one.
-        self.replicated = endpoint.replicas > 1 or endpoint.target is not None
+        self.replicated = replicated
 
     def configure(self, gateway: GatewaySettings) -> None:
         """New breaker thresholds and hop timeouts, live."""
@@ -226,12 +226,30 @@ class Hop:
         return reply.ready
 
 
+def open_hop(
+    name: str,
+    endpoint: ServiceEndpoint,
+    stub: type,
+    service: str,
+    settings: Settings,
+    streams: Mapping[str, Callable[[Any], StreamMethod]] | None = None,
+) -> Hop:
+    """A hop to `endpoint`, over a channel with the deployment's server and TLS settings."""
+    channel = open_channel(endpoint.address, settings.server, [service], settings.tls)
+    # Lanes turn over well before the server ages their connection out, and often enough
+    # that round-robin soon spreads them over replicas that were not ready at the start.
+    lifetime = min(settings.server.max_connection_age_seconds / 2, LANE_SECONDS)
+    # A dns: target may resolve to several replicas; a single local address is one.
+    replicated = endpoint.replicas > 1 or endpoint.target is not None
+    return Hop(name, channel, stub, settings.gateway, replicated, streams, lifetime)
+
+
 class Upstreams:
     """Preprocess, every inference deployment, and postprocess."""
 
     def __init__(self, settings: Settings) -> None:
         services = settings.services
-        self.preprocess = Hop(
+        self.preprocess = open_hop(
             "preprocess",
             services.preprocess,
             preprocess_pb2_grpc.PreprocessStub,
@@ -239,7 +257,7 @@ class Upstreams:
             settings,
             {"Process": process_stream},
         )
-        self.postprocess = Hop(
+        self.postprocess = open_hop(
             "postprocess",
             services.postprocess,
             postprocess_pb2_grpc.PostprocessStub,
@@ -247,17 +265,41 @@ class Upstreams:
             settings,
             {"Process": process_stream},
         )
+        self._settings = settings
         self.inference = {
-            name: Hop(
-                f"inference-{name}",
-                endpoint,
-                v2_grpc.GRPCInferenceServiceStub,
-                INFERENCE_SERVICE,
-                settings,
-                {"ModelInfer": infer_stream},
-            )
-            for name, endpoint in services.inference.items()
+            name: self._inference(name, endpoint) for name, endpoint in services.inference.items()
         }
+        self._replicas: dict[str, Hop] = {}  # a sequence's one replica, by its address
+
+    def _inference(self, name: str, endpoint: ServiceEndpoint) -> Hop:
+        return open_hop(
+            f"inference-{name}",
+            endpoint,
+            v2_grpc.GRPCInferenceServiceStub,
+            INFERENCE_SERVICE,
+            self._settings,
+            {"ModelInfer": infer_stream},
+        )
+
+    def inference_hop(self, deployment: str, sequence: Flags | None = None) -> Hop:
+        """The hop to `deployment`; for a request of a sequence, to the one replica that
+        holds it, among those its endpoint lists (strata/gateway/sequences.py). An endpoint
+        reached through a `target` is one hop: its name must lead to one replica."""
+        endpoint = self._settings.services.inference[deployment]
+        if sequence is None or endpoint.target or endpoint.replicas == 1:
+            return self.inference[deployment]
+        listen = endpoint.listens[replica(sequence, endpoint.replicas)]
+        hop = self._replicas.get(listen)
+        if hop is None:
+            one = endpoint.model_copy(update={"listen": listen, "replicas": 1})
+            hop = self._replicas[listen] = self._inference(deployment, one)
+        return hop
+
+    def configure(self, gateway: GatewaySettings) -> None:
+        """New breaker thresholds and hop timeouts on every hop (sequences' too), live."""
+        self._settings = self._settings.model_copy(update={"gateway": gateway})
+        for hop in [*self.hops, *self._replicas.values()]:
+            hop.configure(gateway)
 
     @property
     def hops(self) -> list[Hop]:
@@ -269,7 +311,7 @@ class Upstreams:
         return {hop.name: state for hop, state in zip(self.hops, states, strict=True)}
 
     async def close(self) -> None:
-        for hop in self.hops:
+        for hop in [*self.hops, *self._replicas.values()]:
             for lanes in hop.lanes.values():
                 lanes.close()
             await hop.channel.close()

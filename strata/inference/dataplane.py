@@ -23,7 +23,9 @@ from strata.inference.jobs import Request
 from strata.inference.manager import ModelManager
 from strata.inference.model import ModelVersion
 from strata.inference.params import request_options
+from strata.inference.sequences import Sequences, refuse_stateless
 from strata.proto.inference import grpc_service_pb2 as v2
+from strata.sequences import Flags, sequence_flags
 
 
 class DataPlane:
@@ -32,13 +34,18 @@ class DataPlane:
     def __init__(self, models: ModelManager, configured: list[str]) -> None:
         self._models = models
         self._configured = configured
+        self._sequences = Sequences(self._serving)
 
     async def infer(
         self, request: v2.ModelInferRequest, time_remaining: float | None
     ) -> v2.ModelInferResponse:
         """The answer to one ModelInfer request, a flight's or a lone one; `time_remaining`:
         the call's deadline, in seconds from now (None for none)."""
+        flags = sequence_flags(request.parameters)
+        if flags is not None:
+            return await self._sequence_step(request, flags, time_remaining)
         model = self._serving(request.model_name, request.model_version)
+        refuse_stateless(model)
         wanted = codec.requested_outputs(request, model.signature.output_names)
         arrays = codec.request_inputs(request)
         now = asyncio.get_running_loop().time()
@@ -46,6 +53,18 @@ class DataPlane:
         if flight.is_flight(request.parameters):
             return await self._flight(model, request, arrays, options, wanted)
         outputs = await model.infer(arrays, options)
+        return _response(model, request.id, {name: outputs[name] for name in wanted})
+
+    async def _sequence_step(
+        self, request: v2.ModelInferRequest, flags: Flags, time_remaining: float | None
+    ) -> v2.ModelInferResponse:
+        """One request of a sequence (strata/inference/sequences.py)."""
+        arrays = codec.request_inputs(request)
+        now = asyncio.get_running_loop().time()
+        options = request_options(request.parameters, time_remaining, now)
+        name, version = request.model_name, request.model_version
+        model, outputs = await self._sequences.infer(name, version, flags, arrays, options)
+        wanted = codec.requested_outputs(request, list(outputs))
         return _response(model, request.id, {name: outputs[name] for name in wanted})
 
     def _serving(self, name: str, version: str) -> ModelVersion:

@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from strata.config.inference import InferenceSettings
 from strata.errors import NotReady
+from strata.sequences import ModelSequence
 
 
 class VersionPolicy(BaseModel):
@@ -79,6 +80,11 @@ class ModelManifest(BaseModel):
         "version folder whose stats.json has another is refused; preprocess checks the stats "
         "it feeds each version against it.",
     )
+    sequence: ModelSequence | None = Field(
+        default=None,
+        description="The model is stateful: its control inputs and implicit state "
+        "(strata/inference/sequences.py).",
+    )
 
 
 class ModelSpec:
@@ -95,6 +101,7 @@ class ModelSpec:
         self.max_batch_size = manifest.max_batch_size
         self.version_policy = manifest.version_policy
         self.padding = manifest.padding
+        self.sequence = manifest.sequence
         self.session = session
         self.batching = batching
         self.concurrency = batching.max_concurrent_batches or workers
@@ -114,6 +121,7 @@ class ModelSpec:
             self.session.model_dump(),
             self.batching.model_dump(),
             self.trained_stats(version),
+            self.sequence.model_dump() if self.sequence is not None else None,
         ]
         return json.dumps(loaded_with, sort_keys=True)
 

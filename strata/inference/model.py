@@ -19,7 +19,7 @@ from opentelemetry.trace import SpanContext
 from strata.codec import Arrays
 from strata.config.inference import InferenceSettings
 from strata.errors import InvalidArgument, NotReady, StrataError, Unavailable
-from strata.inference import assemble, validation
+from strata.inference import assemble, sequences, validation
 from strata.inference.batcher import Batcher
 from strata.inference.jobs import Request
 from strata.inference.manifest import ModelSpec
@@ -178,6 +178,7 @@ def load_version(
     session = open_session(folder / "model.onnx", spec.session)
     try:
         model = ModelVersion(name, version, spec, session, executor, fingerprint)
+        sequences.check_model(model.signature, spec.sequence)
     except InvalidArgument as exc:
         raise NotReady(str(exc)) from None
     cases = validation.read_cases(folder / "validation")

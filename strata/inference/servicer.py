@@ -25,6 +25,7 @@ from strata.grpc_errors import answers_unimplemented, grpc_errors
 from strata.inference.dataplane import DataPlane
 from strata.inference.index import index_response
 from strata.inference.manager import ModelManager
+from strata.inference.sequences import client_tensors
 from strata.inference.statistics import statistics_response
 from strata.proto.inference import grpc_service_pb2 as v2
 from strata.proto.inference import grpc_service_pb2_grpc as v2_grpc
@@ -102,10 +103,8 @@ class InferenceServicer(v2_grpc.GRPCInferenceServiceServicer):
     async def ModelMetadata(self, request, context) -> v2.ModelMetadataResponse:
         model = self._models.resolve(request.name, request.version)
         versions = self._models.serving()[model.name] if not request.version else [request.version]
-        signature = model.signature
-        return metadata_response(
-            model.name, versions, PLATFORM, signature.inputs, signature.outputs
-        )
+        inputs, outputs = client_tensors(model)
+        return metadata_response(model.name, versions, PLATFORM, inputs, outputs)
 
     @grpc_errors
     async def ModelConfig(self, request, context) -> v2.ModelConfigResponse:
@@ -117,6 +116,7 @@ class InferenceServicer(v2_grpc.GRPCInferenceServiceServicer):
             model.max_batch_size,
             signature.inputs,
             signature.outputs,
+            model.spec.sequence,
         )
 
     @grpc_errors

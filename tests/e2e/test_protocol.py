@@ -157,14 +157,23 @@ def test_log_settings_are_read_and_changed_with_the_admin_token(report: dict[str
     assert refused["status"] == "StatusCode.INVALID_ARGUMENT" and "stderr" in refused["message"]
 
 
-def test_trace_settings_are_read_and_say_how_to_change_them(report: dict[str, Any]) -> None:
+def test_trace_settings_are_read_and_say_why_they_cannot_change_here(
+    report: dict[str, Any],
+) -> None:
+    """This system exports no traces (no OTLP endpoint); tests/e2e/test_tracing.py changes
+    them where it does."""
     settings = report["settings"]
     assert settings["trace"]["trace_mode"] == {"value": ["opentelemetry"]}
     assert settings["trace"]["trace_rate"] == {"value": ["1"]}  # sample_ratio 1.0: every trace
-    assert settings["model_trace"]["trace_level"] == ["TIMESTAMPS"]
+    assert settings["trace"]["trace_level"] == {"value": ["OFF"]}  # but none goes anywhere
+    assert settings["model_trace"]["trace_level"] == ["OFF"]
     assert settings["model_trace"]["trace_rate"] == "1"
+    assert settings["trace_no_token"]["status"] == "401"
     refused = settings["trace_change"]
-    assert refused["status"] == "501" and "telemetry.sample_ratio" in refused["message"]
+    assert refused["status"] == "400" and "no OTLP endpoint" in refused["message"]
+    one_model = settings["trace_of_a_model"]
+    assert one_model["status"] == "StatusCode.INVALID_ARGUMENT"
+    assert "trace settings are the server's" in one_model["message"]
 
 
 def test_a_sequence_on_a_stateless_pipeline_is_refused(report: dict[str, Any]) -> None:

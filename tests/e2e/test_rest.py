@@ -328,6 +328,14 @@ BAD_REQUESTS = [
         400,
         ["images", "FP32", "UINT8"],
     ),
+    (
+        "wrong_datatype_whose_range_the_values_leave",  # named as a datatype, as over gRPC
+        "POST",
+        INFER,
+        {"json": body(datatype="INT8", data=[200] * 64)},
+        400,
+        ["images", "datatype INT8, expected UINT8"],
+    ),
     ("wrong_rank", "POST", INFER, {"json": body(shape=[64])}, 400, ["images", "rank"]),
     ("too_few_values", "POST", INFER, {"json": body(data=[0] * 10)}, 400, ["64 values", "10"]),
     ("out_of_range", "POST", INFER, {"json": body(data=[300] * 64)}, 400, ["out of range"]),

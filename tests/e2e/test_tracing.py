@@ -14,6 +14,7 @@ import requests
 
 from strata import codec
 from strata.launch import Supervisor
+from strata.proto.inference import grpc_service_pb2 as v2
 from strata.proto.inference import grpc_service_pb2_grpc as v2_grpc
 from strata.traces import Receiver, Span, roots
 from tests.support.system import running_system
@@ -25,6 +26,7 @@ def all_spans(receiver: Receiver) -> list[Span]:
 
 
 LAYERS = {f"strata-{name}" for name in ("gateway", "preprocess", "inference", "postprocess")}
+TOKEN = "gateway-admin-token-for-the-tracing-tests-0123"
 
 
 @pytest.fixture(scope="module")
@@ -37,7 +39,7 @@ def traced(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Superviso
         }
         folder: Path = tmp_path_factory.mktemp("traced")
         # One call in flight per hop: concurrent requests are all but sure to share calls.
-        changes = {"gateway": {"flights": {"max_in_air": 1}}}
+        changes = {"gateway": {"flights": {"max_in_air": 1}, "admin_token": TOKEN}}
         with running_system(folder, changes, env=env) as system:
             yield system, receiver
 
@@ -240,3 +242,37 @@ def test_a_rest_request_joins_the_trace_of_its_traceparent_header(traced) -> Non
     assert root.parent_id == parent, "the caller's span is the parent"
     assert root.attributes["http.response.status_code"] == 200
     assert root.attributes["strata.pipeline"] == "digits"
+
+
+def trace_settings(system: Supervisor, **settings: list[str]) -> dict[str, list[str]]:
+    """The gateway's trace settings after `settings` (Triton's TraceSetting, admin token)."""
+    stub = v2_grpc.GRPCInferenceServiceStub(grpc.insecure_channel(system.address("gateway")))
+    value = v2.TraceSettingRequest.SettingValue
+    request = v2.TraceSettingRequest(settings={k: value(value=v) for k, v in settings.items()})
+    auth = (("authorization", f"Bearer {TOKEN}"),)
+    reply = stub.TraceSetting(request, metadata=auth, timeout=10)
+    return {key: list(setting.value) for key, setting in reply.settings.items()}
+
+
+def test_trace_settings_change_what_is_traced_live(traced) -> None:
+    system, receiver = traced
+    images = {"images": np.zeros((1, 8, 8), np.uint8)}
+    try:
+        assert trace_settings(system, trace_level=["OFF"])["trace_level"] == ["OFF"]
+        dark = [secrets.token_hex(16) for _ in range(5)]
+        for trace_id in dark:
+            assert send(system, images, trace_id) is None
+        rare = trace_settings(system, trace_level=["TIMESTAMPS"], trace_rate=["1000000"])
+        assert rare["trace_rate"] == ["1000000"] and rare["trace_level"] == ["TIMESTAMPS"]
+        scarce = [secrets.token_hex(16) for _ in range(5)]
+        for trace_id in scarce:
+            assert send(system, images, trace_id) is None
+        assert trace_settings(system, trace_rate=["1"])["trace_rate"] == ["1"]
+        lit = secrets.token_hex(16)
+        assert send(system, images, lit) is None
+        assert receiver.wait_for(lit, {"strata-gateway"})
+        time.sleep(0.5)  # what the other requests would have exported has arrived by now
+        assert not [t for t in dark + scarce if receiver.trace(t)]
+    finally:
+        back = trace_settings(system, trace_level=[], trace_rate=[])  # the config's
+    assert back["trace_level"] == ["TIMESTAMPS"] and back["trace_rate"] == ["1"]

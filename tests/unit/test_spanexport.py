@@ -68,7 +68,7 @@ def test_frames_written_together_are_read_together_and_a_partial_one_waits() -> 
 
 def test_the_child_process_exports_to_an_otlp_receiver() -> None:
     with Receiver() as receiver:
-        exporter = ChildSpanExporter("svc", f"http://127.0.0.1:{receiver.port}")
+        exporter = ChildSpanExporter(RESOURCE, f"http://127.0.0.1:{receiver.port}")
         spans = finished_spans()
         assert exporter.export(spans) is SpanExportResult.SUCCESS
         exporter.shutdown()  # the child exports what it has read, then ends

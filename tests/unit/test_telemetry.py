@@ -37,6 +37,7 @@ def sampling(monkeypatch: pytest.MonkeyPatch):
 
     yield install
     monkeypatch.setattr(telemetry, "_sampling", "sdk")
+    monkeypatch.setattr(telemetry, "_ratio", None)
 
 
 def test_without_an_exporter_nothing_records_but_the_callers_trace_goes_on(sampling) -> None:
@@ -80,3 +81,19 @@ def test_a_trusted_callers_sampled_trace_is_kept_whatever_the_ratio(sampling) ->
     with telemetry.server_span("/svc/Method", parent("01")) as span:
         assert span.is_recording()
     assert telemetry._sampling == "parent"
+
+
+def test_a_changed_ratio_decides_from_the_next_trace_on(sampling) -> None:
+    sampling("http://127.0.0.1:4317", ratio=1.0, trust_callers=False)
+    assert telemetry.set_sample_ratio(0.0)
+    with telemetry.server_span("/svc/Method", parent("01")) as span:
+        assert not span.is_recording()
+    assert telemetry.set_sample_ratio(1.0)
+    with telemetry.server_span("/svc/Method", parent("00")) as span:
+        assert span.is_recording()
+
+
+def test_without_an_exporter_the_ratio_does_not_change(sampling) -> None:
+    sampling(None)
+    assert not telemetry.exporting()
+    assert not telemetry.set_sample_ratio(1.0)

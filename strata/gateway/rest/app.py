@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import orjson
@@ -16,6 +16,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from strata.config.gateway import Rest
+from strata.config.pipelines import TensorSpec
 from strata.errors import InvalidArgument, Unimplemented, shown
 from strata.gateway.caller import PRINCIPAL, Caller
 from strata.gateway.pipelines import Pipelines
@@ -26,6 +27,7 @@ from strata.gateway.rest.statuses import JSON, TooLarge, error_response, json_re
 from strata.gateway.server_settings import ServerSettings
 from strata.gateway.shared_memory import CUDA_HINT
 from strata.metrics import RPC_DURATION, RPCS
+from strata.schema import check_datatype
 from strata.telemetry import server_span
 
 TIMEOUT_HEADER = "x-strata-timeout-ms"  # the caller's deadline, as gRPC's timeout would be
@@ -246,10 +248,11 @@ class _Api:
 
     async def trace(self, request: Request) -> Response:
         """Triton's trace settings, as its REST API writes them (lists for trace_level)."""
-        self._pipelines.identify(_caller(request))
+        caller = _caller(request)
+        self._pipelines.identify(caller)
         changes = await self._json_body(request) if request.method == "POST" else {}
         model = request.path_params.get("name", "")
-        settings = self._settings.set_trace(model, changes)
+        settings = self._settings.set_trace(caller, model, changes)
         return json_response(
             {key: v if key == "trace_level" else v[0] for key, v in settings.items()}
         )
@@ -271,18 +274,30 @@ class _Api:
         caller sends no body, nor does a request for no such pipeline."""
         caller = _caller(request)
         name, version = self._model(request, caller)
-        self._pipelines.pipeline(name, version)
+        pipeline = self._pipelines.pipeline(name, version)
         limits = self._limits
         body = await _body(request, limits.max_body_bytes)
         header, binary = tensors.split(body, _header_length(request))
         check_json(header, limits.max_json_depth, limits.max_json_values)
-        return caller, tensors.to_request(tensors.parse(header), binary, name, version)
+        document = tensors.parse(header)
+        _check_datatypes(document.get("inputs"), pipeline.inputs)
+        return caller, tensors.to_request(document, binary, name, version)
 
     def _model(self, request: Request, caller: Caller | None = None) -> tuple[str, str]:
         """The path's model and version; the caller identified first (API keys)."""
         self._pipelines.identify(caller or _caller(request))
         params = request.path_params
         return params.get("name", ""), params.get("version", "")
+
+
+def _check_datatypes(inputs: Any, specs: Sequence[TensorSpec]) -> None:
+    """Each JSON input's datatype against the pipeline's before its values are read as that
+    type, so a wrong type is refused as one (as over gRPC), not as a value out of range."""
+    declared = {spec.name: spec for spec in specs}
+    for item in inputs if isinstance(inputs, list) else ():
+        spec = declared.get(item.get("name")) if isinstance(item, dict) else None
+        if spec is not None and isinstance(item.get("datatype"), str):
+            check_datatype(spec, item["datatype"])
 
 
 def _headers(request: Request) -> dict[str, str]:

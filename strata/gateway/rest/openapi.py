@@ -225,18 +225,22 @@ def _shared_memory_paths() -> dict[str, Any]:
 
 
 def _settings_paths(pipelines: list[str]) -> dict[str, Any]:
-    """Triton's logging extension (changes need the admin token) and trace extension
-    (read only: a change answers 501)."""
+    """Triton's logging and trace extensions (changes need the admin token)."""
     changes = {"type": "object"}
     logging = _answers("LogSettings", "The log settings.", "400", "401", "403", "429")
-    trace = _answers("TraceSettings", "The trace settings.", "400", "401", "404", "501")
+    trace = _answers("TraceSettings", "The trace settings.", "400", "401", "403", "404", "429")
     name = _parameters(pipelines, versioned=False)
     paths = {"/v2/logging": {**_get("The gateway's log settings.", logging)}}
     paths["/v2/logging"].update(_post("Change the log level (admin token).", changes, logging))
     for path, parameters in (("/v2/trace/setting", None), (MODEL_TRACE, name)):
         paths[path] = {
-            **_get("The trace settings (from the config).", trace, parameters),
-            **_post("Changes answer 501: set them in the config.", changes, trace, parameters),
+            **_get("The trace settings (the server's).", trace, parameters),
+            **_post(
+                "Change trace_rate and trace_level (admin token); the server's path only.",
+                changes,
+                trace,
+                parameters,
+            ),
         }
     return paths
 

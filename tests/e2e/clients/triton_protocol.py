@@ -97,7 +97,13 @@ def settings(grpc, http, token):
         ),
         "trace": grpc.get_trace_settings(as_json=True)["settings"],
         "model_trace": http.get_trace_settings(model_name="digits"),
-        "trace_change": attempt(lambda: http.update_trace_settings(settings={"trace_rate": "2"})),
+        "trace_no_token": attempt(lambda: http.update_trace_settings(settings={"trace_rate": "2"})),
+        "trace_change": attempt(
+            lambda: http.update_trace_settings(settings={"trace_rate": "2"}, headers=auth)
+        ),
+        "trace_of_a_model": attempt(
+            lambda: grpc.update_trace_settings("photos", {"trace_rate": "2"}, headers=auth)
+        ),
     }
 
 

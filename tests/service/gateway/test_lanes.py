@@ -7,6 +7,7 @@ the stream method, draining, and a stream read only as fast as it is answered.""
 from __future__ import annotations
 
 import asyncio
+import gc
 import itertools
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
@@ -15,9 +16,9 @@ import grpc
 import pytest
 
 from strata.config import load_settings
-from strata.gateway.lanes import LaneBroken, Lanes
+from strata.gateway.lanes import Lane, LaneBroken, Lanes
 from strata.gateway.stream_methods import process_stream
-from strata.gateway.upstreams import Hop
+from strata.gateway.upstreams import Hop, open_hop
 from strata.proto.v1 import preprocess_pb2_grpc
 from strata.proto.v1 import tensor_pb2 as v1
 from strata.streams import Drain
@@ -206,7 +207,7 @@ def hop_to(address: str, settings, replicated: bool = False) -> Hop:
     target = f"ipv4:{address}" if replicated else None
     update = {"listen": address, "replicas": 1, "target": target}
     endpoint = settings.services.preprocess.model_copy(update=update)
-    return Hop(
+    return open_hop(
         "preprocess",
         endpoint,
         preprocess_pb2_grpc.PreprocessStub,
@@ -254,3 +255,31 @@ def test_a_draining_layer_refuses_new_messages_and_the_hop_sends_them_unary(sett
         return layer.streamed, layer.unary
 
     assert asyncio.run(go()) == (1, 1)
+
+
+def test_a_stream_ending_while_a_message_waits_to_be_written_leaves_no_stray_error() -> None:
+    """The stream ends (failing what it owes) while a message waits for the writer: the send
+    raises LaneBroken, and the answer it owed is not left to be logged as never retrieved."""
+
+    async def scenario() -> list[str]:
+        loop = asyncio.get_running_loop()
+        stray: list[str] = []
+        loop.set_exception_handler(lambda _, context: stray.append(context["message"]))
+        server, address = await serve(Layer(echo))
+        async with grpc.aio.insecure_channel(address) as channel:
+            stub = preprocess_pb2_grpc.PreprocessStub(channel)
+            lane = Lane(process_stream(stub), expires=loop.time() + 30)
+            async with lane._writing:  # another message's write holds the stream
+                sending = asyncio.create_task(lane.send(request("a"), 5))
+                await asyncio.sleep(0.05)
+                lane.cancel()
+                await asyncio.sleep(0.05)
+            with pytest.raises(LaneBroken):
+                await sending
+            del sending
+            gc.collect()
+            await asyncio.sleep(0)
+        await server.stop(0)
+        return stray
+
+    assert asyncio.run(scenario()) == []

@@ -1,8 +1,9 @@
-"""configs/text.yaml is configs/default.yaml plus the text models (its text pipelines route
-to deployment a, which loads them), and stays so."""
+"""configs/text.yaml is configs/default.yaml plus the text models, and stays so; so is
+configs/sequences.yaml, plus the stateful demo."""
 
 from pathlib import Path
 
+import pytest
 import yaml
 
 from strata.config import load_settings
@@ -13,17 +14,28 @@ TEXT_MODELS = {"minilm", "minilm-int8", "topics"}
 TEXT_PIPELINES = {"embed", "embed-int8", "topics"}
 
 
-def test_the_text_config_is_the_default_plus_the_text_models() -> None:
+@pytest.mark.parametrize(
+    ("file", "added_models", "added_pipelines"),
+    [
+        ("text.yaml", TEXT_MODELS, TEXT_PIPELINES),
+        ("sequences.yaml", {"accumulator"}, {"counter"}),
+    ],
+)
+def test_the_config_is_the_default_plus_its_models(
+    file: str, added_models: set[str], added_pipelines: set[str]
+) -> None:
     default = yaml.safe_load((CONFIGS / "default.yaml").read_text())
-    text = yaml.safe_load((CONFIGS / "text.yaml").read_text())
+    text = yaml.safe_load((CONFIGS / file).read_text())
     pipelines, shared = text.pop("pipelines"), default.pop("pipelines")
-    assert set(pipelines) == set(shared) | TEXT_PIPELINES
+    assert set(pipelines) == set(shared) | added_pipelines
     for name, pipeline in shared.items():
         assert pipelines[name] == pipeline, f"pipeline {name!r} differs from configs/default.yaml's"
     for key in sorted(set(default) | set(text)):
         assert text.get(key) == default.get(key), (
-            f"configs/text.yaml's {key!r} differs from configs/default.yaml's; copy it over"
+            f"configs/{file}'s {key!r} differs from configs/default.yaml's; copy it over"
         )
+    settings = load_settings(CONFIGS / file)
+    assert {settings.pipelines[name].model.name for name in added_pipelines} == added_models
 
 
 def test_the_text_config_loads_and_its_pipelines_use_the_text_models() -> None:

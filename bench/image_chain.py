@@ -1,0 +1,162 @@
+"""An image pipeline through the whole chain: `python -m bench.image_chain [--seconds 8]`.
+
+The system of a config (configs/default.yaml) plus an `images` pipeline: a 640x480 JPEG in (BYTES),
+decode -> resize (shorter side 256, bilinear) -> centre crop 224 -> ImageNet normalise -> CHW
+in preprocess (bench.images' steps), then `vision`, a stand-in image classifier (global
+average pool and a dense layer to 1,000 classes, random weights: the model's own cost is not
+the point), then softmax and top 5. One client on one connection, closed loop: P50 and P99 at
+1 in flight and throughput at 16, and the preprocess process's CPU per image meanwhile.
+Results go to `--out` (bench/results/image_chain.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import onnx
+import psutil
+import yaml
+from onnx import TensorProto, helper, numpy_helper
+
+from bench.deployment import bench_config, running
+from bench.images import PIPELINE, STEPS, photo_jpeg
+from bench.load import LoadPool, Plan
+from bench.load.worker import INFER
+from bench.measure import closed
+from strata import codec
+from strata.launch import ROOT, Supervisor
+
+RESULTS = Path(__file__).resolve().parent / "results"
+MODEL = "vision"
+CLASSES = 1000
+MAX_BATCH = 16
+CONCURRENCIES = (1, 16)
+CLIENT = (("x-client-id", "strata-bench"),)
+
+
+def vision_model(folder: Path) -> None:
+    """The stand-in classifier's repository entry: [N, 3, 224, 224] FP32 -> [N, 1000]."""
+    rng = np.random.default_rng(7)
+    weights = numpy_helper.from_array(rng.normal(size=(3, CLASSES)).astype(np.float32), "w")
+    bias = numpy_helper.from_array(np.zeros(CLASSES, np.float32), "b")
+    axes = numpy_helper.from_array(np.array([2, 3], np.int64), "axes")
+    graph = helper.make_graph(
+        [
+            helper.make_node("ReduceMean", ["image", "axes"], ["pooled"], keepdims=0),
+            helper.make_node("MatMul", ["pooled", "w"], ["scaled"]),
+            helper.make_node("Add", ["scaled", "b"], ["logits"]),
+        ],
+        MODEL,
+        [helper.make_tensor_value_info("image", TensorProto.FLOAT, ["N", 3, 224, 224])],
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["N", CLASSES])],
+        [weights, bias, axes],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    model.ir_version = 9
+    (folder / "1").mkdir(parents=True)
+    onnx.save(model, folder / "1" / "model.onnx")
+    manifest = {"platform": "onnxruntime_onnx", "max_batch_size": MAX_BATCH}
+    (folder / "model.yaml").write_text(yaml.safe_dump(manifest))
+
+
+def image_config(config: Path, folder: Path) -> Path:
+    """`config` with the `images` pipeline, over a repository that also holds the stand-in
+    model (the demo models linked in)."""
+    base = bench_config(config, folder, "x" * 32)
+    raw = yaml.safe_load(base.read_text())
+    built = (base.parent / raw["repository"]).resolve()
+    repository = folder / "repository"
+    repository.mkdir()
+    for entry in built.iterdir():
+        (repository / entry.name).symlink_to(entry)
+    vision_model(repository / MODEL)
+    raw["repository"] = str(repository)
+    raw["pipelines"][PIPELINE] = {
+        "max_batch_size": MAX_BATCH,
+        "inputs": [{"name": "image", "datatype": "BYTES", "shape": [-1]}],
+        "outputs": [
+            {"name": "scores", "datatype": "FP32", "shape": [-1, 5]},
+            {"name": "classes", "datatype": "INT64", "shape": [-1, 5]},
+        ],
+        "preprocess": [{"kind": kind, **options} for kind, options in STEPS],
+        "model": {"name": MODEL, "routes": [{"arm": "a", "deployment": "a", "version": "1"}]},
+        "postprocess": [
+            {"kind": "softmax", "input": "logits", "output": "probabilities"},
+            {
+                "kind": "topk",
+                "input": "probabilities",
+                "k": 5,
+                "values": "scores",
+                "indices": "classes",
+            },
+        ],
+    }
+    config = folder / "images.yaml"
+    config.write_text(yaml.safe_dump(raw))
+    return config
+
+
+def measure(config: Path, seconds: float) -> str:
+    request = codec.build_request(PIPELINE, {"image": np.array([photo_jpeg()], dtype=object)})
+    lines = [
+        "| in flight | images/s | P50 ms | P99 ms | preprocess CPU ms per image |",
+        "|---:|---:|---:|---:|---:|",
+    ]
+    with tempfile.TemporaryDirectory(prefix="strata-") as tmp:
+        config, run = image_config(config, Path(tmp)), Path(tmp) / "run"
+        run.mkdir()
+        with LoadPool(1) as pool, running(config, run) as (supervisor, _):
+            lines += _points(supervisor, pool, request.SerializeToString(), seconds)
+    return "\n".join(lines)
+
+
+def _points(supervisor: Supervisor, pool: LoadPool, request: bytes, seconds: float) -> list[str]:
+    """A table row per concurrency: throughput, P50, P99, preprocess CPU per image."""
+    processes = supervisor.processes.items()
+    preprocess = [psutil.Process(p.pid) for n, p in processes if n.startswith("preprocess")]
+    plan = Plan(
+        target=supervisor.address("gateway"),
+        method=INFER,
+        requests=(request,),
+        metadata=CLIENT,
+        timeout=30,
+        connections=1,
+    )
+    rows = []
+    for concurrency in CONCURRENCIES:
+        closed(pool, plan, concurrency, 2.0)
+        before = _cpu(preprocess)
+        results = closed(pool, plan, concurrency, seconds)
+        per_image = (_cpu(preprocess) - before) * 1000 / max(results.throughput() * seconds, 1)
+        rows.append(
+            f"| {concurrency} | {results.throughput():.0f} | {results.percentile_ms(50):.1f} "
+            f"| {results.percentile_ms(99):.1f} | {per_image:.2f} |"
+        )
+        print(rows[-1], flush=True)
+    return rows
+
+
+def _cpu(processes: list[psutil.Process]) -> float:
+    return sum(sum(p.cpu_times()[:2]) for p in processes)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.image_chain", description=__doc__)
+    parser.add_argument("--config", type=Path, default=ROOT / "configs" / "default.yaml")
+    parser.add_argument("--seconds", type=float, default=8.0, help="seconds a point")
+    parser.add_argument("--out", type=Path, default=RESULTS, help="where results go")
+    parser.add_argument("--quick", action="store_true", help="a smoke run: 1 s a point")
+    args = parser.parse_args(argv)
+    table = measure(args.config, 1.0 if args.quick else args.seconds)
+    print(table)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "image_chain.md").write_text(f"# An image pipeline through the chain\n\n{table}\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
