@@ -37,7 +37,7 @@ def repository(folder: Path) -> Path:
     demo = DEFAULT_CONFIG.parent / yaml.safe_load(DEFAULT_CONFIG.read_text())["repository"]
     root = folder / "repository"
     root.mkdir()
-    for model in ("digits", "tabular"):
+    for model in ("digits", "tabular", "digits-large"):
         (root / model).symlink_to(demo.resolve() / model)
     accumulator.write(folder)
     manifest = root / accumulator.NAME / "model.yaml"
@@ -53,7 +53,7 @@ def system(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Supervisor]:
     changes = {
         "repository": str(repository(folder)),
         "services": {"inference": {"b": endpoint(2)}},
-        "inference": {"models": ["digits", "tabular", accumulator.NAME]},
+        "inference": {"models": ["digits", "tabular", "digits-large", accumulator.NAME]},
         "pipelines": {"counter": COUNTER},
     }
     with running_system(folder, changes) as supervisor:
