@@ -14,11 +14,14 @@ from typing import Any
 import yaml
 
 from strata.config import load_settings
-from strata.launch import Supervisor
+from strata.exits import AddressUnusable
+from strata.launch import StartFailed, Supervisor
 
 ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_CONFIG = ROOT / "configs" / "default.yaml"
 CLIENTS = ROOT / "tests" / "e2e" / "clients"
+
+START_ATTEMPTS = 3  # a system whose free ports were taken before it bound them starts again
 
 
 def free_port(count: int = 1) -> int:
@@ -80,10 +83,21 @@ def make_config(folder: Path, changes: dict[str, Any] | None = None) -> Path:
 def running_system(
     folder: Path, changes: dict[str, Any] | None = None, env: dict[str, str] | None = None
 ) -> Iterator[Supervisor]:
-    """All four services as processes; stopped (SIGTERM) when the block ends."""
-    config = make_config(folder, changes)
-    supervisor = Supervisor(config, load_settings(config), log_dir=folder, env=env)
-    supervisor.start_all()
+    """All four services as processes; stopped (SIGTERM) when the block ends.
+
+    The ports are chosen free, then bound by the services a moment later: another process
+    (this machine runs many suites) may take one in between. A start that fails for a port
+    in use is tried again on new ports; any other failure is the test's."""
+    for attempt in range(START_ATTEMPTS):
+        config = make_config(folder, changes)
+        supervisor = Supervisor(config, load_settings(config), log_dir=folder, env=env)
+        try:
+            supervisor.start_all()
+            break
+        except StartFailed as exc:
+            supervisor.stop_all()
+            if exc.code != AddressUnusable.code or attempt == START_ATTEMPTS - 1:
+                raise
     try:
         yield supervisor
     finally:
