@@ -6,7 +6,6 @@ import json
 from collections import Counter
 from dataclasses import asdict
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import matplotlib
 
@@ -16,11 +15,9 @@ from matplotlib.ticker import MaxNLocator
 
 from bench.mixed_load import Tally, gateway_label
 from bench.report import machine
+from bench.soak_data import Soak, Verdict
 
 EXAMPLE_CHARACTERS = 160
-
-if TYPE_CHECKING:
-    from bench.soak import Soak, Verdict
 
 
 def write(soak: Soak) -> tuple[str, list[Path]]:

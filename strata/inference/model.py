@@ -19,10 +19,11 @@ from opentelemetry.trace import SpanContext
 from strata.codec import Arrays
 from strata.config.inference import InferenceSettings
 from strata.errors import InvalidArgument, NotReady, StrataError, Unavailable
-from strata.inference import assemble, sequences, validation
+from strata.inference import assemble, validation
 from strata.inference.batcher import Batcher
 from strata.inference.jobs import Request
 from strata.inference.manifest import ModelSpec
+from strata.inference.sequence_graph import check_model
 from strata.inference.signature import Signature
 from strata.inference.statistics import VersionStats
 from strata.normalisation import STATS_FILE, load_stats
@@ -178,7 +179,7 @@ def load_version(
     session = open_session(folder / "model.onnx", spec.session)
     try:
         model = ModelVersion(name, version, spec, session, executor, fingerprint)
-        sequences.check_model(model.signature, spec.sequence)
+        check_model(model.signature, spec.sequence)
     except InvalidArgument as exc:
         raise NotReady(str(exc)) from None
     cases = validation.read_cases(folder / "validation")

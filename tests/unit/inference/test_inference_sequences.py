@@ -16,7 +16,8 @@ from strata.config.inference import InferenceSettings
 from strata.errors import InvalidArgument
 from strata.inference.jobs import Request
 from strata.inference.manager import ModelManager
-from strata.inference.sequences import Sequences, check_model
+from strata.inference.sequence_graph import check_model
+from strata.inference.sequences import Sequences
 from strata.inference.signature import Signature
 from strata.onnxsig import TensorInfo
 from strata.proto.inference import model_config_pb2 as mc
