@@ -257,6 +257,16 @@ def test_a_draining_layer_refuses_new_messages_and_the_hop_sends_them_unary(sett
     assert asyncio.run(go()) == (1, 1)
 
 
+def _ours(context: dict) -> list[str]:
+    """The loop's errors that are not grpc's own poller waking on an empty socket (grpc.aio's
+    PollerCompletionQueue can raise BlockingIOError from its wakeup read, a known grpc quirk that
+    shows up only under load and says nothing about the lane)."""
+    handle = repr(context.get("handle", ""))
+    if "PollerCompletionQueue._handle_events" in handle:
+        return []
+    return [context["message"]]
+
+
 def test_a_stream_ending_while_a_message_waits_to_be_written_leaves_no_stray_error() -> None:
     """The stream ends (failing what it owes) while a message waits for the writer: the send
     raises LaneBroken, and the answer it owed is not left to be logged as never retrieved."""
@@ -264,7 +274,7 @@ def test_a_stream_ending_while_a_message_waits_to_be_written_leaves_no_stray_err
     async def scenario() -> list[str]:
         loop = asyncio.get_running_loop()
         stray: list[str] = []
-        loop.set_exception_handler(lambda _, context: stray.append(context["message"]))
+        loop.set_exception_handler(lambda _, context: stray.extend(_ours(context)))
         server, address = await serve(Layer(echo))
         async with grpc.aio.insecure_channel(address) as channel:
             stub = preprocess_pb2_grpc.PreprocessStub(channel)
