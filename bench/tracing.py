@@ -1,12 +1,13 @@
-"""What tracing costs: `python -m bench.tracing [--config ...] [--rounds 2] [--duration 8]`.
+"""What tracing costs: `python -m bench.tracing [--config ...] [--rounds 2] [--duration 8]
+[--ratios 1,0.1]`.
 
-The system from the config, started twice per round, once exporting every request's spans
-(OTLP over gRPC to a receiver in this process, the standard `OTEL_EXPORTER_OTLP_ENDPOINT`,
-sample ratio 1) and once exporting nothing, alternated; the same closed-loop client on one
-connection at 1 and 8 in flight against the first pipeline with a demo data set. It reports
-throughput and P99 with tracing on over off, per concurrency and round (issue 24's goal:
-tracing costs at most 10% of capacity; issue 33's: P99 at most 1.3x). Results go to
-`--out` (bench/results/tracing.md).
+The system from the config, started once per round with tracing off (exporting nothing) and
+once per sample ratio with tracing on (OTLP over gRPC to an endpoint in this process, set by
+the standard `OTEL_EXPORTER_OTLP_ENDPOINT`; `telemetry.sample_ratio` of new traces sampled),
+alternated; the same closed-loop client on one connection at 1 and 8 in flight against the
+first pipeline with a demo data set. It reports throughput and P99 with tracing on over off,
+per ratio, concurrency and round (issue 24's goal: tracing costs at most 10% of capacity;
+issue 33's: P99 at most 1.3x). Results go to `--out` (bench/results/tracing.md).
 """
 
 from __future__ import annotations
@@ -29,12 +30,15 @@ CLIENT = (("x-client-id", "strata-bench"),)
 CONCURRENCIES = (1, 8)
 WARMUP_SECONDS = 2.0
 
-# (round, tracing, concurrency) -> (answers per second, P99 ms)
-Figures = dict[tuple[int, bool, int], tuple[float, float]]
+# (round, sample ratio or None for tracing off, concurrency) -> (answers per second, P99 ms)
+Figures = dict[tuple[int, float | None, int], tuple[float, float]]
 
 
-def measure(config: Path, rounds: int, seconds: float) -> tuple[Figures, int]:
-    """Every round, tracing off then on; the figures, and how many spans were exported."""
+def measure(
+    config: Path, rounds: int, seconds: float, ratios: tuple[float, ...]
+) -> tuple[Figures, int]:
+    """Every round, tracing off, then on at each of `ratios`; the figures, and how many
+    spans were exported."""
     settings = load_settings(config)
     name = next((p for p in settings.pipelines if has_dataset(p)), None)
     if name is None:
@@ -44,22 +48,31 @@ def measure(config: Path, rounds: int, seconds: float) -> tuple[Figures, int]:
     spans = 0
     with LoadPool(1) as pool:
         for round_ in range(1, rounds + 1):
-            for tracing in (False, True):
-                receiver = CountingReceiver() if tracing else None
-                figures.update(_run(config, pool, requests, round_, receiver, seconds))
+            for ratio in (None, *ratios):
+                receiver = CountingReceiver() if ratio is not None else None
+                figures.update(_run(config, pool, requests, round_, receiver, ratio, seconds))
                 spans += receiver.spans if receiver is not None else 0
     return figures, spans
 
 
-def _run(config: Path, pool: LoadPool, requests, round_: int, receiver, seconds: float) -> Figures:
-    tracing = receiver is not None
+def _run(
+    config: Path,
+    pool: LoadPool,
+    requests,
+    round_: int,
+    receiver: CountingReceiver | None,
+    ratio: float | None,
+    seconds: float,
+) -> Figures:
     figures: Figures = {}
     with contextlib.ExitStack() as stack, tempfile.TemporaryDirectory(prefix="strata-") as tmp:
         endpoint = None
         if receiver is not None:
             stack.enter_context(receiver)
             endpoint = f"http://127.0.0.1:{receiver.port}"
-        supervisor, _ = stack.enter_context(running(config, Path(tmp), endpoint))
+        supervisor, _ = stack.enter_context(
+            running(config, Path(tmp), endpoint, sample_ratio=ratio)
+        )
         plan = Plan(
             target=supervisor.address("gateway"),
             method=INFER,
@@ -71,32 +84,40 @@ def _run(config: Path, pool: LoadPool, requests, round_: int, receiver, seconds:
         for concurrency in CONCURRENCIES:
             closed(pool, plan, concurrency, WARMUP_SECONDS)
             results = closed(pool, plan, concurrency, seconds)
-            figures[(round_, tracing, concurrency)] = (
+            figures[(round_, ratio, concurrency)] = (
                 results.throughput(),
                 results.percentile_ms(99),
             )
             print(
-                f"round {round_}, tracing {'on' if tracing else 'off'}, c={concurrency}: "
+                f"round {round_}, {_tracing(ratio)}, c={concurrency}: "
                 f"{results.throughput():.0f}/s, P99 {results.percentile_ms(99):.2f} ms",
                 flush=True,
             )
     return figures
 
 
+def _tracing(ratio: float | None) -> str:
+    return "tracing off" if ratio is None else f"tracing on, sample ratio {ratio:g}"
+
+
 def report(figures: Figures, spans: int) -> str:
     lines = [
-        "| round | c | req/s off | req/s on | on / off | P99 ms off | P99 ms on | P99 on / off |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| round | c | sample ratio | req/s off | req/s on | on / off | P99 ms off | P99 ms on "
+        "| P99 on / off |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     rounds = sorted({round_ for round_, _, _ in figures})
+    ratios = sorted({ratio for _, ratio, _ in figures if ratio is not None}, reverse=True)
     for round_ in rounds:
         for c in CONCURRENCIES:
-            off_rate, off_p99 = figures[(round_, False, c)]
-            on_rate, on_p99 = figures[(round_, True, c)]
-            lines.append(
-                f"| {round_} | {c} | {off_rate:.0f} | {on_rate:.0f} | {on_rate / off_rate:.2f} "
-                f"| {off_p99:.2f} | {on_p99:.2f} | {on_p99 / off_p99:.2f} |"
-            )
+            off_rate, off_p99 = figures[(round_, None, c)]
+            for ratio in ratios:
+                on_rate, on_p99 = figures[(round_, ratio, c)]
+                lines.append(
+                    f"| {round_} | {c} | {ratio:g} | {off_rate:.0f} | {on_rate:.0f} "
+                    f"| {on_rate / off_rate:.2f} | {off_p99:.2f} | {on_p99:.2f} "
+                    f"| {on_p99 / off_p99:.2f} |"
+                )
     lines.append(f"\nSpans exported with tracing on: {spans:,}.")
     return "\n".join(lines)
 
@@ -107,10 +128,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=2, help="alternated off/on rounds")
     parser.add_argument("--duration", type=float, default=8.0, help="seconds a point")
     parser.add_argument("--out", type=Path, default=RESULTS, help="where results go")
+    parser.add_argument(
+        "--ratios",
+        type=lambda text: tuple(float(part) for part in text.split(",")),
+        default=(1.0, 0.1),
+        help="sample ratios to measure with tracing on, comma-separated",
+    )
     parser.add_argument("--quick", action="store_true", help="a smoke run: 1 round of 1 s")
     args = parser.parse_args(argv)
     rounds, seconds = (1, 1.0) if args.quick else (args.rounds, args.duration)
-    figures, spans = measure(args.config, rounds, seconds)
+    figures, spans = measure(args.config, rounds, seconds, args.ratios)
     table = report(figures, spans)
     print(table)
     args.out.mkdir(parents=True, exist_ok=True)

@@ -1,4 +1,4 @@
-"""The tracing benchmark runs and reports on against off (never how much it costs)."""
+"""The tracing benchmark runs and reports on against off at each sample ratio (never how much it costs)."""
 
 from pathlib import Path
 
@@ -7,8 +7,10 @@ from tests.support.bench import run_quick
 
 def test_the_tracing_benchmark_runs_and_reports_on_against_off(tmp_path: Path) -> None:
     out = run_quick("bench.tracing", tmp_path)
-    assert "round 1, tracing on, c=8" in out
+    assert "round 1, tracing off, c=8" in out
+    assert "round 1, tracing on, sample ratio 0.1, c=8" in out
     table = (tmp_path / "tracing.md").read_text()
-    assert "| 1 | 1 |" in table and "| 1 | 8 |" in table
+    for c in (1, 8):
+        assert f"| 1 | {c} | 1 |" in table and f"| 1 | {c} | 0.1 |" in table
     spans = int(table.split("Spans exported with tracing on: ")[1].split(".")[0].replace(",", ""))
     assert spans > 0, "tracing on exported nothing"
