@@ -21,7 +21,7 @@ import yaml
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
 
 from strata.config import Settings, load_settings
-from strata.launch import Supervisor
+from strata.launch import Supervisor, start_on_fresh_ports
 
 START_TIMEOUT = 120.0  # seconds for every service to say SERVING (model loading, warm-up)
 
@@ -98,17 +98,20 @@ def running(
 ) -> Iterator[tuple[Supervisor, str]]:
     """Every service of `config` as processes on free ports: (supervisor, admin token)."""
     token = secrets.token_hex(16)
-    path = bench_config(
-        config, folder, token, otlp_endpoint, gateway, gateway_metrics, sample_ratio
-    )
     # Without a collector configured nothing is exported, so the variable must not leak in.
     env = {
         "OTEL_EXPORTER_OTLP_ENDPOINT": otlp_endpoint or "",
         "OTEL_EXPORTER_OTLP_INSECURE": "true",
     }
-    supervisor = Supervisor(path, load_settings(path), log_dir=folder, env=env)
+
+    def build() -> Supervisor:  # on new free ports each time
+        path = bench_config(
+            config, folder, token, otlp_endpoint, gateway, gateway_metrics, sample_ratio
+        )
+        return Supervisor(path, load_settings(path), log_dir=folder, env=env)
+
+    supervisor = start_on_fresh_ports(build, START_TIMEOUT)
     try:
-        supervisor.start_all(timeout=START_TIMEOUT)
         yield supervisor, token
     finally:
         supervisor.stop_all()

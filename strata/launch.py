@@ -22,6 +22,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import NoReturn
@@ -32,7 +33,7 @@ from strata.codec import DTYPES
 from strata.config import ConfigError, Settings, load_settings
 from strata.config.pipelines import TensorSpec
 from strata.config.tls import TlsSettings
-from strata.exits import PERMANENT, ConfigInvalid, one_line
+from strata.exits import PERMANENT, AddressUnusable, ConfigInvalid, one_line
 from strata.healthcheck import check
 
 log = logging.getLogger("strata.launch")
@@ -57,6 +58,9 @@ def wait_serving(address: str, timeout: float, tls: TlsSettings) -> bool:
     return False
 
 
+START_ATTEMPTS = 3  # starts on fresh ports after an address was taken (start_on_fresh_ports)
+
+
 class StartFailed(RuntimeError):
     """An instance exited, or never became SERVING, while the deployment started."""
 
@@ -64,6 +68,24 @@ class StartFailed(RuntimeError):
         self.name, self.code = name, code
         state = "never became SERVING" if code is None else exit_reason(code)
         super().__init__(f"{name} {state} while starting (config {config})")
+
+
+def start_on_fresh_ports(build: Callable[[], Supervisor], timeout: float = 60.0) -> Supervisor:
+    """A started supervisor from `build`, built again when an instance exits because an
+    address it must bind was taken: a caller that picks free ports and starts services on
+    them (tests, benchmarks) can lose one to another process in between. Any other failure,
+    or the third such one, is raised."""
+    attempt = 1
+    while True:
+        supervisor = build()
+        try:
+            supervisor.start_all(timeout=timeout)
+            return supervisor
+        except StartFailed as exc:
+            supervisor.stop_all()
+            if exc.code != AddressUnusable.code or attempt == START_ATTEMPTS:
+                raise
+        attempt += 1
 
 
 @dataclass(frozen=True)

@@ -14,14 +14,11 @@ from typing import Any
 import yaml
 
 from strata.config import load_settings
-from strata.exits import AddressUnusable
-from strata.launch import StartFailed, Supervisor
+from strata.launch import Supervisor, start_on_fresh_ports
 
 ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_CONFIG = ROOT / "configs" / "default.yaml"
 CLIENTS = ROOT / "tests" / "e2e" / "clients"
-
-START_ATTEMPTS = 3  # a system whose free ports were taken before it bound them starts again
 
 
 def free_port(count: int = 1) -> int:
@@ -88,16 +85,12 @@ def running_system(
     The ports are chosen free, then bound by the services a moment later: another process
     (this machine runs many suites) may take one in between. A start that fails for a port
     in use is tried again on new ports; any other failure is the test's."""
-    for attempt in range(START_ATTEMPTS):
+
+    def build() -> Supervisor:
         config = make_config(folder, changes)
-        supervisor = Supervisor(config, load_settings(config), log_dir=folder, env=env)
-        try:
-            supervisor.start_all()
-            break
-        except StartFailed as exc:
-            supervisor.stop_all()
-            if exc.code != AddressUnusable.code or attempt == START_ATTEMPTS - 1:
-                raise
+        return Supervisor(config, load_settings(config), log_dir=folder, env=env)
+
+    supervisor = start_on_fresh_ports(build)
     try:
         yield supervisor
     finally:
