@@ -258,9 +258,10 @@ def test_a_draining_layer_refuses_new_messages_and_the_hop_sends_them_unary(sett
 
 
 def _ours(context: dict) -> list[str]:
-    """The loop's errors that are not grpc's own poller waking on an empty socket (grpc.aio's
-    PollerCompletionQueue can raise BlockingIOError from its wakeup read, a known grpc quirk that
-    shows up only under load and says nothing about the lane)."""
+    """The loop's errors but grpc's own poller waking on an empty socket: a process that has
+    run several event loops (as this test process has) keeps them all bound to grpc.aio's one
+    PollerCompletionQueue, and a loop that loses the wakeup byte to another raises
+    BlockingIOError (grpc/grpc#25364). A service runs one loop, so it never sees this."""
     handle = repr(context.get("handle", ""))
     if "PollerCompletionQueue._handle_events" in handle:
         return []
