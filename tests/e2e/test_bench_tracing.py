@@ -1,4 +1,4 @@
-"""The tracing benchmark runs and reports on against off at each sample ratio (never how much it costs)."""
+"""The tracing benchmark runs and reports on against off per sample ratio (not what it costs)."""
 
 from pathlib import Path
 
