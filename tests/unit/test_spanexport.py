@@ -4,13 +4,23 @@ from __future__ import annotations
 
 import os
 
+from opentelemetry import trace
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExporter, SpanExportResult
-from opentelemetry.trace import Link, SpanKind, Status, StatusCode
+from opentelemetry.trace import (
+    Link,
+    NonRecordingSpan,
+    SpanContext,
+    SpanKind,
+    Status,
+    StatusCode,
+    TraceFlags,
+    TraceState,
+)
 
-from strata.spanexport import HEADER, ChildSpanExporter, FrameReader, decode, encode
+from strata.spanexport import HEADER, ChildSpanExporter, FrameReader, encode, translate
 from strata.traces import Receiver
 
 RESOURCE = Resource.create({"service.name": "svc"})
@@ -30,7 +40,15 @@ def finished_spans() -> list:
     provider = TracerProvider(resource=RESOURCE)
     provider.add_span_processor(SimpleSpanProcessor(kept))
     tracer = provider.get_tracer("strata.test", "1.0")
-    with tracer.start_as_current_span("root", kind=SpanKind.SERVER) as root:
+    caller = SpanContext(
+        0x0AF7651916CD43DD8448EB211C80319C,
+        0xB7AD6B7169203331,
+        is_remote=True,
+        trace_flags=TraceFlags(1),
+        trace_state=TraceState([("vendor", "v1")]),
+    )
+    parent = trace.set_span_in_context(NonRecordingSpan(caller))
+    with tracer.start_as_current_span("root", parent, kind=SpanKind.SERVER) as root:
         root.set_attribute("strata.steps", ("resize", "scale"))
         root.set_attribute("strata.hop.preprocess_ms", 0.42)
         root.add_event("error", {"error.code": "INVALID_ARGUMENT", "error.retryable": False})
@@ -40,14 +58,17 @@ def finished_spans() -> list:
     return kept.spans
 
 
-def test_a_frame_decodes_to_the_spans_the_sdk_made() -> None:
+def test_frames_translate_to_the_request_the_sdk_would_send() -> None:
     spans = finished_spans()
     frame = encode(spans)
     (size,) = HEADER.unpack_from(frame)
     assert size == len(frame) - HEADER.size
-    again = decode(frame[HEADER.size :], RESOURCE)
-    # The OTLP message the child sends is the one the serving process would have sent.
-    assert encode_spans(again) == encode_spans(spans)
+    # The OTLP message the child sends is the one the serving process would have sent, spans
+    # split over two frames included.
+    body = frame[HEADER.size :]
+    assert translate([body], RESOURCE) == encode_spans(spans)
+    halves = [encode(spans[:1])[HEADER.size :], encode(spans[1:])[HEADER.size :]]
+    assert translate(halves, RESOURCE) == encode_spans(spans)
 
 
 def test_frames_written_together_are_read_together_and_a_partial_one_waits() -> None:
