@@ -2,13 +2,15 @@
 
 This module writes and reads every parameter below (the gateway writes, inference reads).
 The gateway sends a flight to inference as an ordinary v2 batch, with each member's rows,
-trace context and time budget in string parameters, so that any v2 server can stand behind a
-route (it just sees a batch), while Strata's inference service queues each member as a
-request of its own: its own deadline, its own error, its own link from the batch's span.
+trace context and deadline in string parameters, so that any v2 server can stand behind a
+route: it just sees a batch, by the call's gRPC deadline (the latest of its members'). Strata's
+inference service queues each member as a request of its own: its own deadline, its own
+error, its own link from the batch's span.
 
 - `strata.rows`: the members' row counts, in order ("1,1,3").
 - `strata.trace_contexts`: each member's W3C traceparent ("" for none), comma-separated.
-- `strata.timeouts_us`: each member's remaining budget in microseconds.
+- `strata.timeouts_us`: each member's deadline (strata.deadline) as the microseconds it has
+  left when the flight is sent; 0 for none of its own.
 - `strata.trace_context`: on a stream, the traceparent of the call itself (a unary call
   carries it in its metadata); any request may have it, a flight or not.
 - `strata.errors` (in the response): JSON `{"<member index>": [code, message, retry_ms]}`
@@ -22,6 +24,7 @@ import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from strata.deadline import Deadline
 from strata.errors import (
     InvalidArgument,
     StrataError,
@@ -45,7 +48,7 @@ Parameters = Mapping[str, v2.InferParameter]
 class FlightMember:
     rows: int
     traceparent: str
-    timeout_us: int  # 0: none of its own
+    deadline: Deadline | None  # None: none of its own (the call's applies)
 
 
 def is_flight(parameters: Parameters) -> bool:
@@ -56,7 +59,7 @@ def set_members(parameters, members: Sequence[FlightMember]) -> None:
     """Write a flight's members into a request's parameters (what `members` reads)."""
     parameters[ROWS].string_param = ",".join(str(m.rows) for m in members)
     parameters[TRACE_CONTEXTS].string_param = ",".join(m.traceparent for m in members)
-    parameters[TIMEOUTS].string_param = ",".join(str(m.timeout_us) for m in members)
+    parameters[TIMEOUTS].string_param = ",".join(_us(m.deadline) for m in members)
 
 
 def members(parameters: Parameters, total_rows: int) -> list[FlightMember]:
@@ -75,9 +78,15 @@ def members(parameters: Parameters, total_rows: int) -> list[FlightMember]:
                 f"parameter {name!r} has {len(values)} entries for {len(rows)} members"
             )
     return [
-        FlightMember(r, contexts[i] if contexts else "", timeouts[i] if timeouts else 0)
+        FlightMember(
+            r, contexts[i] if contexts else "", Deadline.from_us(timeouts[i]) if timeouts else None
+        )
         for i, r in enumerate(rows)
     ]
+
+
+def _us(deadline: Deadline | None) -> str:
+    return str(deadline.to_us()) if deadline is not None else "0"
 
 
 def set_errors(parameters, errors: Mapping[int, BaseException]) -> None:

@@ -90,7 +90,9 @@ class RuleTimeout(TimeoutError):
 class RuleContext:
     """What a running rule may ask of the engine: how long it has left."""
 
-    deadline: float  # time.monotonic() by which the rule must be done
+    # The moment by which the rule must be done: its own time limit, not the request's
+    # deadline, on time.monotonic(), the clock of every Strata deadline (strata/deadline.py).
+    deadline: float
 
     def remaining(self) -> float:
         """Seconds left before the limit; raises RuleTimeout once it has passed."""

@@ -18,7 +18,8 @@ from itertools import accumulate
 
 from strata import codec, stack
 from strata.config.pipelines import Route
-from strata.errors import DeadlineExceeded, StrataError, Unavailable, from_code
+from strata.deadline import Deadline, latest
+from strata.errors import StrataError, Unavailable, from_code
 from strata.flight import FlightMember, member_errors, set_members
 from strata.gateway.arms import ArmBook
 from strata.gateway.flights import Member
@@ -124,7 +125,7 @@ class Chain:
                     rows=member.rows,
                     trace_context=member.carrier(),
                 )
-        reply = await hop.call("Process", v1.ProcessRequest(requests=[item]), _budget(members, hop))
+        reply = await hop.call("Process", v1.ProcessRequest(requests=[item]), _deadline(members))
         if len(reply.results) != 1:
             raise RuntimeError(f"{hop.name} answered {len(reply.results)} results for 1 request")
         result = reply.results[0]
@@ -144,13 +145,13 @@ class Chain:
         version = route.version or model.version
         request = model_request(model.name, version, members, rows, features)
         hop = self._up.inference_hop(route.deployment, first.sequence)
-        started = asyncio.get_running_loop().time()
+        started = time.monotonic()
         try:
-            reply = await hop.call("ModelInfer", request, _budget(members, hop), spare=spare)
+            reply = await hop.call("ModelInfer", request, _deadline(members), spare=spare)
         except StrataError as exc:
             self._record(members, route, exc.code.name, 0.0)
             raise
-        self._record(members, route, "OK", asyncio.get_running_loop().time() - started)
+        self._record(members, route, "OK", time.monotonic() - started)
         errors = member_errors(reply.parameters, len(members))
         scores = _outputs(reply)
         if errors:
@@ -216,7 +217,7 @@ class Chain:
         for i in mirrored:
             request = _request(members[i])
             self._shadow.submit(
-                first.pipeline_name, first.pipeline, inputs[i], outputs[i], request.budget
+                first.pipeline_name, first.pipeline, inputs[i], outputs[i], request.deadline
             )
 
 
@@ -249,12 +250,9 @@ def _aboard(members: list[Member], tensors: WireTensors) -> tuple[list[Member], 
     return [members[i] for i in kept], stack.take(tensors, rows, kept)
 
 
-def _budget(members: list[Member], hop: Hop) -> float:
-    """The longest any member may still wait: the hop's call must not outlive it."""
-    left = max(_request(m).budget.left() for m in members)
-    if left <= 0:
-        raise DeadlineExceeded(f"deadline passed before {hop.name}")
-    return left
+def _deadline(members: list[Member]) -> Deadline:
+    """The last of the members' deadlines: the hop's call must not outlive it."""
+    return latest(m.deadline for m in members)
 
 
 def _survivors(members: list[Member], result: v1.Result) -> list[Member]:
@@ -280,7 +278,7 @@ def model_request(
     model: str, version: str, members: list[Member], rows: list[int], features: WireTensors
 ) -> v2.ModelInferRequest:
     """A v2 ModelInfer of `model` over the stacked rows (`rows` of each member); for several
-    members, each one's rows, trace context and time budget in the parameters (another v2
+    members, each one's rows, trace context and deadline in the parameters (another v2
     server just sees a batch)."""
     first = _request(members[0])
     request = v2.ModelInferRequest(model_name=model, model_version=version, id=first.request_id)
@@ -299,8 +297,7 @@ def model_request(
 
 def _flight_member(member: Member, rows: int) -> FlightMember:
     """`member` as a flight request declares it, carrying `rows` rows there."""
-    budget_us = max(1, int(_request(member).budget.left() * 1e6))
-    return FlightMember(rows, member.carrier().get("traceparent", ""), budget_us)
+    return FlightMember(rows, member.carrier().get("traceparent", ""), member.deadline)
 
 
 def _outputs(reply: v2.ModelInferResponse) -> WireTensors:

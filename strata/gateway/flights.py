@@ -21,6 +21,7 @@ import asyncio
 import contextlib
 import contextvars
 import itertools
+import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Hashable, Iterator
 from dataclasses import dataclass, field
@@ -31,6 +32,7 @@ from opentelemetry import propagate, trace
 from opentelemetry.trace import Link
 
 from strata.config.gateway import FlightSettings
+from strata.deadline import Deadline
 from strata.errors import DeadlineExceeded
 from strata.gateway.metrics import FLIGHT_REQUESTS, FLIGHTS_IN_AIR
 
@@ -43,11 +45,11 @@ class Member:
 
     request: Any
     rows: int
-    deadline: float  # event-loop time
+    deadline: Deadline
     context: otel_context.Context = field(default_factory=otel_context.get_current)
     future: asyncio.Future = field(init=False)
 
-    boarded: float = field(default=0.0, init=False)  # event-loop time
+    boarded: float = field(default=0.0, init=False)  # time.monotonic()
     _carrier: dict[str, str] | None = field(default=None, init=False)
 
     def carrier(self) -> dict[str, str]:
@@ -90,13 +92,13 @@ class Flights:
         """Queue `member` for the next flight of `key` and wait for its answer."""
         loop = asyncio.get_running_loop()
         member.future = loop.create_future()
-        member.boarded = loop.time()
+        member.boarded = time.monotonic()
         self._queues.setdefault(key, deque()).append(member)
         if not self._pump_soon:
             self._pump_soon = True
             loop.call_soon(self._pump)
         try:
-            async with asyncio.timeout_at(member.deadline):
+            async with asyncio.timeout(member.deadline.left()):
                 return await member.future
         except TimeoutError:
             raise DeadlineExceeded("deadline passed before the chain answered") from None
@@ -132,7 +134,7 @@ class Flights:
         return group
 
     def _launch(self, group: list[Member]) -> None:
-        now = asyncio.get_running_loop().time()
+        now = time.monotonic()
         for member in group:
             self._departed(member, now - member.boarded)
         self._in_air += 1

@@ -31,6 +31,7 @@ import contextlib
 import itertools
 import logging
 import random
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -73,6 +74,7 @@ class Lane:
     """One open stream and the answers it still owes."""
 
     def __init__(self, method: StreamMethod, expires: float) -> None:
+        """A lane that takes new messages until `expires` (time.monotonic())."""
         self._method = method
         self.expires = expires
         self.accepting = True
@@ -172,7 +174,7 @@ class Lanes:
         self._lifetime = lifetime
         self._ready = ready
         self._lanes: list[Lane | None] = [None] * count
-        self._resting = [0.0] * count  # loop time until which a condemned lane's slot rests
+        self._resting = [0.0] * count  # time.monotonic() until which a condemned slot rests
         self._turn = 0
         self.usable = count > 0
 
@@ -210,13 +212,13 @@ class Lanes:
         index = self._lanes.index(lane) if lane in self._lanes else -1
         if index >= 0:
             self._lanes[index] = None
-            self._resting[index] = asyncio.get_running_loop().time() + REST_SECONDS
+            self._resting[index] = time.monotonic() + REST_SECONDS
 
     def _pick(self) -> Lane:
         """The lane owing the fewest answers, the lanes taking turns among equals (so that
         light load reaches every replica too), after replacing any that ended or expired;
         LaneBroken while every slot rests."""
-        now = asyncio.get_running_loop().time()
+        now = time.monotonic()
         for index, lane in enumerate(self._lanes):
             if self._resting[index] > now:
                 continue

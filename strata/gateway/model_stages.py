@@ -31,6 +31,7 @@ from opentelemetry.trace import Link
 from strata import codec, stack
 from strata.config.pipelines import Condition, Pipeline, Route, Stage
 from strata.config.settings import Settings
+from strata.deadline import latest
 from strata.errors import DeadlineExceeded, NotReady, StrataError
 from strata.flight import member_errors
 from strata.gateway.flights import Member
@@ -173,7 +174,7 @@ class Stages:
         for index, member in enumerate(table.members):
             if not member.waiting or not chosen[table.row_slices(index)].any():
                 continue
-            if member.request.budget.left() < usual:
+            if member.deadline.left() < usual:
                 _too_short(table, member, stage, usual)
             elif _falls_back_at_level(stage, member):
                 fallback.append(index)
@@ -261,13 +262,13 @@ class Stages:
             codec.arrays_to_tensors(inputs),
         )
         hop = self._up.inference[route.deployment]
-        budget = max(m.request.budget.left() for m in members)
+        deadline = latest(m.deadline for m in members)
         started = time.monotonic()
         with _stage_span(stage, model.name, route, members, len(rows)):
             try:
-                if budget <= 0:
+                if deadline.expired():
                     raise DeadlineExceeded(f"deadline passed before stage {stage.label!r}")
-                reply = await hop.call("ModelInfer", request, budget, spare=False)
+                reply = await hop.call("ModelInfer", request, deadline, spare=False)
             except StrataError as exc:
                 await self._failed(table, stage, indices, chosen, fresh, fallback, exc)
                 return
@@ -397,7 +398,7 @@ def _too_short(table: _Table, member: Member, stage: Stage, usual: float) -> Non
         member,
         DeadlineExceeded(
             f"stage {stage.label!r} usually takes {usual * 1e3:.0f} ms, more than the "
-            f"{max(member.request.budget.left(), 0) * 1e3:.0f} ms left"
+            f"{max(member.deadline.left(), 0) * 1e3:.0f} ms left"
         ),
     )
 

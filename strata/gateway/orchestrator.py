@@ -9,7 +9,6 @@ default answer (3), or the request itself (4).
 
 from __future__ import annotations
 
-import asyncio
 import time
 
 import numpy as np
@@ -72,7 +71,7 @@ class Orchestrator:
         if early is not None:
             return early
         shedding = self.ladder.settings if level >= 4 else None
-        ticket = await self.door.admit(name, req.client, shedding, req.budget.left())
+        ticket = await self.door.admit(name, req.client, shedding, req.deadline.left())
         signals = self.ladder.signals
         INFLIGHT.inc()
         started = time.monotonic()
@@ -141,8 +140,7 @@ def _flight_key(req: ClientRequest) -> tuple:
 
 
 def _member(req: ClientRequest, rows: int) -> Member:
-    deadline = asyncio.get_running_loop().time() + req.budget.left()
-    return Member(req, rows, deadline)
+    return Member(req, rows, req.deadline)
 
 
 def default_outputs(pipeline: Pipeline, batch: int) -> codec.Arrays:

@@ -13,12 +13,13 @@ import grpc
 
 from strata import __version__, codec
 from strata.config.pipelines import ModelRef, Pipeline, Route, Stage
+from strata.deadline import Deadline
 from strata.errors import NotFound, Unavailable, shown, status_of
 from strata.gateway.admission import ARM_PARAMETER
 from strata.gateway.caller import Caller
 from strata.gateway.classification import class_counts, classified
 from strata.gateway.metrics import LATENCY, REQUESTS
-from strata.gateway.request import Answer, Budget, ClientRequest
+from strata.gateway.request import Answer, ClientRequest
 from strata.gateway.runtime import Runtime
 from strata.gateway.sequences import Sequences, request_flags
 from strata.gateway.shared_memory import (
@@ -212,7 +213,7 @@ class Pipelines:
             request_id=request.id,
             client=client,
             forced_arm=forced,
-            budget=Budget(default if remaining is None else remaining),
+            deadline=Deadline.after(default if remaining is None else remaining),
             parameters=_string_parameters(request),
             sequence=sequence,
         )

@@ -1,31 +1,14 @@
-"""A client request as the gateway carries it, its budget, and the answer it gets."""
+"""A client request as the gateway carries it, with its deadline, and the answer it gets."""
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 
 from strata.codec import Arrays
 from strata.config.pipelines import Pipeline, Route
-from strata.errors import DeadlineExceeded
+from strata.deadline import Deadline
 from strata.sequences import Flags
 from strata.stack import Raw
-
-
-class Budget:
-    """What is left of the caller's deadline; work past it is dropped before it costs CPU."""
-
-    def __init__(self, seconds: float) -> None:
-        self._end = time.monotonic() + seconds
-
-    def left(self) -> float:
-        return self._end - time.monotonic()
-
-    def remaining(self, hop: str) -> float:
-        left = self.left()
-        if left <= 0:
-            raise DeadlineExceeded(f"deadline passed before {hop}")
-        return left
 
 
 @dataclass(eq=False)
@@ -37,7 +20,8 @@ class ClientRequest:
     request_id: str
     client: str
     forced_arm: str
-    budget: Budget
+    # The caller's, or the gateway's default: work past it is dropped before it costs CPU.
+    deadline: Deadline
     # The client's string parameters, passed to postprocess rules' `when:` conditions.
     parameters: dict[str, str] = field(default_factory=dict)
     # Its place in a sequence, for a stateful pipeline (strata/gateway/sequences.py).

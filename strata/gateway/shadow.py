@@ -18,6 +18,7 @@ import numpy as np
 from strata import codec
 from strata.codec import Arrays
 from strata.config.pipelines import Pipeline
+from strata.deadline import Deadline
 from strata.errors import StrataError
 from strata.gateway.metrics import SHADOW
 from strata.gateway.upstreams import Upstreams
@@ -55,25 +56,27 @@ class ShadowRunner:
         self._tasks: set[asyncio.Task] = set()
         self.stats: dict[str, ShadowStats] = {}
 
-    def submit(self, name: str, pipeline: Pipeline, features: Arrays, primary: Arrays, budget):
+    def submit(
+        self, name: str, pipeline: Pipeline, features: Arrays, primary: Arrays, deadline: Deadline
+    ) -> None:
         """Mirror one request; returns at once."""
         stats = self.stats.setdefault(name, ShadowStats())
         if len(self._tasks) >= self._max_inflight:
             stats.dropped += 1
             SHADOW.labels(name, "dropped").inc()
             return
-        task = asyncio.create_task(self._run(name, pipeline, features, primary, budget, stats))
+        task = asyncio.create_task(self._run(name, pipeline, features, primary, deadline, stats))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _run(self, name, pipeline, features, primary, budget, stats: ShadowStats) -> None:
+    async def _run(self, name, pipeline, features, primary, deadline, stats: ShadowStats) -> None:
         shadow = pipeline.model.shadow
         hop = self._up.inference[shadow.deployment]
         version = shadow.version or pipeline.model.version
         request = codec.build_request(pipeline.model.name, features, version)
         started = time.monotonic()
         try:
-            reply = await hop.call("ModelInfer", request, budget.remaining(hop.name))
+            reply = await hop.call("ModelInfer", request, deadline)
         except StrataError as exc:
             stats.errors += 1
             SHADOW.labels(name, "error").inc()

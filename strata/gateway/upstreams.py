@@ -1,11 +1,12 @@
 """The gateway's channels to the layers behind it, each guarded by a circuit breaker.
 
-Every call passes on what is left of the caller's deadline; every failure comes back as the
-upstream's own status code with the hop named in the message. gRPC's retry policy (in the
-channel's service config) retries UNAVAILABLE on another replica; the breaker sees only what
-is left after those retries (an inference call: the breaker of its model on that deployment).
-Trace context goes in each call's metadata (strata.telemetry.outgoing); how long each hop
-took goes on the caller's span as `strata.hop.<hop>_ms` when its trace is sampled.
+Every call passes on what is left of the caller's deadline (strata.deadline) as its gRPC
+deadline; every failure comes back as the upstream's own status code with the hop named in
+the message. gRPC's retry policy (in the channel's service config) retries UNAVAILABLE on
+another replica; the breaker sees only what is left after those retries (an inference call:
+the breaker of its model on that deployment). Trace context goes in each call's metadata
+(strata.telemetry.outgoing); how long each hop took goes on the caller's span as
+`strata.hop.<hop>_ms` when its trace is sampled.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from strata.channels import open_channel
 from strata.config import Settings
 from strata.config.endpoints import ServiceEndpoint
 from strata.config.gateway import GatewaySettings
+from strata.deadline import Deadline
 from strata.errors import Unavailable, from_code, hinted_retry
 from strata.gateway.breaker import Breakers, CircuitBreaker
 from strata.gateway.hoptime import HopTimer
@@ -83,26 +85,26 @@ class Hop:
         self,
         method: str,
         request: Any,
-        budget: float,
+        deadline: Deadline,
         metadata: Sequence = (),
         spare: bool | None = None,
     ) -> Any:
-        """Call `method` within the caller's remaining budget, and within this hop's own
-        timeout when another replica or arm could answer instead (`spare`; by default, when
-        the hop has several replicas).
+        """Call `method` by the caller's `deadline` (DEADLINE_EXCEEDED without a call once it
+        has passed), and within this hop's own timeout when another replica or arm could
+        answer instead (`spare`; by default, when the hop has several replicas).
 
-        Running out of the caller's budget says nothing about the upstream; missing the hop's
+        Running out of the caller's time says nothing about the upstream; missing the hop's
         own timeout does: it counts against the breaker and is UNAVAILABLE (answer elsewhere).
         A call to a replicated hop that missed its own timeout goes again (up to
-        TIMEOUT_ATTEMPTS in all), balanced to another replica, while the budget lasts: until
+        TIMEOUT_ATTEMPTS in all), balanced to another replica, while the deadline allows: until
         gRPC's outlier detection ejects a hung replica, a retry may meet it again.
         """
+        budget = deadline.remaining(self.name)
         breaker = self.breaker[getattr(request, "model_name", "")]
         if not breaker.allow():
             UPSTREAM_CALLS(self.name, "CIRCUIT_OPEN").inc()
             raise Unavailable(f"{breaker.name}: circuit open after repeated failures")
         bounded = self.replicated if spare is None else spare
-        ends = time.monotonic() + budget
         attempts = tries = TIMEOUT_ATTEMPTS if self.replicated else 1
         sent = outgoing(metadata)
         started = time.monotonic()
@@ -114,7 +116,7 @@ class Hop:
                     )
                 except HopTimedOut:
                     attempts -= 1
-                    budget = ends - time.monotonic()
+                    budget = deadline.left()
                     if attempts == 0 or budget <= 0:
                         raise
         finally:

@@ -26,6 +26,7 @@ from opentelemetry.trace import Span, SpanContext
 
 from strata.codec import Arrays
 from strata.config.inference import InferenceSettings
+from strata.deadline import Deadline
 from strata.errors import DeadlineExceeded, Overloaded, Unavailable
 from strata.inference import spans
 from strata.inference import statistics as reasons
@@ -85,7 +86,7 @@ class Batcher:
         """Queue one request (`length`: its padded cells per row) and wait for its answer;
         its batch's span links to `link` (a flight member's span), else to the caller's."""
         loop = asyncio.get_running_loop()
-        now = loop.time()
+        now = time.monotonic()
         level = request.priority or self._settings.default_priority
         self._admit(rows, level, request.deadline, now)
         future: asyncio.Future[Arrays] = loop.create_future()
@@ -121,7 +122,7 @@ class Batcher:
         batches = self._queue.rows / self._max_rows / self._concurrency
         return max(0.001, batches * self.execution.estimate(self._max_rows))
 
-    def _admit(self, rows: int, level: int, deadline: float | None, now: float) -> None:
+    def _admit(self, rows: int, level: int, deadline: Deadline | None, now: float) -> None:
         if self._closed:
             self._stats.reject(reasons.RETIRED)
             raise Unavailable(f"{self.label} is being replaced; retry the request")
@@ -134,25 +135,25 @@ class Batcher:
             )
         if deadline is None:
             return
-        if deadline <= now:
+        if deadline.at <= now:
             self._stats.reject(reasons.DEADLINE)
             raise DeadlineExceeded(f"{self.label}: the deadline passed before the request queued")
         ahead = self._queue.rows_ahead(level)
         full = self.execution.estimate(self._max_rows)
         # Optimistic: batches ahead run `concurrency` at a time, and the running ones are done.
         rounds = (ahead // self._max_rows) // self._concurrency
-        if now + rounds * full + self.execution.estimate(rows) > deadline:
+        if now + rounds * full + self.execution.estimate(rows) > deadline.at:
             self._stats.reject(reasons.DEADLINE)
             raise DeadlineExceeded(
-                f"{self.label}: cannot finish within the deadline ({(deadline - now) * 1e3:.1f} "
+                f"{self.label}: cannot finish within the deadline ({(deadline.at - now) * 1e3:.1f} "
                 f"ms left; {ahead} rows queued ahead, a full batch takes about "
                 f"{full * 1e3:.1f} ms)"
             )
 
     def _late(self, job: Job) -> Exception | None:
         """DEADLINE_EXCEEDED for a queued job that could not finish even if it started now."""
-        now = asyncio.get_running_loop().time()
-        if job.deadline is None or job.deadline >= now + self.execution.estimate(job.rows):
+        now = time.monotonic()
+        if job.deadline is None or job.deadline.at >= now + self.execution.estimate(job.rows):
             return None
         return DeadlineExceeded(
             f"{self.label}: the deadline would pass before the request's batch could finish "
@@ -172,7 +173,7 @@ class Batcher:
         self._pump_soon = False
         loop = asyncio.get_running_loop()
         while self._running < self._concurrency:
-            now = loop.time()
+            now = time.monotonic()
             jobs, at = self._form(now)
             if jobs is None:
                 if at is not None:
@@ -191,7 +192,7 @@ class Batcher:
         group, rows, deadline = self._queue.collect(head, self._late)
         at = self._policy.start_at(now, head.enqueued, rows)
         if deadline is not None:
-            at = min(at, deadline - self.execution.estimate(rows))
+            at = min(at, deadline.at - self.execution.estimate(rows))
         if at <= now or self._closed:
             return self._queue.take(group), None
         alone = self._queue.first_alone()
@@ -200,12 +201,13 @@ class Batcher:
         return None, at
 
     def _set_timer(self, loop: asyncio.AbstractEventLoop, at: float) -> None:
+        """Pump again at `at` (time.monotonic(), as every time here)."""
         if self._timer is not None and self._timer_at <= at:
             return
         if self._timer is not None:
             self._timer.cancel()
         self._timer_at = at
-        self._timer = loop.call_at(at, self._on_timer)
+        self._timer = loop.call_later(at - time.monotonic(), self._on_timer)
 
     def _on_timer(self) -> None:
         self._timer = None
@@ -255,7 +257,7 @@ class Batcher:
     ) -> None:
         """Back on the event loop: answer the batch's requests and start the next batch."""
         self._running -= 1
-        now = loop.time()
+        now = time.monotonic()
         self._busy.change(now, self._running)
         try:
             outcomes, compute, whole = work.result()

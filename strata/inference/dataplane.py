@@ -17,6 +17,7 @@ from itertools import accumulate
 import numpy as np
 
 from strata import codec, flight
+from strata.deadline import Deadline, earliest
 from strata.errors import NotReady, StrataError, Unavailable
 from strata.inference import spans
 from strata.inference.jobs import Request
@@ -37,31 +38,29 @@ class DataPlane:
         self._sequences = Sequences(self._serving)
 
     async def infer(
-        self, request: v2.ModelInferRequest, time_remaining: float | None
+        self, request: v2.ModelInferRequest, call: Deadline | None
     ) -> v2.ModelInferResponse:
-        """The answer to one ModelInfer request, a flight's or a lone one; `time_remaining`:
-        the call's deadline, in seconds from now (None for none)."""
+        """The answer to one ModelInfer request, a flight's or a lone one; `call`: the call's
+        deadline (None for none)."""
         flags = sequence_flags(request.parameters)
         if flags is not None:
-            return await self._sequence_step(request, flags, time_remaining)
+            return await self._sequence_step(request, flags, call)
         model = self._serving(request.model_name, request.model_version)
         refuse_stateless(model)
         wanted = codec.requested_outputs(request, model.signature.output_names)
         arrays = codec.request_inputs(request)
-        now = asyncio.get_running_loop().time()
-        options = request_options(request.parameters, time_remaining, now)
+        options = request_options(request.parameters, call)
         if flight.is_flight(request.parameters):
             return await self._flight(model, request, arrays, options, wanted)
         outputs = await model.infer(arrays, options)
         return _response(model, request.id, {name: outputs[name] for name in wanted})
 
     async def _sequence_step(
-        self, request: v2.ModelInferRequest, flags: Flags, time_remaining: float | None
+        self, request: v2.ModelInferRequest, flags: Flags, call: Deadline | None
     ) -> v2.ModelInferResponse:
         """One request of a sequence (strata/inference/sequences.py)."""
         arrays = codec.request_inputs(request)
-        now = asyncio.get_running_loop().time()
-        options = request_options(request.parameters, time_remaining, now)
+        options = request_options(request.parameters, call)
         name, version = request.model_name, request.model_version
         model, outputs = await self._sequences.infer(name, version, flags, arrays, options)
         wanted = codec.requested_outputs(request, list(outputs))
@@ -97,12 +96,11 @@ class DataPlane:
                 outputs = await model.infer(arrays, options)
                 return _response(model, request.id, {name: outputs[name] for name in wanted})
         starts = [0, *accumulate(m.rows for m in members)]
-        now = asyncio.get_running_loop().time()
         outcomes = await asyncio.gather(
             *(
                 model.infer(
                     _rows(arrays, starts[i], starts[i + 1]),
-                    _own(options, m, now),
+                    _own(options, m),
                     spans.sampled(m.traceparent),  # its batch links to it
                 )
                 for i, m in enumerate(members)
@@ -123,14 +121,10 @@ def _rows(arrays: codec.Arrays, start: int, end: int) -> codec.Arrays:
     return {name: array[start:end] for name, array in arrays.items()}
 
 
-def _own(options: Request, member: flight.FlightMember, now: float) -> Request:
+def _own(options: Request, member: flight.FlightMember) -> Request:
     """The call's options with the member's own deadline, where it is the sooner."""
-    if not member.timeout_us:
-        return options
-    deadline = now + member.timeout_us / 1e6
-    if options.deadline is not None and options.deadline <= deadline:
-        return options
-    return replace(options, deadline=deadline)
+    deadline = earliest(options.deadline, member.deadline)
+    return options if deadline is options.deadline else replace(options, deadline=deadline)
 
 
 def _response(model: ModelVersion, request_id: str, outputs: dict) -> v2.ModelInferResponse:

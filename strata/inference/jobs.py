@@ -17,6 +17,7 @@ from enum import Enum
 from opentelemetry.trace import Span, SpanContext
 
 from strata.codec import Arrays
+from strata.deadline import Deadline, earliest
 from strata.inference.statistics import DEADLINE, VersionStats
 
 # How many queued entries forming one batch looks at, per row of the max batch size: keeps it
@@ -35,7 +36,7 @@ class Request:
     """What the caller asks of one request besides its inputs."""
 
     priority: int = 0  # 0: the model's default level
-    deadline: float | None = None  # on the event loop's clock
+    deadline: Deadline | None = None
     skip_batching: bool = False
 
 
@@ -47,9 +48,9 @@ class Job:
     rows: int
     key: Hashable  # requests share a batch only with equal keys
     level: int
-    deadline: float | None
+    deadline: Deadline | None
     alone: bool  # runs in a batch of its own
-    enqueued: float
+    enqueued: float  # time.monotonic()
     future: asyncio.Future[Arrays]
     length: int = 0  # cells per row of its padded inputs; 0 when the model pads nothing
     link: SpanContext | None = None  # the request's span, for its batch's span to link to
@@ -133,7 +134,7 @@ class JobQueue:
                 queue.popleft()
         return None
 
-    def collect(self, head: Job, late: Lateness) -> tuple[list[Job], int, float | None]:
+    def collect(self, head: Job, late: Lateness) -> tuple[list[Job], int, Deadline | None]:
         """`head` and the later jobs that can share its batch while the rows fit and padding
         stays within its share: the jobs, their rows, and the earliest of their deadlines."""
         group, rows, deadline = [], 0, None
@@ -155,8 +156,7 @@ class JobQueue:
                 padding.add(job)
                 group.append(job)
                 rows += job.rows
-                if job.deadline is not None:
-                    deadline = job.deadline if deadline is None else min(deadline, job.deadline)
+                deadline = earliest(deadline, job.deadline)
         return group, rows, deadline
 
     def first_alone(self) -> Job | None:

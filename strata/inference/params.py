@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from strata.deadline import Deadline, earliest
 from strata.errors import InvalidArgument
 from strata.inference.jobs import Request
 from strata.proto.inference import grpc_service_pb2 as v2
@@ -19,18 +20,11 @@ from strata.proto.inference import grpc_service_pb2 as v2
 PRIORITY, TIMEOUT, SKIP_BATCHING = "priority", "timeout", "skip_batching"
 
 
-def request_options(
-    parameters: Mapping[str, v2.InferParameter], time_remaining: float | None, now: float
-) -> Request:
-    """The queueing options of one request; `now` is on the clock deadlines are kept on."""
-    priority = _integer(parameters, PRIORITY)
-    timeout_us = _integer(parameters, TIMEOUT)
-    budgets = [
-        b for b in (time_remaining, timeout_us / 1e6 if timeout_us else None) if b is not None
-    ]
+def request_options(parameters: Mapping[str, v2.InferParameter], call: Deadline | None) -> Request:
+    """The queueing options of one request; `call`: the call's own deadline (None for none)."""
     return Request(
-        priority=priority,
-        deadline=now + min(budgets) if budgets else None,
+        priority=_integer(parameters, PRIORITY),
+        deadline=earliest(call, Deadline.from_us(_integer(parameters, TIMEOUT))),
         skip_batching=_flag(parameters, SKIP_BATCHING),
     )
 

@@ -20,6 +20,7 @@ from grpc_health.v1 import health_pb2
 
 from strata import __version__, flight
 from strata.config.inference import InferenceSettings
+from strata.deadline import Deadline
 from strata.errors import InvalidArgument
 from strata.grpc_errors import answers_unimplemented, grpc_errors
 from strata.inference.dataplane import DataPlane
@@ -123,7 +124,7 @@ class InferenceServicer(v2_grpc.GRPCInferenceServiceServicer):
     async def ModelInfer(
         self, request: v2.ModelInferRequest, context: grpc.aio.ServicerContext
     ) -> v2.ModelInferResponse:
-        return await self._plane.infer(request, context.time_remaining())
+        return await self._plane.infer(request, Deadline.within(context.time_remaining()))
 
     async def ModelStreamInfer(
         self, requests: AsyncIterator[v2.ModelInferRequest], context: grpc.aio.ServicerContext
@@ -133,10 +134,11 @@ class InferenceServicer(v2_grpc.GRPCInferenceServiceServicer):
 
         async def infer(request: v2.ModelInferRequest) -> v2.ModelInferResponse:
             traceparent = flight.call_traceparent(request.parameters)
+            stream = Deadline.within(context.time_remaining())
             if not traceparent:
-                return await self._plane.infer(request, context.time_remaining())
+                return await self._plane.infer(request, stream)
             with server_span(STREAM_METHOD, {"traceparent": traceparent}):
-                return await self._plane.infer(request, context.time_remaining())
+                return await self._plane.infer(request, stream)
 
         async for answer in answer_stream(requests, infer, self._max_stream_in_flight):
             yield answer

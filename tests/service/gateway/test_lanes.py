@@ -16,6 +16,7 @@ import grpc
 import pytest
 
 from strata.config import load_settings
+from strata.deadline import Deadline
 from strata.gateway.lanes import Lane, LaneBroken, Lanes
 from strata.gateway.stream_methods import process_stream
 from strata.gateway.upstreams import Hop, open_hop
@@ -225,7 +226,7 @@ def test_a_hop_sends_on_its_lanes_and_falls_back_to_unary_calls(settings) -> Non
             hop = hop_to(address, settings)
             await hop.channel.channel_ready()  # until then, calls go unary and connect it
             for i in range(3):
-                reply = await hop.call("Process", request(f"r{i}"), 5)
+                reply = await hop.call("Process", request(f"r{i}"), Deadline.after(5))
                 assert reply.results[0].id == f"r{i}"
             seen[name] = (layer.streamed, layer.unary, hop.lanes["Process"].usable)
             await hop.channel.close()
@@ -243,10 +244,10 @@ def test_a_draining_layer_refuses_new_messages_and_the_hop_sends_them_unary(sett
         server, address = await serve(layer)
         hop = hop_to(address, settings, replicated=True)
         await hop.channel.channel_ready()
-        await hop.call("Process", request("before"), 5)
+        await hop.call("Process", request("before"), Deadline.after(5))
         Drain.start()
         try:
-            reply = await hop.call("Process", request("during"), 5)
+            reply = await hop.call("Process", request("during"), Deadline.after(5))
         finally:
             Drain.draining = False
         assert reply.results[0].id == "during"

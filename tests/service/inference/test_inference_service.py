@@ -19,6 +19,11 @@ import yaml
 
 from strata import codec, flight
 from strata.config import load_settings
+from strata.config.pipelines import Pipeline
+from strata.deadline import Deadline
+from strata.gateway.chain import model_request
+from strata.gateway.flights import Member
+from strata.gateway.request import ClientRequest
 from strata.inference.app import build
 from strata.proto.inference import grpc_service_pb2 as v2
 from strata.proto.inference import grpc_service_pb2_grpc as v2_grpc
@@ -376,6 +381,29 @@ def test_a_flight_queues_each_member_as_its_own_request(tmp_path: Path) -> None:
     np.testing.assert_allclose(pooled, expected, rtol=1e-5)
     assert after.success.count - before.success.count == 3, "each member is a request"
     assert after.fail.count - before.fail.count == 1
+
+
+def test_each_members_own_deadline_survives_a_flight_from_the_gateway(tmp_path: Path) -> None:
+    """The gateway writes a flight (chain.model_request) of members with deadlines of their
+    own; inference queues each by its own: the one whose deadline passed fails alone, though
+    the call's gRPC deadline is long."""
+    write_version(tmp_path / "repo", "toy", 1, dense(1), [X])
+    pipeline = Pipeline.model_validate({**TOY_PIPELINE, "model": {"name": "toy"}})
+    arrays = [{"x": np.full((1, 4), i, np.float32)} for i in range(3)]
+    members = []
+    for i, seconds in enumerate((30.0, -1.0, 30.0)):
+        deadline = Deadline.after(seconds)
+        request = ClientRequest("toy", pipeline, arrays[i], [], f"r{i}", "c", "", deadline)
+        members.append(Member(request, 1, deadline))
+    features = codec.arrays_to_tensors({"x": np.concatenate([a["x"] for a in arrays])})
+    request = model_request("toy", "", members, [1, 1, 1], features)
+    with inference_server(tmp_path, ["toy"]) as stub:
+        reply = stub.ModelInfer(request, timeout=30)
+    errors = flight.member_errors(reply.parameters, len(members))
+    assert list(errors) == [1]
+    assert errors[1].code == grpc.StatusCode.DEADLINE_EXCEEDED
+    expected = np.concatenate([run(dense(1), arrays[i])["y"] for i in (0, 2)])
+    np.testing.assert_allclose(codec.response_outputs(reply)["y"], expected, rtol=1e-5)
 
 
 def test_a_flight_whose_rows_do_not_add_up_is_refused(tmp_path: Path) -> None:

@@ -8,6 +8,7 @@ import pytest
 from prometheus_client import REGISTRY
 
 from strata.config.gateway import FlightSettings
+from strata.deadline import Deadline
 from strata.errors import DeadlineExceeded
 from strata.gateway.flights import Flights, Member
 
@@ -46,7 +47,7 @@ class Recorder:
 
 
 def member(name: str, rows: int = 1, seconds: float = 5.0) -> Member:
-    return Member(name, rows, asyncio.get_running_loop().time() + seconds)
+    return Member(name, rows, Deadline.after(seconds))
 
 
 async def until(condition, seconds: float = 2.0) -> None:

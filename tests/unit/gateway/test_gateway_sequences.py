@@ -9,8 +9,9 @@ import numpy as np
 import pytest
 
 from strata.config.pipelines import Pipeline
+from strata.deadline import Deadline
 from strata.errors import InvalidArgument
-from strata.gateway.request import Answer, Budget, ClientRequest
+from strata.gateway.request import Answer, ClientRequest
 from strata.gateway.sequences import Sequences, replica, request_flags
 from strata.proto.inference import grpc_service_pb2 as v2
 from strata.sequences import Flags
@@ -26,7 +27,9 @@ STATELESS = Pipeline.model_validate(SPEC)
 
 def client_request(rows: int = 1) -> ClientRequest:
     value = np.ones((rows, 1), np.float32)
-    return ClientRequest("counter", STATEFUL, {"value": value}, [], "", "c", "", Budget(5.0))
+    return ClientRequest(
+        "counter", STATEFUL, {"value": value}, [], "", "c", "", Deadline.after(5.0)
+    )
 
 
 def test_the_rest_of_a_sequence_goes_to_the_arm_its_start_was_answered_on() -> None:

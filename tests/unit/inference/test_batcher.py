@@ -16,6 +16,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from strata.config.inference import InferenceSettings
+from strata.deadline import Deadline
 from strata.errors import DeadlineExceeded, InvalidArgument, Overloaded
 from strata.inference import spans
 from strata.inference.batcher import Batcher
@@ -69,8 +70,8 @@ async def submit(b: Batcher, arrays: Arrays, request: Request | None = None) -> 
     return await b.submit(arrays, rows, (width,), request or Request())
 
 
-async def deadline_in(seconds: float) -> float:
-    return asyncio.get_running_loop().time() + seconds
+async def deadline_in(seconds: float) -> Deadline:
+    return Deadline.after(seconds)
 
 
 def test_a_lone_request_runs_at_once_when_idle() -> None:

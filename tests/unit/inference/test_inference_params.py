@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from strata.deadline import Deadline
 from strata.errors import InvalidArgument
 from strata.inference.params import request_options
 from strata.proto.inference import grpc_service_pb2 as v2
@@ -22,29 +23,30 @@ def params(**values: object) -> dict[str, v2.InferParameter]:
 
 
 def test_no_parameters_mean_default_priority_no_deadline_and_batching() -> None:
-    options = request_options({}, None, now=10.0)
+    options = request_options({}, None)
     assert (options.priority, options.deadline, options.skip_batching) == (0, None, False)
 
 
 @pytest.mark.parametrize(
-    ("remaining", "timeout_us", "deadline"),
-    [(None, 250_000, 10.25), (0.1, 250_000, 10.1), (2.0, 250_000, 10.25), (0.5, 0, 10.5)],
+    ("remaining", "timeout_us", "left"),
+    [(None, 250_000, 0.25), (0.1, 250_000, 0.1), (2.0, 250_000, 0.25), (0.5, 0, 0.5)],
 )
 def test_the_shorter_of_the_grpc_deadline_and_the_timeout_wins(
-    remaining: float | None, timeout_us: int, deadline: float
+    remaining: float | None, timeout_us: int, left: float
 ) -> None:
-    options = request_options(params(timeout=timeout_us), remaining, now=10.0)
-    assert options.deadline == pytest.approx(deadline)
+    options = request_options(params(timeout=timeout_us), Deadline.within(remaining))
+    assert options.deadline is not None
+    assert options.deadline.left() == pytest.approx(left, abs=0.01)
 
 
 def test_priority_and_skip_batching_are_read() -> None:
-    options = request_options(params(priority=1, skip_batching=True), None, now=0.0)
+    options = request_options(params(priority=1, skip_batching=True), None)
     assert options.priority == 1 and options.skip_batching
 
 
 def test_unsigned_priority_is_accepted() -> None:
     parameters = {"priority": v2.InferParameter(uint64_param=3)}
-    assert request_options(parameters, None, now=0.0).priority == 3
+    assert request_options(parameters, None).priority == 3
 
 
 @pytest.mark.parametrize(
@@ -58,4 +60,4 @@ def test_unsigned_priority_is_accepted() -> None:
 )
 def test_mistyped_parameters_are_refused(parameters: dict, words: str) -> None:
     with pytest.raises(InvalidArgument, match=words):
-        request_options(parameters, None, now=0.0)
+        request_options(parameters, None)
