@@ -141,16 +141,23 @@ def check_model_inputs(flow: Flow, version: Version) -> None:
 
 def _fits(where: str, known: Known, info: TensorInfo, model: str) -> None:
     made = known.made
-    if made.datatype is not None and made.datatype != info.datatype:
-        raise ValueError(
-            f"{where}: {known.stage} gives {info.name!r} as {made.datatype}, "
-            f"but {model} takes it as {info.datatype}"
-        )
-    if made.rank is not None and made.rank != len(info.shape):
-        raise ValueError(
-            f"{where}: {known.stage} gives {info.name!r} with {made.rank} "
-            f"dimensions, but {model} takes {len(info.shape)} ({list(info.shape)})"
-        )
+    _same_kind(
+        made,
+        info,
+        f"{where}: {known.stage} gives {info.name!r} as {made.datatype}, "
+        f"but {model} takes it as {info.datatype}",
+        f"{where}: {known.stage} gives {info.name!r} with {made.rank} "
+        f"dimensions, but {model} takes {len(info.shape)} ({list(info.shape)})",
+    )
+
+
+def _same_kind(made: Made, wanted: Declared, other_datatype: str, other_rank: str) -> None:
+    """Raise unless a tensor as made is of `wanted`'s datatype and rank, as far as what made
+    it says: a ValueError saying `other_datatype` or `other_rank`."""
+    if made.datatype is not None and made.datatype != wanted.datatype:
+        raise ValueError(other_datatype)
+    if made.rank is not None and made.rank != len(wanted.shape):
+        raise ValueError(other_rank)
 
 
 def check_outputs(flow: Flow, declared: Iterable[Declared]) -> None:
@@ -167,16 +174,14 @@ def check_outputs(flow: Flow, declared: Iterable[Declared]) -> None:
                 f"makes (there: {sorted(flow.tensors)})"
             )
         made = known.made
-        if made.datatype is not None and made.datatype != spec.datatype:
-            raise ValueError(
-                f"{where}: {known.stage} gives output {spec.name!r} as {made.datatype}, but "
-                f"the pipeline declares {spec.datatype}"
-            )
-        if made.rank is not None and made.rank != len(spec.shape):
-            raise ValueError(
-                f"{where}: {known.stage} gives output {spec.name!r} with {made.rank} "
-                f"dimensions, but the pipeline declares {list(spec.shape)}"
-            )
+        _same_kind(
+            made,
+            spec,
+            f"{where}: {known.stage} gives output {spec.name!r} as {made.datatype}, but "
+            f"the pipeline declares {spec.datatype}",
+            f"{where}: {known.stage} gives output {spec.name!r} with {made.rank} "
+            f"dimensions, but the pipeline declares {list(spec.shape)}",
+        )
 
 
 def declared(stage: object, where: str) -> dict[str, Made] | None:
@@ -297,16 +302,14 @@ def _check_inputs(where: str, there: Mapping[str, Known], stage: Staged, version
 
 
 def _feeds(where: str, source: str, made: Made, info: TensorInfo) -> None:
-    if made.datatype is not None and made.datatype != info.datatype:
-        raise ValueError(
-            f"{where}: input {info.name!r} is fed by {source!r}, a {made.datatype} tensor, "
-            f"but the model takes {info.datatype}"
-        )
-    if made.rank is not None and made.rank != len(info.shape):
-        raise ValueError(
-            f"{where}: input {info.name!r} is fed by {source!r}, of {made.rank} dimensions, "
-            f"but the model takes {len(info.shape)} ({list(info.shape)})"
-        )
+    _same_kind(
+        made,
+        info,
+        f"{where}: input {info.name!r} is fed by {source!r}, a {made.datatype} tensor, "
+        f"but the model takes {info.datatype}",
+        f"{where}: input {info.name!r} is fed by {source!r}, of {made.rank} dimensions, "
+        f"but the model takes {len(info.shape)} ({list(info.shape)})",
+    )
 
 
 def _check_condition(where: str, there: Mapping[str, Known], stage: Staged) -> None:
