@@ -210,16 +210,19 @@ class Staged(Protocol):
 
 def model_flows(root: Path, pipeline: str, spec: object) -> list[tuple[str, Flow]]:
     """The tensors postprocess receives from a pipeline's models (strata.config Pipeline
-    `spec`), for each combination of the model versions its routes call, with a label
+    `spec`), for each combination of the model versions its routes call (the first model's
+    or its fallback's, then each stage's or its fallback's), with a label
     naming them; the later stages' wiring (docs/pipelines.md) checked on the way: each
     stage's inputs fed by tensors of its model's datatypes and ranks, its outputs known, a
     conditional stage giving only what earlier stages gave, its condition's tensor there."""
-    first = spec.model  # type: ignore[attr-defined]
     flows = []
-    for version in versions(root, first.name, first.versions_called()):
-        flow = from_model(pipeline, version)
-        fed = {t.name: Known(Made(t.datatype, len(t.shape)), "preprocess") for t in version.inputs}
-        flows += _through(root, flow, fed, spec.stages, version.label)  # type: ignore[attr-defined]
+    for first in spec.first_models():  # type: ignore[attr-defined]
+        for version in versions(root, first.name, first.versions_called()):
+            flow = from_model(pipeline, version)
+            fed = {
+                t.name: Known(Made(t.datatype, len(t.shape)), "preprocess") for t in version.inputs
+            }
+            flows += _through(root, flow, fed, spec.stages, version.label)  # type: ignore[attr-defined]
     return flows
 
 

@@ -149,17 +149,19 @@ class Condition(Strict):
 
 
 class Fallback(Strict):
-    """A cheaper model a stage runs instead of its own, its answers marked degraded."""
+    """A cheaper model run instead of a pipeline's first model or a stage's, its answers
+    marked degraded."""
 
     model: ModelRef = Field(
-        description="The model: it takes the stage's inputs and gives the stage's outputs."
+        description="The model: it takes the inputs of the model it stands in for and gives "
+        "its outputs (a stage's renamed as the stage renames them)."
     )
     from_level: int | None = Field(
         default=None,
         ge=1,
         le=3,
-        description="The degradation level from which it runs instead of the stage's own "
-        "model; none: only when that one cannot answer.",
+        description="The degradation level from which it always runs instead of the model "
+        "it stands in for; none: only when that one cannot answer.",
     )
 
     @model_validator(mode="after")
@@ -233,6 +235,13 @@ class Pipeline(Strict):
         default_factory=list, description="Steps after validation, in order, chosen by kind."
     )
     model: ModelRef = Field(description="The model the inputs feed, and its routes.")
+    fallback: Fallback | None = Field(
+        default=None,
+        description="A cheaper model run instead of `model` when that one cannot answer (its "
+        "arms unavailable, overloaded, failing, their circuits open, the model not served) "
+        "or from a degradation level; it takes preprocess's outputs and gives the model's. "
+        "Its answers are marked degraded and never cached (docs/pipelines.md).",
+    )
     stages: list[Stage] = Field(
         default_factory=list,
         description="Models that run after `model`, in order, each on its tensors or earlier "
@@ -281,6 +290,12 @@ class Pipeline(Strict):
         names = [self.model.name, *(stage.label for stage in self.stages)]
         if len(set(names)) != len(names):
             raise ValueError(f"stage names repeat (the first is its model's name): {names}")
+        slashed = [name for name in names[1:] if "/" in name]
+        if slashed:
+            raise ValueError(
+                f"stage {slashed[0]!r}: a stage's name has no '/' (strata.stages names a "
+                "fallback's answer '<stage>/fallback')"
+            )
         if self.stages and self.stages[0].parallel:
             raise ValueError(
                 f"stage {self.stages[0].label!r}: parallel runs a stage beside the stage before "
@@ -288,6 +303,10 @@ class Pipeline(Strict):
             )
         if self.stages and self.sequence is not None:
             raise ValueError("a stateful pipeline (sequence) runs one model: it takes no stages")
+        if self.fallback is not None and self.sequence is not None:
+            raise ValueError(
+                "a stateful pipeline (sequence) keeps its state in one model: it takes no fallback"
+            )
         if self.stages and self.max_batch_size == 0:
             raise ValueError("stages carry rows of a batch: they need max_batch_size > 0")
         return self
@@ -307,10 +326,15 @@ class Pipeline(Strict):
                 groups.append([stage])
         return groups
 
+    def first_models(self) -> list[ModelRef]:
+        """The models preprocess's outputs may feed: the first, and its fallback's."""
+        return [self.model, *([self.fallback.model] if self.fallback else [])]
+
     def model_refs(self) -> list[ModelRef]:
-        """Every model the pipeline may run: the first, then each stage's and its fallback's."""
+        """Every model the pipeline may run: the first and its fallback's, then each
+        stage's and its fallback's."""
         stages = [[s.model, *([s.fallback.model] if s.fallback else [])] for s in self.stages]
-        return [self.model, *(model for models in stages for model in models)]
+        return [*self.first_models(), *(model for models in stages for model in models)]
 
     @model_validator(mode="after")
     def _default_answer_has_rows(self) -> Pipeline:

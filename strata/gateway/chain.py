@@ -5,8 +5,11 @@ bytes the last one returned; only the final answer is decoded, once, and split b
 Each member keeps its own outcome: a member a layer refused gets that layer's error and
 leaves, and a member whose caller gave up or whose deadline passed is cut out of the stack
 before the next hop. When an arm is unavailable, the flight moves to each member's
-fallback arm (A/B stickiness decides which), unless its arm was forced. Each answered
-flight's hop times go to the pipeline's statistics (strata/gateway/statistics.py).
+fallback arm (A/B stickiness decides which), unless its arm was forced. Members the first
+model cannot answer at all (no arm left, or an error its fallback covers) go to the
+pipeline's fallback model where it has one (strata/gateway/model_stages.py), as do all of
+them from that fallback's degradation level. Each answered flight's hop times go to the
+pipeline's statistics (strata/gateway/statistics.py).
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ from strata.flight import FlightMember, member_errors, set_members
 from strata.gateway.arms import ArmBook
 from strata.gateway.flights import Member
 from strata.gateway.metrics import FAILOVERS
-from strata.gateway.model_stages import Staged, Stages
+from strata.gateway.model_stages import Staged, Stages, covers, stands_in
 from strata.gateway.request import Answer, ClientRequest
 from strata.gateway.router import Router
 from strata.gateway.sequences import add_parameters
@@ -36,6 +39,10 @@ from strata.proto.v1 import tensor_pb2 as v1
 
 # A flight's tensors as the hops carry them (strata.v1 raw bytes), not decoded Arrays.
 WireTensors = list[v1.Tensor]
+# A flight's preprocess seconds, and when its inference began (time.monotonic()).
+HopStarts = tuple[float, float]
+# Members the first model failed with an error its fallback covers, and their features.
+Unanswered = tuple[list[Member], WireTensors]
 
 
 class Chain:
@@ -77,33 +84,90 @@ class Chain:
         may_fail_over: bool,
         preprocess_seconds: float,
     ) -> None:
-        """From inference on `route` to the answers."""
+        """From inference on `route` (or the first model's fallback) to the answers."""
         first = _request(members[0])
-        started = time.monotonic()
+        times = (preprocess_seconds, time.monotonic())
+        if stands_in(first.pipeline, first.level) and not first.forced_arm:
+            await self._stand_in(route, members, features, times)
+            return
         try:
             spare = may_fail_over and self._spare(first, route)
-            members, features, scores, version = await self._infer(route, members, features, spare)
-        except Unavailable as exc:
-            if not may_fail_over or first.forced_arm:
+            members, features, scores, version, unanswered = await self._infer(
+                route, members, features, spare
+            )
+        except StrataError as exc:
+            if isinstance(exc, Unavailable) and may_fail_over and not first.forced_arm:
+                await self._fail_over(route, members, features, exc, times)
+            elif self._covered(first, exc):
+                await self._stand_in(route, members, features, times)
+            else:
                 raise
-            await self._fail_over(route, members, features, exc, preprocess_seconds)
             return
+        await asyncio.gather(  # each group's failure is its own
+            _answering(
+                members, self._onward_from_model(route, members, features, scores, version, times)
+            ),
+            _answering(unanswered[0], self._stand_in(route, *unanswered, times)),
+        )
+
+    async def _onward_from_model(
+        self,
+        route: Route,
+        members: list[Member],
+        features: WireTensors,
+        scores: WireTensors,
+        version: str,
+        times: HopStarts,
+    ) -> None:
+        """From the first model's answers (`scores`) to the members' answers."""
         if not members:
             return
+        first = _request(members[0])
         self._mirror(members, features, scores)
         staged = None
         if first.pipeline.stages:
             staged = await self._stages.run(members, features, scores, first.pipeline.model.name)
             members, features, scores = staged.members, staged.features, staged.given
-            if not members:
-                return
+        await self._postprocess(route.arm, version, members, features, scores, staged, times)
+
+    async def _stand_in(
+        self, route: Route, members: list[Member], features: WireTensors, times: HopStarts
+    ) -> None:
+        """Members answered by their pipeline's first model's fallback in that model's place
+        (their answers marked degraded, with no model version: the model did not answer)."""
+        if not members:
+            return
+        staged = await self._stages.stand_in(members, features)
+        members, features, scores = staged.members, staged.features, staged.given
+        await self._postprocess(route.arm, "", members, features, scores, staged, times)
+
+    def _covered(self, first: ClientRequest, exc: StrataError) -> bool:
+        """Whether the first model's fallback answers in its place after `exc` (never for a
+        request that forced its arm: it asked for that arm's answer)."""
+        return covers(first.pipeline, exc) and not first.forced_arm
+
+    async def _postprocess(
+        self,
+        arm: str,
+        version: str,
+        members: list[Member],
+        features: WireTensors,
+        scores: WireTensors,
+        staged: Staged | None,
+        times: HopStarts,
+    ) -> None:
+        """Postprocess over what the models gave, then each member's answer."""
+        if not members:
+            return
+        first = _request(members[0])
+        preprocess_seconds, started = times
         inferred = time.monotonic()
         flags = {**first.parameters, "core_only": "true" if first.level >= 1 else "false"}
         tensors = [*scores, *_forwarded(first, features)]
         members, outputs, info = await self._layer(self._up.postprocess, members, tensors, flags)
         if members:
             skipped = info.get("skipped_rules", "")
-            answered = _answer(members, outputs, route.arm, version, skipped, staged)
+            answered = _answer(members, outputs, arm, version, skipped, staged)
             hops = Hops(preprocess_seconds, inferred - started, time.monotonic() - inferred)
             STATISTICS.flew(first.pipeline_name, answered, hops)
 
@@ -133,12 +197,13 @@ class Chain:
 
     async def _infer(
         self, route: Route, members: list[Member], features: WireTensors, spare: bool
-    ) -> tuple[list[Member], WireTensors, WireTensors, str]:
+    ) -> tuple[list[Member], WireTensors, WireTensors, str, Unanswered]:
         """One ModelInfer over the flight's rows on `route`'s deployment; `spare`: whether
-        another arm could take them, should this one hang."""
+        another arm could take them, should this one hang. Also the members it failed with
+        an error the first model's fallback covers, with their features."""
         members, features = _aboard(members, features)
         if not members:
-            return [], features, [], ""
+            return [], features, [], "", ([], [])
         first = _request(members[0])
         model = first.pipeline.model
         rows = [m.rows for m in members]
@@ -154,13 +219,18 @@ class Chain:
         self._record(members, route, "OK", time.monotonic() - started)
         errors = member_errors(reply.parameters, len(members))
         scores = _outputs(reply)
+        unanswered: Unanswered = ([], [])
         if errors:
+            rows = [m.rows for m in members]
             kept = [i for i in range(len(members)) if i not in errors]
-            features = stack.take(features, [m.rows for m in members], kept)
+            covered = [i for i, error in errors.items() if self._covered(first, error)]
+            unanswered = ([members[i] for i in covered], stack.take(features, rows, covered))
+            features = stack.take(features, rows, kept)
             for index, error in errors.items():
-                _fail(members[index], error)
+                if index not in covered:
+                    _fail(members[index], error)
             members = [members[i] for i in kept]
-        return members, features, scores, reply.model_version
+        return members, features, scores, reply.model_version, unanswered
 
     def _spare(self, first: ClientRequest, route: Route) -> bool:
         """Whether another arm could take the flight, should `route`'s hang."""
@@ -179,24 +249,31 @@ class Chain:
         members: list[Member],
         features: WireTensors,
         exc: Unavailable,
-        preprocess_seconds: float,
+        times: HopStarts,
     ) -> None:
-        """Each member on its fallback arm (one inference call per arm); the error if none."""
-        router = self._routers[_request(members[0]).pipeline_name]
+        """Each member on its fallback arm (one inference call per arm); where none is left,
+        on the pipeline's fallback model if it has one, else the error."""
+        first = _request(members[0])
+        router = self._routers[first.pipeline_name]
         by_arm: dict[str, tuple[Route, list[int]]] = {}
+        stranded = []
         for index, member in enumerate(members):
             other = router.fallback(_request(member).client, failed, self._usable)
-            if other is None:
+            if other is not None:
+                by_arm.setdefault(other.arm, (other, []))[1].append(index)
+            elif self._covered(first, exc):
+                stranded.append(index)
+            else:
                 _fail(member, exc)
-                continue
-            by_arm.setdefault(other.arm, (other, []))[1].append(index)
         rows = [m.rows for m in members]
-        moves = []
+        group = [members[i] for i in stranded]
+        standing = self._stand_in(failed, group, stack.take(features, rows, stranded), times)
+        moves = [_answering(group, standing)]
         for route, indices in by_arm.values():
             FAILOVERS.labels(router.pipeline, failed.arm, route.arm).inc(len(indices))
             group = [members[i] for i in indices]
             taken = stack.take(features, rows, indices)
-            moved = self._onward(route, group, taken, False, preprocess_seconds)
+            moved = self._onward(route, group, taken, False, times[0])
             moves.append(_answering(group, moved))
         await asyncio.gather(*moves)
 

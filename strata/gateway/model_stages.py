@@ -11,8 +11,12 @@ with its earlier answer, marked degraded, or fails where the stage was not optio
 own trace (each stage is a span linked to the members it carried). A stage with a fallback
 runs that cheaper model instead, for the members its own could not answer (an arm
 unavailable, overloaded or failing, its circuit open, the model not served there) and for
-all of them from the fallback's degradation level; their answers are marked degraded. What
-postprocess receives is every tensor a model gave, for the members still waiting.
+all of them from the fallback's degradation level; their answers are marked degraded. The
+pipeline's first model may have a fallback too: the chain hands the members it could not
+answer (or all of them, from the fallback's level) to `stand_in`, which runs the first model
+as a stage of its own fallback, then the later stages. Every stage call counts in its arm's
+figures, under `<pipeline>/<stage>`. What postprocess receives is every tensor a model gave,
+for the members still waiting.
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from itertools import accumulate
 
@@ -29,11 +33,12 @@ from opentelemetry import trace
 from opentelemetry.trace import Link
 
 from strata import codec, stack
-from strata.config.pipelines import Condition, Pipeline, Route, Stage
+from strata.config.pipelines import Condition, Fallback, Pipeline, Route, Stage
 from strata.config.settings import Settings
 from strata.deadline import latest
 from strata.errors import DeadlineExceeded, NotReady, StrataError
 from strata.flight import member_errors
+from strata.gateway.arms import ArmBook
 from strata.gateway.flights import Member
 from strata.gateway.router import Router
 from strata.gateway.upstreams import Upstreams
@@ -71,17 +76,33 @@ RequestBuilder = Callable[
 def stage_routers(
     settings: Settings, serving: Callable[[str], Callable[[Route], bool]]
 ) -> dict[StageKey, Router]:
-    """A router per later stage of every pipeline and per fallback, over its own arms."""
+    """A router per later stage of every pipeline and per fallback (the first model's
+    too), over its own arms."""
     routers = {}
     for name, pipeline in settings.pipelines.items():
+        models = []
+        if pipeline.fallback is not None:
+            models.append((pipeline.model.name + FALLBACK_SUFFIX, pipeline.fallback.model))
         for stage in pipeline.stages:
-            models = [(stage.label, stage.model)]
+            models.append((stage.label, stage.model))
             if stage.fallback is not None:
                 models.append((_fallback_label(stage), stage.fallback.model))
-            for label, model in models:
-                routes = settings.model_routes(model)
-                routers[name, label] = Router(f"{name}/{label}", routes, None, serving(model.name))
+        for label, model in models:
+            routes = settings.model_routes(model)
+            routers[name, label] = Router(f"{name}/{label}", routes, None, serving(model.name))
     return routers
+
+
+def covers(pipeline: Pipeline, exc: StrataError) -> bool:
+    """Whether the pipeline's first model has a fallback that answers in its place when it
+    failed with `exc`."""
+    return pipeline.fallback is not None and exc.code.name in FALLS_BACK
+
+
+def stands_in(pipeline: Pipeline, level: int) -> bool:
+    """Whether the ladder's `level` sends a pipeline's requests to its first model's
+    fallback before that model is tried."""
+    return _at_level(pipeline.fallback, level)
 
 
 @dataclass
@@ -123,10 +144,12 @@ class Stages:
         upstreams: Upstreams,
         routers: dict[StageKey, Router],
         build: RequestBuilder,
+        arms: ArmBook,
     ) -> None:
         self._up = upstreams
         self._routers = routers
         self._build = build
+        self._arms = arms
         self._usual: dict[StageKey, float] = {}  # each stage's usual seconds per call
 
     async def run(
@@ -138,7 +161,6 @@ class Stages:
     ) -> Staged:
         """The flight after `members`' pipeline's later stages (`outputs`: its first
         model's, stacked over the members' rows like `features`)."""
-        pipeline: Pipeline = members[0].request.pipeline
         table = _Table(
             members,
             [m.rows for m in members],
@@ -146,6 +168,26 @@ class Stages:
             [t.name for t in outputs],
             {m: [first_stage] for m in members},
         )
+        return await self._later(table, features)
+
+    async def stand_in(self, members: list[Member], features: list[v1.Tensor]) -> Staged:
+        """The flight after its pipeline's first model's fallback answered in that model's
+        place (for all of `members`: the chain sends only those the model could not answer,
+        or all of them from the fallback's level), then after the later stages."""
+        arrays = codec.tensors_to_arrays(features)
+        table = _Table(members, [m.rows for m in members], arrays, [], {m: [] for m in members})
+        stage = _first_stage(members[0].request.pipeline, arrays)
+        waiting = [i for i, member in enumerate(members) if member.waiting]
+        everyone = np.ones(sum(table.rows), dtype=bool)
+        fresh: set[str] = set()
+        await self._by_arm(table, stage, waiting, everyone, fresh, fallback=True)
+        table.given = sorted(fresh)
+        return await self._later(table, features)
+
+    async def _later(self, table: _Table, features: list[v1.Tensor]) -> Staged:
+        """The flight after the later stages, from `table` (what the first model gave)."""
+        members = table.members
+        pipeline: Pipeline = members[0].request.pipeline
         for group in pipeline.stage_groups():
             made = await asyncio.gather(*(self._stage(table, stage) for stage in group))
             table.given = [*dict.fromkeys([*table.given, *(n for names in made for n in names)])]
@@ -176,7 +218,7 @@ class Stages:
                 continue
             if member.deadline.left() < usual:
                 _too_short(table, member, stage, usual)
-            elif _falls_back_at_level(stage, member):
+            elif _at_level(stage.fallback, member.request.level):
                 fallback.append(index)
             else:
                 own.append(index)
@@ -264,14 +306,18 @@ class Stages:
         hop = self._up.inference[route.deployment]
         deadline = latest(m.deadline for m in members)
         started = time.monotonic()
+        label = _fallback_label(stage) if fallback else stage.label
+        arm = (f"{members[0].request.pipeline_name}/{label}", route.arm)
         with _stage_span(stage, model.name, route, members, len(rows)):
             try:
                 if deadline.expired():
                     raise DeadlineExceeded(f"deadline passed before stage {stage.label!r}")
                 reply = await hop.call("ModelInfer", request, deadline, spare=False)
             except StrataError as exc:
+                self._arms.record(*arm, exc.code.name, 0.0, len(members))
                 await self._failed(table, stage, indices, chosen, fresh, fallback, exc)
                 return
+        self._arms.record(*arm, "OK", time.monotonic() - started, len(members))
         if not fallback:
             self._learn((members[0].request.pipeline_name, stage.label), time.monotonic() - started)
         errors = member_errors(reply.parameters, len(members))
@@ -279,7 +325,6 @@ class Stages:
         answered = [i for i in range(len(members)) if i not in errors]
         if answered:
             _write(table, stage, outputs, np.concatenate([picked[i] for i in answered]), fresh)
-            label = _fallback_label(stage) if fallback else stage.label
             for i in answered:
                 table.answered[members[i]].append(label)
                 if fallback:
@@ -302,14 +347,17 @@ def _fallback_label(stage: Stage) -> str:
     return stage.label + FALLBACK_SUFFIX
 
 
-def _falls_back_at_level(stage: Stage, member: Member) -> bool:
-    """Whether the ladder's level sends `member` to the stage's fallback at once."""
-    fallback = stage.fallback
-    return (
-        fallback is not None
-        and fallback.from_level is not None
-        and member.request.level >= fallback.from_level
-    )
+def _at_level(fallback: Fallback | None, level: int) -> bool:
+    """Whether the ladder's `level` sends requests to `fallback` before its model is tried."""
+    return fallback is not None and fallback.from_level is not None and level >= fallback.from_level
+
+
+def _first_stage(pipeline: Pipeline, features: Iterable[str]) -> Stage:
+    """The pipeline's first model as a stage fed by preprocess's outputs (`features`, each
+    an input of the model, as start-up checked), with the pipeline's fallback."""
+    model = pipeline.model.model_copy(update={"shadow": None})
+    inputs = {name: name for name in features}
+    return Stage(name=pipeline.model.name, model=model, inputs=inputs, fallback=pipeline.fallback)
 
 
 def _by_code(errors: dict[int, StrataError]) -> list[tuple[list[int], StrataError]]:

@@ -16,7 +16,7 @@ import numpy as np
 from strata import codec, stack
 from strata.config.gateway import FlightSettings
 from strata.config.pipelines import Pipeline, Route
-from strata.errors import StrataError
+from strata.errors import StrataError, Unavailable
 from strata.gateway.arms import ArmBook
 from strata.gateway.cache import Cached, ResultCache, cache_key
 from strata.gateway.chain import Chain, model_request
@@ -53,14 +53,14 @@ class Orchestrator:
         self.cache = cache
         self.routers = routers
         self.door = door
-        stages = Stages(upstreams, stage_routers, model_request)
+        stages = Stages(upstreams, stage_routers, model_request, arms)
         chain = Chain(upstreams, routers, shadow, arms, self._usable, stages)
         self.flights = Flights(flights, chain.fly, self._departed)
 
     async def infer(self, req: ClientRequest) -> Answer:
         pipeline, name = req.pipeline, req.pipeline_name
         rows = validate_inputs(req.arrays, pipeline.inputs, pipeline.max_batch_size)
-        route = self.routers[name].choose(req.client, req.forced_arm, self._usable)
+        route = self._route(req)
         req.route, req.version = route, route.version or pipeline.model.version
         req.level = level = self.ladder.level
         # The client's parameters are part of what it asked: `when:` rules depend on them.
@@ -89,13 +89,25 @@ class Orchestrator:
             self.door.leave(ticket, telling)
             INFLIGHT.dec()
         signals.record(name, time.monotonic() - started, "ok")
-        if answer.degraded:  # a later model's fallback, or an early exit from a cascade
+        if answer.degraded:  # a model's fallback, or an early exit from a cascade
             DEGRADED.labels(answer.degraded).inc()
         # A partial, degraded or sequence's answer is never served as a full one.
         if not (answer.skipped_rules or answer.degraded or req.sequence):
             cached = Cached(answer.outputs, answer.arm, answer.model_version, answer.stages)
             self.cache.put(key, cached)
         return answer
+
+    def _route(self, req: ClientRequest) -> Route:
+        """The request's arm; where none is available and the pipeline's model has a
+        fallback, the client's own arm all the same: that arm's call fails at once (its
+        circuit open) and the fallback answers in its place."""
+        router = self.routers[req.pipeline_name]
+        try:
+            return router.choose(req.client, req.forced_arm, self._usable)
+        except Unavailable:
+            if req.pipeline.fallback is None:
+                raise
+            return router.sticky(req.client)
 
     def _departed(self, member: Member, waited: float) -> None:
         self.ladder.signals.queued(member.request.pipeline_name, waited)

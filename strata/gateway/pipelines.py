@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import grpc
 
 from strata import __version__, codec
-from strata.config.pipelines import ModelRef, Pipeline, Route, Stage
+from strata.config.pipelines import Fallback, ModelRef, Pipeline, Route
 from strata.deadline import Deadline
 from strata.errors import NotFound, Unavailable, shown, status_of
 from strata.gateway.admission import ARM_PARAMETER
@@ -105,25 +105,31 @@ class Pipelines:
         return states["preprocess"] and states["postprocess"] and any(inference)
 
     async def model_ready(self, name: str, version: str = "") -> bool:
-        """Whether any route of pipeline `name` has its model ready, and so has each later
-        stage's model or fallback (False if no such pipeline, or while its last request
-        failed by the server's fault, FAILED_PRECONDITION)."""
+        """Whether any route of pipeline `name` has its model ready (or its fallback on any
+        of its own), and so has each later stage's model or fallback (False if no such
+        pipeline, or while its last request failed by the server's fault,
+        FAILED_PRECONDITION)."""
         pipeline = self._pipelines.get(name)
         if pipeline is None or version not in ("", PIPELINE_VERSION) or name in self._faulted:
             return False
-        if not await self._any_ready(pipeline.model, self._runtime.router(name).routes):
-            return False
-        for stage in pipeline.stages:
-            if not await self._stage_ready(stage):
+        settings = self._runtime.settings
+        first = (pipeline.model, self._runtime.router(name).routes, pipeline.fallback)
+        later = [(s.model, settings.model_routes(s.model), s.fallback) for s in pipeline.stages]
+        for model, routes, fallback in [first, *later]:
+            if not await self._either_ready(model, routes, fallback):
                 return False
         return True
 
-    async def _stage_ready(self, stage: Stage) -> bool:
-        """Whether a later stage's model, or else its fallback, is ready on any route."""
-        for model in [stage.model, *([stage.fallback.model] if stage.fallback else [])]:
-            if await self._any_ready(model, self._runtime.settings.model_routes(model)):
-                return True
-        return False
+    async def _either_ready(
+        self, model: ModelRef, routes: Sequence[Route], fallback: Fallback | None
+    ) -> bool:
+        """Whether `model` is ready on any of `routes`, or else its fallback on any of its own."""
+        if await self._any_ready(model, routes):
+            return True
+        settings = self._runtime.settings
+        return fallback is not None and await self._any_ready(
+            fallback.model, settings.model_routes(fallback.model)
+        )
 
     async def _any_ready(self, model: ModelRef, routes: Sequence[Route]) -> bool:
         """Whether `model` is ready on any of `routes`."""

@@ -88,13 +88,17 @@ class Router:
             raise InvalidArgument(
                 f"pipeline {self.pipeline!r} has no arm {shown(forced)}; arms: {arms}"
             )
-        sticky = _pick(routes, unit_hash(self.pipeline, client))
+        sticky = self.sticky(client)
         if usable(sticky) and self._available(sticky):
             return sticky
         fallback = self._another(client, sticky, usable, prepared=False)
         if fallback is None:
             raise Unavailable(f"pipeline {self.pipeline!r}: no arm is available")
         return fallback
+
+    def sticky(self, client: str) -> Route:
+        """`client`'s own arm, by weight, whether it is available or not."""
+        return _pick(self._routes, unit_hash(self.pipeline, client))
 
     def fallback(self, client: str, failed: Route, usable: Callable[[Route], bool]) -> Route | None:
         """Another usable arm for `client` (by weight) that can take a flight already

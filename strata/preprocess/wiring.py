@@ -1,5 +1,6 @@
 """What each preprocess step reads and makes, followed from the pipeline's declared inputs
-to the model's inputs and checked against every model version a route may call
+to the model's inputs and checked against every model version a route may call (and every
+version of the model's fallback)
 (strata.wiring), when the service starts."""
 
 from __future__ import annotations
@@ -40,8 +41,9 @@ def check(name: str, spec: Pipeline, steps: list[tuple[c.StepSpec, Step]], root:
         made, consumed = _makes(stage, step, flow)
         flow.make(label, made, consumed)
     flow.need("forward_to_postprocess", spec.forward_to_postprocess)
-    for version in wiring.versions(root, spec.model.name, spec.model.versions_called()):
-        wiring.check_model_inputs(flow, version)
+    for model in spec.first_models():  # a fallback takes what its model takes
+        for version in wiring.versions(root, model.name, model.versions_called()):
+            wiring.check_model_inputs(flow, version)
 
 
 def _reads(stage: c.StepSpec) -> list[str]:

@@ -117,6 +117,17 @@ def test_a_fallback_is_checked_as_the_stage_it_stands_in_for(root: Path) -> None
         build_chain("p", pipeline([misfit]), root, PostprocessSettings())
 
 
+def test_the_first_models_fallback_is_checked_as_the_model_it_stands_in_for(root: Path) -> None:
+    build_both(pipeline([{**LARGE, "when": UNSURE}], fallback={"model": {"name": "big"}}), root)
+    misfit = pipeline([], fallback={"model": {"name": "pool"}})
+    with pytest.raises(
+        ValueError, match=r"pipeline 'p': model 'pool' version 1 takes input 'ids', which no"
+    ):
+        build_pipeline("p", misfit, root)
+    with pytest.raises(ValueError, match=r"\(with model 'pool' version 1\) reads tensor 'y'"):
+        build_chain("p", misfit, root, PostprocessSettings())
+
+
 def test_parallel_stages_read_what_was_there_before_them_and_give_apart(root: Path) -> None:
     beside = {"name": "beside", "model": {"name": "m"}, "parallel": True}
     fanned = [
@@ -172,6 +183,14 @@ def test_postprocess_follows_what_the_stages_gave(root: Path) -> None:
         (
             {"stages": [{**LARGE, "model": {"name": "big", "shadow": {"deployment": "a"}}}]},
             "a shadow applies to the first model only",
+        ),
+        (
+            {"fallback": {"model": {"name": "m", "shadow": {"deployment": "a"}}}},
+            "a fallback model takes no shadow",
+        ),
+        (
+            {"stages": [{**LARGE, "name": "m/fallback"}], "fallback": {"model": {"name": "big"}}},
+            "a stage's name has no '/'",
         ),
         (
             {
