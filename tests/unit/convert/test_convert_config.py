@@ -11,7 +11,8 @@ from strata.config.preprocess import TokenizeStep
 
 CONFIGS = Path(__file__).resolve().parents[3] / "configs"
 TEXT_MODELS = {"minilm", "minilm-int8", "topics"}
-TEXT_PIPELINES = {"embed", "embed-int8", "topics"}
+TEXT_PIPELINES = {"embed", "embed-int8", "topics", "topics-staged"}
+STAGE_MODELS = {"topic-head"}  # topics-staged's second model
 
 
 @pytest.mark.parametrize(
@@ -42,7 +43,8 @@ def test_the_text_config_loads_and_its_pipelines_use_the_text_models() -> None:
     settings = load_settings(CONFIGS / "text.yaml")
     used = {settings.pipelines[name].model.name for name in TEXT_PIPELINES}
     assert used == TEXT_MODELS
-    assert set(settings.models_of("a")) == {"digits", "tabular", "digits-large"} | TEXT_MODELS
+    default = {"digits", "tabular", "digits-large"}
+    assert set(settings.models_of("a")) == default | TEXT_MODELS | STAGE_MODELS
     for name in TEXT_PIPELINES:
         (step,) = settings.pipelines[name].preprocess
         assert isinstance(step, TokenizeStep)
