@@ -13,7 +13,10 @@ ports with the ladder pinned at level 0:
   pipeline alike. With one row per request the chain's cost per request dominates (on a
   small machine it is many times the large model's cost per row); with 16 the models' does;
 - light load (one request at a time): P50 and P99, where the always-both chain against the
-  large model alone shows what a second stage adds (its model and one inference hop).
+  large model alone shows what a second stage adds (its model and one inference hop);
+- with configs/text.yaml, which also serves `topics` (MiniLM and its topic head in one graph)
+  and `topics-staged` (the same two parts as two stages), both at light load on one
+  connection: what splitting one graph into two stages costs.
 
 Results go to `--out` as cascade.md and cascade.json.
 """
@@ -42,6 +45,7 @@ from bench.load.worker import INFER
 from bench.measure import Point, closed, point
 from bench.report import machine
 from bench.suite_report import clean
+from bench.text import sentences
 from strata import codec
 from strata.config import load_settings
 from strata.proto.inference import grpc_service_pb2_grpc as v2_grpc
@@ -52,6 +56,7 @@ CASCADE = "digits-cascade"
 LARGE = "digits-large-only"  # the cascade's pipeline with its large model alone
 BOTH = "digits-then-large"  # the cascade's pipeline running both models for every row
 ROWS = (1, 16)  # rows per request in the capacity runs
+TOPICS = ("topics", "topics-staged")  # configs/text.yaml: one graph, and the same as two stages
 
 
 @dataclass(frozen=True)
@@ -84,7 +89,8 @@ def main(argv: list[str] | None = None) -> int:
         accuracy = {name: _accuracy(gateway, name, data) for name in (CASCADE, LARGE)}
         print(f"accuracy: {json.dumps(accuracy)}", flush=True)
         measured = _load(pool, gateway, data, timing)
-    report = _report(args.config, accuracy, measured, timing)
+        split = _split_cost(pool, gateway, supervisor.settings.pipelines, timing)
+    report = _report(args.config, accuracy, measured, timing, split)
     print(_markdown(report))
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "cascade.md").write_text(_markdown(report))
@@ -156,6 +162,22 @@ def _load(
     return measured
 
 
+def _split_cost(pool: LoadPool, gateway: str, served: dict, t: Timing) -> dict[str, list[Point]]:
+    """`topics` and `topics-staged` at light load (one request of one text at a time, on
+    one connection), rounds alternating their order; none where the config lacks them."""
+    if not set(TOPICS) <= set(served):
+        return {}
+    texts = np.array([text.encode() for text in sentences(0, 64)], dtype=object)
+    measured: dict[str, list[Point]] = {name: [] for name in TOPICS}
+    for round_ in range(t.rounds):
+        for name in TOPICS if round_ % 2 == 0 else TOPICS[::-1]:
+            requests = tuple(from_arrays(name, {"text": texts}))
+            plan = Plan(gateway, INFER, requests, CLIENT, timeout=30, connections=1)
+            closed(pool, plan, 1, t.warmup_seconds)
+            measured[name].append(point("light", closed(pool, plan, 1, t.light_seconds), 1.0))
+    return measured
+
+
 def _plan(gateway: str, pipeline: str, data: np.lib.npyio.NpzFile, rows: int) -> Plan:
     requests = tuple(from_arrays(pipeline, {"images": data["images"]}, batch=rows))
     return Plan(gateway, INFER, requests, CLIENT, timeout=30, connections=8)
@@ -165,8 +187,9 @@ def _rows_per_second(measured: dict[str, list[Point]], rows: int) -> list[float]
     return [p.throughput * rows for p in measured[f"capacity_{rows}"]]
 
 
-def _report(config: Path, accuracy: dict, measured: dict, timing: Timing) -> dict:
+def _report(config: Path, accuracy: dict, measured: dict, timing: Timing, split: dict) -> dict:
     light = {n: min(m["light"], key=lambda p: p.p50_ms) for n, m in measured.items()}
+    text = {n: min(points, key=lambda p: p.p50_ms) for n, points in split.items()}
     capacity = {}
     for rows in ROWS:
         best = {
@@ -187,6 +210,7 @@ def _report(config: Path, accuracy: dict, measured: dict, timing: Timing) -> dic
         "capacity": capacity,
         "second_stage_ms_at_c1": light[BOTH].p50_ms - light[LARGE].p50_ms,
         "light": {n: p.as_dict() for n, p in light.items()},
+        "split": {n: p.as_dict() for n, p in text.items()},
     }
 
 
@@ -224,7 +248,27 @@ def _markdown(report: dict) -> str:
         lines.append(
             f"| {name} | {cells} | {light[name]['p50_ms']:.2f} | {light[name]['p99_ms']:.2f} |"
         )
-    return "\n".join(lines) + "\n"
+    return "\n".join([*lines, *_split_lines(report["split"])]) + "\n"
+
+
+def _split_lines(split: dict) -> list[str]:
+    """The topics graph against its two parts as two stages, where they were measured."""
+    if not split:
+        return []
+    whole, staged = (split[name] for name in TOPICS)
+    return [
+        "",
+        f"One graph against its two parts as two stages, one text per request, one at a time "
+        f"on one connection: `{TOPICS[1]}` adds {staged['p50_ms'] - whole['p50_ms']:+.2f} ms "
+        f"at P50 to `{TOPICS[0]}`.",
+        "",
+        "| pipeline | c=1 P50 ms | c=1 P99 ms | requests |",
+        "|---|---:|---:|---:|",
+        *(
+            f"| {name} | {p['p50_ms']:.2f} | {p['p99_ms']:.2f} | {p['count']} |"
+            for name, p in split.items()
+        ),
+    ]
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -1,5 +1,6 @@
-"""docs/pipelines.md's config example is the default config's cascade, valid as written, and
-its graph fits the demo models' signatures."""
+"""docs/pipelines.md's config examples are the default config's cascade and the text
+config's two-stage topics, valid as written, and the cascade's graph fits the demo models'
+signatures."""
 
 import re
 
@@ -41,3 +42,12 @@ def test_each_deployment_loads_the_stage_models_its_routes_name() -> None:
     # The cascade's digits-large has no routes: it runs on the first deployment, a.
     assert "digits-large" in settings.models_of("a")
     assert "digits-large" not in settings.models_of("b")
+
+
+def test_the_text_example_is_the_text_configs_two_stages() -> None:
+    blocks = re.findall(r"```yaml\n(.*?)```", DOC.read_text(), flags=re.S)
+    (block,) = [b for b in blocks if "topics-staged:" in b]
+    shown = Pipeline.model_validate(yaml.safe_load(block)["topics-staged"])
+    served = load_settings(ROOT / "configs" / "text.yaml").pipelines["topics-staged"]
+    assert shown == served
+    assert shown.stage_names() == ["minilm", "classify"]
