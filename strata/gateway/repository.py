@@ -1,7 +1,8 @@
 """Triton's model repository extension at the gateway: pipelines are the models a client
-sees, so the index lists each pipeline with the model version behind each of its arms (and
-its shadow) and that version's state on its inference deployment, and loading or unloading
-a pipeline loads or unloads its model on every deployment behind it.
+sees, so the index lists each pipeline with the model version behind each of its arms, its
+shadow, its later stages' arms and its fallbacks', and that version's state on its inference
+deployment; loading or unloading a pipeline loads or unloads each of its models on every
+deployment behind it.
 
 A caller needs the gateway's admin token (`gateway.admin_token`); the gateway then calls each
 inference deployment's repository API with inference's own token (`inference.admin_token` or
@@ -17,7 +18,7 @@ from pathlib import Path
 
 import grpc
 
-from strata.config.pipelines import Pipeline
+from strata.config.pipelines import ModelRef, Pipeline
 from strata.errors import (
     InvalidArgument,
     NotFound,
@@ -38,9 +39,11 @@ UNAVAILABLE = "UNAVAILABLE"
 
 @dataclass(frozen=True)
 class Behind:
-    """One place a pipeline's model is served: an arm or the shadow, on a deployment."""
+    """One place one of a pipeline's models is served: an arm, the shadow, a later stage's
+    arm or a fallback's, on a deployment."""
 
-    role: str  # "arm control", "shadow"
+    role: str  # "arm control", "shadow", "stage large arm a", "fallback arm a"
+    model: str
     deployment: str
     version: str  # "" for the latest
 
@@ -62,7 +65,7 @@ class Repository:
         )
         indexes = dict(zip(deployments, found, strict=True))
         entries = [
-            _entry(name, pipeline.model.name, behind, indexes[behind.deployment])
+            _entry(name, behind, indexes[behind.deployment])
             for name, pipeline in sorted(settings.pipelines.items())
             for behind in self._behind(name, pipeline)
         ]
@@ -101,27 +104,41 @@ class Repository:
         self._auth.allow(caller.peer, caller.metadata)
 
     def _behind(self, name: str, pipeline: Pipeline) -> list[Behind]:
-        default = pipeline.model.version
+        model = pipeline.model
         behind = [
-            Behind(f"arm {route.arm}", route.deployment, route.version or default)
+            Behind(f"arm {route.arm}", model.name, route.deployment, route.version or model.version)
             for route in self._runtime.router(name).routes
         ]
-        shadow = pipeline.model.shadow
-        if shadow is not None:
-            behind.append(Behind("shadow", shadow.deployment, shadow.version or default))
+        if model.shadow is not None:
+            shadow = model.shadow
+            behind.append(
+                Behind("shadow", model.name, shadow.deployment, shadow.version or model.version)
+            )
+        for role, later in _later_models(pipeline):
+            behind += [
+                Behind(
+                    f"{role} arm {route.arm}",
+                    later.name,
+                    route.deployment,
+                    route.version or later.version,
+                )
+                for route in self._runtime.settings.model_routes(later)
+            ]
         return behind
 
     async def _everywhere(self, name: str, caller: Caller, method: str, request: type) -> None:
-        """`method` for the pipeline's model on each deployment behind it, at once; the first
-        failure, naming its deployment, once all have answered."""
+        """`method` for each of the pipeline's models on each deployment behind it, at once;
+        the first failure, naming its deployment, once all have answered."""
         pipeline = self._runtime.settings.pipelines.get(name)
         if pipeline is None:
             raise NotFound(f"unknown model {shown(name)}; pipelines: {self._names()}")
-        deployments = sorted({b.deployment for b in self._behind(name, pipeline)})
-        message = request(model_name=pipeline.model.name)
+        places = sorted({(b.deployment, b.model) for b in self._behind(name, pipeline)})
         token = self._inference_token()
         outcomes = await asyncio.gather(
-            *(self._call(each, caller, token, method, message) for each in deployments),
+            *(
+                self._call(deployment, caller, token, method, request(model_name=model))
+                for deployment, model in places
+            ),
             return_exceptions=True,
         )
         for outcome in outcomes:
@@ -187,15 +204,27 @@ def _upstream_error(deployment: str, exc: grpc.aio.AioRpcError) -> StrataError:
     return Upstream(exc.code(), f"{where}: {exc.details()}")
 
 
-def _entry(name: str, model: str, behind: Behind, index: list[ModelIndex] | str) -> ModelIndex:
-    """Pipeline `name`'s entry for one arm or shadow: its model version's state there."""
+def _later_models(pipeline: Pipeline) -> list[tuple[str, ModelRef]]:
+    """The pipeline's models after its first, each with the role it plays there."""
+    later = []
+    if pipeline.fallback is not None:
+        later.append(("fallback", pipeline.fallback.model))
+    for stage in pipeline.stages:
+        later.append((f"stage {stage.label}", stage.model))
+        if stage.fallback is not None:
+            later.append((f"stage {stage.label} fallback", stage.fallback.model))
+    return later
+
+
+def _entry(name: str, behind: Behind, index: list[ModelIndex] | str) -> ModelIndex:
+    """Pipeline `name`'s entry for one place behind it: its model version's state there."""
     where = (
-        f"{behind.role}: model {model} version {behind.version or 'latest'} "
+        f"{behind.role}: model {behind.model} version {behind.version or 'latest'} "
         f"on inference deployment {behind.deployment}"
     )
     if isinstance(index, str):
         return ModelIndex(name=name, version=behind.version, state=UNAVAILABLE, reason=index)
-    found = _version([e for e in index if e.name == model], behind.version)
+    found = _version([e for e in index if e.name == behind.model], behind.version)
     if found is None:
         reason = f"{where}: not in that deployment's repository"
         return ModelIndex(name=name, version=behind.version, state=UNAVAILABLE, reason=reason)

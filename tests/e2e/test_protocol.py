@@ -114,6 +114,10 @@ def test_the_index_lists_every_pipeline_with_the_versions_behind_its_arms(
     digits = {e["reason"].split(":")[0]: e for e in index if e["name"] == "digits"}
     assert digits["arm control"]["version"] == "1" and digits["arm canary"]["version"] == "2"
     assert "on inference deployment b" in digits["arm canary"]["reason"]
+    # A cascade lists its later stage's model too, under that stage's arms.
+    cascade = {e["reason"].split(":")[0]: e for e in index if e["name"] == "digits-cascade"}
+    assert set(cascade) == {"arm a", "stage large arm a"}
+    assert "model digits-large version latest" in cascade["stage large arm a"]["reason"]
     assert all(e["state"] == "READY" for e in index)
 
 
