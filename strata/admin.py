@@ -64,7 +64,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print the answers as JSON")
     commands = parser.add_subparsers(dest="action", required=True, metavar="COMMAND")
     commands.add_parser("status", help="level, signals, arms, upstreams, counters")
-    weights = commands.add_parser("weights", help="set a pipeline's arm weights live")
+    weights = commands.add_parser(
+        "weights", help="set a pipeline's arm weights live (a later stage's: <pipeline>/<stage>)"
+    )
     weights.add_argument("pipeline")
     weights.add_argument("weights", nargs="+", metavar="ARM=WEIGHT")
     level = commands.add_parser("level", help="pin the degradation level, or release it")
@@ -214,7 +216,8 @@ def weights(settings: Settings, args: argparse.Namespace) -> Output:
         "Set live on this gateway: kept over a reload unless the file's weights for the "
         "pipeline changed; a restart reads the file's."
     )
-    arms = _arms_text({args.pipeline: reply.pipelines[args.pipeline]})
+    pipeline = args.pipeline.partition("/")[0]  # a later stage's arms print with its pipeline's
+    arms = _arms_text({pipeline: reply.pipelines[pipeline]})
     return Output(_as_dict(reply), f"{arms}\n{note}")
 
 
@@ -354,10 +357,19 @@ def _arms_text(pipelines: dict[str, admin_pb2.PipelineStatus]) -> str:
             a.p99_ms,
             a.breaker,
         ]
-        for name, pipeline in sorted(pipelines.items())
-        for a in pipeline.arms
+        for name, arms in _all_arms(pipelines)
+        for a in arms
     ]
     return _table(header, rows)
+
+
+def _all_arms(pipelines: dict[str, admin_pb2.PipelineStatus]) -> list[tuple[str, list]]:
+    """Each pipeline's arms, then its later stages' as `<pipeline>/<stage>`."""
+    arms = []
+    for name, pipeline in sorted(pipelines.items()):
+        arms.append((name, list(pipeline.arms)))
+        arms += [(f"{name}/{stage.stage}", list(stage.arms)) for stage in pipeline.stages]
+    return arms
 
 
 def _status_text(reply: admin_pb2.StatusResponse) -> str:

@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from strata.errors import InvalidArgument
+from strata.errors import InvalidArgument, NotFound
 from strata.gateway.concurrency import AdaptiveLimit
 from strata.gateway.ladder import Reading
 from strata.gateway.metrics import RATE_LIMITED, SHED, UPSTREAM_CALLS
+from strata.gateway.model_stages import later_models
+from strata.gateway.router import Router
 from strata.gateway.runtime import Runtime
 from strata.grpc_errors import grpc_errors
 from strata.proto.v1 import admin_pb2, admin_pb2_grpc
@@ -42,8 +44,23 @@ class AdminServicer(admin_pb2_grpc.AdminServicer):
     @grpc_errors
     async def SetWeights(self, request, context) -> admin_pb2.StatusResponse:
         self._auth.check(context)
-        self._runtime.router(request.pipeline).set_weights(dict(request.weights))
+        self._router(request.pipeline).set_weights(dict(request.weights))
         return await self._status()
+
+    def _router(self, name: str) -> Router:
+        """A pipeline's router (its first model's arms), or a later stage's or fallback's
+        by `<pipeline>/<label>` as the status lists them."""
+        runtime = self._runtime
+        if name in runtime.routers:
+            return runtime.router(name)
+        pipeline, _, label = name.partition("/")
+        router = runtime.stage_routers.get((pipeline, label))
+        if router is None:
+            raise NotFound(
+                f"unknown pipeline or stage {name!r}: a pipeline's name, or "
+                f"<pipeline>/<stage> as the status lists its later stages"
+            )
+        return router
 
     @grpc_errors
     async def ForceLevel(self, request, context) -> admin_pb2.StatusResponse:
@@ -80,14 +97,15 @@ class AdminServicer(admin_pb2_grpc.AdminServicer):
             counters=_counters(),
         )
 
-    def _pipeline(self, name: str) -> admin_pb2.PipelineStatus:
+    def _arms(
+        self, figures_of: str, model: str, router: Router, configured: dict[str, float]
+    ) -> list[admin_pb2.ArmStatus]:
+        """Each of `router`'s arms: its live weight, figures (kept under `figures_of`) and
+        `model`'s circuit on its deployment."""
         runtime = self._runtime
-        router = runtime.router(name)
-        model = runtime.settings.pipelines[name].model.name
-        configured = {route.arm: route.weight for route in runtime.settings.routes(name)}
         arms = []
         for route in router.routes:
-            figures = runtime.arms.get(name, route.arm)
+            figures = runtime.arms.get(figures_of, route.arm)
             p50, p95, p99 = figures.percentiles_ms()
             breaker = runtime.upstreams.inference[route.deployment].breaker.state(model)
             arms.append(
@@ -105,7 +123,28 @@ class AdminServicer(admin_pb2_grpc.AdminServicer):
                     config_weight=configured.get(route.arm, route.weight),
                 )
             )
-        status = admin_pb2.PipelineStatus(arms=arms)
+        return arms
+
+    def _pipeline(self, name: str) -> admin_pb2.PipelineStatus:
+        runtime = self._runtime
+        pipeline = runtime.settings.pipelines[name]
+        configured = {route.arm: route.weight for route in runtime.settings.routes(name)}
+        arms = self._arms(name, pipeline.model.name, runtime.router(name), configured)
+        stages = [
+            admin_pb2.StageStatus(
+                stage=label,
+                model=model.name,
+                arms=self._arms(
+                    f"{name}/{label}",
+                    model.name,
+                    runtime.stage_routers[name, label],
+                    {route.arm: route.weight for route in runtime.settings.model_routes(model)},
+                ),
+            )
+            for label, model in later_models(pipeline)
+        ]
+        router = runtime.router(name)
+        status = admin_pb2.PipelineStatus(arms=arms, stages=stages)
         if router.shadow is not None:
             stats = runtime.shadow.stats.get(name)
             status.shadow.deployment = router.shadow.deployment

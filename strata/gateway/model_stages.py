@@ -33,7 +33,7 @@ from opentelemetry import trace
 from opentelemetry.trace import Link
 
 from strata import codec, stack
-from strata.config.pipelines import Condition, Fallback, Pipeline, Route, Stage
+from strata.config.pipelines import Condition, Fallback, ModelRef, Pipeline, Route, Stage
 from strata.config.settings import Settings
 from strata.deadline import latest
 from strata.errors import DeadlineExceeded, NotReady, StrataError
@@ -80,17 +80,23 @@ def stage_routers(
     too), over its own arms."""
     routers = {}
     for name, pipeline in settings.pipelines.items():
-        models = []
-        if pipeline.fallback is not None:
-            models.append((pipeline.model.name + FALLBACK_SUFFIX, pipeline.fallback.model))
-        for stage in pipeline.stages:
-            models.append((stage.label, stage.model))
-            if stage.fallback is not None:
-                models.append((_fallback_label(stage), stage.fallback.model))
-        for label, model in models:
+        for label, model in later_models(pipeline):
             routes = settings.model_routes(model)
             routers[name, label] = Router(f"{name}/{label}", routes, None, serving(model.name))
     return routers
+
+
+def later_models(pipeline: Pipeline) -> list[tuple[str, ModelRef]]:
+    """The pipeline's models after its first, each by its label in strata.stages: the first
+    model's fallback (`<model>/fallback`), then each later stage and its fallback."""
+    models = []
+    if pipeline.fallback is not None:
+        models.append((pipeline.model.name + FALLBACK_SUFFIX, pipeline.fallback.model))
+    for stage in pipeline.stages:
+        models.append((stage.label, stage.model))
+        if stage.fallback is not None:
+            models.append((_fallback_label(stage), stage.fallback.model))
+    return models
 
 
 def covers(pipeline: Pipeline, exc: StrataError) -> bool:

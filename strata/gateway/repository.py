@@ -18,7 +18,7 @@ from pathlib import Path
 
 import grpc
 
-from strata.config.pipelines import ModelRef, Pipeline
+from strata.config.pipelines import Pipeline
 from strata.errors import (
     InvalidArgument,
     NotFound,
@@ -29,6 +29,7 @@ from strata.errors import (
     shown,
 )
 from strata.gateway.caller import Caller
+from strata.gateway.model_stages import FALLBACK_SUFFIX, later_models
 from strata.gateway.runtime import Runtime
 from strata.proto.inference import grpc_service_pb2 as v2
 from strata.tokens import ControlAuth
@@ -114,10 +115,10 @@ class Repository:
             behind.append(
                 Behind("shadow", model.name, shadow.deployment, shadow.version or model.version)
             )
-        for role, later in _later_models(pipeline):
+        for label, later in later_models(pipeline):
             behind += [
                 Behind(
-                    f"{role} arm {route.arm}",
+                    f"{_role(pipeline, label)} arm {route.arm}",
                     later.name,
                     route.deployment,
                     route.version or later.version,
@@ -204,16 +205,13 @@ def _upstream_error(deployment: str, exc: grpc.aio.AioRpcError) -> StrataError:
     return Upstream(exc.code(), f"{where}: {exc.details()}")
 
 
-def _later_models(pipeline: Pipeline) -> list[tuple[str, ModelRef]]:
-    """The pipeline's models after its first, each with the role it plays there."""
-    later = []
-    if pipeline.fallback is not None:
-        later.append(("fallback", pipeline.fallback.model))
-    for stage in pipeline.stages:
-        later.append((f"stage {stage.label}", stage.model))
-        if stage.fallback is not None:
-            later.append((f"stage {stage.label} fallback", stage.fallback.model))
-    return later
+def _role(pipeline: Pipeline, label: str) -> str:
+    """What a later model does in the pipeline, from its label in strata.stages."""
+    if label == pipeline.model.name + FALLBACK_SUFFIX:
+        return "fallback"
+    if label.endswith(FALLBACK_SUFFIX):
+        return f"stage {label.removesuffix(FALLBACK_SUFFIX)} fallback"
+    return f"stage {label}"
 
 
 def _entry(name: str, behind: Behind, index: list[ModelIndex] | str) -> ModelIndex:

@@ -69,6 +69,8 @@ class Runtime:
         }
         self.shadow = ShadowRunner(self.upstreams)
         self.arms = ArmBook()
+        # Each later stage's and fallback's router, by (pipeline, label in strata.stages).
+        self.stage_routers = stage_routers(settings, self._serving)
         self.orchestrator = Orchestrator(
             self.upstreams,
             self.ladder,
@@ -78,7 +80,7 @@ class Runtime:
             self.arms,
             settings.gateway.flights,
             self.door,
-            stage_routers(settings, self._serving),
+            self.stage_routers,
         )
         self._ticker: asyncio.Task | None = None
 

@@ -151,6 +151,33 @@ def test_fallbacks_and_stage_arms_are_counted(stub, system: Supervisor) -> None:
     assert grown(*degraded, source="fallback") == 1
 
 
+def test_the_admin_status_lists_each_later_model_with_its_arms(stub, system: Supervisor) -> None:
+    admin = admin_pb2_grpc.AdminStub(grpc.insecure_channel(system.address("gateway")))
+    before = admin.Status(admin_pb2.StatusRequest(), metadata=AUTH).pipelines["orphan-cascade"]
+    infer(stub, "orphan-cascade", images(64))  # the fallback answers, then large for some rows
+    status = admin.Status(admin_pb2.StatusRequest(), metadata=AUTH).pipelines["orphan-cascade"]
+    assert [(s.stage, s.model) for s in status.stages] == [
+        ("digits/fallback", "digits"),
+        ("large", "digits-large"),
+    ]
+    assert [a.arm for a in status.arms] == ["lost"]
+    fallback, large = status.stages
+    assert (fallback.arms[0].version, fallback.arms[0].breaker) == ("2", "closed")
+    assert fallback.arms[0].requests == before.stages[0].arms[0].requests + 1
+    assert large.arms[0].requests == before.stages[1].arms[0].requests + 1
+    weighed = admin.SetWeights(
+        admin_pb2.SetWeightsRequest(pipeline="orphan-cascade/large", weights={"a": 3}),
+        metadata=AUTH,
+    ).pipelines["orphan-cascade"]
+    assert (weighed.stages[1].arms[0].weight, weighed.stages[1].arms[0].config_weight) == (3, 1)
+    with pytest.raises(grpc.RpcError) as unknown:
+        admin.SetWeights(
+            admin_pb2.SetWeightsRequest(pipeline="orphan-cascade/nope", weights={"a": 1}),
+            metadata=AUTH,
+        )
+    assert unknown.value.code() == grpc.StatusCode.NOT_FOUND
+
+
 def test_with_its_only_deployment_down_the_first_models_fallback_answers(
     stub, system: Supervisor
 ) -> None:
