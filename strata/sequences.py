@@ -63,7 +63,7 @@ def sequence_flags(parameters: Mapping[str, v2.InferParameter]) -> Flags | None:
     """The request's sequence flags; None when it belongs to no sequence (no id, 0 or "").
     INVALID_ARGUMENT for an id of another type, a negative or over-long one, a flag that is
     not a bool, or a start or end flag without an id."""
-    start, end = _flag(parameters, SEQUENCE_START), _flag(parameters, SEQUENCE_END)
+    start, end = flag(parameters, SEQUENCE_START), flag(parameters, SEQUENCE_END)
     sequence = _id(parameters.get(SEQUENCE_ID))
     if sequence is None:
         if start or end:
@@ -95,7 +95,8 @@ def _id(value: v2.InferParameter | None) -> SequenceId | None:
     raise InvalidArgument(f"sequence_id must be a uint64 or a string, got {choice}")
 
 
-def _flag(parameters: Mapping[str, v2.InferParameter], name: str) -> bool:
+def flag(parameters: Mapping[str, v2.InferParameter], name: str) -> bool:
+    """A v2 bool parameter; False when absent, INVALID_ARGUMENT when of another kind."""
     if name not in parameters:
         return False
     value = parameters[name]

@@ -113,9 +113,10 @@ class ChildSpanExporter(SpanExporter):
         return True
 
 
-# The child's side: the OTLP request is built from the records directly, in place. Rebuilding
-# the SDK's spans and encoding them with its encoder (a message made for every value, then
-# copied into its parent) measured 64 us a span here; filling one request in place, 11.
+# The child's side: the OTLP request is built from the records directly, in place. The SDK's
+# encoder (a message made for every value, then copied into its parent) took 49-57 us a span
+# here, after about 10 to rebuild SDK spans from the records; filling one request in place,
+# 11-13, measured side by side.
 # The SDK's exporter still sends it (endpoint, TLS, headers, retries from OTEL_EXPORTER_OTLP_*).
 
 SPAN_FLAGS_HAS_IS_REMOTE = trace_pb2.SpanFlags.SPAN_FLAGS_CONTEXT_HAS_IS_REMOTE_MASK

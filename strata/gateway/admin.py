@@ -128,8 +128,9 @@ class AdminServicer(admin_pb2_grpc.AdminServicer):
     def _pipeline(self, name: str) -> admin_pb2.PipelineStatus:
         runtime = self._runtime
         pipeline = runtime.settings.pipelines[name]
+        router = runtime.router(name)
         configured = {route.arm: route.weight for route in runtime.settings.routes(name)}
-        arms = self._arms(name, pipeline.model.name, runtime.router(name), configured)
+        arms = self._arms(name, pipeline.model.name, router, configured)
         stages = [
             admin_pb2.StageStatus(
                 stage=label,
@@ -143,7 +144,6 @@ class AdminServicer(admin_pb2_grpc.AdminServicer):
             )
             for label, model in later_models(pipeline)
         ]
-        router = runtime.router(name)
         status = admin_pb2.PipelineStatus(arms=arms, stages=stages)
         if router.shadow is not None:
             stats = runtime.shadow.stats.get(name)

@@ -123,7 +123,7 @@ class Repository:
                     route.deployment,
                     route.version or later.version,
                 )
-                for route in self._runtime.settings.model_routes(later)
+                for route in self._runtime.stage_routers[name, label].routes
             ]
         return behind
 

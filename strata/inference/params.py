@@ -16,6 +16,7 @@ from strata.deadline import Deadline, earliest
 from strata.errors import InvalidArgument
 from strata.inference.jobs import Request
 from strata.proto.inference import grpc_service_pb2 as v2
+from strata.sequences import flag
 
 PRIORITY, TIMEOUT, SKIP_BATCHING = "priority", "timeout", "skip_batching"
 
@@ -25,7 +26,7 @@ def request_options(parameters: Mapping[str, v2.InferParameter], call: Deadline 
     return Request(
         priority=_integer(parameters, PRIORITY),
         deadline=earliest(call, Deadline.from_us(_integer(parameters, TIMEOUT))),
-        skip_batching=_flag(parameters, SKIP_BATCHING),
+        skip_batching=flag(parameters, SKIP_BATCHING),
     )
 
 
@@ -40,13 +41,3 @@ def _integer(parameters: Mapping[str, v2.InferParameter], name: str) -> int:
     if value < 0:
         raise InvalidArgument(f"parameter {name!r} must not be negative, got {value}")
     return value
-
-
-def _flag(parameters: Mapping[str, v2.InferParameter], name: str) -> bool:
-    if name not in parameters:
-        return False
-    param = parameters[name]
-    kind = param.WhichOneof("parameter_choice")
-    if kind != "bool_param":
-        raise InvalidArgument(f"parameter {name!r} must be a bool, got {kind or 'nothing'}")
-    return param.bool_param
