@@ -18,11 +18,13 @@ import argparse
 import contextlib
 import logging
 import os
+import select
 import signal
 import struct
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -39,6 +41,9 @@ log = logging.getLogger(__name__)
 HEADER = struct.Struct(">I")  # a frame's length, then the frame
 CHILD_EXIT_SECONDS = 5.0
 READ_BYTES = 1 << 20  # at most, per read of the pipe
+# The child sends what has arrived at most this often: an OTLP call costs about a millisecond
+# of CPU whatever it carries, and the serving process hands over small batches often.
+EXPORT_SECONDS = 0.5
 
 
 def _context(context: SpanContext) -> list[Any]:
@@ -226,9 +231,12 @@ class FrameReader:
         self._fd = fd
         self._buffer = bytearray()
 
-    def frames(self) -> list[bytes] | None:
-        """Every whole frame that has arrived (waiting for one); None once the pipe ends."""
+    def frames(self, timeout: float | None = None) -> list[bytes] | None:
+        """Every whole frame that has arrived (waiting for one, or `timeout` seconds for
+        none: []); None once the pipe ends."""
         while not (frames := self._whole_frames()):
+            if timeout is not None and not select.select([self._fd], [], [], timeout)[0]:
+                return []
             chunk = os.read(self._fd, READ_BYTES)
             if not chunk:
                 return None
@@ -262,11 +270,36 @@ def run(resource: Resource, endpoint: str, fd: int) -> None:
 
     exporter = FramesExporter(endpoint=endpoint)
     try:
-        reader = FrameReader(fd)
-        while (frames := reader.frames()) is not None:
+        batch = Batch(FrameReader(fd))
+        while (frames := batch.next()) is not None:
             exporter.export(frames)
     finally:
         exporter.shutdown()
+
+
+class Batch:
+    """Frames gathered into one export: those that arrive within EXPORT_SECONDS of the first
+    one (everything left, once the pipe ends)."""
+
+    def __init__(self, reader: FrameReader) -> None:
+        self._reader = reader
+        self._ended = False
+
+    def next(self) -> list[bytes] | None:
+        """The next export's frames; None once the pipe has ended and all were given."""
+        if self._ended:
+            return None
+        first = self._reader.frames()
+        if first is None:
+            return None
+        frames, due = first, time.monotonic() + EXPORT_SECONDS
+        while (left := due - time.monotonic()) > 0:
+            more = self._reader.frames(left)
+            if more is None:
+                self._ended = True
+                break
+            frames += more
+        return frames
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -21,7 +21,7 @@ from typing import Any
 
 import grpc
 from google.protobuf import descriptor_pool
-from opentelemetry import propagate, trace
+from opentelemetry import trace
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
@@ -34,6 +34,7 @@ from opentelemetry.sdk.trace.sampling import (
 )
 from opentelemetry.trace import NonRecordingSpan, SpanContext, SpanKind, Status, StatusCode
 
+from strata import propagation
 from strata.errors import bounded
 from strata.metrics import RPC_DURATION, RPCS, Children
 from strata.spanexport import ChildSpanExporter
@@ -210,10 +211,11 @@ def server_span(name: str, carrier: Mapping[str, str]) -> AbstractContextManager
     traceparent = carrier.get("traceparent", "")
     unsampled = _sampling == "off" or (_sampling == "parent" and traceparent[53:55] == "00")
     if not unsampled:
-        parent = propagate.extract(carrier) if traceparent else None
-        return _server_tracer.start_as_current_span(
+        parent = propagation.extract(carrier) if traceparent else None
+        span = _server_tracer.start_span(
             name, context=parent, kind=SpanKind.SERVER, record_exception=False
         )
+        return propagation.Current(span)
     span = NonRecordingSpan(_unsampled_context(traceparent))
     return trace.use_span(span, end_on_exit=False)
 
@@ -287,7 +289,7 @@ def outgoing(metadata: Sequence = ()) -> tuple:
     client span: the next hop's server span is the call's, and the caller records how long
     the call took as an attribute of its own span (a span per hop cost more than it told)."""
     carrier: dict[str, str] = {}
-    propagate.inject(carrier)
+    propagation.inject(carrier)
     return (*metadata, *carrier.items())
 
 

@@ -31,10 +31,11 @@ from typing import Any, TypeVar
 
 import grpc
 import numpy as np
-from opentelemetry import propagate, trace
+from opentelemetry import trace
 from opentelemetry.context import Context
 from opentelemetry.trace import Link, Span
 
+from strata import propagation
 from strata.codec import Arrays, arrays_to_tensors, tensors_to_arrays
 from strata.errors import InvalidArgument, StrataError, shown, status_of
 from strata.proto.v1 import tensor_pb2 as v1
@@ -99,7 +100,7 @@ def in_own_trace(item: v1.Request) -> Iterator[None]:
     call = trace.get_current_span().get_span_context()
     with TRACER.start_as_current_span(
         f"request {item.pipeline}",
-        context=propagate.extract(item.trace_context),
+        context=propagation.extract(item.trace_context),
         links=[Link(call)] if call.is_valid else [],
         attributes={"strata.pipeline": item.pipeline},
     ):
@@ -160,11 +161,12 @@ def _flight_span(item: v1.Request, roster: _Roster) -> contextlib.AbstractContex
     links = [Link(_span_context(c)) for c in roster.contexts if c is not None]
     if not links and not trace.get_current_span().is_recording():
         return contextlib.nullcontext()
-    return TRACER.start_as_current_span(
+    span = TRACER.start_span(
         f"flight {item.pipeline}",
         links=links,
         attributes={"strata.pipeline": item.pipeline, "strata.requests": len(roster.ids)},
     )
+    return propagation.Current(span)
 
 
 def _sampled_context(carrier: Mapping[str, str]) -> Context | None:
@@ -172,7 +174,7 @@ def _sampled_context(carrier: Mapping[str, str]) -> Context | None:
     parsing, so that a member whose trace is not recorded costs next to nothing."""
     if carrier.get("traceparent", "")[53:55] not in _SAMPLED_FLAGS:
         return None
-    context = propagate.extract(carrier)
+    context = propagation.extract(carrier)
     return context if _span_context(context).is_valid else None
 
 

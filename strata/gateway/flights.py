@@ -28,9 +28,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from opentelemetry import context as otel_context
-from opentelemetry import propagate, trace
+from opentelemetry import trace
 from opentelemetry.trace import Link
 
+from strata import propagation
 from strata.config.gateway import FlightSettings
 from strata.deadline import Deadline
 from strata.errors import DeadlineExceeded
@@ -56,7 +57,7 @@ class Member:
         """Its W3C trace context (traceparent, tracestate), made once."""
         if self._carrier is None:
             self._carrier = {}
-            propagate.inject(self._carrier, context=self.context)
+            propagation.inject(self._carrier, context=self.context)
         return self._carrier
 
     @property
@@ -181,7 +182,8 @@ def _flight_span(group: list[Member], number: int) -> Iterator[None]:
         return
     links = [Link(s.get_span_context()) for s in sampled]
     attributes = {"strata.requests": len(group), "strata.flight": number}
-    with TRACER.start_as_current_span("flight", links=links, attributes=attributes) as flight:
+    span = TRACER.start_span("flight", links=links, attributes=attributes)
+    with propagation.Current(span) as flight:
         for span in sampled:
             span.add_link(flight.get_span_context())
         yield

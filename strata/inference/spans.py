@@ -10,9 +10,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from opentelemetry import propagate, trace
+from opentelemetry import trace
 from opentelemetry.context import Context
 from opentelemetry.trace import Link, Span, SpanContext, Status, StatusCode
+
+from strata import propagation
 
 _tracer = trace.get_tracer("strata.inference.batcher")
 
@@ -22,7 +24,7 @@ def sampled(traceparent: str) -> SpanContext | None:
     to with its queue time; None for an unsampled one, which nothing records."""
     if traceparent[53:55] != "01":
         return None
-    context = trace.get_current_span(propagate.extract({"traceparent": traceparent}))
+    context = trace.get_current_span(propagation.extract({"traceparent": traceparent}))
     return context.get_span_context()
 
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import threading
+import time
 
 from opentelemetry import trace
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
@@ -20,7 +22,15 @@ from opentelemetry.trace import (
     TraceState,
 )
 
-from strata.spanexport import HEADER, ChildSpanExporter, FrameReader, encode, translate
+from strata.spanexport import (
+    EXPORT_SECONDS,
+    HEADER,
+    Batch,
+    ChildSpanExporter,
+    FrameReader,
+    encode,
+    translate,
+)
 from strata.traces import Receiver
 
 RESOURCE = Resource.create({"service.name": "svc"})
@@ -83,6 +93,30 @@ def test_frames_written_together_are_read_together_and_a_partial_one_waits() -> 
         os.close(write)
         assert reader.frames() == [frame[HEADER.size :]]
         assert reader.frames() is None
+    finally:
+        os.close(read)
+
+
+def test_frames_within_the_export_interval_go_in_one_export() -> None:
+    spans = finished_spans()
+    frame = encode(spans)
+    read, write = os.pipe()
+    try:
+        batch = Batch(FrameReader(read))
+        os.write(write, frame)
+        later = threading.Timer(EXPORT_SECONDS / 4, os.write, (write, frame))
+        later.start()
+        started = time.monotonic()
+        assert batch.next() == [frame[HEADER.size :]] * 2
+        assert time.monotonic() - started >= EXPORT_SECONDS * 0.9
+        later.join()
+        # The pipe's end ends the gathering at once, with what arrived.
+        os.write(write, frame)
+        os.close(write)
+        started = time.monotonic()
+        assert batch.next() == [frame[HEADER.size :]]
+        assert time.monotonic() - started < EXPORT_SECONDS
+        assert batch.next() is None
     finally:
         os.close(read)
 
