@@ -156,16 +156,21 @@ async def _flight(item: v1.Request, handler: AsyncHandler) -> v1.Result:
 
 
 def _flight_span(item: v1.Request, roster: _Roster) -> contextlib.AbstractContextManager:
-    """The span the flight's work runs in, linked to its sampled members; none at all (not
-    even a non-recording one) when neither the call nor any member is sampled."""
+    """The span the flight's work is recorded on, linked to its sampled members: the call's
+    own where it records (a span more for the flight would tell nothing the call's does not),
+    else one of the flight's own; none at all (not even a non-recording one) when neither the
+    call nor any member is sampled."""
     links = [Link(_span_context(c)) for c in roster.contexts if c is not None]
-    if not links and not trace.get_current_span().is_recording():
+    attributes = {"strata.pipeline": item.pipeline, "strata.requests": len(roster.ids)}
+    call = trace.get_current_span()
+    if call.is_recording():
+        for link in links:
+            call.add_link(link.context)
+        call.set_attributes(attributes)
+        return contextlib.nullcontext(call)
+    if not links:
         return contextlib.nullcontext()
-    span = TRACER.start_span(
-        f"flight {item.pipeline}",
-        links=links,
-        attributes={"strata.pipeline": item.pipeline, "strata.requests": len(roster.ids)},
-    )
+    span = TRACER.start_span(f"flight {item.pipeline}", links=links, attributes=attributes)
     return propagation.Current(span)
 
 

@@ -154,13 +154,15 @@ def test_a_request_in_a_flight_and_the_flight_lead_to_each_other(traced) -> None
     assert root.span_id in flight.links and flight.trace_id != root.trace_id
     assert flight.attributes["strata.requests"] >= 2
     assert not [s for s in receiver.trace(root.trace_id) if s.name == "request digits"]
-    # The flight's work is traced once, in its own trace, linked to the request's span.
+    # The flight's work is traced once, in its own trace: each layer's span of the call that
+    # carried it, linked to the request's span.
     shared = receiver.wait_for(flight.trace_id, LAYERS - {"strata-inference"})
+    assert not [s for s in shared if s.name == "flight digits"], "no span more for the flight"
     for layer in ("preprocess", "postprocess"):
-        work = next(s for s in shared if s.name == "flight digits" and s.service.endswith(layer))
+        work = layer_span_of(shared, flight, layer)
         assert root.span_id in work.links
-        assert work.parent_id == server_span_of(shared, flight, layer)
-    run = next(s for s in shared if s.name == "flight digits" and "preprocess" in s.service)
+        assert work.attributes["strata.requests"] >= 2
+    run = layer_span_of(shared, flight, "preprocess")
     assert [entry.split()[0] for entry in run.attributes["strata.steps"]][1:3] == [
         "resize",
         "scale",
@@ -189,11 +191,9 @@ def linked_batch(receiver: Receiver, span_id: str, within: float = 5.0) -> bool:
     return False
 
 
-def server_span_of(spans: list[Span], flight: Span, layer: str) -> str:
-    """The span id of `layer`'s server span for the gateway's call in `flight`."""
-    return next(
-        s.span_id for s in spans if s.parent_id == flight.span_id and s.service.endswith(layer)
-    )
+def layer_span_of(spans: list[Span], flight: Span, layer: str) -> Span:
+    """`layer`'s server span for the gateway's call in `flight`."""
+    return next(s for s in spans if s.parent_id == flight.span_id and s.service.endswith(layer))
 
 
 def test_a_bad_request_leaves_an_error_span_with_its_kind(traced) -> None:

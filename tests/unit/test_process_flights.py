@@ -190,29 +190,45 @@ def spans(monkeypatch: pytest.MonkeyPatch) -> Spans:
     return Spans(provider.get_tracer("test"), exporter)
 
 
-def test_a_flight_is_traced_once_linked_to_its_sampled_members(spans: Spans) -> None:
+def test_a_flight_is_recorded_on_its_calls_span_linked_to_its_sampled_members(
+    spans: Spans,
+) -> None:
     sampled = f"00-{TRACE}-b7ad6b7169203331-01"
     unsampled = f"00-{'1' * 32}-b7ad6b7169203331-00"
     item = flight(
         {"bad": rows(-1), "quiet": rows(2), "plain": rows(3)},
         contexts={"bad": sampled, "quiet": unsampled},
     )
-    with spans.tracer.start_as_current_span("call") as call:
+    with spans.tracer.start_as_current_span("call"):
         (result,) = sync(Doubler(tracer=spans.tracer), item)
     assert answers(result)["quiet"] == [4]
-    (flight_span,) = spans.named("flight p")
+    assert not spans.named("flight p"), "the call's span is the flight's"
     assert not spans.named("request p"), "a member adds no span of its own"
-    assert flight_span.parent.span_id == call.get_span_context().span_id
-    assert flight_span.attributes["strata.requests"] == 3
-    assert [(link.context.trace_id, link.context.span_id) for link in flight_span.links] == [
+    (call,) = spans.named("call")
+    assert call.attributes["strata.requests"] == 3
+    assert [(link.context.trace_id, link.context.span_id) for link in call.links] == [
         (int(TRACE, 16), 0xB7AD6B7169203331)
     ]
-    (failed,) = [e for e in flight_span.events if e.name == "member failed"]
+    (failed,) = [e for e in call.events if e.name == "member failed"]
     assert failed.attributes["strata.request_id"] == "bad"
     assert "negative" in failed.attributes["error.message"]
     # Every run of the handler (the flight's and the fallback's) is traced in the flight.
     work = spans.named("work")
-    assert len(work) == 5 and {s.parent.span_id for s in work} == {flight_span.context.span_id}
+    assert len(work) == 5 and {s.parent.span_id for s in work} == {call.context.span_id}
+
+
+def test_a_flight_of_an_unsampled_call_gets_its_own_span_for_its_sampled_members(
+    spans: Spans,
+) -> None:
+    sampled = f"00-{TRACE}-b7ad6b7169203331-01"
+    item = flight({"a": rows(1), "b": rows(2)}, contexts={"a": sampled})
+    (result,) = sync(Doubler(tracer=spans.tracer), item)
+    assert answers(result)["b"] == [4]
+    (flight_span,) = spans.named("flight p")
+    assert flight_span.attributes["strata.requests"] == 2
+    assert [link.context.span_id for link in flight_span.links] == [0xB7AD6B7169203331]
+    work = spans.named("work")
+    assert {s.parent.span_id for s in work} == {flight_span.context.span_id}
 
 
 def test_an_unsampled_flight_makes_no_span_at_all(spans: Spans) -> None:
