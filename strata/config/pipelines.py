@@ -178,7 +178,10 @@ class Stage(Strict):
     name: str = Field(
         default="", description="Stage name in strata.stages and spans; empty: its model's."
     )
-    model: ModelRef = Field(description="The model it runs, and its routes (no shadow).")
+    model: ModelRef = Field(
+        description="The model it runs, its routes and its optional shadow (fed the rows the "
+        "stage runs for, as its arm got them)."
+    )
     inputs: dict[str, str] = Field(
         min_length=1,
         description="Each model input and the tensor that feeds it: one the first model "
@@ -207,12 +210,6 @@ class Stage(Strict):
         "stages gave (a cascade's early exit), so a stage with a condition may only give "
         "tensors an earlier stage gave.",
     )
-
-    @model_validator(mode="after")
-    def _no_shadow(self) -> Stage:
-        if self.model.shadow is not None:
-            raise ValueError(f"stage {self.label!r}: a shadow applies to the first model only")
-        return self
 
     @property
     def label(self) -> str:

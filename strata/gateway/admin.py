@@ -141,21 +141,27 @@ class AdminServicer(admin_pb2_grpc.AdminServicer):
                     runtime.stage_routers[name, label],
                     {route.arm: route.weight for route in runtime.settings.model_routes(model)},
                 ),
+                shadow=self._shadow(runtime.stage_routers[name, label]),
             )
             for label, model in later_models(pipeline)
         ]
-        status = admin_pb2.PipelineStatus(arms=arms, stages=stages)
-        if router.shadow is not None:
-            stats = runtime.shadow.stats.get(name)
-            status.shadow.deployment = router.shadow.deployment
-            status.shadow.version = router.shadow.version
-            if stats is not None:
-                status.shadow.compared = stats.compared
-                status.shadow.agreed = stats.agreed
-                status.shadow.errors = stats.errors
-                status.shadow.dropped = stats.dropped
-                if stats.latencies:
-                    status.shadow.p50_ms = float(np.median(stats.latencies) * 1000)
+        return admin_pb2.PipelineStatus(arms=arms, shadow=self._shadow(router), stages=stages)
+
+    def _shadow(self, router: Router) -> admin_pb2.ShadowStatus | None:
+        """`router`'s shadow and its figures (kept under the router's name), or None."""
+        if router.shadow is None:
+            return None
+        status = admin_pb2.ShadowStatus(
+            deployment=router.shadow.deployment, version=router.shadow.version
+        )
+        stats = self._runtime.shadow.stats.get(router.pipeline)
+        if stats is not None:
+            status.compared = stats.compared
+            status.agreed = stats.agreed
+            status.errors = stats.errors
+            status.dropped = stats.dropped
+            if stats.latencies:
+                status.p50_ms = float(np.median(stats.latencies) * 1000)
         return status
 
 

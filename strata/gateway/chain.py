@@ -294,7 +294,7 @@ class Chain:
         for i in mirrored:
             request = _request(members[i])
             self._shadow.submit(
-                first.pipeline_name, first.pipeline, inputs[i], outputs[i], request.deadline
+                first.pipeline_name, first.pipeline.model, inputs[i], outputs[i], request.deadline
             )
 
 

@@ -15,8 +15,9 @@ all of them from the fallback's degradation level; their answers are marked degr
 pipeline's first model may have a fallback too: the chain hands the members it could not
 answer (or all of them, from the fallback's level) to `stand_in`, which runs the first model
 as a stage of its own fallback, then the later stages. Every stage call counts in its arm's
-figures, under `<pipeline>/<stage>`. What postprocess receives is every tensor a model gave,
-for the members still waiting.
+figures, under `<pipeline>/<stage>`. A stage's shadow gets a copy of each mirrored member's
+rows its own model answered (strata/gateway/shadow.py), counted under `<pipeline>/<stage>`
+too. What postprocess receives is every tensor a model gave, for the members still waiting.
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ from strata.flight import member_errors
 from strata.gateway.arms import ArmBook
 from strata.gateway.flights import Member
 from strata.gateway.router import Router
+from strata.gateway.shadow import ShadowRunner
 from strata.gateway.upstreams import Upstreams
 from strata.proto.inference import grpc_service_pb2 as v2
 from strata.proto.v1 import tensor_pb2 as v1
@@ -77,12 +79,13 @@ def stage_routers(
     settings: Settings, serving: Callable[[str], Callable[[Route], bool]]
 ) -> dict[StageKey, Router]:
     """A router per later stage of every pipeline and per fallback (the first model's
-    too), over its own arms."""
+    too), over its own arms, with the stage's shadow (a fallback has none)."""
     routers = {}
     for name, pipeline in settings.pipelines.items():
         for label, model in later_models(pipeline):
             routes = settings.model_routes(model)
-            routers[name, label] = Router(f"{name}/{label}", routes, None, serving(model.name))
+            router = Router(f"{name}/{label}", routes, model.shadow, serving(model.name))
+            routers[name, label] = router
     return routers
 
 
@@ -151,11 +154,13 @@ class Stages:
         routers: dict[StageKey, Router],
         build: RequestBuilder,
         arms: ArmBook,
+        shadow: ShadowRunner,
     ) -> None:
         self._up = upstreams
         self._routers = routers
         self._build = build
         self._arms = arms
+        self._shadow = shadow
         self._usual: dict[StageKey, float] = {}  # each stage's usual seconds per call
 
     async def run(
@@ -327,7 +332,8 @@ class Stages:
         if not fallback:
             self._learn((members[0].request.pipeline_name, stage.label), time.monotonic() - started)
         errors = member_errors(reply.parameters, len(members))
-        outputs = _renamed(codec.response_outputs(reply), stage.outputs)
+        given = codec.response_outputs(reply)
+        outputs = _renamed(given, stage.outputs)
         answered = [i for i in range(len(members)) if i not in errors]
         if answered:
             _write(table, stage, outputs, np.concatenate([picked[i] for i in answered]), fresh)
@@ -335,6 +341,8 @@ class Stages:
                 table.answered[members[i]].append(label)
                 if fallback:
                     table.degraded[members[i]] = FALLBACK
+            if not fallback:
+                self._mirror(stage, members, answered, [len(p) for p in picked], inputs, given)
         await asyncio.gather(
             *(
                 self._failed(
@@ -343,6 +351,35 @@ class Stages:
                 for group, error in _by_code(errors)
             )
         )
+
+    def _mirror(
+        self,
+        stage: Stage,
+        members: list[Member],
+        answered: list[int],
+        rows: list[int],
+        inputs: codec.Arrays,
+        given: codec.Arrays,
+    ) -> None:
+        """Submit the `answered` members (of `members`, `rows` each in the call) that the
+        stage's shadow mirrors: each one's rows of the call's `inputs` and of what the
+        stage's model `given` for the answered members' rows (its own names, as the
+        mirror's answer has them)."""
+        router = self._routers[members[0].request.pipeline_name, stage.label]
+        if router.shadow is None:
+            return
+        sent = [0, *accumulate(rows)]
+        back = [0, *accumulate(rows[i] for i in answered)]
+        for n, i in enumerate(answered):
+            request = members[i].request
+            if router.mirrors(request.request_id or request.client):
+                self._shadow.submit(
+                    router.pipeline,
+                    stage.model,
+                    {key: array[sent[i] : sent[i + 1]] for key, array in inputs.items()},
+                    {key: array[back[n] : back[n + 1]] for key, array in given.items()},
+                    request.deadline,
+                )
 
     def _learn(self, key: StageKey, seconds: float) -> None:
         before = self._usual.get(key)

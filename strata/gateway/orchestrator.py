@@ -53,7 +53,7 @@ class Orchestrator:
         self.cache = cache
         self.routers = routers
         self.door = door
-        stages = Stages(upstreams, stage_routers, model_request, arms)
+        stages = Stages(upstreams, stage_routers, model_request, arms, shadow)
         chain = Chain(upstreams, routers, shadow, arms, self._usable, stages)
         self.flights = Flights(flights, chain.fly, self._departed)
 

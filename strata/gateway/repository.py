@@ -1,8 +1,8 @@
 """Triton's model repository extension at the gateway: pipelines are the models a client
 sees, so the index lists each pipeline with the model version behind each of its arms, its
-shadow, its later stages' arms and its fallbacks', and that version's state on its inference
-deployment; loading or unloading a pipeline loads or unloads each of its models on every
-deployment behind it.
+shadow, its later stages' arms and shadows and its fallbacks' arms, and that version's state
+on its inference deployment; loading or unloading a pipeline loads or unloads each of its
+models on every deployment behind it.
 
 A caller needs the gateway's admin token (`gateway.admin_token`); the gateway then calls each
 inference deployment's repository API with inference's own token (`inference.admin_token` or
@@ -18,7 +18,7 @@ from pathlib import Path
 
 import grpc
 
-from strata.config.pipelines import Pipeline
+from strata.config.pipelines import ModelRef, Pipeline
 from strata.errors import (
     InvalidArgument,
     NotFound,
@@ -30,6 +30,7 @@ from strata.errors import (
 )
 from strata.gateway.caller import Caller
 from strata.gateway.model_stages import FALLBACK_SUFFIX, later_models
+from strata.gateway.router import Router
 from strata.gateway.runtime import Runtime
 from strata.proto.inference import grpc_service_pb2 as v2
 from strata.tokens import ControlAuth
@@ -41,9 +42,10 @@ UNAVAILABLE = "UNAVAILABLE"
 @dataclass(frozen=True)
 class Behind:
     """One place one of a pipeline's models is served: an arm, the shadow, a later stage's
-    arm or a fallback's, on a deployment."""
+    arm or shadow, or a fallback's arm, on a deployment."""
 
-    role: str  # "arm control", "shadow", "stage large arm a", "fallback arm a"
+    # "arm control", "shadow", "stage large arm a", "stage large shadow", "fallback arm a"
+    role: str
     model: str
     deployment: str
     version: str  # "" for the latest
@@ -105,26 +107,10 @@ class Repository:
         self._auth.allow(caller.peer, caller.metadata)
 
     def _behind(self, name: str, pipeline: Pipeline) -> list[Behind]:
-        model = pipeline.model
-        behind = [
-            Behind(f"arm {route.arm}", model.name, route.deployment, route.version or model.version)
-            for route in self._runtime.router(name).routes
-        ]
-        if model.shadow is not None:
-            shadow = model.shadow
-            behind.append(
-                Behind("shadow", model.name, shadow.deployment, shadow.version or model.version)
-            )
+        behind = _served("", pipeline.model, self._runtime.router(name))
         for label, later in later_models(pipeline):
-            behind += [
-                Behind(
-                    f"{_role(pipeline, label)} arm {route.arm}",
-                    later.name,
-                    route.deployment,
-                    route.version or later.version,
-                )
-                for route in self._runtime.stage_routers[name, label].routes
-            ]
+            router = self._runtime.stage_routers[name, label]
+            behind += _served(f"{_role(pipeline, label)} ", later, router)
         return behind
 
     async def _everywhere(self, name: str, caller: Caller, method: str, request: type) -> None:
@@ -203,6 +189,21 @@ def _upstream_error(deployment: str, exc: grpc.aio.AioRpcError) -> StrataError:
             "need the same inference.admin_token"
         )
     return Upstream(exc.code(), f"{where}: {exc.details()}")
+
+
+def _served(role: str, model: ModelRef, router: Router) -> list[Behind]:
+    """Where `model` is served: each of `router`'s arms, then its shadow, each `role` first."""
+    behind = [
+        Behind(
+            f"{role}arm {route.arm}", model.name, route.deployment, route.version or model.version
+        )
+        for route in router.routes
+    ]
+    if router.shadow is not None:
+        shadow = router.shadow
+        version = shadow.version or model.version
+        behind.append(Behind(f"{role}shadow", model.name, shadow.deployment, version))
+    return behind
 
 
 def _role(pipeline: Pipeline, label: str) -> str:

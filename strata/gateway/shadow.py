@@ -1,8 +1,11 @@
 """The shadow route: copies of requests go to a mirror deployment, off the request's path.
 
-The primary answer is returned at once; the mirror's answer is only compared with it (same
-top class per row, or all values within tolerance) and counted. At most `max_inflight`
-shadow calls run at once; beyond that copies are dropped, never queued.
+A pipeline's first model and each of its later stages may have one (a stage's gets the rows
+the stage ran, as its arm got them). The primary answer is returned at once; the mirror's
+answer is only compared with it (same top class per row, or all values within tolerance)
+and counted, under the pipeline's name for its first model and `<pipeline>/<stage>` for a
+stage. At most `max_inflight` shadow calls run at once, all shadows together; beyond that
+copies are dropped, never queued.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ import numpy as np
 
 from strata import codec
 from strata.codec import Arrays
-from strata.config.pipelines import Pipeline
+from strata.config.pipelines import ModelRef
 from strata.deadline import Deadline
 from strata.errors import StrataError
 from strata.gateway.metrics import SHADOW
@@ -57,23 +60,32 @@ class ShadowRunner:
         self.stats: dict[str, ShadowStats] = {}
 
     def submit(
-        self, name: str, pipeline: Pipeline, features: Arrays, primary: Arrays, deadline: Deadline
+        self, name: str, model: ModelRef, features: Arrays, primary: Arrays, deadline: Deadline
     ) -> None:
-        """Mirror one request; returns at once."""
+        """Mirror one request's call of `model` (its inputs `features`, the answer `primary`)
+        to the model's shadow, counted under `name`; returns at once."""
         stats = self.stats.setdefault(name, ShadowStats())
         if len(self._tasks) >= self._max_inflight:
             stats.dropped += 1
             SHADOW.labels(name, "dropped").inc()
             return
-        task = asyncio.create_task(self._run(name, pipeline, features, primary, deadline, stats))
+        task = asyncio.create_task(self._run(name, model, features, primary, deadline, stats))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _run(self, name, pipeline, features, primary, deadline, stats: ShadowStats) -> None:
-        shadow = pipeline.model.shadow
+    async def _run(
+        self,
+        name: str,
+        model: ModelRef,
+        features: Arrays,
+        primary: Arrays,
+        deadline: Deadline,
+        stats: ShadowStats,
+    ) -> None:
+        shadow = model.shadow
         hop = self._up.inference[shadow.deployment]
-        version = shadow.version or pipeline.model.version
-        request = codec.build_request(pipeline.model.name, features, version)
+        version = shadow.version or model.version
+        request = codec.build_request(model.name, features, version)
         started = time.monotonic()
         try:
             reply = await hop.call("ModelInfer", request, deadline)

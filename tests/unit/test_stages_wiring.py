@@ -181,10 +181,6 @@ def test_postprocess_follows_what_the_stages_gave(root: Path) -> None:
             "a fallback model takes no shadow",
         ),
         (
-            {"stages": [{**LARGE, "model": {"name": "big", "shadow": {"deployment": "a"}}}]},
-            "a shadow applies to the first model only",
-        ),
-        (
             {"fallback": {"model": {"name": "m", "shadow": {"deployment": "a"}}}},
             "a fallback model takes no shadow",
         ),
