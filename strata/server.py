@@ -23,6 +23,7 @@ from grpc_reflection.v1alpha import reflection, reflection_pb2_grpc
 from grpc_reflection.v1alpha._async import ReflectionServicer
 from opentelemetry import trace
 
+from strata.collector import Frozen
 from strata.config.server import ServerSettings
 from strata.config.tls import TlsSettings
 from strata.door import PROBE_RESERVE, Door
@@ -218,7 +219,8 @@ async def serve(
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stopping.set)
-    await stopping.wait()
+    with Frozen():  # start-up's objects out of the collector's full collections
+        await stopping.wait()
 
     log.info("stopping: draining in-flight calls for up to %.1fs", settings.grace_seconds)
     await running.set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
