@@ -9,6 +9,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import strata.transport  # noqa: F401  (first: it sets gRPC's transport before gRPC loads)
 from strata.allocator import keep_tensor_memory
 from strata.config import ConfigError, Settings, load_settings
 from strata.config.endpoints import ServiceEndpoint
