@@ -65,6 +65,8 @@ async def process_all_async(
     request: v1.ProcessRequest, handler: AsyncHandler
 ) -> v1.ProcessResponse:
     """Every request of the call concurrently, so none waits for another's handler."""
+    if len(request.requests) == 1:  # the usual call (a flight is one request): no task
+        return v1.ProcessResponse(results=[await process(request.requests[0], handler)])
     results = await asyncio.gather(*(process(item, handler) for item in request.requests))
     return v1.ProcessResponse(results=results)
 

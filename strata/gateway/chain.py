@@ -103,12 +103,14 @@ class Chain:
             else:
                 raise
             return
-        await asyncio.gather(  # each group's failure is its own
-            _answering(
-                members, self._onward_from_model(route, members, features, scores, version, times)
-            ),
-            _answering(unanswered[0], self._stand_in(route, *unanswered, times)),
+        answering = _answering(
+            members, self._onward_from_model(route, members, features, scores, version, times)
         )
+        if not unanswered[0]:  # the usual case: no task for a group of none
+            await answering
+            return
+        standing = _answering(unanswered[0], self._stand_in(route, *unanswered, times))
+        await asyncio.gather(answering, standing)  # each group's failure is its own
 
     async def _onward_from_model(
         self,
