@@ -191,6 +191,23 @@ def response_outputs(response: v2.ModelInferResponse) -> dict[str, np.ndarray]:
     return _decode_all(response.outputs, response.raw_output_contents)
 
 
+def response_tensors(response: v2.ModelInferResponse) -> list[v1.Tensor]:
+    """All outputs of a v2 response as strata.v1 tensors: raw contents passed on as they
+    are, typed contents encoded."""
+    raw = response.raw_output_contents
+    if not raw:
+        return arrays_to_tensors(response_outputs(response))
+    if len(raw) != len(response.outputs):
+        raise InvalidArgument(
+            f"raw contents has {len(raw)} entries for {len(response.outputs)} tensors; "
+            "send every tensor raw or none"
+        )
+    return [
+        v1.Tensor(name=o.name, datatype=o.datatype, shape=o.shape, data=data)
+        for o, data in zip(response.outputs, raw, strict=True)
+    ]
+
+
 def _decode_all(tensors: Sequence, raw: Sequence[bytes]) -> dict[str, np.ndarray]:
     if raw and len(raw) != len(tensors):
         raise InvalidArgument(

@@ -1,23 +1,27 @@
 """A pipeline's later model stages, run over a flight after its first model.
 
-The flight's tensors (preprocess's outputs and the first model's) are decoded once into one
-table of rows; each stage takes the rows it runs for (all of them, or those its condition
-picks, evaluated over the whole flight at once), calls its model with just those rows, one
-ModelInfer per arm, and writes its outputs back into their rows. A row a conditional stage
-passes over keeps what earlier stages gave it: a cascade's early exit. Each member keeps its
-own error (a stage's error for one member fails only that member), its own deadline (a stage
-is not started for a member whose budget is shorter than the stage's usual time: it leaves
-with its earlier answer, marked degraded, or fails where the stage was not optional) and its
-own trace (each stage is a span linked to the members it carried). A stage with a fallback
-runs that cheaper model instead, for the members its own could not answer (an arm
-unavailable, overloaded or failing, its circuit open, the model not served there) and for
-all of them from the fallback's degradation level; their answers are marked degraded. The
-pipeline's first model may have a fallback too: the chain hands the members it could not
-answer (or all of them, from the fallback's level) to `stand_in`, which runs the first model
-as a stage of its own fallback, then the later stages. Every stage call counts in its arm's
-figures, under `<pipeline>/<stage>`. A stage's shadow gets a copy of each mirrored member's
-rows its own model answered (strata/gateway/shadow.py), counted under `<pipeline>/<stage>`
-too. What postprocess receives is every tensor a model gave, for the members still waiting.
+The flight's tensors (preprocess's outputs and the first model's) make one table of rows,
+kept as the raw bytes they came in: a stage that runs for every row sends them on as they
+are, and one that answers every row puts its reply's bytes in the table as they came. A
+tensor is decoded only where a condition reads it or a stage takes or writes some of its
+rows, and encoded again only if a stage wrote into it. Each stage takes the rows it runs for
+(all of them, or those its condition picks, evaluated over the whole flight at once), calls
+its model with just those rows, one ModelInfer per arm, and writes its outputs back into
+their rows. A row a conditional stage passes over keeps what earlier stages gave it: a
+cascade's early exit. Each member keeps its own error (a stage's error for one member fails
+only that member), its own deadline (a stage is not started for a member whose budget is
+shorter than the stage's usual time: it leaves with its earlier answer, marked degraded, or
+fails where the stage was not optional) and its own trace (each stage is a span linked to
+the members it carried). A stage with a fallback runs that cheaper model instead, for the
+members its own could not answer (an arm unavailable, overloaded or failing, its circuit
+open, the model not served there) and for all of them from the fallback's degradation level;
+their answers are marked degraded. The pipeline's first model may have a fallback too: the
+chain hands the members it could not answer (or all of them, from the fallback's level) to
+`stand_in`, which runs the first model as a stage of its own fallback, then the later
+stages. Every stage call counts in its arm's figures, under `<pipeline>/<stage>`. A stage's
+shadow gets a copy of each mirrored member's rows its own model answered
+(strata/gateway/shadow.py), counted under `<pipeline>/<stage>` too. What postprocess
+receives is every tensor a model gave, for the members still waiting.
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from itertools import accumulate
 
@@ -44,6 +48,7 @@ from strata.gateway.flights import Member
 from strata.gateway.router import Router
 from strata.gateway.shadow import ShadowRunner
 from strata.gateway.upstreams import Upstreams
+from strata.limits import check_declared
 from strata.proto.inference import grpc_service_pb2 as v2
 from strata.proto.v1 import tensor_pb2 as v1
 
@@ -129,20 +134,75 @@ class Staged:
 
 @dataclass
 class _Table:
-    """The flight's tensors decoded, stacked over every member's rows in boarding order."""
+    """The flight's tensors stacked over every member's rows in boarding order: as raw
+    bytes (`wire`) until a stage writes into them, and decoded (`arrays`) where a stage read
+    or wrote them."""
 
     members: list[Member]
-    rows: list[int]
-    tensors: dict[str, np.ndarray]
+    wire: dict[str, v1.Tensor]
     given: list[str]
     answered: dict[Member, list[str]]
     degraded: dict[Member, str] = field(default_factory=dict)
+    arrays: dict[str, np.ndarray] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        self._starts = [0, *accumulate(self.rows)]
+        self.rows = [m.rows for m in self.members]
+        self.starts = np.array([0, *accumulate(self.rows)])
+        self.total = int(self.starts[-1])
+        self.owner = np.repeat(np.arange(len(self.rows)), self.rows)  # each row's member
 
-    def row_slices(self, index: int) -> slice:
-        return slice(self._starts[index], self._starts[index + 1])
+    def kind(self, name: str) -> tuple[str, list[int]] | None:
+        """Tensor `name`'s datatype and the shape of its rows; None where there is none."""
+        tensor = self.wire.get(name)
+        if tensor is not None:
+            return tensor.datatype, list(tensor.shape[1:])
+        array = self.arrays.get(name)
+        if array is None:
+            return None
+        return codec.datatype_of(array), list(array.shape[1:])
+
+    def array(self, name: str) -> np.ndarray:
+        """Tensor `name` decoded (a read-only view of the wire's bytes until written)."""
+        array = self.arrays.get(name)
+        if array is None:
+            array = self.arrays[name] = codec.from_tensor(self.wire[name])
+        return array
+
+    def tensor(self, name: str) -> v1.Tensor:
+        """Tensor `name` as strata.v1 bytes: as it came where no stage wrote into it."""
+        tensor = self.wire.get(name)
+        return tensor if tensor is not None else codec.to_tensor(name, self.arrays[name])
+
+    def put(self, tensor: v1.Tensor) -> None:
+        """`tensor` (every row) in place of what the table had of its name."""
+        self.arrays.pop(tensor.name, None)
+        self.wire[tensor.name] = tensor
+
+    def inputs(self, stage: Stage, rows: np.ndarray) -> list[v1.Tensor]:
+        """The stage's model inputs over `rows`: forwarded as they are where that is every
+        row (the rows are ascending, so as many as the table has are all of them)."""
+        if len(rows) == self.total:
+            return [_named(self.tensor(source), name) for name, source in stage.inputs.items()]
+        return [
+            codec.to_tensor(name, self.array(source)[rows]) for name, source in stage.inputs.items()
+        ]
+
+    def chosen_by_member(self, chosen: np.ndarray) -> np.ndarray:
+        """How many of each member's rows `chosen` picks."""
+        counts = np.concatenate(([0], np.cumsum(chosen)))
+        return counts[self.starts[1:]] - counts[self.starts[:-1]]
+
+    def picked(self, indices: list[int], chosen: np.ndarray) -> tuple[np.ndarray, list[int]]:
+        """The chosen rows of members `indices` (ascending) as row numbers of the table, and
+        how many of them each member has."""
+        if len(indices) == len(self.members):
+            rows = np.flatnonzero(chosen)
+        else:
+            among = np.zeros(len(self.members), dtype=bool)
+            among[indices] = True
+            rows = np.flatnonzero(chosen & among[self.owner])
+        counts = np.bincount(self.owner[rows], minlength=len(self.members))[indices]
+        return rows, counts.tolist()
 
 
 class Stages:
@@ -174,8 +234,7 @@ class Stages:
         model's, stacked over the members' rows like `features`)."""
         table = _Table(
             members,
-            [m.rows for m in members],
-            {**codec.tensors_to_arrays(features), **codec.tensors_to_arrays(outputs)},
+            {t.name: t for t in [*features, *outputs]},
             [t.name for t in outputs],
             {m: [first_stage] for m in members},
         )
@@ -185,11 +244,11 @@ class Stages:
         """The flight after its pipeline's first model's fallback answered in that model's
         place (for all of `members`: the chain sends only those the model could not answer,
         or all of them from the fallback's level), then after the later stages."""
-        arrays = codec.tensors_to_arrays(features)
-        table = _Table(members, [m.rows for m in members], arrays, [], {m: [] for m in members})
-        stage = _first_stage(members[0].request.pipeline, arrays)
+        wire = {t.name: t for t in features}
+        table = _Table(members, wire, [], {m: [] for m in members})
+        stage = _first_stage(members[0].request.pipeline, wire)
         waiting = [i for i, member in enumerate(members) if member.waiting]
-        everyone = np.ones(sum(table.rows), dtype=bool)
+        everyone = np.ones(table.total, dtype=bool)
         fresh: set[str] = set()
         await self._by_arm(table, stage, waiting, everyone, fresh, fallback=True)
         table.given = sorted(fresh)
@@ -200,19 +259,24 @@ class Stages:
         members = table.members
         pipeline: Pipeline = members[0].request.pipeline
         for group in pipeline.stage_groups():
-            made = await asyncio.gather(*(self._stage(table, stage) for stage in group))
+            if len(group) == 1:  # no task of its own
+                made = [await self._stage(table, group[0])]
+            else:
+                made = await asyncio.gather(*(self._stage(table, stage) for stage in group))
             table.given = [*dict.fromkeys([*table.given, *(n for names in made for n in names)])]
         order = {name: index for index, name in enumerate(pipeline.stage_names())}
         for labels in table.answered.values():  # parallel stages answer in any order
             labels.sort(key=lambda label: order[label.removesuffix(FALLBACK_SUFFIX)])
         kept = [i for i, m in enumerate(members) if m.waiting]
-        rows = _rows_of(table, kept, np.ones(sum(table.rows), dtype=bool))
-        given = {name: table.tensors[name][rows] for name in table.given}
+        given = [table.tensor(name) for name in table.given]
+        if len(kept) < len(members):
+            features = stack.take(features, table.rows, kept)
+            given = stack.take(given, table.rows, kept)
         survivors = [members[i] for i in kept]
         return Staged(
             survivors,
-            stack.take(features, table.rows, kept) if len(kept) < len(members) else features,
-            codec.arrays_to_tensors(given),
+            features,
+            given,
             {m: table.answered[m] for m in survivors},
             {m: table.degraded[m] for m in survivors if m in table.degraded},
         )
@@ -222,10 +286,11 @@ class Stages:
         gave anew (none for a conditional stage: it writes over earlier ones)."""
         name = table.members[0].request.pipeline_name
         chosen = _chosen_rows(table, stage.when)
+        taking = table.chosen_by_member(chosen).tolist()
         usual = self._usual.get((name, stage.label), 0.0)
         own, fallback = [], []
         for index, member in enumerate(table.members):
-            if not member.waiting or not chosen[table.row_slices(index)].any():
+            if not member.waiting or not taking[index]:
                 continue
             if member.deadline.left() < usual:
                 _too_short(table, member, stage, usual)
@@ -234,9 +299,12 @@ class Stages:
             else:
                 own.append(index)
         fresh: set[str] = set()
-        await asyncio.gather(
-            self._by_arm(table, stage, own, chosen, fresh, fallback=False),
-            self._by_arm(table, stage, fallback, chosen, fresh, fallback=True),
+        await _together(
+            [
+                self._by_arm(table, stage, indices, chosen, fresh, fallback=to_fallback)
+                for indices, to_fallback in ((own, False), (fallback, True))
+                if indices
+            ]
         )
         return sorted(fresh)
 
@@ -269,7 +337,7 @@ class Stages:
             self._failed(table, stage, group, chosen, fresh, fallback, error)
             for group, error in _by_code(unrouted)
         ]
-        await asyncio.gather(*calls)
+        await _together(calls)
 
     async def _failed(
         self,
@@ -301,19 +369,10 @@ class Stages:
     ) -> None:
         """One ModelInfer on `route` for the chosen rows of members `indices`."""
         members = [table.members[i] for i in indices]
-        picked = [_rows_of(table, [i], chosen) for i in indices]
-        rows = np.concatenate(picked)
-        inputs = {
-            model_input: table.tensors[source][rows] for model_input, source in stage.inputs.items()
-        }
+        rows, counts = table.picked(indices, chosen)
         model = stage.fallback.model if fallback else stage.model
-        request = self._build(
-            model.name,
-            route.version or model.version,
-            members,
-            [len(p) for p in picked],
-            codec.arrays_to_tensors(inputs),
-        )
+        version = route.version or model.version
+        request = self._build(model.name, version, members, counts, table.inputs(stage, rows))
         hop = self._up.inference[route.deployment]
         deadline = latest(m.deadline for m in members)
         started = time.monotonic()
@@ -332,24 +391,26 @@ class Stages:
         if not fallback:
             self._learn((members[0].request.pipeline_name, stage.label), time.monotonic() - started)
         errors = member_errors(reply.parameters, len(members))
-        given = codec.response_outputs(reply)
-        outputs = _renamed(given, stage.outputs)
         answered = [i for i in range(len(members)) if i not in errors]
         if answered:
-            _write(table, stage, outputs, np.concatenate([picked[i] for i in answered]), fresh)
+            if errors:
+                starts = [0, *accumulate(counts)]
+                rows = np.concatenate([rows[starts[i] : starts[i + 1]] for i in answered])
+            outputs = _renamed(codec.response_tensors(reply), stage.outputs)
+            _write(table, stage, outputs, rows, fresh)
             for i in answered:
                 table.answered[members[i]].append(label)
                 if fallback:
                     table.degraded[members[i]] = FALLBACK
             if not fallback:
-                self._mirror(stage, members, answered, [len(p) for p in picked], inputs, given)
-        await asyncio.gather(
-            *(
+                self._mirror(stage, members, answered, counts, request, reply)
+        await _together(
+            [
                 self._failed(
                     table, stage, [indices[i] for i in group], chosen, fresh, fallback, error
                 )
                 for group, error in _by_code(errors)
-            )
+            ]
         )
 
     def _mirror(
@@ -358,16 +419,17 @@ class Stages:
         members: list[Member],
         answered: list[int],
         rows: list[int],
-        inputs: codec.Arrays,
-        given: codec.Arrays,
+        request: v2.ModelInferRequest,
+        reply: v2.ModelInferResponse,
     ) -> None:
         """Submit the `answered` members (of `members`, `rows` each in the call) that the
-        stage's shadow mirrors: each one's rows of the call's `inputs` and of what the
-        stage's model `given` for the answered members' rows (its own names, as the
-        mirror's answer has them)."""
+        stage's shadow mirrors: each one's rows of the call's inputs and of what the
+        stage's model gave for the answered members' rows (its own names, as the mirror's
+        answer has them)."""
         router = self._routers[members[0].request.pipeline_name, stage.label]
         if router.shadow is None:
             return
+        inputs, given = codec.request_inputs(request), codec.response_outputs(reply)
         sent = [0, *accumulate(rows)]
         back = [0, *accumulate(rows[i] for i in answered)]
         for n, i in enumerate(answered):
@@ -403,6 +465,20 @@ def _first_stage(pipeline: Pipeline, features: Iterable[str]) -> Stage:
     return Stage(name=pipeline.model.name, model=model, inputs=inputs, fallback=pipeline.fallback)
 
 
+async def _together(calls: list[Awaitable[None]]) -> None:
+    """Await `calls` at once: a single one directly, without a task of its own."""
+    if len(calls) == 1:
+        await calls[0]
+    elif calls:
+        await asyncio.gather(*calls)
+
+
+def _named(tensor: v1.Tensor, name: str) -> v1.Tensor:
+    if tensor.name == name:
+        return tensor
+    return v1.Tensor(name=name, datatype=tensor.datatype, shape=tensor.shape, data=tensor.data)
+
+
 def _by_code(errors: dict[int, StrataError]) -> list[tuple[list[int], StrataError]]:
     """Members' errors grouped by status code, each group with its first error."""
     groups: dict[str, tuple[list[int], StrataError]] = {}
@@ -411,21 +487,12 @@ def _by_code(errors: dict[int, StrataError]) -> list[tuple[list[int], StrataErro
     return list(groups.values())
 
 
-def _rows_of(table: _Table, indices: Sequence[int], chosen: np.ndarray) -> np.ndarray:
-    """The chosen rows of members `indices`, as row numbers of the table."""
-    parts = [
-        np.flatnonzero(chosen[table.row_slices(i)]) + table.row_slices(i).start for i in indices
-    ]
-    return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
-
-
 def _chosen_rows(table: _Table, when: Condition | None) -> np.ndarray:
     """Which rows of the flight the stage runs for (a row whose measure is not a number
     runs it: nothing says it is sure)."""
-    total = sum(table.rows)
     if when is None:
-        return np.ones(total, dtype=bool)
-    measure = _measure(table.tensors[when.tensor].reshape(total, -1), when.measure)
+        return np.ones(table.total, dtype=bool)
+    measure = _measure(table.array(when.tensor).reshape(table.total, -1), when.measure)
     with np.errstate(invalid="ignore"):
         if when.below is not None:
             return ~(measure >= when.below)
@@ -448,35 +515,53 @@ def _measure(values: np.ndarray, kind: str) -> np.ndarray:
         return top[:, -1] - (top[:, -2] if top.shape[1] > 1 else 0.0)
 
 
-def _renamed(outputs: codec.Arrays, names: dict[str, str]) -> codec.Arrays:
-    return {names.get(name, name): array for name, array in outputs.items()}
+def _renamed(outputs: list[v1.Tensor], names: dict[str, str]) -> list[v1.Tensor]:
+    return [_named(tensor, names.get(tensor.name, tensor.name)) for tensor in outputs]
 
 
 def _write(
-    table: _Table, stage: Stage, outputs: codec.Arrays, rows: np.ndarray, fresh: set[str]
+    table: _Table, stage: Stage, outputs: list[v1.Tensor], rows: np.ndarray, fresh: set[str]
 ) -> None:
-    """Write a stage's outputs into `rows` of the table; a conditional stage writes over
-    tensors an earlier stage gave, which must have the same kind of rows."""
-    total = sum(table.rows)
-    for name, array in outputs.items():
-        if len(array) != len(rows):
+    """Write a stage's outputs into `rows` of the table (as they came where they are every
+    row); a conditional stage writes over tensors an earlier stage gave, which must have the
+    same kind of rows."""
+    for tensor in outputs:
+        name, shape = tensor.name, list(tensor.shape)
+        if not shape or shape[0] != len(rows):
             raise NotReady(
-                f"stage {stage.label!r}: model {stage.model.name!r} answered {len(array)} rows "
-                f"of {name!r} for {len(rows)}"
+                f"stage {stage.label!r}: model {stage.model.name!r} answered "
+                f"{shape[0] if shape else 0} rows of {name!r} for {len(rows)}"
             )
-        present = table.tensors.get(name)
-        if stage.when is None and name not in fresh:
-            present = table.tensors[name] = np.zeros((total, *array.shape[1:]), array.dtype)
-            fresh.add(name)
-        elif present is None or present.shape[1:] != array.shape[1:]:
-            before = "nothing" if present is None else list(present.shape[1:])
-            raise NotReady(
-                f"stage {stage.label!r} gives {name!r} with rows of shape "
-                f"{list(array.shape[1:])} where the rows it passes over keep {before}"
-            )
+        kept = _kept(table, stage, tensor, fresh)
+        if len(rows) == table.total and kept in (None, tensor.datatype):
+            check_declared(name, tensor.datatype, shape, len(tensor.data))
+            table.put(tensor)
+            continue
+        array = codec.from_tensor(tensor)
+        if kept is None:
+            table.arrays[name] = np.zeros((table.total, *array.shape[1:]), array.dtype)
+        present = table.array(name)
         if not present.flags.writeable:  # decoded from the wire: a view of its bytes
-            present = table.tensors[name] = present.copy()
+            present = table.arrays[name] = present.copy()
+        table.wire.pop(name, None)  # written into: its bytes are no longer what it holds
         present[rows] = array
+
+
+def _kept(table: _Table, stage: Stage, tensor: v1.Tensor, fresh: set[str]) -> str | None:
+    """The datatype of what the rows the stage passes over keep of `tensor`'s name; None
+    where they keep nothing, the stage giving it anew."""
+    name = tensor.name
+    if stage.when is None and name not in fresh:
+        fresh.add(name)
+        return None
+    before = table.kind(name)
+    if before is None or before[1] != list(tensor.shape[1:]):
+        raise NotReady(
+            f"stage {stage.label!r} gives {name!r} with rows of shape "
+            f"{list(tensor.shape[1:])} where the rows it passes over keep "
+            f"{'nothing' if before is None else before[1]}"
+        )
+    return before[0]
 
 
 def _too_short(table: _Table, member: Member, stage: Stage, usual: float) -> None:

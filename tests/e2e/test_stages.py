@@ -67,6 +67,16 @@ def test_the_cascade_answers_as_its_models_would_and_says_which_answered(stub) -
     assert accuracy > 0.97
 
 
+def test_a_request_whose_rows_all_go_on_gets_the_large_models_answers(stub) -> None:
+    """Every row of the flight takes the stage: its answer replaces the first model's whole."""
+    data = np.load(BUILD / "data" / "digits_test.npz")
+    expected, unsure = cascade(data["images"])
+    reply = infer(stub, "digits-cascade", data["images"][unsure][:ROWS])
+    assert reply.parameters["strata.stages"].string_param == "digits,large"
+    labels = codec.response_outputs(reply)["labels"][:, 0]
+    assert [int(label) for label in labels] == expected[unsure][:ROWS].tolist()
+
+
 def test_a_one_model_pipeline_answers_as_before(stub) -> None:
     reply = infer(stub, "digits", np.zeros((2, 8, 8), np.uint8))
     assert "strata.stages" not in reply.parameters
