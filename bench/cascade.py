@@ -14,6 +14,10 @@ ports with the ladder pinned at level 0:
   small machine it is many times the large model's cost per row); with 16 the models' does;
 - light load (one request at a time): P50 and P99, where the always-both chain against the
   large model alone shows what a second stage adds (its model and one inference hop);
+- the gateway's CPU per request in each of those runs (the median of the rounds), where the
+  always-both chain against the large model alone shows what the gateway spends on a later
+  stage: running it, and its inference call. On a shared machine it moves less with a
+  neighbour's load than latency and throughput do;
 - with configs/text.yaml, which also serves `topics` (MiniLM and its topic head in one graph)
   and `topics-staged` (the same two parts as two stages), both at light load on one
   connection: what splitting one graph into two stages costs.
@@ -29,17 +33,20 @@ import copy
 import json
 import sys
 import tempfile
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import grpc
 import numpy as np
+import psutil
 import yaml
 
 from bench.admin import Admin
 from bench.deployment import running
-from bench.load import LoadPool, Plan
+from bench.load import LoadPool, Plan, Results
 from bench.load.data import DATASETS, from_arrays
 from bench.load.worker import INFER
 from bench.measure import Point, closed, point
@@ -88,9 +95,10 @@ def main(argv: list[str] | None = None) -> int:
         print("system up", flush=True)
         accuracy = {name: _accuracy(gateway, name, data) for name in (CASCADE, LARGE)}
         print(f"accuracy: {json.dumps(accuracy)}", flush=True)
-        measured = _load(pool, gateway, data, timing)
+        process = psutil.Process(supervisor.processes["gateway"].pid)
+        measured, cpu = _load(pool, gateway, data, timing, process)
         split = _split_cost(pool, gateway, supervisor.settings.pipelines, timing)
-    report = _report(args.config, accuracy, measured, timing, split)
+    report = _report(args.config, accuracy, measured, cpu, timing, split)
     print(_markdown(report))
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "cascade.md").write_text(_markdown(report))
@@ -142,24 +150,43 @@ def _accuracy(gateway: str, pipeline: str, data: np.lib.npyio.NpzFile) -> dict:
 
 
 def _load(
-    pool: LoadPool, gateway: str, data: np.lib.npyio.NpzFile, t: Timing
-) -> dict[str, dict[str, list[Point]]]:
+    pool: LoadPool, gateway: str, data: np.lib.npyio.NpzFile, t: Timing, process: psutil.Process
+) -> tuple[dict[str, dict[str, list[Point]]], dict[str, dict[str, list[float]]]]:
     """Each pipeline's capacity with requests of each size, and its latency at light load
-    (one row, one request at a time), rounds alternating their order."""
+    (one row, one request at a time), rounds alternating their order; and the gateway's CPU
+    ms per request in each run (`process`: the gateway's)."""
     names = [CASCADE, LARGE, BOTH]
-    measured = {name: {**{f"capacity_{r}": [] for r in ROWS}, "light": []} for name in names}
+    runs = [*(f"capacity_{r}" for r in ROWS), "light"]
+    measured: dict[str, dict[str, list[Point]]] = {n: {run: [] for run in runs} for n in names}
+    cpu: dict[str, dict[str, list[float]]] = {n: {run: [] for run in runs} for n in names}
     for round_ in range(t.rounds):
         for name in names if round_ % 2 == 0 else names[::-1]:
             for rows in ROWS:
                 plan = _plan(gateway, name, data, rows)
                 closed(pool, plan, 4, t.warmup_seconds)
-                capacity = closed(pool, plan, t.concurrency, t.capacity_seconds)
-                measured[name][f"capacity_{rows}"].append(point("capacity", capacity, 1.0))
-            light = closed(pool, _plan(gateway, name, data, 1), 1, t.light_seconds)
+                run = f"capacity_{rows}"
+                capacity = _with_cpu(
+                    process,
+                    cpu[name][run],
+                    partial(closed, pool, plan, t.concurrency, t.capacity_seconds),
+                )
+                measured[name][run].append(point("capacity", capacity, 1.0))
+            plan = _plan(gateway, name, data, 1)
+            light = _with_cpu(
+                process, cpu[name]["light"], partial(closed, pool, plan, 1, t.light_seconds)
+            )
             measured[name]["light"].append(point("light", light, 1.0))
             figures = {r: round(_rows_per_second(measured[name], r)[-1]) for r in ROWS}
             print(f"{name}: rows/s by rows per request {figures}", flush=True)
-    return measured
+    return measured, cpu
+
+
+def _with_cpu(process: psutil.Process, into: list[float], run: Callable[[], Results]) -> Results:
+    """`run()`'s results; appends to `into` the CPU ms `process` spent per request of it."""
+    before = sum(process.cpu_times()[:2])  # user, system
+    results = run()
+    into.append(1e3 * (sum(process.cpu_times()[:2]) - before) / max(results.count, 1))
+    return results
 
 
 def _split_cost(pool: LoadPool, gateway: str, served: dict, t: Timing) -> dict[str, list[Point]]:
@@ -187,7 +214,9 @@ def _rows_per_second(measured: dict[str, list[Point]], rows: int) -> list[float]
     return [p.throughput * rows for p in measured[f"capacity_{rows}"]]
 
 
-def _report(config: Path, accuracy: dict, measured: dict, timing: Timing, split: dict) -> dict:
+def _report(
+    config: Path, accuracy: dict, measured: dict, cpu: dict, timing: Timing, split: dict
+) -> dict:
     light = {n: min(m["light"], key=lambda p: p.p50_ms) for n, m in measured.items()}
     text = {n: min(points, key=lambda p: p.p50_ms) for n, points in split.items()}
     capacity = {}
@@ -209,6 +238,10 @@ def _report(config: Path, accuracy: dict, measured: dict, timing: Timing, split:
         "accuracy_gap_points": 100 * (accuracy[LARGE]["accuracy"] - accuracy[CASCADE]["accuracy"]),
         "capacity": capacity,
         "second_stage_ms_at_c1": light[BOTH].p50_ms - light[LARGE].p50_ms,
+        "gateway_cpu_ms_per_request": {
+            n: {run: float(np.median(values)) for run, values in runs.items()}
+            for n, runs in cpu.items()
+        },
         "light": {n: p.as_dict() for n, p in light.items()},
         "split": {n: p.as_dict() for n, p in text.items()},
     }
@@ -217,6 +250,7 @@ def _report(config: Path, accuracy: dict, measured: dict, timing: Timing, split:
 def _markdown(report: dict) -> str:
     t, acc = report["timing"], report["accuracy"]
     cap, light = report["capacity"], report["light"]
+    cpu = report["gateway_cpu_ms_per_request"]
     lines = [
         "# A cascade against its large model",
         "",
@@ -234,11 +268,13 @@ def _markdown(report: dict) -> str:
             for rows in ROWS
         ],
         f"- a second stage at c=1 (both models every row, against the large one alone): "
-        f"+{report['second_stage_ms_at_c1']:.2f} ms at P50",
+        f"{report['second_stage_ms_at_c1']:+.2f} ms at P50, "
+        f"{cpu[BOTH]['light'] - cpu[LARGE]['light']:+.2f} ms of the gateway's CPU per request "
+        f"({cpu[BOTH]['capacity_1'] - cpu[LARGE]['capacity_1']:+.2f} ms at capacity)",
         "",
         "| pipeline | rows/s (1-row requests) | P99 ms | rows/s (16-row requests) | P99 ms "
-        "| c=1 P50 ms | c=1 P99 ms |",
-        "|---|---:|---:|---:|---:|---:|---:|",
+        "| c=1 P50 ms | c=1 P99 ms | gateway CPU ms/request: c=1 | 1-row capacity |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for name in (CASCADE, LARGE, BOTH):
         sizes = [cap[str(rows)] for rows in ROWS]
@@ -246,7 +282,8 @@ def _markdown(report: dict) -> str:
             f"{c['rows_per_second'][name]:,.0f} | {c['best'][name]['p99_ms']:.1f}" for c in sizes
         )
         lines.append(
-            f"| {name} | {cells} | {light[name]['p50_ms']:.2f} | {light[name]['p99_ms']:.2f} |"
+            f"| {name} | {cells} | {light[name]['p50_ms']:.2f} | {light[name]['p99_ms']:.2f} "
+            f"| {cpu[name]['light']:.2f} | {cpu[name]['capacity_1']:.2f} |"
         )
     return "\n".join([*lines, *_split_lines(report["split"])]) + "\n"
 

@@ -24,5 +24,8 @@ def test_the_quick_run_measures_the_cascade_against_its_large_model(tmp_path) ->
             assert measured["count"] > 0 and measured["errors"] == {}
         assert size["throughput_ratio"] > 0
     assert set(report["light"]) == PIPELINES
+    cpu = report["gateway_cpu_ms_per_request"]
+    assert set(cpu) == PIPELINES
+    assert all(ms > 0 for runs in cpu.values() for ms in runs.values())
     table = (tmp_path / "cascade.md").read_text()
     assert all(f"| {name} |" in table for name in PIPELINES)
