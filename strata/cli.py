@@ -9,6 +9,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import uvloop
+
 import strata.transport  # noqa: F401  (first: it sets gRPC's transport before gRPC loads)
 from strata.allocator import keep_tensor_memory
 from strata.config import ConfigError, Settings, load_settings
@@ -64,12 +66,18 @@ def run_service(name: str, build: Builder, argv: list[str] | None = None) -> Non
         deployment = _deployment(name, settings)
         process = f"{name}-{deployment}" if deployment else name
         setup_logging(name, settings.telemetry.log_level, deployment)
-        asyncio.run(_main(name, build, settings, args.listen))
+        with asyncio.Runner(loop_factory=_loop_factory(settings)) as runner:
+            runner.run(_main(name, build, settings, args.listen))
     except StartFailure as exc:
         # One write: beside other processes on a shared, unbuffered stderr, print's two
         # writes (text, then newline) may have another's line between them.
         sys.stderr.write(f"{process}: {exc}\n")
         raise SystemExit(exc.code) from None
+
+
+def _loop_factory(settings: Settings) -> Callable[[], asyncio.AbstractEventLoop] | None:
+    """The event loop the config names (None: asyncio's own)."""
+    return uvloop.new_event_loop if settings.server.event_loop == "uvloop" else None
 
 
 def _settings(path: Path, name: str, listen: str | None) -> Settings:
