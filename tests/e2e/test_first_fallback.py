@@ -17,7 +17,6 @@ import yaml
 from strata import codec
 from strata.launch import Supervisor
 from strata.proto.inference import grpc_service_pb2 as v2
-from strata.proto.inference import grpc_service_pb2_grpc as v2_grpc
 from strata.proto.v1 import admin_pb2, admin_pb2_grpc
 from tests.e2e.test_metrics import metrics_address, scrape, total
 from tests.e2e.test_stages import BUILD, logits
@@ -67,11 +66,6 @@ def system(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Supervisor]:
     }
     with running_system(tmp_path_factory.mktemp("first-fallback"), changes) as supervisor:
         yield supervisor
-
-
-@pytest.fixture(scope="module")
-def stub(system: Supervisor) -> v2_grpc.GRPCInferenceServiceStub:
-    return v2_grpc.GRPCInferenceServiceStub(grpc.insecure_channel(system.address("gateway")))
 
 
 def infer(stub, pipeline: str, images: np.ndarray, client: str = "anyone"):

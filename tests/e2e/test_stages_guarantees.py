@@ -20,7 +20,6 @@ from strata.config.pipelines import Route
 from strata.gateway.router import Router
 from strata.launch import Supervisor
 from strata.proto.inference import grpc_service_pb2 as v2
-from strata.proto.inference import grpc_service_pb2_grpc as v2_grpc
 from strata.proto.v1 import admin_pb2, admin_pb2_grpc
 from tests.e2e.test_stages import BUILD, cascade, logits
 from tests.support.system import DEFAULT_CONFIG, running_system
@@ -84,11 +83,6 @@ def system(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Supervisor]:
     }
     with running_system(tmp_path_factory.mktemp("stages"), changes) as supervisor:
         yield supervisor
-
-
-@pytest.fixture(scope="module")
-def stub(system: Supervisor) -> v2_grpc.GRPCInferenceServiceStub:
-    return v2_grpc.GRPCInferenceServiceStub(grpc.insecure_channel(system.address("gateway")))
 
 
 def infer(stub, pipeline: str, images: np.ndarray, client: str, timeout: float = 30):

@@ -88,12 +88,6 @@ def system(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Supervisor]:
 
 
 @pytest.fixture(scope="module")
-def stub(system: Supervisor) -> v2_grpc.GRPCInferenceServiceStub:
-    channel = grpc.insecure_channel(system.address("gateway"))
-    return v2_grpc.GRPCInferenceServiceStub(channel)
-
-
-@pytest.fixture(scope="module")
 def reference() -> Any:
     """sentence-transformers' own model, loaded from the package, offline."""
     os.environ["HF_HUB_OFFLINE"] = "1"
