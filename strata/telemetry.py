@@ -215,7 +215,7 @@ def server_span(name: str, carrier: Mapping[str, str]) -> AbstractContextManager
         span = _server_tracer.start_span(
             name, context=parent, kind=SpanKind.SERVER, record_exception=False
         )
-        return propagation.Current(span)
+        return propagation.Current(span, record_exception=False)
     span = NonRecordingSpan(_unsampled_context(traceparent))
     return trace.use_span(span, end_on_exit=False)
 

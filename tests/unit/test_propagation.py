@@ -130,11 +130,27 @@ def test_current_makes_the_span_current_then_ends_it(tracer) -> None:
     assert finished.status.status_code == StatusCode.UNSET
 
 
-def test_current_marks_the_span_failed_by_an_exception(tracer) -> None:
+@pytest.mark.parametrize("record_exception", [True, False])
+def test_current_marks_the_span_failed_by_an_exception(tracer, record_exception: bool) -> None:
     tracer, exporter = tracer
-    with pytest.raises(ValueError), propagation.Current(tracer.start_span("work")):
+    span = tracer.start_span("work")
+    with pytest.raises(ValueError), propagation.Current(span, record_exception):
         raise ValueError("bad rows")
     (finished,) = exporter.get_finished_spans()
     assert finished.status.status_code == StatusCode.ERROR
     assert finished.status.description == "ValueError: bad rows"
+    assert [e.name for e in finished.events] == (["exception"] if record_exception else [])
     assert trace.get_current_span() is trace.INVALID_SPAN
+
+
+def test_current_records_what_the_sdks_own_does(tracer) -> None:
+    tracer, exporter = tracer
+    with pytest.raises(ValueError), tracer.start_as_current_span("sdk"):
+        raise ValueError("bad rows")
+    with pytest.raises(ValueError), propagation.Current(tracer.start_span("ours")):
+        raise ValueError("bad rows")
+    sdk, ours = exporter.get_finished_spans()
+    assert ours.status.description == sdk.status.description
+    assert [(e.name, e.attributes["exception.type"]) for e in ours.events] == [
+        (e.name, e.attributes["exception.type"]) for e in sdk.events
+    ]
