@@ -22,7 +22,6 @@ event loop, since awaiting it never suspends.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import itertools
 from collections.abc import Awaitable, Callable, Coroutine, Iterator, Mapping, Sequence
@@ -35,7 +34,7 @@ from opentelemetry import trace
 from opentelemetry.context import Context
 from opentelemetry.trace import Link, Span
 
-from strata import propagation
+from strata import gathering, propagation
 from strata.codec import Arrays, arrays_to_tensors, tensors_to_arrays
 from strata.errors import InvalidArgument, StrataError, shown, status_of
 from strata.proto.v1 import tensor_pb2 as v1
@@ -65,9 +64,7 @@ async def process_all_async(
     request: v1.ProcessRequest, handler: AsyncHandler
 ) -> v1.ProcessResponse:
     """Every request of the call concurrently, so none waits for another's handler."""
-    if len(request.requests) == 1:  # the usual call (a flight is one request): no task
-        return v1.ProcessResponse(results=[await process(request.requests[0], handler)])
-    results = await asyncio.gather(*(process(item, handler) for item in request.requests))
+    results = await gathering.gather([process(item, handler) for item in request.requests])
     return v1.ProcessResponse(results=results)
 
 
@@ -100,12 +97,13 @@ def in_own_trace(item: v1.Request) -> Iterator[None]:
         yield
         return
     call = trace.get_current_span().get_span_context()
-    with TRACER.start_as_current_span(
+    span = TRACER.start_span(
         f"request {item.pipeline}",
         context=propagation.extract(item.trace_context),
         links=[Link(call)] if call.is_valid else [],
         attributes={"strata.pipeline": item.pipeline},
-    ):
+    )
+    with propagation.Current(span):
         yield
 
 

@@ -14,12 +14,11 @@ pipeline's statistics (strata/gateway/statistics.py).
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import Callable, Sequence
 from itertools import accumulate
 
-from strata import codec, stack
+from strata import codec, gathering, stack
 from strata.config.pipelines import Route
 from strata.deadline import Deadline, latest
 from strata.errors import StrataError, Unavailable, from_code
@@ -103,14 +102,14 @@ class Chain:
             else:
                 raise
             return
-        answering = _answering(
-            members, self._onward_from_model(route, members, features, scores, version, times)
-        )
-        if not unanswered[0]:  # the usual case: no task for a group of none
-            await answering
-            return
-        standing = _answering(unanswered[0], self._stand_in(route, *unanswered, times))
-        await asyncio.gather(answering, standing)  # each group's failure is its own
+        moves = [
+            _answering(
+                members, self._onward_from_model(route, members, features, scores, version, times)
+            )
+        ]
+        if unanswered[0]:  # the usual case has no group for the fallback
+            moves.append(_answering(unanswered[0], self._stand_in(route, *unanswered, times)))
+        await gathering.gather(moves)  # each group's failure is its own
 
     async def _onward_from_model(
         self,
@@ -277,7 +276,7 @@ class Chain:
             taken = stack.take(features, rows, indices)
             moved = self._onward(route, group, taken, False, times[0])
             moves.append(_answering(group, moved))
-        await asyncio.gather(*moves)
+        await gathering.gather(moves)
 
     def _mirror(self, members: list[Member], features: WireTensors, scores: WireTensors) -> None:
         """Submit the members the pipeline's shadow route mirrors (decoded: rare and off the

@@ -26,10 +26,9 @@ receives is every tensor a model gave, for the members still waiting.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import time
-from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from itertools import accumulate
 
@@ -37,7 +36,7 @@ import numpy as np
 from opentelemetry import trace
 from opentelemetry.trace import Link
 
-from strata import codec, stack
+from strata import codec, gathering, propagation, stack
 from strata.config.pipelines import Condition, Fallback, ModelRef, Pipeline, Route, Stage
 from strata.config.settings import Settings
 from strata.deadline import latest
@@ -259,10 +258,7 @@ class Stages:
         members = table.members
         pipeline: Pipeline = members[0].request.pipeline
         for group in pipeline.stage_groups():
-            if len(group) == 1:  # no task of its own
-                made = [await self._stage(table, group[0])]
-            else:
-                made = await asyncio.gather(*(self._stage(table, stage) for stage in group))
+            made = await gathering.gather([self._stage(table, stage) for stage in group])
             table.given = [*dict.fromkeys([*table.given, *(n for names in made for n in names)])]
         order = {name: index for index, name in enumerate(pipeline.stage_names())}
         for labels in table.answered.values():  # parallel stages answer in any order
@@ -299,7 +295,7 @@ class Stages:
             else:
                 own.append(index)
         fresh: set[str] = set()
-        await _together(
+        await gathering.gather(
             [
                 self._by_arm(table, stage, indices, chosen, fresh, fallback=to_fallback)
                 for indices, to_fallback in ((own, False), (fallback, True))
@@ -337,7 +333,7 @@ class Stages:
             self._failed(table, stage, group, chosen, fresh, fallback, error)
             for group, error in _by_code(unrouted)
         ]
-        await _together(calls)
+        await gathering.gather(calls)
 
     async def _failed(
         self,
@@ -404,7 +400,7 @@ class Stages:
                     table.degraded[members[i]] = FALLBACK
             if not fallback:
                 self._mirror(stage, members, answered, counts, request, reply)
-        await _together(
+        await gathering.gather(
             [
                 self._failed(
                     table, stage, [indices[i] for i in group], chosen, fresh, fallback, error
@@ -463,14 +459,6 @@ def _first_stage(pipeline: Pipeline, features: Iterable[str]) -> Stage:
     model = pipeline.model.model_copy(update={"shadow": None})
     inputs = {name: name for name in features}
     return Stage(name=pipeline.model.name, model=model, inputs=inputs, fallback=pipeline.fallback)
-
-
-async def _together(calls: list[Awaitable[None]]) -> None:
-    """Await `calls` at once: a single one directly, without a task of its own."""
-    if len(calls) == 1:
-        await calls[0]
-    elif calls:
-        await asyncio.gather(*calls)
 
 
 def _named(tensor: v1.Tensor, name: str) -> v1.Tensor:
@@ -601,5 +589,6 @@ def _stage_span(
         "strata.requests": len(members),
     }
     links = [Link(s.get_span_context()) for s in sampled]
-    with TRACER.start_as_current_span(f"stage {stage.label}", links=links, attributes=attributes):
+    span = TRACER.start_span(f"stage {stage.label}", links=links, attributes=attributes)
+    with propagation.Current(span):
         yield
