@@ -9,13 +9,14 @@ anything; a mismatch is INVALID_ARGUMENT naming the tensor. BYTES tensors use th
 
 from __future__ import annotations
 
+import math
 import struct
 from collections.abc import Iterable, Mapping, Sequence
 
 import numpy as np
 
-from strata.errors import InvalidArgument, shown
-from strata.limits import check_declared
+from strata.errors import InvalidArgument, MalformedReply, shown
+from strata.limits import WIDTHS, check_declared
 from strata.proto.inference import grpc_service_pb2 as v2
 from strata.proto.v1 import tensor_pb2 as v1
 from strata.stack import Raw
@@ -191,21 +192,47 @@ def response_outputs(response: v2.ModelInferResponse) -> dict[str, np.ndarray]:
     return _decode_all(response.outputs, response.raw_output_contents)
 
 
-def response_tensors(response: v2.ModelInferResponse) -> list[v1.Tensor]:
-    """All outputs of a v2 response as strata.v1 tensors: raw contents passed on as they
-    are, typed contents encoded."""
+def response_tensors(response: v2.ModelInferResponse, source: str) -> list[v1.Tensor]:
+    """All outputs of `source`'s v2 response as strata.v1 tensors: raw contents passed on as
+    they are (each fixed-width one checked against its shape), typed contents encoded. A
+    response the protocol does not allow is MalformedReply: the server's fault, not the
+    caller's."""
+    try:
+        return _response_tensors(response)
+    except InvalidArgument as exc:
+        raise MalformedReply(source, str(exc)) from None
+
+
+def _response_tensors(response: v2.ModelInferResponse) -> list[v1.Tensor]:
     raw = response.raw_output_contents
     if not raw:
         return arrays_to_tensors(response_outputs(response))
     if len(raw) != len(response.outputs):
         raise InvalidArgument(
-            f"raw contents has {len(raw)} entries for {len(response.outputs)} tensors; "
-            "send every tensor raw or none"
+            f"raw contents has {len(raw)} entries for {len(response.outputs)} tensors"
         )
+    for output, data in zip(response.outputs, raw, strict=True):
+        _check_raw_output(output, len(data))
     return [
         v1.Tensor(name=o.name, datatype=o.datatype, shape=o.shape, data=data)
         for o, data in zip(response.outputs, raw, strict=True)
     ]
+
+
+def _check_raw_output(output: v2.ModelInferResponse.InferOutputTensor, size: int) -> None:
+    """A fixed-width output's raw bytes are exactly what its shape holds (BYTES are checked
+    where they are decoded)."""
+    width = WIDTHS.get(output.datatype)
+    if width is None:
+        raise InvalidArgument(f"output {shown(output.name)}: unknown datatype {output.datatype!r}")
+    if output.datatype == "BYTES":
+        return
+    expected = width * math.prod(output.shape)
+    if any(d < 0 for d in output.shape) or size != expected:
+        raise InvalidArgument(
+            f"output {shown(output.name)}: {size} bytes for {output.datatype} "
+            f"{list(output.shape)}, which holds {expected}"
+        )
 
 
 def _decode_all(tensors: Sequence, raw: Sequence[bytes]) -> dict[str, np.ndarray]:

@@ -128,6 +128,15 @@ class Upstream(StrataError):
         self.code = code
 
 
+class MalformedReply(Upstream):
+    """A layer or model server answered what the protocol does not allow: a fault on the
+    serving side, never the caller's (INTERNAL, naming who answered)."""
+
+    def __init__(self, source: str, problem: str) -> None:
+        message = f"{source} answered a malformed reply: {problem}"
+        super().__init__(grpc.StatusCode.INTERNAL, message)
+
+
 _BY_CODE = {cls.code: cls for cls in StrataError.__subclasses__() if cls is not Upstream}
 
 

@@ -217,9 +217,13 @@ class Chain:
         except StrataError as exc:
             self._record(members, route, exc.code.name, 0.0)
             raise
+        try:
+            scores = codec.response_tensors(reply, f"inference deployment {route.deployment!r}")
+        except StrataError as exc:
+            self._record(members, route, exc.code.name, time.monotonic() - started)
+            raise
         self._record(members, route, "OK", time.monotonic() - started)
         errors = member_errors(reply.parameters, len(members))
-        scores = _outputs(reply)
         unanswered: Unanswered = ([], [])
         if errors:
             rows = [m.rows for m in members]
@@ -376,16 +380,6 @@ def model_request(
 def _flight_member(member: Member, rows: int) -> FlightMember:
     """`member` as a flight request declares it, carrying `rows` rows there."""
     return FlightMember(rows, member.carrier().get("traceparent", ""), member.deadline)
-
-
-def _outputs(reply: v2.ModelInferResponse) -> WireTensors:
-    """The reply's outputs as strata.v1 tensors (raw bytes passed on as they are)."""
-    if reply.raw_output_contents:
-        return [
-            v1.Tensor(name=o.name, datatype=o.datatype, shape=o.shape, data=raw)
-            for o, raw in zip(reply.outputs, reply.raw_output_contents, strict=True)
-        ]
-    return codec.arrays_to_tensors(codec.response_outputs(reply))
 
 
 def _forwarded(first: ClientRequest, features: WireTensors) -> WireTensors:

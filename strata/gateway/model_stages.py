@@ -392,7 +392,8 @@ class Stages:
             if errors:
                 starts = [0, *accumulate(counts)]
                 rows = np.concatenate([rows[starts[i] : starts[i + 1]] for i in answered])
-            outputs = _renamed(codec.response_tensors(reply), stage.outputs)
+            source = f"inference deployment {route.deployment!r}"
+            outputs = _renamed(codec.response_tensors(reply, source), stage.outputs)
             _write(table, stage, outputs, rows, fresh)
             for i in answered:
                 table.answered[members[i]].append(label)

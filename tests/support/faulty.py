@@ -1,5 +1,5 @@
 """A fault-injecting v2 hop for tests: forwards ModelInfer to a real inference server,
-after a delay the test controls, or fails, or returns altered answers.
+after a delay the test controls, or fails, or returns altered or malformed answers.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ class FaultyInference(v2_grpc.GRPCInferenceServiceServicer):
         self.delay = 0.0
         self.fail: grpc.StatusCode | None = None
         self.alter = False
+        self.malform = False  # answer raw outputs shorter than their shapes hold
         self.calls = 0
         self._stub: v2_grpc.GRPCInferenceServiceStub | None = None
 
@@ -34,6 +35,8 @@ class FaultyInference(v2_grpc.GRPCInferenceServiceServicer):
         if self.fail is not None:
             await context.abort(self.fail, "injected fault")
         reply = await self._upstream().ModelInfer(request)
+        if self.malform:
+            reply.raw_output_contents[0] = reply.raw_output_contents[0][:4]
         if not self.alter:
             return reply
         outputs = {k: -v for k, v in codec.response_outputs(reply).items()}

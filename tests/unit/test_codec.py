@@ -1,10 +1,11 @@
 """The tensor codec: every v2 datatype both ways, BYTES encoding, and size checks."""
 
+import grpc
 import numpy as np
 import pytest
 
 from strata import codec
-from strata.errors import InvalidArgument
+from strata.errors import InvalidArgument, MalformedReply
 from strata.proto.inference import grpc_service_pb2 as v2
 
 NUMERIC = [name for name in codec.DTYPES if name != "BYTES"]
@@ -126,3 +127,53 @@ def test_requested_outputs() -> None:
     request.outputs.add(name="zz")
     with pytest.raises(InvalidArgument, match="no output 'zz'"):
         codec.requested_outputs(request, ["a", "b"])
+
+
+def _response(outputs: dict[str, np.ndarray]) -> v2.ModelInferResponse:
+    response = v2.ModelInferResponse(model_name="m")
+    codec.add_outputs(response, outputs)
+    return response
+
+
+def test_response_tensors_pass_raw_outputs_on_as_they_are() -> None:
+    logits = np.arange(20, dtype=np.float32).reshape(2, 10)
+    (tensor,) = codec.response_tensors(_response({"logits": logits}), "deployment 'a'")
+    assert (tensor.name, tensor.datatype, list(tensor.shape)) == ("logits", "FP32", [2, 10])
+    np.testing.assert_array_equal(codec.from_tensor(tensor), logits)
+
+
+def _truncated(response: v2.ModelInferResponse) -> None:
+    response.raw_output_contents[0] = response.raw_output_contents[0][:8]
+
+
+def _raw_dropped(response: v2.ModelInferResponse) -> None:
+    del response.raw_output_contents[:]
+    response.raw_output_contents.append(b"\0" * 8)
+
+
+def _extra_output(response: v2.ModelInferResponse) -> None:
+    response.outputs.add(name="more", datatype="FP32", shape=[1])
+
+
+def _unknown_datatype(response: v2.ModelInferResponse) -> None:
+    response.outputs[0].datatype = "FP128"
+
+
+@pytest.mark.parametrize(
+    ("break_it", "says"),
+    [
+        (_truncated, "8 bytes for FP32 [2, 10], which holds 80"),
+        (_raw_dropped, "8 bytes for FP32 [2, 10]"),
+        (_extra_output, "raw contents has 1 entries for 2 tensors"),
+        (_unknown_datatype, "unknown datatype"),
+    ],
+)
+def test_a_malformed_response_is_the_servers_fault_not_the_callers(break_it, says) -> None:
+    response = _response({"logits": np.zeros((2, 10), np.float32)})
+    break_it(response)
+    with pytest.raises(MalformedReply) as caught:
+        codec.response_tensors(response, "inference deployment 'a'")
+    assert caught.value.code == grpc.StatusCode.INTERNAL
+    message = str(caught.value)
+    assert message.startswith("inference deployment 'a' answered a malformed reply: ")
+    assert says in message

@@ -5,6 +5,7 @@ where a test needs it slow, failing or answering differently.
 """
 
 import contextlib
+import re
 import threading
 import time
 from collections.abc import Iterator
@@ -114,7 +115,7 @@ def healthy(world: InProcess, admin) -> Iterator[None]:
     """Each test starts and leaves with healthy deployments and the ladder back at 0."""
     yield
     for proxy in world.proxies.values():
-        proxy.delay, proxy.fail, proxy.alter = 0.0, None, False
+        proxy.delay, proxy.fail, proxy.alter, proxy.malform = 0.0, None, False, False
     admin.ForceLevel(admin_pb2.ForceLevelRequest(level=0), metadata=AUTH)
     admin.ForceLevel(admin_pb2.ForceLevelRequest(release=True), metadata=AUTH)
 
@@ -444,6 +445,19 @@ def test_a_failing_arm_opens_its_breaker_and_traffic_falls_back(world, gateway, 
         infer(gateway, f"fallback-{i}").parameters["strata.arm"].string_param for i in range(40)
     }
     assert arms == {"control"}
+
+
+def test_a_malformed_inference_reply_is_internal_and_names_the_deployment(
+    world, gateway
+) -> None:
+    world.proxies["a"].malform = world.proxies["b"].malform = True
+    with pytest.raises(grpc.RpcError) as caught:
+        infer(gateway, "malformed")
+    assert caught.value.code() == grpc.StatusCode.INTERNAL  # never the client's INVALID_ARGUMENT
+    assert "answered a malformed reply: output " in caught.value.details()
+    assert re.search(r"inference deployment '[ab]'", caught.value.details())
+    world.proxies["a"].malform = world.proxies["b"].malform = False
+    assert infer(gateway, "malformed").outputs  # the gateway serves on
 
 
 def test_admin_needs_the_token(admin) -> None:
