@@ -94,6 +94,7 @@ class Batcher:
             inputs, rows, key, level, request.deadline, request.skip_batching, now, future, length
         )
         job.link = link or spans.current()
+        job.caller = spans.caller()
         self._queue.push(job)
         self._arrivals.observe(now, rows)
         self._schedule(loop)
@@ -221,11 +222,12 @@ class Batcher:
             job.queued = now - job.enqueued
             self._stats.record_queued(job.queued)
         links = [(job.link, job.queued) for job in jobs]
-        span = spans.start_batch(self._stats.name, self._stats.version, links, rows)
+        caller = _one_caller(jobs)
+        span = spans.start_batch(self._stats.name, self._stats.version, links, rows, caller)
         for job in jobs:
             job.batch, job.batch_rows = span, rows
         inputs = [job.inputs for job in jobs]
-        finish = functools.partial(self._finish, loop, jobs, now, span)
+        finish = functools.partial(self._finish, loop, jobs, now, span, caller is None)
         if self._runs_inline(rows):
             done = loop.create_future()
             done.set_result(self._work(inputs))
@@ -238,7 +240,7 @@ class Batcher:
             self._busy.change(now, self._running)
             error = Unavailable(f"{self.label} is shutting down ({exc})")
             self._answer(jobs, [error] * len(jobs), 0.0, now)
-            spans.end_batch(span, 0.0, len(jobs))
+            spans.end_batch(span, 0.0, len(jobs), own=caller is None)
             return
         work.add_done_callback(finish)
 
@@ -253,6 +255,7 @@ class Batcher:
         jobs: list[Job],
         started: float,
         span: Span,
+        own_span: bool,
         work: asyncio.Future,
     ) -> None:
         """Back on the event loop: answer the batch's requests and start the next batch."""
@@ -272,7 +275,8 @@ class Batcher:
             self.compute.observe(rows, compute)
         self._stats.record_batch(rows, compute)
         self._answer(jobs, outcomes, compute, now)
-        spans.end_batch(span, compute, sum(isinstance(o, BaseException) for o in outcomes))
+        failures = sum(isinstance(o, BaseException) for o in outcomes)
+        spans.end_batch(span, compute, failures, own_span)
         self._pump()
 
     def _answer(self, jobs: list[Job], outcomes: list[Outcome], compute: float, now: float) -> None:
@@ -314,3 +318,10 @@ class Batcher:
                 self._timer.cancel()
                 self._timer = None
             self._drained.set()
+
+
+def _one_caller(jobs: list[Job]) -> Span | None:
+    """The span of the one call every job of a batch came from; None if they came from
+    several, or from a call no span records."""
+    first = jobs[0].caller
+    return first if all(job.caller is first for job in jobs) else None

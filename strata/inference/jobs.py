@@ -54,6 +54,7 @@ class Job:
     future: asyncio.Future[Arrays]
     length: int = 0  # cells per row of its padded inputs; 0 when the model pads nothing
     link: SpanContext | None = None  # the request's span, for its batch's span to link to
+    caller: Span | None = None  # the recording span of the call that queued it, if any
     state: State = field(default=State.QUEUED)
     queued: float = 0.0  # seconds it waited, once its batch has started
     batch: Span | None = None

@@ -87,6 +87,9 @@ def test_one_trace_through_all_layers_with_steps_and_rules(traced) -> None:
     assert timed(spans, "strata-postprocess", "strata.rules") == ["softmax", "topk", "labels"]
     inference = next(s for s in spans if s.service == "strata-inference")
     assert "strata.queue_ms" in inference.attributes
+    # Its batch held its call's request alone: recorded on the call's span, not a span more.
+    assert inference.attributes["batch.requests"] == 1
+    assert "batch.compute_ms" in inference.attributes
     # How long each hop took, as the gateway saw it: attributes of its span, not spans.
     assert {"strata.hop.preprocess_ms", "strata.hop.postprocess_ms"} <= set(root.attributes)
     assert all(s.parent_id == root.span_id for s in spans if s is not root), "one level deep"
@@ -114,8 +117,14 @@ def burst(system: Supervisor, receiver: Receiver, count: int) -> tuple[list[str]
         # A request that flew with others has only the gateway's spans in its own trace.
         for span in receiver.wait_for(trace_id, {"strata-gateway"}):
             ours[span.span_id] = trace_id
-    batches = [s for s in all_spans(receiver) if s.name == "inference batch"]
+    batches = batch_spans(receiver)
     return trace_ids, [b for b in batches if len({ours[i] for i in b.links if i in ours}) >= 2]
+
+
+def batch_spans(receiver: Receiver) -> list[Span]:
+    """The spans that record an inference batch: its own (`inference batch`), or, for a
+    batch of one call's requests, that call's server span."""
+    return [s for s in all_spans(receiver) if "batch.requests" in s.attributes]
 
 
 def test_a_batch_span_links_the_requests_it_carried(traced) -> None:
@@ -128,7 +137,7 @@ def test_a_batch_span_links_the_requests_it_carried(traced) -> None:
             break
     assert linked, "no batch carried two of the concurrent requests"
     batch = linked[0]
-    assert batch.trace_id not in trace_ids, "a batch is a trace of its own"
+    assert batch.trace_id not in trace_ids, "a batch is traced apart from each request"
     assert batch.attributes["batch.requests"] >= 2
 
 
@@ -180,12 +189,11 @@ def timed(spans: list[Span], service: str, attribute: str) -> list[str]:
 
 
 def linked_batch(receiver: Receiver, span_id: str, within: float = 5.0) -> bool:
-    """Whether an inference batch span links to `span_id` (inference exports on its own
-    schedule, so its spans may arrive after the other layers')."""
+    """Whether the span recording an inference batch links to `span_id` (inference exports
+    on its own schedule, so its spans may arrive after the other layers')."""
     deadline = time.monotonic() + within
     while time.monotonic() < deadline:
-        batches = [s for s in all_spans(receiver) if s.name == "inference batch"]
-        if any(span_id in b.links for b in batches):
+        if any(span_id in b.links for b in batch_spans(receiver)):
             return True
         time.sleep(0.05)
     return False

@@ -360,6 +360,45 @@ def test_a_batch_is_a_span_of_its_own_linked_to_its_requests(
         assert request.attributes["strata.queue_ms"] > 0
 
 
+def test_a_batch_of_one_calls_requests_is_recorded_on_that_calls_span(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A lone request, and a flight's members queued by one call: no batch span, the call's
+    span has the batch's attributes and links to each member's span with its queue time."""
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    tracer = provider.get_tracer("test")
+    monkeypatch.setattr(spans, "_tracer", tracer)
+    b = batcher(Doubler(), max_rows=8, max_queue_delay_ms=0.0)
+    members = [tracer.start_span(f"member {i}") for i in range(3)]
+
+    async def go() -> None:
+        with tracer.start_as_current_span("lone call"):
+            await submit(b, x(value=1))
+        with tracer.start_as_current_span("flight call"):
+            await asyncio.gather(
+                *(
+                    b.submit(x(value=i), 1, (2,), Request(), link=m.get_span_context())
+                    for i, m in enumerate(members)
+                )
+            )
+
+    asyncio.run(go())
+    finished = {s.name: s for s in exporter.get_finished_spans()}
+    assert "inference batch" not in finished
+    lone, flight = finished["lone call"], finished["flight call"]
+    assert (lone.attributes["batch.requests"], lone.attributes["batch.rows"]) == (1, 1)
+    assert lone.attributes["batch.compute_ms"] >= 0 and not lone.links
+    assert "strata.batch_span_id" not in lone.attributes
+    assert flight.attributes["batch.requests"] == 3
+    assert {link.context.span_id for link in flight.links} == {
+        m.get_span_context().span_id for m in members
+    }
+    assert all(link.attributes["strata.queue_ms"] >= 0 for link in flight.links)
+    assert flight.status.is_ok  # the call's status is its own, not the batch's
+
+
 @pytest.mark.parametrize(
     ("max_padding", "batches"),
     [
