@@ -11,8 +11,9 @@ that queued meanwhile, up to `max_requests` requests and `max_rows` rows. A requ
 caller gave up or whose deadline passed leaves its queue without costing a layer anything.
 
 Traces: a flight of one request is part of that request's trace, like any call. A flight of
-many is a trace of its own, linked to each request's span (only when one of them is sampled);
-each request's context travels with its rows so that every layer's work joins its trace.
+many is part of its first sampled request's trace (its lead's), and each other sampled
+request's span links to the lead's; each request's context travels with its rows, and every
+layer's span of the flight's calls links to the spans of the requests it carried.
 """
 
 from __future__ import annotations
@@ -29,15 +30,12 @@ from typing import Any
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace
-from opentelemetry.trace import Link
 
 from strata import propagation
 from strata.config.gateway import FlightSettings
 from strata.deadline import Deadline
 from strata.errors import DeadlineExceeded
 from strata.gateway.metrics import FLIGHT_REQUESTS, FLIGHTS_IN_AIR
-
-TRACER = trace.get_tracer("strata.gateway")
 
 
 @dataclass(eq=False)
@@ -154,7 +152,7 @@ class Flights:
             if len(group) == 1:
                 await self._fly(group)
             else:
-                with _flight_span(group, next(self._numbers)):
+                with _lead_trace(group, next(self._numbers)):
                     await self._fly(group)
         except Exception as exc:  # the whole flight failed: each member hears why
             for member in group:
@@ -172,18 +170,22 @@ class Flights:
 
 
 @contextlib.contextmanager
-def _flight_span(group: list[Member], number: int) -> Iterator[None]:
-    """The flight's own span, linked to its sampled members' spans, each of which links back
-    to it, so a request's trace leads to the flight and the flight to its requests; nothing
-    when no member is sampled."""
+def _lead_trace(group: list[Member], number: int) -> Iterator[None]:
+    """A flight of many in the trace of its first sampled member, its lead: the layers'
+    spans of its calls are children of the lead's span (and link to every request they
+    carried), the lead's span says which flight it led and how many it carried, and each
+    other sampled member's span links to the lead's; nothing when no member is sampled."""
     sampled = [s for s in (trace.get_current_span(m.context) for m in group) if s.is_recording()]
     if not sampled:
         yield
         return
-    links = [Link(s.get_span_context()) for s in sampled]
-    attributes = {"strata.requests": len(group), "strata.flight": number}
-    span = TRACER.start_span("flight", links=links, attributes=attributes)
-    with propagation.Current(span) as flight:
-        for span in sampled:
-            span.add_link(flight.get_span_context())
+    lead, *others = sampled
+    lead.set_attributes({"strata.flight": number, "strata.flight_requests": len(group)})
+    led_by = lead.get_span_context()
+    for span in others:
+        span.add_link(led_by, {"strata.flight": number})
+    token = otel_context.attach(trace.set_span_in_context(lead))
+    try:
         yield
+    finally:
+        otel_context.detach(token)

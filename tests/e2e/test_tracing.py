@@ -137,21 +137,21 @@ def test_a_batch_span_links_the_requests_it_carried(traced) -> None:
             break
     assert linked, "no batch carried two of the concurrent requests"
     batch = linked[0]
-    assert batch.trace_id not in trace_ids, "a batch is traced apart from each request"
+    if batch.name == "inference batch":  # several calls' requests: a trace of its own
+        assert batch.trace_id not in trace_ids
+    else:  # one flight's: recorded on its inference call's span, in the flight lead's trace
+        assert batch.trace_id in trace_ids
     assert batch.attributes["batch.requests"] >= 2
 
 
 def flown(receiver: Receiver, trace_ids: list[str]) -> list[tuple[Span, Span]]:
-    """(root, flight) of each request that travelled in a flight of several."""
-    flights = {s.span_id: s for s in all_spans(receiver) if s.name == "flight"}
-    pairs = []
-    for trace_id in trace_ids:
-        root = root_of(receiver.trace(trace_id))
-        pairs += [(root, flights[link]) for link in root.links if link in flights]
-    return pairs
+    """(follower, lead): the root spans of two requests that shared a flight of several,
+    the follower's linking to the lead's, in whose trace the flight's work is."""
+    roots = {root.span_id: root for root in (root_of(receiver.trace(t)) for t in trace_ids)}
+    return [(root, roots[link]) for root in roots.values() for link in root.links if link in roots]
 
 
-def test_a_request_in_a_flight_and_the_flight_lead_to_each_other(traced) -> None:
+def test_a_flight_of_several_is_in_its_leads_trace_and_the_others_link_to_it(traced) -> None:
     system, receiver = traced
     for _ in range(5):
         trace_ids, _ = burst(system, receiver, 24)
@@ -159,24 +159,26 @@ def test_a_request_in_a_flight_and_the_flight_lead_to_each_other(traced) -> None
         if pairs:
             break
     assert pairs, "no two concurrent requests shared a flight"
-    root, flight = pairs[0]
-    assert root.span_id in flight.links and flight.trace_id != root.trace_id
-    assert flight.attributes["strata.requests"] >= 2
-    assert not [s for s in receiver.trace(root.trace_id) if s.name == "request digits"]
-    # The flight's work is traced once, in its own trace: each layer's span of the call that
-    # carried it, linked to the request's span.
-    shared = receiver.wait_for(flight.trace_id, LAYERS - {"strata-inference"})
+    follower, lead = pairs[0]
+    assert lead.attributes["strata.flight_requests"] >= 2
+    assert "strata.flight" in lead.attributes
+    # The follower's own trace is its gateway span alone; the flight's work is traced once,
+    # in the lead's: each layer's span of the call that carried it, a child of the lead's
+    # span, linked to every request it carried.
+    assert {s.service for s in receiver.trace(follower.trace_id)} == {"strata-gateway"}
+    assert not [s for s in all_spans(receiver) if s.name == "flight"], "no span for the flight"
+    shared = receiver.wait_for(lead.trace_id, LAYERS - {"strata-inference"})
     assert not [s for s in shared if s.name == "flight digits"], "no span more for the flight"
     for layer in ("preprocess", "postprocess"):
-        work = layer_span_of(shared, flight, layer)
-        assert root.span_id in work.links
+        work = layer_span_of(shared, lead, layer)
+        assert follower.span_id in work.links
         assert work.attributes["strata.requests"] >= 2
-    run = layer_span_of(shared, flight, "preprocess")
+    run = layer_span_of(shared, lead, "preprocess")
     assert [entry.split()[0] for entry in run.attributes["strata.steps"]][1:3] == [
         "resize",
         "scale",
     ]
-    assert linked_batch(receiver, root.span_id), "the batch links to the request"
+    assert linked_batch(receiver, follower.span_id), "the batch links to the request"
 
 
 def timed(spans: list[Span], service: str, attribute: str) -> list[str]:
@@ -199,9 +201,9 @@ def linked_batch(receiver: Receiver, span_id: str, within: float = 5.0) -> bool:
     return False
 
 
-def layer_span_of(spans: list[Span], flight: Span, layer: str) -> Span:
-    """`layer`'s server span for the gateway's call in `flight`."""
-    return next(s for s in spans if s.parent_id == flight.span_id and s.service.endswith(layer))
+def layer_span_of(spans: list[Span], parent: Span, layer: str) -> Span:
+    """`layer`'s server span for the gateway's call made under `parent`."""
+    return next(s for s in spans if s.parent_id == parent.span_id and s.service.endswith(layer))
 
 
 def test_a_bad_request_leaves_an_error_span_with_its_kind(traced) -> None:

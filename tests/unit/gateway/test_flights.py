@@ -5,6 +5,10 @@ import asyncio
 import functools
 
 import pytest
+from opentelemetry import trace
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from prometheus_client import REGISTRY
 
 from strata.config.gateway import FlightSettings
@@ -163,3 +167,36 @@ async def test_a_failing_flight_fails_each_of_its_members_and_nothing_else() -> 
     )
     assert all(isinstance(r, RuntimeError) for r in results)
     assert REGISTRY.get_sample_value("strata_gateway_flights_in_air") == 0
+
+
+@run
+async def test_a_flight_of_several_flies_in_its_leads_trace_and_the_others_link_to_it() -> None:
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    tracer = provider.get_tracer("test")
+    spans = [tracer.start_span(f"request {i}") for i in range(2)]
+    unsampled = trace.NonRecordingSpan(spans[0].get_span_context())
+    contexts = [trace.set_span_in_context(s) for s in (unsampled, *spans)]
+    seen: list[trace.Span] = []
+
+    chain = Recorder()
+
+    async def fly(members: list[Member]) -> None:
+        seen.append(trace.get_current_span())
+        await chain.fly(members)
+
+    flights = Flights(FlightSettings(), fly, chain.departed)
+    held_back = await held(flights, chain)  # the next three then leave together
+    boarding = [
+        asyncio.create_task(flights.board("k", Member(f"m{i}", 1, Deadline.after(5), c)))
+        for i, c in enumerate(contexts)
+    ]
+    chain.release.set()
+    await asyncio.gather(held_back, *boarding)
+    lead, follower = spans
+    assert seen[1:] == [lead], "the flight's calls are made in its first sampled member's trace"
+    assert lead.attributes["strata.flight_requests"] == 3 and "strata.flight" in lead.attributes
+    assert [link.context for link in follower.links] == [lead.get_span_context()]
+    assert lead.is_recording(), "the lead's span is its request's, ended by its request"
+    assert not exporter.get_finished_spans(), "no span of the flight's own"
