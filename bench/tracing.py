@@ -5,9 +5,11 @@ The system from the config, started once per round with tracing off (exporting n
 once per sample ratio with tracing on (OTLP over gRPC to an endpoint in this process, set by
 the standard `OTEL_EXPORTER_OTLP_ENDPOINT`; `telemetry.sample_ratio` of new traces sampled),
 alternated; the same closed-loop client on one connection at 1 and 8 in flight against the
-first pipeline with a demo data set. It reports throughput and P99 with tracing on over off,
-per ratio, concurrency and round (issue 24's goal: tracing costs at most 10% of capacity;
-issue 33's: P99 at most 1.3x). Results go to `--out` (bench/results/tracing.md).
+first pipeline with a demo data set, at 1, 8 and 64 in flight (64: about the system's
+capacity). It reports throughput and P99 with tracing on over off, per ratio, concurrency
+and round (issue 24's goal: tracing costs at most 10% of capacity; issue 33's: P99 at most
+1.3x), and how many spans a request cost with every request sampled. Results go to `--out`
+(bench/results/tracing.md).
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from strata.config import load_settings
 
 RESULTS = Path(__file__).resolve().parent / "results"
 CLIENT = (("x-client-id", "strata-bench"),)
-CONCURRENCIES = (1, 8)
+CONCURRENCIES = (1, 8, 64)
 WARMUP_SECONDS = 2.0
 
 # (round, sample ratio or None for tracing off, concurrency) -> (answers per second, P99 ms)
@@ -36,9 +38,10 @@ Figures = dict[tuple[int, float | None, int], tuple[float, float]]
 
 def measure(
     config: Path, rounds: int, seconds: float, ratios: tuple[float, ...]
-) -> tuple[Figures, int]:
-    """Every round, tracing off, then on at each of `ratios`; the figures, and how many
-    spans were exported."""
+) -> tuple[Figures, int, float | None]:
+    """Every round, tracing off, then on at each of `ratios`; the figures, how many spans
+    were exported, and how many a request cost with every request sampled (None if no
+    ratio was 1)."""
     settings = load_settings(config)
     name = next((p for p in settings.pipelines if has_dataset(p)), None)
     if name is None:
@@ -46,13 +49,19 @@ def measure(
     requests = workload(settings, name).pipeline_requests
     figures: Figures = {}
     spans = 0
+    every = [0, 0]  # with every request sampled: spans, answered requests
     with LoadPool(1) as pool:
         for round_ in range(1, rounds + 1):
             for ratio in (None, *ratios):
                 receiver = CountingReceiver() if ratio is not None else None
-                figures.update(_run(config, pool, requests, round_, receiver, ratio, seconds))
-                spans += receiver.spans if receiver is not None else 0
-    return figures, spans
+                run, answered = _run(config, pool, requests, round_, receiver, ratio, seconds)
+                figures.update(run)
+                exported = receiver.spans if receiver is not None else 0
+                spans += exported
+                if ratio == 1.0:
+                    every[0] += exported
+                    every[1] += answered
+    return figures, spans, every[0] / every[1] if every[1] else None
 
 
 def _run(
@@ -63,8 +72,11 @@ def _run(
     receiver: CountingReceiver | None,
     ratio: float | None,
     seconds: float,
-) -> Figures:
+) -> tuple[Figures, int]:
+    """One system start's figures, and how many requests it answered (warm-ups included:
+    they were traced too)."""
     figures: Figures = {}
+    answered = 0
     with contextlib.ExitStack() as stack, tempfile.TemporaryDirectory(prefix="strata-") as tmp:
         endpoint = None
         if receiver is not None:
@@ -82,8 +94,9 @@ def _run(
             connections=1,
         )
         for concurrency in CONCURRENCIES:
-            closed(pool, plan, concurrency, WARMUP_SECONDS)
+            warm = closed(pool, plan, concurrency, WARMUP_SECONDS)
             results = closed(pool, plan, concurrency, seconds)
+            answered += int(warm.ok.sum()) + int(results.ok.sum())
             figures[(round_, ratio, concurrency)] = (
                 results.throughput(),
                 results.percentile_ms(99),
@@ -93,14 +106,14 @@ def _run(
                 f"{results.throughput():.0f}/s, P99 {results.percentile_ms(99):.2f} ms",
                 flush=True,
             )
-    return figures
+    return figures, answered
 
 
 def _tracing(ratio: float | None) -> str:
     return "tracing off" if ratio is None else f"tracing on, sample ratio {ratio:g}"
 
 
-def report(figures: Figures, spans: int) -> str:
+def report(figures: Figures, spans: int, per_request: float | None) -> str:
     lines = [
         "| round | c | sample ratio | req/s off | req/s on | on / off | P99 ms off | P99 ms on "
         "| P99 on / off |",
@@ -119,6 +132,8 @@ def report(figures: Figures, spans: int) -> str:
                     f"| {on_p99 / off_p99:.2f} |"
                 )
     lines.append(f"\nSpans exported with tracing on: {spans:,}.")
+    if per_request is not None:
+        lines.append(f"Spans a request with every request sampled: {per_request:.2f}.")
     return "\n".join(lines)
 
 
@@ -137,8 +152,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="a smoke run: 1 round of 1 s")
     args = parser.parse_args(argv)
     rounds, seconds = (1, 1.0) if args.quick else (args.rounds, args.duration)
-    figures, spans = measure(args.config, rounds, seconds, args.ratios)
-    table = report(figures, spans)
+    figures, spans, per_request = measure(args.config, rounds, seconds, args.ratios)
+    table = report(figures, spans, per_request)
     print(table)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "tracing.md").write_text(f"# Tracing on against off\n\n{table}\n")
