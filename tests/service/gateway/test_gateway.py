@@ -447,9 +447,7 @@ def test_a_failing_arm_opens_its_breaker_and_traffic_falls_back(world, gateway, 
     assert arms == {"control"}
 
 
-def test_a_malformed_inference_reply_is_internal_and_names_the_deployment(
-    world, gateway
-) -> None:
+def test_a_malformed_inference_reply_is_internal_and_names_the_deployment(world, gateway) -> None:
     world.proxies["a"].malform = world.proxies["b"].malform = True
     with pytest.raises(grpc.RpcError) as caught:
         infer(gateway, "malformed")
