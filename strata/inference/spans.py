@@ -52,10 +52,17 @@ def start_batch(
     caller: Span | None = None,
 ) -> Span:
     """The span that records a batch: `caller`, the span of the one call all its requests
-    came from, where there is one; else a span of its own. Either is linked to each
-    request's span (but the caller's own) with the seconds it queued."""
+    came from, where there is one; else a span of its own. Either gets the batch's model and
+    size and is linked to each request's span (but the caller's own) with the seconds it
+    queued. A call whose requests took several batches keeps the last one's figures."""
+    attributes = {
+        "strata.model": model,
+        "strata.model_version": version,
+        "batch.requests": len(links),
+        "batch.rows": rows,
+    }
     if caller is not None:
-        caller.set_attributes({"batch.requests": len(links), "batch.rows": rows})
+        caller.set_attributes(attributes)
         own = caller.get_span_context()
         for link, queued in links:
             if link is not None and link != own:
@@ -69,12 +76,7 @@ def start_batch(
             for link, queued in links
             if link is not None
         ],
-        attributes={
-            "strata.model": model,
-            "strata.model_version": version,
-            "batch.requests": len(links),
-            "batch.rows": rows,
-        },
+        attributes=attributes,
     )
 
 

@@ -389,6 +389,10 @@ def test_a_batch_of_one_calls_requests_is_recorded_on_that_calls_span(
     assert "inference batch" not in finished
     lone, flight = finished["lone call"], finished["flight call"]
     assert (lone.attributes["batch.requests"], lone.attributes["batch.rows"]) == (1, 1)
+    assert (lone.attributes["strata.model"], lone.attributes["strata.model_version"]) == (
+        "toy",
+        "1",
+    )
     assert lone.attributes["batch.compute_ms"] >= 0 and not lone.links
     assert "strata.batch_span_id" not in lone.attributes
     assert flight.attributes["batch.requests"] == 3
