@@ -1,21 +1,24 @@
-"""What tracing costs: `python -m bench.tracing [--config ...] [--rounds 2] [--duration 8]
+"""What tracing costs: `python -m bench.tracing [--config ...] [--rounds 6] [--duration 3]
 [--ratios 1,0.1]`.
 
-The system from the config, started once per round with tracing off (exporting nothing) and
-once per sample ratio with tracing on (OTLP over gRPC to an endpoint in this process, set by
-the standard `OTEL_EXPORTER_OTLP_ENDPOINT`; `telemetry.sample_ratio` of new traces sampled),
-alternated; the same closed-loop client on one connection at 1 and 8 in flight against the
-first pipeline with a demo data set, at 1, 8 and 64 in flight (64: about the system's
-capacity). It reports throughput and P99 with tracing on over off, per ratio, concurrency
-and round (issue 24's goal: tracing costs at most 10% of capacity; issue 33's: P99 at most
-1.3x), and how many spans a request cost with every request sampled. Results go to `--out`
-(bench/results/tracing.md).
+One system from the config per setting, all started at once and side by side: tracing off
+(exporting nothing), and tracing on at each sample ratio (OTLP over gRPC to an endpoint in
+this process, set by the standard `OTEL_EXPORTER_OTLP_ENDPOINT`; `telemetry.sample_ratio` of
+new traces sampled). The same closed-loop client on one connection measures each in turn
+against the first pipeline with a demo data set, at 1, 8 and 64 in flight (64: about the
+system's capacity), in short rounds whose order alternates, so that a noisy neighbour hits
+every setting alike: on a shared machine a system's throughput moves by 10 to 25% between
+starts, more than the cost measured. It reports throughput and P99 with tracing on over off
+per round, and their median over the rounds, per ratio and concurrency (issue 24's goal:
+tracing costs at most 10% of capacity; issue 33's: P99 at most 1.3x), and how many spans a
+request cost with every request sampled. Results go to `--out` (bench/results/tracing.md).
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import statistics
 import sys
 import tempfile
 from pathlib import Path
@@ -39,74 +42,60 @@ Figures = dict[tuple[int, float | None, int], tuple[float, float]]
 def measure(
     config: Path, rounds: int, seconds: float, ratios: tuple[float, ...]
 ) -> tuple[Figures, int, float | None]:
-    """Every round, tracing off, then on at each of `ratios`; the figures, how many spans
-    were exported, and how many a request cost with every request sampled (None if no
-    ratio was 1)."""
+    """Every setting (tracing off, then on at each of `ratios`) measured in turn, `rounds`
+    times at each concurrency; the figures, how many spans were exported, and how many a
+    request cost with every request sampled (None if no ratio was 1)."""
     settings = load_settings(config)
     name = next((p for p in settings.pipelines if has_dataset(p)), None)
     if name is None:
         raise SystemExit("no pipeline of this config has a demo data set under build/data")
     requests = workload(settings, name).pipeline_requests
     figures: Figures = {}
-    spans = 0
-    every = [0, 0]  # with every request sampled: spans, answered requests
-    with LoadPool(1) as pool:
-        for round_ in range(1, rounds + 1):
-            for ratio in (None, *ratios):
-                receiver = CountingReceiver() if ratio is not None else None
-                run, answered = _run(config, pool, requests, round_, receiver, ratio, seconds)
-                figures.update(run)
-                exported = receiver.spans if receiver is not None else 0
-                spans += exported
-                if ratio == 1.0:
-                    every[0] += exported
-                    every[1] += answered
-    return figures, spans, every[0] / every[1] if every[1] else None
-
-
-def _run(
-    config: Path,
-    pool: LoadPool,
-    requests,
-    round_: int,
-    receiver: CountingReceiver | None,
-    ratio: float | None,
-    seconds: float,
-) -> tuple[Figures, int]:
-    """One system start's figures, and how many requests it answered (warm-ups included:
-    they were traced too)."""
-    figures: Figures = {}
-    answered = 0
-    with contextlib.ExitStack() as stack, tempfile.TemporaryDirectory(prefix="strata-") as tmp:
-        endpoint = None
-        if receiver is not None:
-            stack.enter_context(receiver)
-            endpoint = f"http://127.0.0.1:{receiver.port}"
-        supervisor, _ = stack.enter_context(
-            running(config, Path(tmp), endpoint, sample_ratio=ratio)
-        )
-        plan = Plan(
-            target=supervisor.address("gateway"),
-            method=INFER,
-            requests=requests,
-            metadata=CLIENT,
-            timeout=30,
-            connections=1,
-        )
+    answered: dict[float | None, int] = {}
+    with contextlib.ExitStack() as stack, LoadPool(1) as pool:
+        tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="strata-")))
+        receivers: dict[float, CountingReceiver] = {}
+        plans: dict[float | None, Plan] = {}
+        for ratio in (None, *ratios):
+            endpoint = None
+            if ratio is not None:
+                receivers[ratio] = stack.enter_context(CountingReceiver())
+                endpoint = f"http://127.0.0.1:{receivers[ratio].port}"
+            folder = tmp / _tracing(ratio).replace(" ", "-").replace(",", "")
+            folder.mkdir()
+            supervisor, _ = stack.enter_context(
+                running(config, folder, endpoint, sample_ratio=ratio)
+            )
+            plans[ratio] = Plan(
+                target=supervisor.address("gateway"),
+                method=INFER,
+                requests=requests,
+                metadata=CLIENT,
+                timeout=30,
+                connections=1,
+            )
+            answered[ratio] = 0
         for concurrency in CONCURRENCIES:
-            warm = closed(pool, plan, concurrency, WARMUP_SECONDS)
-            results = closed(pool, plan, concurrency, seconds)
-            answered += int(warm.ok.sum()) + int(results.ok.sum())
-            figures[(round_, ratio, concurrency)] = (
-                results.throughput(),
-                results.percentile_ms(99),
-            )
-            print(
-                f"round {round_}, {_tracing(ratio)}, c={concurrency}: "
-                f"{results.throughput():.0f}/s, P99 {results.percentile_ms(99):.2f} ms",
-                flush=True,
-            )
-    return figures, answered
+            for ratio, plan in plans.items():
+                answered[ratio] += int(closed(pool, plan, concurrency, WARMUP_SECONDS).ok.sum())
+            for round_ in range(1, rounds + 1):
+                order = list(plans) if round_ % 2 else list(plans)[::-1]
+                for ratio in order:
+                    results = closed(pool, plans[ratio], concurrency, seconds)
+                    answered[ratio] += int(results.ok.sum())
+                    figures[(round_, ratio, concurrency)] = (
+                        results.throughput(),
+                        results.percentile_ms(99),
+                    )
+                    print(
+                        f"round {round_}, {_tracing(ratio)}, c={concurrency}: "
+                        f"{results.throughput():.0f}/s, P99 {results.percentile_ms(99):.2f} ms",
+                        flush=True,
+                    )
+        spans = {ratio: receiver.spans for ratio, receiver in receivers.items()}
+    every = spans.get(1.0)
+    per_request = every / answered[1.0] if every is not None and answered[1.0] else None
+    return figures, sum(spans.values()), per_request
 
 
 def _tracing(ratio: float | None) -> str:
@@ -114,13 +103,31 @@ def _tracing(ratio: float | None) -> str:
 
 
 def report(figures: Figures, spans: int, per_request: float | None) -> str:
+    rounds = sorted({round_ for round_, _, _ in figures})
+    ratios = sorted({ratio for _, ratio, _ in figures if ratio is not None}, reverse=True)
+    pairs = {
+        (c, ratio): [_on_over_off(figures, round_, ratio, c) for round_ in rounds]
+        for c in CONCURRENCIES
+        for ratio in ratios
+    }
     lines = [
+        f"Median over {len(rounds)} rounds of each round's on / off:",
+        "",
+        "| c | sample ratio | throughput on / off | range | P99 on / off | range |",
+        "|---:|---:|---:|---|---:|---|",
+    ]
+    for (c, ratio), each in pairs.items():
+        rates, p99s = [r for r, _ in each], [p for _, p in each]
+        lines.append(
+            f"| {c} | {ratio:g} | {statistics.median(rates):.2f} | {_span(rates)} "
+            f"| {statistics.median(p99s):.2f} | {_span(p99s)} |"
+        )
+    lines += [
+        "",
         "| round | c | sample ratio | req/s off | req/s on | on / off | P99 ms off | P99 ms on "
         "| P99 on / off |",
         "|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
-    rounds = sorted({round_ for round_, _, _ in figures})
-    ratios = sorted({ratio for _, ratio, _ in figures if ratio is not None}, reverse=True)
     for round_ in rounds:
         for c in CONCURRENCIES:
             off_rate, off_p99 = figures[(round_, None, c)]
@@ -137,11 +144,23 @@ def report(figures: Figures, spans: int, per_request: float | None) -> str:
     return "\n".join(lines)
 
 
+def _on_over_off(figures: Figures, round_: int, ratio: float, c: int) -> tuple[float, float]:
+    """One round's throughput and P99 with tracing on at `ratio`, over tracing off's."""
+    (off_rate, off_p99), (on_rate, on_p99) = figures[(round_, None, c)], figures[(round_, ratio, c)]
+    return on_rate / off_rate, on_p99 / off_p99
+
+
+def _span(values: list[float]) -> str:
+    return f"{min(values):.2f}-{max(values):.2f}"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.tracing", description=__doc__)
     parser.add_argument("--config", type=Path, default=Path("configs/default.yaml"))
-    parser.add_argument("--rounds", type=int, default=2, help="alternated off/on rounds")
-    parser.add_argument("--duration", type=float, default=8.0, help="seconds a point")
+    parser.add_argument(
+        "--rounds", type=int, default=6, help="rounds at each concurrency, order alternating"
+    )
+    parser.add_argument("--duration", type=float, default=3.0, help="seconds a point")
     parser.add_argument("--out", type=Path, default=RESULTS, help="where results go")
     parser.add_argument(
         "--ratios",
