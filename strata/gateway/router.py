@@ -10,6 +10,7 @@ serves its other models.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import math
 from collections.abc import Callable, Mapping, Sequence
@@ -22,6 +23,11 @@ def unit_hash(*parts: str) -> float:
     """A uniform number in [0, 1) determined by `parts`."""
     digest = hashlib.blake2b("\0".join(parts).encode(), digest_size=8).digest()
     return int.from_bytes(digest, "big") / 2**64
+
+
+# A client's hash, remembered: every request is routed (a flight's members again at each
+# stage) and they come from a few clients; 0.09 us remembered against 0.83 computed.
+_client_hash = functools.lru_cache(maxsize=4096)(unit_hash)
 
 
 class Router:
@@ -98,7 +104,7 @@ class Router:
 
     def sticky(self, client: str) -> Route:
         """`client`'s own arm, by weight, whether it is available or not."""
-        return _pick(self._routes, unit_hash(self.pipeline, client))
+        return _pick(self._routes, _client_hash(self.pipeline, client))
 
     def fallback(self, client: str, failed: Route, usable: Callable[[Route], bool]) -> Route | None:
         """Another usable arm for `client` (by weight) that can take a flight already
@@ -119,7 +125,7 @@ class Router:
         ]
         if not healthy:
             return None
-        return _pick(tuple(healthy), unit_hash(self.pipeline, client, "fallback"))
+        return _pick(tuple(healthy), _client_hash(self.pipeline, client, "fallback"))
 
     def mirrors(self, request_key: str) -> bool:
         """Whether this request also goes to the shadow route."""

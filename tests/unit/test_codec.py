@@ -74,6 +74,8 @@ def test_empty_bytes_tensor() -> None:
         ("BYTES", [2], codec.encode_bytes([b"ab"]), ["needs at least 8 bytes", "got 6"]),
         ("BYTES", [2], codec.encode_bytes([b"abcd"]), ["ends after 1 of 2"]),
         ("BYTES", [1], b"\x05\x00\x00\x00ab", ["runs past"]),
+        ("BYTES", [2], codec.encode_bytes([b"abc"]) + b"\x01\x00", ["ends after 1 of 2"]),
+        ("BYTES", [2], b"\x01\x00\x00\x00a\x09\x00\x00\x00abc", ["element 1 runs past"]),
         ("BYTES", [1], codec.encode_bytes([b"a", b"b"]), ["left after 1"]),
         ("FP8", [1], b"\x00", ["unknown datatype", "FP8"]),
     ],
