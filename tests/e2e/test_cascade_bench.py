@@ -23,6 +23,8 @@ def test_the_quick_run_measures_the_cascade_against_its_large_model(tmp_path) ->
         for measured in size["best"].values():
             assert measured["count"] > 0 and measured["errors"] == {}
         assert size["throughput_ratio"] > 0
+        assert len(size["round_ratios"]) == report["timing"]["rounds"]
+        assert all(ratio > 0 for ratio in size["round_ratios"])
     assert set(report["light"]) == PIPELINES
     cpu = report["gateway_cpu_ms_per_request"]
     assert set(cpu) == PIPELINES
