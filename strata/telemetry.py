@@ -17,14 +17,17 @@ import time
 import types
 from collections.abc import Mapping, Sequence
 from contextlib import AbstractContextManager
+from contextvars import ContextVar
 from typing import Any
 
 import grpc
 from google.protobuf import descriptor_pool
 from opentelemetry import trace
+from opentelemetry.context import Context
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
+from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
 from opentelemetry.sdk.trace.sampling import (
     ALWAYS_OFF,
     ParentBased,
@@ -130,7 +133,9 @@ def setup_tracing(
     attributes = {"service.name": service}
     if deployment:
         attributes[DEPLOYMENT_ATTRIBUTE] = deployment
-    provider = TracerProvider(resource=Resource.create(attributes), sampler=sampler)
+    provider = TracerProvider(
+        resource=Resource.create(attributes), sampler=sampler, id_generator=_CHOSEN_IDS
+    )
     if endpoint:
         exporter = ChildSpanExporter(provider.resource, endpoint)
         provider.add_span_processor(BatchSpanProcessor(exporter, **_small_batches()))
@@ -158,6 +163,24 @@ class LiveRatio(Sampler):
 
     def get_description(self) -> str:
         return f"LiveRatio{{{self.ratio}}}"
+
+    def samples(self, trace_id: int) -> bool:
+        """The decision `should_sample` makes for a trace id, without the SDK's objects."""
+        sampler = self._sampler
+        return trace_id & sampler.TRACE_ID_LIMIT < sampler.bound
+
+
+class _ChosenTraceIds(RandomIdGenerator):
+    """The SDK's random ids, except a new trace's id where `server_span` chose it already
+    (to decide its sampling before asking the SDK for a span)."""
+
+    def generate_trace_id(self) -> int:
+        return _CHOSEN_TRACE_ID.get() or super().generate_trace_id()
+
+
+_CHOSEN_TRACE_ID: ContextVar[int] = ContextVar("strata_chosen_trace_id", default=0)
+_NEW_IDS = RandomIdGenerator()
+_CHOSEN_IDS = _ChosenTraceIds()
 
 
 def exporting() -> bool:
@@ -207,17 +230,46 @@ _ratio: LiveRatio | None = None  # the ratio setup_tracing installed, where it d
 def server_span(name: str, carrier: Mapping[str, str]) -> AbstractContextManager:
     """The current span for serving a call whose metadata is `carrier`: the SDK's server span
     where it may be recorded; else a non-recording span that carries the caller's trace (or a
-    new one, for the logs' trace ids), at a tenth of the SDK's cost."""
+    new one, for the logs' trace ids), at a tenth of the SDK's cost.
+
+    Where the ratio decides whatever the caller says (a public server), the decision is
+    taken here, on the trace id the SDK would decide on (the caller's, or a new one handed to
+    the SDK's id generator): only a sampled request pays for the SDK's span."""
     traceparent = carrier.get("traceparent", "")
-    unsampled = _sampling == "off" or (_sampling == "parent" and traceparent[53:55] == "00")
-    if not unsampled:
-        parent = propagation.extract(carrier) if traceparent else None
-        span = _server_tracer.start_span(
-            name, context=parent, kind=SpanKind.SERVER, record_exception=False
-        )
-        return propagation.Current(span, record_exception=False)
-    span = NonRecordingSpan(_unsampled_context(traceparent))
-    return trace.use_span(span, end_on_exit=False)
+    if _sampling == "ratio":
+        return _ratio_span(name, carrier, traceparent)
+    if _sampling == "off" or (_sampling == "parent" and traceparent[53:55] == "00"):
+        return _unsampled(_unsampled_context(traceparent))
+    return _sdk_span(name, propagation.extract(carrier) if traceparent else None)
+
+
+def _ratio_span(name: str, carrier: Mapping[str, str], traceparent: str) -> AbstractContextManager:
+    parent = propagation.extract(carrier) if traceparent else None
+    caller = trace.get_current_span(parent).get_span_context() if parent else None
+    if caller is not None and caller.is_valid:
+        trace_id = caller.trace_id
+        if _ratio.samples(trace_id):
+            return _sdk_span(name, parent)
+    else:
+        trace_id = _NEW_IDS.generate_trace_id()
+        if _ratio.samples(trace_id):
+            token = _CHOSEN_TRACE_ID.set(trace_id)
+            try:
+                return _sdk_span(name, Context())  # a root span: its trace id is the one chosen
+            finally:
+                _CHOSEN_TRACE_ID.reset(token)
+    return _unsampled(SpanContext(trace_id, random.getrandbits(64), is_remote=False))
+
+
+def _sdk_span(name: str, parent: Any) -> AbstractContextManager:
+    span = _server_tracer.start_span(
+        name, context=parent, kind=SpanKind.SERVER, record_exception=False
+    )
+    return propagation.Current(span, record_exception=False)
+
+
+def _unsampled(context: SpanContext) -> AbstractContextManager:
+    return propagation.Current(NonRecordingSpan(context), record_exception=False)
 
 
 def _unsampled_context(traceparent: str) -> SpanContext:

@@ -97,3 +97,39 @@ def test_without_an_exporter_the_ratio_does_not_change(sampling) -> None:
     sampling(None)
     assert not telemetry.exporting()
     assert not telemetry.set_sample_ratio(1.0)
+
+
+def test_a_public_server_samples_new_traces_at_its_ratio_on_the_ids_it_records(sampling) -> None:
+    sampling("http://127.0.0.1:4317", ratio=0.5, trust_callers=False)
+    limit, bound = (1 << 64) - 1, 1 << 63  # TraceIdRatioBased's: the low 64 bits, below 0.5
+    sampled = 0
+    for _ in range(2000):
+        with telemetry.server_span("/svc/Method", {}) as span:
+            trace_id = span.get_span_context().trace_id
+            assert span.get_span_context().is_valid
+            assert span.is_recording() == (trace_id & limit < bound), "decided on its own id"
+            sampled += span.is_recording()
+    assert 850 < sampled < 1150, f"{sampled} of 2000 sampled at 0.5"
+
+
+def test_a_public_server_decides_on_the_callers_trace_id(sampling) -> None:
+    sampling("http://127.0.0.1:4317", ratio=0.5, trust_callers=False)
+    # TRACE_ID's low 64 bits are above half their range; these are below.
+    below = "0af7651916cd43dd0448eb211c80319c"
+    for trace_id, recorded in ((TRACE_ID, False), (below, True)):
+        carrier = {"traceparent": f"00-{trace_id}-b7ad6b7169203331-01"}
+        with telemetry.server_span("/svc/Method", carrier) as span:
+            assert span.is_recording() is recorded
+            assert format(span.get_span_context().trace_id, "032x") == trace_id
+
+
+def test_an_unsampled_request_at_a_public_server_makes_no_sdk_span(sampling, monkeypatch) -> None:
+    sampling("http://127.0.0.1:4317", ratio=0.0, trust_callers=False)
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the SDK was asked for a span the ratio drops")
+
+    monkeypatch.setattr(telemetry._server_tracer, "start_span", refuse)
+    for carrier in ({}, parent("01")):
+        with telemetry.server_span("/svc/Method", carrier) as span:
+            assert isinstance(span, trace.NonRecordingSpan) and span.get_span_context().is_valid
