@@ -57,6 +57,7 @@ def bench_config(
     gateway: dict[str, Any] | None = None,
     gateway_metrics: bool = False,
     sample_ratio: float | None = None,
+    gateway_admin: bool = False,
 ) -> Path:
     """`config` on free ports (REST too, and the gateway's metrics page if asked) with an
     admin token, tracing as asked (`sample_ratio`: of new traces, None for the config's) and
@@ -68,6 +69,8 @@ def bench_config(
     front = {**_endpoint(), "rest": f"127.0.0.1:{free_port()}"}
     if gateway_metrics:
         front["metrics"] = f"127.0.0.1:{free_port()}"
+    if gateway_admin:
+        front["admin_listen"] = f"127.0.0.1:{free_port()}"
     raw["services"] = {
         "gateway": front,
         "preprocess": _endpoint(services.preprocess.replicas),
@@ -95,6 +98,7 @@ def running(
     gateway: dict[str, Any] | None = None,
     gateway_metrics: bool = False,
     sample_ratio: float | None = None,
+    gateway_admin: bool = False,
 ) -> Iterator[tuple[Supervisor, str]]:
     """Every service of `config` as processes on free ports: (supervisor, admin token)."""
     token = secrets.token_hex(16)
@@ -106,7 +110,14 @@ def running(
 
     def build() -> Supervisor:  # on new free ports each time
         path = bench_config(
-            config, folder, token, otlp_endpoint, gateway, gateway_metrics, sample_ratio
+            config,
+            folder,
+            token,
+            otlp_endpoint,
+            gateway,
+            gateway_metrics,
+            sample_ratio,
+            gateway_admin,
         )
         return Supervisor(path, load_settings(path), log_dir=folder, env=env)
 

@@ -37,16 +37,21 @@ FRACTIONS = (0.1, 0.5, 0.8, 1.0, 1.5, 2.0, 3.0, 4.0)
 
 
 class HealthProbe:
-    """Every 50 ms, from its own thread, the gateway's health asked two ways: a
-    grpc.health.v1 Check on its public port (a client's or a gRPC probe's view, served on the
-    event loop among the requests) and GET /readyz on its metrics port (what the shipped
-    container and Kubernetes probes ask, answered from the metrics server's thread)."""
+    """Every 50 ms, from its own thread, the gateway's health asked three ways: a
+    grpc.health.v1 Check on its public port (a client's view, served among the requests,
+    behind every call gRPC has queued on that port), the same Check on its admin port (a
+    server of its own in the same process: what a gRPC probe should ask), and GET /readyz on
+    its metrics port (what the shipped container and Kubernetes probes ask, answered from the
+    metrics server's thread)."""
 
-    def __init__(self, address: str, metrics: str) -> None:
-        self._stub = health_pb2_grpc.HealthStub(grpc.insecure_channel(address))
+    def __init__(self, address: str, admin: str, metrics: str) -> None:
+        self._stubs = [
+            health_pb2_grpc.HealthStub(grpc.insecure_channel(target)) for target in (address, admin)
+        ]
         self._readyz = f"http://{metrics}/readyz"
         self._stop = threading.Event()
         self.grpc_seconds: list[float] = []
+        self.admin_seconds: list[float] = []
         self.readyz_seconds: list[float] = []
         self._thread = threading.Thread(target=self._probe)
 
@@ -59,17 +64,20 @@ class HealthProbe:
         self._thread.join()
 
     def _probe(self) -> None:
+        public, admin = self._stubs
         while not self._stop.is_set():
-            self.grpc_seconds.append(_timed(self._check))
+            self.grpc_seconds.append(_timed(lambda: _check(public)))
+            self.admin_seconds.append(_timed(lambda: _check(admin)))
             self.readyz_seconds.append(_timed(self._get_readyz))
             time.sleep(0.05)
-
-    def _check(self) -> None:
-        self._stub.Check(health_pb2.HealthCheckRequest(), timeout=2)
 
     def _get_readyz(self) -> None:
         with urllib.request.urlopen(self._readyz, timeout=2) as reply:
             reply.read()
+
+
+def _check(stub: health_pb2_grpc.HealthStub) -> None:
+    stub.Check(health_pb2.HealthCheckRequest(), timeout=2)
 
 
 def _timed(probe: Callable[[], None]) -> float:
@@ -83,33 +91,40 @@ def _timed(probe: Callable[[], None]) -> float:
 
 
 def sweep(
-    pool: LoadPool, plan: Plan, metrics: str, objective: float, seconds: float, fractions
+    pool: LoadPool,
+    plan: Plan,
+    admin: str,
+    metrics: str,
+    objective: float,
+    seconds: float,
+    fractions,
 ) -> list:
     capacity = closed(pool, plan, 64, seconds).throughput()
     print(f"capacity (closed loop, 64 in flight): {capacity:.0f}/s", flush=True)
     rows = []
     for fraction in fractions:
         time.sleep(1.0)
-        with HealthProbe(plan.target, metrics) as probe:
+        with HealthProbe(plan.target, admin, metrics) as probe:
             results = opened(pool, plan, fraction * capacity, seconds)
         step = point(f"{fraction:g}x", results, objective, None)
         busiest = results.client()["busiestWorkerCpu"]
         slowest = (
             max(seconds, default=float("nan"))
-            for seconds in (probe.grpc_seconds, probe.readyz_seconds)
+            for seconds in (probe.grpc_seconds, probe.admin_seconds, probe.readyz_seconds)
         )
         rows.append((step, busiest, *slowest))
         print(row_text(rows[-1]), flush=True)
     return rows
 
 
-def row_text(row: tuple[Point, float, float, float]) -> str:
-    step, busiest, health, readyz = row
+def row_text(row: tuple[Point, float, float, float, float]) -> str:
+    step, busiest, health, admin, readyz = row
     return (
         f"{step.label}: offered {step.offered:.0f}/s, goodput {step.goodput:.0f}/s, "
         f"P50 {step.p50_ms:.1f} ms, P99 {step.p99_ms:.1f} ms, errors {step.errors}, "
         f"busiest client worker {busiest:.0%}, slowest gRPC health check "
-        f"{health * 1000:.0f} ms, slowest /readyz {readyz * 1000:.0f} ms"
+        f"{health * 1000:.0f} ms (admin port {admin * 1000:.0f} ms), "
+        f"slowest /readyz {readyz * 1000:.0f} ms"
     )
 
 
@@ -118,15 +133,16 @@ def report(rows: list) -> str:
     base = next((step.p99_ms for step, *_ in rows if step.label == "0.8x"), float("nan"))
     lines = [
         "| load | offered/s | goodput/s | % of peak | P50 ms | P99 ms | P99 / P99 at 0.8x "
-        "| errors | busiest client worker | slowest gRPC health check ms | slowest /readyz ms |",
-        "|---|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|",
+        "| errors | busiest client worker | slowest gRPC health check ms: public port "
+        "| admin port | slowest /readyz ms |",
+        "|---|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|",
     ]
-    for step, busiest, health, readyz in rows:
+    for step, busiest, health, admin, readyz in rows:
         lines.append(
             f"| {step.label} | {step.offered:.0f} | {step.goodput:.0f} | "
             f"{100 * step.goodput / peak:.0f}% | {step.p50_ms:.1f} | {step.p99_ms:.1f} | "
             f"{step.p99_ms / base:.2f} | {step.errors or '-'} | {busiest:.0%} | "
-            f"{health * 1000:.0f} | {readyz * 1000:.0f} |"
+            f"{health * 1000:.0f} | {admin * 1000:.0f} | {readyz * 1000:.0f} |"
         )
     return "\n".join(lines)
 
@@ -146,7 +162,10 @@ def main(argv: list[str] | None = None) -> int:
     with (
         tempfile.TemporaryDirectory(prefix="strata-") as tmp,
         LoadPool(2) as pool,
-        running(args.config, Path(tmp), gateway_metrics=True) as (supervisor, _),
+        running(args.config, Path(tmp), gateway_metrics=True, gateway_admin=True) as (
+            supervisor,
+            _,
+        ),
     ):
         plan = Plan(
             target=supervisor.address("gateway"),
@@ -156,8 +175,10 @@ def main(argv: list[str] | None = None) -> int:
             timeout=1.0,
             connections=2,  # one per client worker, as a tritonclient user has
         )
-        metrics = supervisor.settings.services.gateway.metrics
-        rows = sweep(pool, plan, metrics, w.objective_seconds, seconds, fractions)
+        front = supervisor.settings.services.gateway
+        rows = sweep(
+            pool, plan, front.admin_listen, front.metrics, w.objective_seconds, seconds, fractions
+        )
         crashed = supervisor.failed()
     table = report(rows)
     print(table)

@@ -11,3 +11,5 @@ def test_the_overload_sweep_runs_and_reports_each_step(tmp_path: Path) -> None:
     assert "every process stayed up" in out
     table = (tmp_path / "overload.md").read_text()
     assert all(f"| {label} |" in table for label in ("0.8x", "2x", "4x"))
+    assert "| admin port |" in table
+    assert "(admin port " in out
