@@ -61,7 +61,7 @@ def measure(
             if ratio is not None:
                 receivers[ratio] = stack.enter_context(CountingReceiver())
                 endpoint = f"http://127.0.0.1:{receivers[ratio].port}"
-            folder = tmp / _tracing(ratio).replace(" ", "-").replace(",", "")
+            folder = tmp / ("off" if ratio is None else f"ratio-{ratio:g}")
             folder.mkdir()
             supervisor, _ = stack.enter_context(
                 running(config, folder, endpoint, sample_ratio=ratio)

@@ -239,7 +239,7 @@ def server_span(name: str, carrier: Mapping[str, str]) -> AbstractContextManager
     if _sampling == "ratio":
         return _ratio_span(name, carrier, traceparent)
     if _sampling == "off" or (_sampling == "parent" and traceparent[53:55] == "00"):
-        return _unsampled(_unsampled_context(traceparent))
+        return _unsampled(_trace_id(traceparent))
     return _sdk_span(name, propagation.extract(carrier) if traceparent else None)
 
 
@@ -258,7 +258,7 @@ def _ratio_span(name: str, carrier: Mapping[str, str], traceparent: str) -> Abst
                 return _sdk_span(name, Context())  # a root span: its trace id is the one chosen
             finally:
                 _CHOSEN_TRACE_ID.reset(token)
-    return _unsampled(SpanContext(trace_id, random.getrandbits(64), is_remote=False))
+    return _unsampled(trace_id)
 
 
 def _sdk_span(name: str, parent: Any) -> AbstractContextManager:
@@ -268,19 +268,19 @@ def _sdk_span(name: str, parent: Any) -> AbstractContextManager:
     return propagation.Current(span, record_exception=False)
 
 
-def _unsampled(context: SpanContext) -> AbstractContextManager:
+def _unsampled(trace_id: int) -> AbstractContextManager:
+    """A non-recording span in trace `trace_id` (with a span id of its own), made current."""
+    context = SpanContext(trace_id, random.getrandbits(64), is_remote=False)
     return propagation.Current(NonRecordingSpan(context), record_exception=False)
 
 
-def _unsampled_context(traceparent: str) -> SpanContext:
-    """A context in the caller's trace (a new span id), or in a new trace."""
+def _trace_id(traceparent: str) -> int:
+    """The caller's trace id, or a new one."""
     try:
         trace_id = int(traceparent[3:35], 16)
     except ValueError:
         trace_id = 0
-    if not trace_id:
-        trace_id = random.getrandbits(128)
-    return SpanContext(trace_id, random.getrandbits(64), is_remote=False)
+    return trace_id or _NEW_IDS.generate_trace_id()
 
 
 def traced_servicer(servicer: object, service: str) -> object:
