@@ -38,7 +38,7 @@ $(STAMP_PROTO): $(STAMP_VENV) $(PROTOS) scripts/gen_protos.py
 	touch $@
 
 models: $(STAMP_MODELS)
-$(STAMP_MODELS): $(STAMP_PROTO) $(shell find models -name '*.py') $(shell find strata/preprocess -name '*.py')
+$(STAMP_MODELS): $(STAMP_PROTO) $(shell find models -name '*.py') $(shell find services/preprocess -name '*.py')
 	$(PY) -m models.build --out build
 	touch $@
 

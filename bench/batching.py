@@ -28,10 +28,10 @@ from bench import ceiling as ceilings
 from bench import synthetic
 from bench.openloop import Run, ServiceProcess, open_loop, saturate, settle
 from bench.report import Measured, Plan, Row, digest, table, write
+from services.inference import validation
+from services.inference.manifest import read_spec
 from strata import codec, repository
 from strata.config import Settings, load_settings
-from strata.inference import validation
-from strata.inference.manifest import read_spec
 from strata.proto.inference import grpc_service_pb2 as v2
 from strata.proto.inference import grpc_service_pb2_grpc as v2_grpc
 

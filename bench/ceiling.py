@@ -13,9 +13,9 @@ from pathlib import Path
 
 import numpy as np
 
+from services.inference.manifest import ModelSpec
+from services.inference.model import open_session
 from strata.codec import Arrays
-from strata.inference.manifest import ModelSpec
-from strata.inference.model import open_session
 
 
 @dataclass(frozen=True)

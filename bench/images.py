@@ -5,7 +5,7 @@ ImageNet normalise -> CHW, run by the preprocess service, and the same transform
 Pillow plus numpy, as a torchvision user would write it (torchvision's transforms too where it
 is installed). The service is measured twice: its own pipeline (PreprocessPipeline with the
 built-in steps) in this process, the steps' cost alone; and the real preprocess process
-(`python -m strata.preprocess`) called with strata.v1 Preprocess/Process, its CPU time read
+(`python -m services.preprocess`) called with strata.v1 Preprocess/Process, its CPU time read
 from the process (psutil), which adds the gRPC hop: the JPEG in, 600 KB of FP32 out. Rounds
 alternate all of them; each reports CPU time per image, at one image a call and at a flight of
 8 stacked. The goal (issue 26): the service's per-image cost at most 1.5x the reference's, and
@@ -30,11 +30,11 @@ import yaml
 from PIL import Image
 
 from bench.deployment import bench_config
+from services.preprocess.pipeline import PreprocessPipeline
+from services.preprocess.steps import build_step_options
 from strata import codec
 from strata.config import load_settings
 from strata.launch import ROOT, Supervisor
-from strata.preprocess.pipeline import PreprocessPipeline
-from strata.preprocess.steps import build_step_options
 from strata.proto.v1 import preprocess_pb2_grpc, tensor_pb2
 
 MEAN = (0.485, 0.456, 0.406)

@@ -129,7 +129,7 @@ def free_address() -> str:
 
 
 class ServiceProcess:
-    """`python -m strata.inference` on a free port: `start()` it, wait until `ready()`, and
+    """`python -m services.inference` on a free port: `start()` it, wait until `ready()`, and
     `stop()` it (SIGTERM, so it drains). As a context manager it does all three."""
 
     def __init__(self, config: Path, log: Path) -> None:
@@ -140,7 +140,7 @@ class ServiceProcess:
 
     def start(self) -> None:
         command = [
-            *(sys.executable, "-m", "strata.inference"),
+            *(sys.executable, "-m", "services.inference"),
             *("--config", str(self._config), "--listen", self.address),
         ]
         with self._log.open("ab") as log:

@@ -15,11 +15,11 @@ from pathlib import Path
 import numpy as np
 
 from bench.load.data import DATASETS, from_arrays
+from services.inference import validation
+from services.inference.manifest import ModelSpec, read_spec
 from strata import codec, repository
 from strata.codec import Arrays
 from strata.config import Settings
-from strata.inference import validation
-from strata.inference.manifest import ModelSpec, read_spec
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 import onnx
 
-from strata.preprocess.steps import build_step_options
+from services.preprocess.steps import build_step_options
 
 SEED = 0
 TEST_SIZE = 0.25

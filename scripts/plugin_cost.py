@@ -20,8 +20,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from services.preprocess.pipeline import PreprocessPipelines, build_pipeline
 from strata.config.pipelines import Pipeline
-from strata.preprocess.pipeline import PreprocessPipelines, build_pipeline
 from strata.proto.v1 import tensor_pb2 as v1
 from strata.v1process import process_all
 from tests.support.flight_requests import flight

@@ -1,4 +1,4 @@
-"""The entry point every service shares: `python -m strata.<layer> --config FILE`."""
+"""The entry point every service shares: `python -m services.<layer> --config FILE`."""
 
 from __future__ import annotations
 
@@ -53,7 +53,7 @@ def run_service(name: str, build: Builder, argv: list[str] | None = None) -> Non
     A reason it cannot start (strata.exits) ends it with one line on stderr, `<process>:
     <what and where>`, and that reason's exit code.
     """
-    parser = argparse.ArgumentParser(prog=f"python -m strata.{name}")
+    parser = argparse.ArgumentParser(prog=f"python -m services.{name}")
     parser.add_argument("--config", type=Path, required=True, help="deployment YAML file")
     parser.add_argument(
         "--listen", help="host:port to bind instead of the config's (a replica or deployment)"

@@ -9,7 +9,7 @@ others keep serving meanwhile: a dead replica costs the requests it held, not th
 An instance that exits with a code no restart can change (strata.exits: its config, a
 model, a certificate, an address in use) is said once and left down; the rest keep serving.
 Ctrl-C or SIGTERM stops every service (front to back), each draining within its grace period.
-Services run as `python -m strata.<layer>`; nothing here imports them.
+Services run as `python -m services.<layer>`; nothing here imports them.
 """
 
 from __future__ import annotations
@@ -165,7 +165,7 @@ class Supervisor:
         """Start one instance's process without waiting for it."""
         instance = self.instances[name]
         command = [
-            *(sys.executable, "-m", f"strata.{instance.service}"),
+            *(sys.executable, "-m", f"services.{instance.service}"),
             *("--config", str(self.config), "--listen", instance.listen),
         ]
         output = None

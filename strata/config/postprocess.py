@@ -2,7 +2,7 @@
 
 Each rule kind has a model here, picked by its `kind`: the shared keys (name, core, when,
 timeout_seconds) and the rule's own options, checked when the config loads.
-strata/postprocess/rules builds each rule from its model; what needs a file (a labels or
+services/postprocess/rules builds each rule from its model; what needs a file (a labels or
 keywords file) or a library (a regex that must compile) is checked there.
 """
 

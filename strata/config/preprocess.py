@@ -1,7 +1,7 @@
 """The preprocess service, and the options of every preprocess step.
 
 Each step kind has a model here, picked by its `kind`: the keys it takes, their defaults and
-limits, checked when the config loads. strata/preprocess/steps builds each step from its
+limits, checked when the config loads. services/preprocess/steps builds each step from its
 model; what needs a file (a vocabulary, a tokenizer, statistics) is checked there.
 """
 

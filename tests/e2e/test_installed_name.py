@@ -1,5 +1,7 @@
-"""The wheel installs one name, `strata`: a user's own `services` and `convert` packages live
-beside it in one process, and the `strata` command runs from `strata.command`."""
+"""The wheel installs two names, as the design card lays the tree out: `strata` (the shared
+package) and `services` (one folder a layer). Installed without the checkout, each service
+starts as `python -m services.<layer>`, a user's own `convert` package lives beside them, and
+the `strata` command runs from `strata.command` (README, Decisions)."""
 
 from __future__ import annotations
 
@@ -23,9 +25,10 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     source = tmp_path_factory.mktemp("source")
     for name in ("pyproject.toml", "README.md"):
         shutil.copy(ROOT / name, source / name)
-    shutil.copytree(
-        ROOT / "strata", source / "strata", ignore=shutil.ignore_patterns("__pycache__")
-    )
+    for package in ("strata", "services"):
+        shutil.copytree(
+            ROOT / package, source / package, ignore=shutil.ignore_patterns("__pycache__")
+        )
     out = tmp_path_factory.mktemp("wheel")
     subprocess.run(
         [
@@ -47,16 +50,16 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return built
 
 
-def test_the_wheel_holds_only_the_strata_name(wheel: Path) -> None:
+def test_the_wheel_holds_the_strata_and_services_names(wheel: Path) -> None:
     with zipfile.ZipFile(wheel) as archive:
         tops = {name.split("/")[0] for name in archive.namelist()}
         listing = next(n for n in archive.namelist() if n.endswith(".dist-info/entry_points.txt"))
         entry_points = archive.read(listing).decode()
-    assert {top for top in tops if not top.endswith(".dist-info")} == {"strata"}
+    assert {top for top in tops if not top.endswith(".dist-info")} == {"strata", "services"}
     assert "strata = strata.command:main" in entry_points
 
 
-def test_a_user_services_package_lives_beside_strata(wheel: Path, tmp_path: Path) -> None:
+def test_the_installed_services_start_without_the_checkout(wheel: Path, tmp_path: Path) -> None:
     fresh = tmp_path / "venv"
     venv.create(fresh, with_pip=False)
     python = fresh / "bin" / "python"
@@ -82,14 +85,14 @@ def test_a_user_services_package_lives_beside_strata(wheel: Path, tmp_path: Path
     deps = sysconfig.get_paths()["purelib"]
     (site / "project-deps.pth").write_text(f"{deps}\n")
     user = tmp_path / "user"
-    for package in ("services", "convert"):
-        (user / package).mkdir(parents=True)
-        (user / package / "__init__.py").write_text(f"OWNER = 'user {package}'\n")
+    (user / "convert").mkdir(parents=True)
+    (user / "convert" / "__init__.py").write_text("OWNER = 'user convert'\n")
     check = (
-        "import services, convert, strata, strata.gateway.app, strata.inference.app, "
-        "strata.preprocess.app, strata.postprocess.app, strata.convert.cli, strata.command\n"
-        "assert services.OWNER == 'user services' and convert.OWNER == 'user convert'\n"
+        "import services, convert, strata, services.gateway.app, services.inference.app, "
+        "services.preprocess.app, services.postprocess.app, strata.convert.cli, strata.command\n"
+        "assert convert.OWNER == 'user convert'\n"
         f"assert strata.__file__.startswith({str(fresh)!r}), strata.__file__\n"
+        f"assert services.__file__.startswith({str(fresh)!r}), services.__file__\n"
         "print('ok')\n"
     )
     run = subprocess.run(
@@ -106,3 +109,12 @@ def test_a_user_services_package_lives_beside_strata(wheel: Path, tmp_path: Path
     )
     assert command.returncode == 0, command.stderr
     assert "convert" in command.stdout and "admin" in command.stdout
+    service = subprocess.run(
+        [str(python), "-m", "services.gateway", "--help"],
+        cwd=user,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert service.returncode == 0, service.stderr
+    assert "python -m services.gateway" in service.stdout

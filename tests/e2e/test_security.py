@@ -201,7 +201,7 @@ def test_probes_without_a_certificate_use_the_plaintext_probe_port(
     system: Supervisor, tmp_path: Path
 ) -> None:
     listen, probe = f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"
-    command = [sys.executable, "-m", "strata.postprocess", "--config", str(system.config)]
+    command = [sys.executable, "-m", "services.postprocess", "--config", str(system.config)]
     env = {**os.environ, "STRATA_TLS__PROBE_LISTEN": probe}
     with open(tmp_path / "postprocess.log", "wb") as log:
         process = subprocess.Popen(

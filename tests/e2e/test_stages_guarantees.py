@@ -15,9 +15,9 @@ import numpy as np
 import pytest
 import yaml
 
+from services.gateway.router import Router
 from strata import codec
 from strata.config.pipelines import Route
-from strata.gateway.router import Router
 from strata.launch import Supervisor
 from strata.proto.inference import grpc_service_pb2 as v2
 from strata.proto.v1 import admin_pb2, admin_pb2_grpc

@@ -26,7 +26,7 @@ REPOSITORY = ROOT / "build" / "repository"
 def start(module: str, config: Path) -> tuple[int, str]:
     """Run `module` (a layer, or a module path); its exit code and its last line on stderr,
     once it has exited."""
-    module = module if "." in module else f"strata.{module}"
+    module = module if "." in module else f"services.{module}"
     done = subprocess.run(
         [sys.executable, "-m", module, "--config", str(config)],
         cwd=ROOT,
@@ -99,7 +99,7 @@ def test_the_gateway_binds_its_probe_port_once_beside_an_admin_port(tmp_path: Pa
     }
     config = make_config(tmp_path, changes)
     gateway = subprocess.Popen(
-        [sys.executable, "-m", "strata.gateway", "--config", str(config)],
+        [sys.executable, "-m", "services.gateway", "--config", str(config)],
         cwd=ROOT,
         stderr=subprocess.PIPE,
         text=True,

@@ -17,10 +17,10 @@ import numpy as np
 import pytest
 import yaml
 
+from services.postprocess.app import build as build_postprocess
+from services.preprocess.app import build as build_preprocess
 from strata.cli import Service
 from strata.config import Settings, load_settings
-from strata.postprocess.app import build as build_postprocess
-from strata.preprocess.app import build as build_preprocess
 from strata.proto.v1 import postprocess_pb2_grpc, preprocess_pb2_grpc
 from strata.proto.v1 import tensor_pb2 as v1
 from strata.server import start_server
@@ -124,7 +124,7 @@ IMPORTED = """
 import asyncio, importlib, json, sys
 from strata.config import load_settings
 service = sys.argv[2]
-build = importlib.import_module(f"strata.{service}.app").build
+build = importlib.import_module(f"services.{service}.app").build
 asyncio.run(build(load_settings(sys.argv[1], service)))
 plugins = ("strata_example_plugins", "tests.support.plugins")
 print(json.dumps(sorted(name for name in sys.modules if name.startswith(plugins))))

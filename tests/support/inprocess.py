@@ -15,11 +15,11 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from services.gateway.app import build as build_gateway
+from services.inference.app import build as build_inference
+from services.postprocess.app import build as build_postprocess
+from services.preprocess.app import build as build_preprocess
 from strata.config import Settings, load_settings
-from strata.gateway.app import build as build_gateway
-from strata.inference.app import build as build_inference
-from strata.postprocess.app import build as build_postprocess
-from strata.preprocess.app import build as build_preprocess
 from strata.server import Registration, Running, start_server
 from tests.support.system import make_config
 

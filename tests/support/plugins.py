@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from pydantic import Field
 
+from services.preprocess.steps import image
 from strata import plugins
 from strata.plugins import Arrays, RuleContext, RuleTimeout, take
-from strata.preprocess.steps import image
 
 
 class Fragile:

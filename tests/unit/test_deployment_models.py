@@ -84,7 +84,7 @@ def test_an_inference_process_serves_the_deployment_it_listens_for(tmp_path: Pat
 
 
 def test_log_lines_name_the_deployment() -> None:
-    record = logging.LogRecord("strata.inference.manager", logging.INFO, "", 0, "up", (), None)
+    record = logging.LogRecord("services.inference.manager", logging.INFO, "", 0, "up", (), None)
     line = json.loads(JsonFormatter("inference", "b").format(record))
     assert (line["service"], line["deployment"]) == ("inference", "b")
     assert "deployment" not in json.loads(JsonFormatter("preprocess").format(record))

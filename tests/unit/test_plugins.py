@@ -14,13 +14,13 @@ import yaml
 from strata_example_plugins.crop import CenterCrop
 from strata_example_plugins.uncertain import UncertainBelow
 
+from services.postprocess.rules import RULES
+from services.preprocess.steps import STEPS
 from strata.config import ConfigError, Settings, load_settings
 from strata.config.postprocess import PluginRule
 from strata.config.preprocess import PluginStep
 from strata.errors import Unavailable
 from strata.plugins import RuleContext, RuleTimeout, StepError
-from strata.postprocess.rules import RULES
-from strata.preprocess.steps import STEPS
 from tests.support import plugins
 from tests.support.system import DEFAULT_CONFIG, ROOT
 

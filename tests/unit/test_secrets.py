@@ -7,9 +7,9 @@ import grpc
 import pytest
 import yaml
 
+from services.gateway.runtime import _needs_restart
 from strata.config import ConfigError, Settings, load_settings
 from strata.errors import Overloaded, Unauthenticated
-from strata.gateway.runtime import _needs_restart
 from strata.security import key_hash
 from strata.tokens import ControlAuth, ControlOff, Throttle
 from tests.unit.test_config import write

@@ -11,9 +11,9 @@ import onnx
 import pytest
 from pydantic import ValidationError
 
+from services.postprocess.rule_chain import build_chain
 from strata.config import ConfigError, load_settings
 from strata.config.postprocess import PostprocessSettings
-from strata.postprocess.rule_chain import build_chain
 from tests.support.system import make_config
 from tests.unit.inference.test_inference_toymodels import pooling_model
 from tests.unit.test_stages_wiring import LARGE, UNSURE, pipeline

@@ -13,10 +13,10 @@ import onnx
 import pytest
 from pydantic import ValidationError
 
+from services.postprocess.rule_chain import build_chain
+from services.preprocess.pipeline import build_pipeline
 from strata.config.pipelines import Pipeline
 from strata.config.postprocess import PostprocessSettings
-from strata.postprocess.rule_chain import build_chain
-from strata.preprocess.pipeline import build_pipeline
 from tests.unit.inference.test_inference_toymodels import dense, pooling_model
 
 DECLARED = {"name": "probabilities", "datatype": "FP32", "shape": [-1, 3]}

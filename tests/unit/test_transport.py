@@ -43,9 +43,9 @@ def seen_by_grpc(module: str, **env: str) -> str:
 
 @pytest.mark.parametrize("service", ["gateway", "preprocess", "inference", "postprocess"])
 def test_a_service_runs_the_polling_transport(service: str) -> None:
-    assert seen_by_grpc(f"strata.{service}.__main__") == POLLING_TRANSPORT
+    assert seen_by_grpc(f"services.{service}.__main__") == POLLING_TRANSPORT
 
 
 def test_an_operators_own_experiments_win() -> None:
     own = "-event_engine_dns"
-    assert seen_by_grpc("strata.gateway.__main__", GRPC_EXPERIMENTS=own) == own
+    assert seen_by_grpc("services.gateway.__main__", GRPC_EXPERIMENTS=own) == own

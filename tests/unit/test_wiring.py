@@ -14,12 +14,12 @@ import onnx
 import pytest
 from onnx import TensorProto, helper
 
+from services.postprocess.engine import RuleEngine
+from services.postprocess.rule_chain import build_chain
+from services.preprocess.pipeline import build_pipeline
 from strata.config.pipelines import Pipeline
 from strata.config.postprocess import PostprocessSettings
 from strata.errors import NotReady
-from strata.postprocess.engine import RuleEngine
-from strata.postprocess.rule_chain import build_chain
-from strata.preprocess.pipeline import build_pipeline
 from tests.unit.inference.test_inference_toymodels import _finish, dense, pooling_model
 
 DECLARED = {"name": "probabilities", "datatype": "FP32", "shape": [-1, 3]}

@@ -9,8 +9,8 @@ from pathlib import Path
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from services.gateway.app import AdminServer
 from strata.config import load_settings
-from strata.gateway.app import AdminServer
 from strata.proto.inference import grpc_service_pb2_grpc as v2_grpc
 from tests.support.system import free_port, make_config
 

@@ -17,14 +17,14 @@ import numpy as np
 import pytest
 import yaml
 
+from services.gateway.chain import model_request
+from services.gateway.flights import Member
+from services.gateway.request import ClientRequest
+from services.inference.app import build
 from strata import codec, flight
 from strata.config import load_settings
 from strata.config.pipelines import Pipeline
 from strata.deadline import Deadline
-from strata.gateway.chain import model_request
-from strata.gateway.flights import Member
-from strata.gateway.request import ClientRequest
-from strata.inference.app import build
 from strata.proto.inference import grpc_service_pb2 as v2
 from strata.proto.inference import grpc_service_pb2_grpc as v2_grpc
 from strata.server import start_server

@@ -18,6 +18,11 @@ import grpc
 import numpy as np
 import pytest
 
+from services.postprocess.app import build_engine
+from services.postprocess.engine import RuleEngine
+from services.postprocess.rule_chain import build_chain
+from services.postprocess.rules import RULES, RuleContext
+from services.postprocess.servicer import PostprocessServicer
 from strata import codec
 from strata.codec import Arrays
 from strata.config import load_settings
@@ -26,11 +31,6 @@ from strata.config.pipelines import Pipeline
 from strata.config.postprocess import BUILTIN_RULES, PluginRule, PostprocessSettings, RuleSpec
 from strata.config.server import ServerSettings
 from strata.errors import InvalidArgument
-from strata.postprocess.app import build_engine
-from strata.postprocess.engine import RuleEngine
-from strata.postprocess.rule_chain import build_chain
-from strata.postprocess.rules import RULES, RuleContext
-from strata.postprocess.servicer import PostprocessServicer
 from strata.proto.v1 import postprocess_pb2_grpc
 from strata.proto.v1 import tensor_pb2 as v1
 from strata.server import start_server

@@ -21,6 +21,11 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from PIL import Image
 from tokenizers import Tokenizer, models, pre_tokenizers
 
+from services.preprocess.app import build_pipelines
+from services.preprocess.metrics import StepTimings, Summary
+from services.preprocess.pipeline import PreprocessPipelines, build_pipeline
+from services.preprocess.servicer import PreprocessServicer
+from services.preprocess.steps import STEPS
 from strata import codec
 from strata.codec import Arrays
 from strata.config import load_settings
@@ -28,11 +33,6 @@ from strata.config.base import stage_union
 from strata.config.pipelines import Pipeline
 from strata.config.preprocess import BUILTIN_STEPS, PluginStep, StepSpec
 from strata.config.server import ServerSettings
-from strata.preprocess.app import build_pipelines
-from strata.preprocess.metrics import StepTimings, Summary
-from strata.preprocess.pipeline import PreprocessPipelines, build_pipeline
-from strata.preprocess.servicer import PreprocessServicer
-from strata.preprocess.steps import STEPS
 from strata.proto.v1 import preprocess_pb2_grpc
 from strata.proto.v1 import tensor_pb2 as v1
 from strata.server import start_server

@@ -14,6 +14,7 @@ torch = pytest.importorskip(
     "torch", reason="conversion needs PyTorch: install the convert extra (.[convert])"
 )
 
+from services.inference.validation import read_cases  # noqa: E402
 from strata.command import main  # noqa: E402
 from strata.convert.cli import EXIT_FAILED, EXIT_PARITY, convert_main  # noqa: E402
 from strata.convert.factory import parse_decl  # noqa: E402
@@ -26,7 +27,6 @@ from strata.convert.source import (  # noqa: E402
     random_samples,
 )
 from strata.convert.text import read_topics  # noqa: E402
-from strata.inference.validation import read_cases  # noqa: E402
 
 FEATURES = [TensorDecl("features", "float32", ("batch", 6))]
 LOGITS = [TensorDecl("logits", "float32", ("batch", 3))]

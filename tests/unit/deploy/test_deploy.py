@@ -49,7 +49,7 @@ class Endpoint:
     """One endpoint of the config as containers run it."""
 
     name: str  # compose service, Kubernetes Deployment and Service
-    layer: str  # python -m strata.<layer>
+    layer: str  # python -m services.<layer>
     listen: str
     metrics: str | None
     target: str | None
@@ -121,12 +121,12 @@ class Command:
 
 
 def parse_command(argv: list[str]) -> Command:
-    assert argv[:2] == ["python", "-m"] and argv[2].startswith("strata."), argv
+    assert argv[:2] == ["python", "-m"] and argv[2].startswith("services."), argv
     parser = argparse.ArgumentParser(exit_on_error=False)
     parser.add_argument("--config", required=True)
     parser.add_argument("--listen")
     args = parser.parse_args(argv[3:])
-    return Command(argv[2].removeprefix("strata."), args.config, args.listen)
+    return Command(argv[2].removeprefix("services."), args.config, args.listen)
 
 
 def endpoint_of(settings: Settings, command: Command) -> Endpoint:
@@ -152,7 +152,7 @@ def strata_services(compose: dict[str, Any]) -> dict[str, dict[str, Any]]:
         name: service
         for name, service in compose["services"].items()
         if service.get("command", [])[:2] == ["python", "-m"]
-        and service["command"][2].startswith("strata.")
+        and service["command"][2].startswith("services.")
     }
 
 

@@ -9,10 +9,10 @@ import time
 import pytest
 from prometheus_client import REGISTRY
 
+from services.gateway.concurrency import AdaptiveLimit, Door
+from services.gateway.refusals import OTHER, Refusals
 from strata.config.gateway import Concurrency, Ladder
 from strata.errors import Overloaded
-from strata.gateway.concurrency import AdaptiveLimit, Door
-from strata.gateway.refusals import OTHER, Refusals
 
 SETTINGS = Concurrency(initial=16, min_limit=2, max_limit=256, update_seconds=0.1, min_samples=4)
 
@@ -266,7 +266,7 @@ def test_refusals_are_logged_once_per_reason_per_interval_with_their_counts(
 ) -> None:
     clock = Clock()
     refusals = Refusals(Concurrency(refusal_log_seconds=10), clock=clock)
-    with caplog.at_level(logging.WARNING, logger="strata.gateway.refusals"):
+    with caplog.at_level(logging.WARNING, logger="services.gateway.refusals"):
         for client in ("a", "a", "b", "a", "c", "d"):
             refusals.record("client_share", client, "pipeline 'digits': this client …")
             clock.now += 1

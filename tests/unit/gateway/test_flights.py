@@ -1,4 +1,4 @@
-"""How flights form at the gateway (strata/gateway/flights.py): alone when idle, together
+"""How flights form at the gateway (services/gateway/flights.py): alone when idle, together
 under load, bounded, grouped by key, and never carrying a request whose caller has gone."""
 
 import asyncio
@@ -11,10 +11,10 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from prometheus_client import REGISTRY
 
+from services.gateway.flights import Flights, Member
 from strata.config.gateway import FlightSettings
 from strata.deadline import Deadline
 from strata.errors import DeadlineExceeded
-from strata.gateway.flights import Flights, Member
 
 
 def run(test):

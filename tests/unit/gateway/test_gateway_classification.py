@@ -5,10 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from services.gateway.classification import class_counts, classified
 from strata import codec
 from strata.config.pipelines import Pipeline
 from strata.errors import InvalidArgument
-from strata.gateway.classification import class_counts, classified
 
 
 def pipeline(batched: bool = True) -> Pipeline:

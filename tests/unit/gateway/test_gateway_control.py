@@ -7,14 +7,14 @@ import grpc
 import numpy as np
 import pytest
 
+from services.gateway.breaker import Breakers
+from services.gateway.limiter import RateLimiter
+from services.gateway.router import Router
+from services.gateway.statistics import Hops, Statistics
 from strata import codec
 from strata.config.gateway import Breaker, RateLimits, TokenBucket
 from strata.config.pipelines import Route
 from strata.errors import InvalidArgument, Unauthenticated
-from strata.gateway.breaker import Breakers
-from strata.gateway.limiter import RateLimiter
-from strata.gateway.router import Router
-from strata.gateway.statistics import Hops, Statistics
 from strata.proto.inference import grpc_service_pb2 as v2
 from strata.tokens import ControlAuth, ControlOff
 

@@ -5,17 +5,17 @@ import numpy as np
 import pytest
 from prometheus_client import REGISTRY
 
+from services.gateway.admission import Admission
+from services.gateway.breaker import CircuitBreaker
+from services.gateway.cache import Cached, ResultCache, cache_key
+from services.gateway.caller import Caller
+from services.gateway.ladder import LadderController
+from services.gateway.limiter import RateLimiter
+from services.gateway.router import Router
 from strata import codec
 from strata.config.gateway import ApiKey, Breaker, Cache, Ladder, RateLimits, TokenBucket
 from strata.config.pipelines import Route, Shadow
 from strata.errors import InvalidArgument, PermissionDenied, Unavailable
-from strata.gateway.admission import Admission
-from strata.gateway.breaker import CircuitBreaker
-from strata.gateway.cache import Cached, ResultCache, cache_key
-from strata.gateway.caller import Caller
-from strata.gateway.ladder import LadderController
-from strata.gateway.limiter import RateLimiter
-from strata.gateway.router import Router
 from strata.security import KeyRing, key_hash
 from strata.stack import Raw
 

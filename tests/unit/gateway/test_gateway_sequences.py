@@ -8,11 +8,11 @@ import asyncio
 import numpy as np
 import pytest
 
+from services.gateway.request import Answer, ClientRequest
+from services.gateway.sequences import Sequences, replica, request_flags
 from strata.config.pipelines import Pipeline
 from strata.deadline import Deadline
 from strata.errors import InvalidArgument
-from strata.gateway.request import Answer, ClientRequest
-from strata.gateway.sequences import Sequences, replica, request_flags
 from strata.proto.inference import grpc_service_pb2 as v2
 from strata.sequences import Flags
 

@@ -6,8 +6,8 @@ import logging
 
 import pytest
 
+from services.gateway.server_settings import _check, _level
 from strata.errors import InvalidArgument
-from strata.gateway.server_settings import _check, _level
 
 OFF = {"log_info": False, "log_warning": False, "log_error": False, "log_verbose_level": 0}
 

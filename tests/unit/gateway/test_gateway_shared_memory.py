@@ -9,15 +9,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from strata import codec
-from strata.config.gateway import SharedMemory as Settings
-from strata.errors import AlreadyExists, InvalidArgument, NotFound, Overloaded, PermissionDenied
-from strata.gateway.shared_memory import (
+from services.gateway.shared_memory import (
     SharedMemory,
     output_places,
     with_inputs,
     write_outputs,
 )
+from strata import codec
+from strata.config.gateway import SharedMemory as Settings
+from strata.errors import AlreadyExists, InvalidArgument, NotFound, Overloaded, PermissionDenied
 
 
 @pytest.fixture

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
+from services.gateway.server_settings import Tracing, _traced, _values
 from strata.errors import InvalidArgument
-from strata.gateway.server_settings import Tracing, _traced, _values
 
 CONFIGURED = Tracing(rate=4, on=True)  # telemetry.sample_ratio: 0.25
 

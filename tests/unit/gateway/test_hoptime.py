@@ -2,8 +2,8 @@
 
 import pytest
 
+from services.gateway.hoptime import HopTimer
 from strata.config.gateway import HopTimeouts
-from strata.gateway.hoptime import HopTimer
 
 SETTINGS = HopTimeouts(multiplier=5, floor_seconds=0.05, window=64, min_samples=32)
 

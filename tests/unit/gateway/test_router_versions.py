@@ -3,8 +3,8 @@ arm of the same version where the pipeline's preprocessing differs by version.""
 
 from __future__ import annotations
 
+from services.gateway.router import Router
 from strata.config.pipelines import Route
-from strata.gateway.router import Router
 
 ROUTES = [
     Route(arm="control", deployment="a", version="1", weight=80),

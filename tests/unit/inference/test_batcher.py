@@ -15,13 +15,13 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
+from services.inference import spans
+from services.inference.batcher import Batcher
+from services.inference.jobs import Request
+from services.inference.statistics import VersionStats
 from strata.config.inference import InferenceSettings
 from strata.deadline import Deadline
 from strata.errors import DeadlineExceeded, InvalidArgument, Overloaded
-from strata.inference import spans
-from strata.inference.batcher import Batcher
-from strata.inference.jobs import Request
-from strata.inference.statistics import VersionStats
 
 Arrays = dict[str, np.ndarray]
 

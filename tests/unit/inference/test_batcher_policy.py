@@ -6,8 +6,7 @@ import math
 
 import pytest
 
-from strata.config.inference import InferenceSettings
-from strata.inference.batching_policy import (
+from services.inference.batching_policy import (
     Adaptive,
     ArrivalRate,
     ExecutionModel,
@@ -16,6 +15,7 @@ from strata.inference.batching_policy import (
     Utilization,
     make_policy,
 )
+from strata.config.inference import InferenceSettings
 
 
 def test_execution_model_recovers_fixed_and_per_row_cost() -> None:

@@ -11,11 +11,11 @@ import onnx
 import pytest
 from onnx import TensorProto, helper
 
+from services.inference.jobs import Request
+from services.inference.manifest import read_spec
+from services.inference.model import ModelVersion, load_version
 from strata.config.inference import InferenceSettings
 from strata.errors import InvalidArgument, NotReady
-from strata.inference.jobs import Request
-from strata.inference.manifest import read_spec
-from strata.inference.model import ModelVersion, load_version
 from tests.unit.inference.test_inference_toymodels import (
     _finish,
     pooling_model,

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from services.inference.params import request_options
 from strata.deadline import Deadline
 from strata.errors import InvalidArgument
-from strata.inference.params import request_options
 from strata.proto.inference import grpc_service_pb2 as v2
 
 

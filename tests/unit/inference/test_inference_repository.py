@@ -16,11 +16,11 @@ import numpy as np
 import psutil
 import pytest
 
+from services.inference.jobs import Request
+from services.inference.manager import ModelManager
+from services.inference.manifest import VersionPolicy, read_spec
 from strata.config.inference import InferenceSettings
 from strata.errors import InvalidArgument, NotFound, NotReady
-from strata.inference.jobs import Request
-from strata.inference.manager import ModelManager
-from strata.inference.manifest import VersionPolicy, read_spec
 from tests.unit.inference.test_inference_toymodels import (
     dense,
     run,

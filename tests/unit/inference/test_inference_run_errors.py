@@ -14,12 +14,12 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
+from services.gateway.breaker import FAILURES
+from services.inference.jobs import Request
+from services.inference.manifest import read_spec
+from services.inference.model import ModelVersion, load_version
 from strata.config.inference import InferenceSettings
 from strata.errors import InvalidArgument, Unavailable
-from strata.gateway.breaker import FAILURES
-from strata.inference.jobs import Request
-from strata.inference.manifest import read_spec
-from strata.inference.model import ModelVersion, load_version
 from tests.unit.inference.test_inference_toymodels import _finish, write_version
 
 SETTINGS = InferenceSettings(models=["alloc"], workers=2)

@@ -12,13 +12,13 @@ import numpy as np
 import pytest
 
 from models import accumulator
+from services.inference.jobs import Request
+from services.inference.manager import ModelManager
+from services.inference.sequence_graph import check_model
+from services.inference.sequences import Sequences
+from services.inference.signature import Signature
 from strata.config.inference import InferenceSettings
 from strata.errors import InvalidArgument
-from strata.inference.jobs import Request
-from strata.inference.manager import ModelManager
-from strata.inference.sequence_graph import check_model
-from strata.inference.sequences import Sequences
-from strata.inference.signature import Signature
 from strata.onnxsig import TensorInfo
 from strata.proto.inference import model_config_pb2 as mc
 from strata.sequences import Flags, ModelSequence

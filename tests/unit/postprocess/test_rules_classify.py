@@ -13,11 +13,11 @@ import numpy as np
 import pytest
 import yaml
 
+from services.postprocess.rules import RuleContext
+from services.postprocess.rules import build_rule_options as build
+from services.postprocess.rules.base import Misconfigured
 from strata.errors import InvalidArgument
 from strata.plugins import NotFinite
-from strata.postprocess.rules import RuleContext
-from strata.postprocess.rules import build_rule_options as build
-from strata.postprocess.rules.base import Misconfigured
 
 INF, NAN = np.inf, np.nan
 

@@ -9,9 +9,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from services.postprocess.rules import RuleContext
+from services.postprocess.rules import build_rule_options as build
 from strata.errors import InvalidArgument
-from strata.postprocess.rules import RuleContext
-from strata.postprocess.rules import build_rule_options as build
 
 TOKENS = np.random.default_rng(3).normal(size=(3, 4, 5)).astype(np.float32)
 MASK = np.array([[1, 1, 0, 0], [1, 1, 1, 1], [0, 0, 0, 0]], np.int64)

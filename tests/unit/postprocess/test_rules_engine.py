@@ -15,6 +15,10 @@ import pytest
 from opentelemetry.sdk.trace import TracerProvider
 from pydantic import ValidationError
 
+from services.postprocess.engine import RuleEngine
+from services.postprocess.rule_chain import build_chain
+from services.postprocess.rules import RULES, RuleContext
+from services.postprocess.rules.base import Misconfigured
 from strata.codec import Arrays
 from strata.config.base import stage_union
 from strata.config.pipelines import Pipeline
@@ -26,10 +30,6 @@ from strata.config.postprocess import (
     SoftmaxRule,
 )
 from strata.errors import InvalidArgument, NotFound, NotReady, Unavailable
-from strata.postprocess.engine import RuleEngine
-from strata.postprocess.rule_chain import build_chain
-from strata.postprocess.rules import RULES, RuleContext
-from strata.postprocess.rules.base import Misconfigured
 
 LIMIT = 0.2
 MARGIN = 0.15

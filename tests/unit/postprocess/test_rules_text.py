@@ -11,10 +11,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from services.postprocess.rules import RuleContext, RuleTimeout
+from services.postprocess.rules import build_rule_options as build
+from services.postprocess.rules.base import Misconfigured
 from strata.errors import InvalidArgument
-from strata.postprocess.rules import RuleContext, RuleTimeout
-from strata.postprocess.rules import build_rule_options as build
-from strata.postprocess.rules.base import Misconfigured
 
 # A pattern that backtracks exponentially on a run of letters with no digit after it.
 CATASTROPHIC = r"(\w|\w\w)*\d"

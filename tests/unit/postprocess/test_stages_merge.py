@@ -5,9 +5,9 @@ import numpy as np
 import pytest
 from pydantic import ValidationError
 
+from services.postprocess.rules import build_rule
 from strata.config.postprocess import MeanRule
 from strata.errors import NotReady
-from strata.postprocess.rules import build_rule
 
 
 def mean(**options):

@@ -9,10 +9,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from services.preprocess.fit_stats import main
+from services.preprocess.steps import build_step
 from strata.config.preprocess import StandardizeStep
 from strata.normalisation import fit_stats, load_stats
-from strata.preprocess.fit_stats import main
-from strata.preprocess.steps import build_step
 from tests.support.system import ROOT
 
 DATA = np.array([[1.0, 10.0, 5.0], [3.0, 30.0, 5.0], [5.0, 20.0, 5.0]])
@@ -96,7 +96,7 @@ def test_runs_as_a_module(tmp_path: Path) -> None:
         [
             sys.executable,
             "-m",
-            "strata.preprocess.fit_stats",
+            "services.preprocess.fit_stats",
             "--data",
             str(tmp_path / "train.npy"),
             "--out",
@@ -113,7 +113,7 @@ def test_runs_as_a_module(tmp_path: Path) -> None:
         [
             sys.executable,
             "-m",
-            "strata.preprocess.fit_stats",
+            "services.preprocess.fit_stats",
             "--data",
             "nope.npy",
             "--out",

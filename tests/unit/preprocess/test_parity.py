@@ -11,10 +11,10 @@ import pytest
 from models import digits, tabular
 from models.build import write_model
 from models.common import BuiltModel
+from services.preprocess.app import build_pipelines
+from services.preprocess.metrics import StepTimings
 from strata.config import load_settings
 from strata.config.preprocess import ResizeStep
-from strata.preprocess.app import build_pipelines
-from strata.preprocess.metrics import StepTimings
 from tests.support.system import DEFAULT_CONFIG
 
 # Pipeline -> (client input, model input).

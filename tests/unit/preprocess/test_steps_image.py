@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from strata.preprocess.steps import StepError
-from strata.preprocess.steps import build_step_options as build
+from services.preprocess.steps import StepError
+from services.preprocess.steps import build_step_options as build
 
 RNG = np.random.default_rng(7)
 RGBA = RNG.integers(0, 256, (12, 10, 4), dtype=np.uint8)

@@ -9,11 +9,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from services.preprocess.steps import StepError
+from services.preprocess.steps import build_step_options as build
+from services.preprocess.steps.numeric import Standardize
 from strata.errors import InvalidArgument
 from strata.normalisation import Stats, save_stats
-from strata.preprocess.steps import StepError
-from strata.preprocess.steps import build_step_options as build
-from strata.preprocess.steps.numeric import Standardize
 
 INF, NAN = np.inf, np.nan
 

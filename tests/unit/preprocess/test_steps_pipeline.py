@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 from pydantic import ValidationError
 
+from services.preprocess.metrics import StepTimings
+from services.preprocess.pipeline import PreprocessPipelines, build_pipeline
 from strata.config.pipelines import Pipeline
 from strata.errors import InvalidArgument, NotFound
-from strata.preprocess.metrics import StepTimings
-from strata.preprocess.pipeline import PreprocessPipelines, build_pipeline
 
 
 def spec(*steps: dict) -> Pipeline:

@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors
 
-from strata.preprocess.steps import StepError
-from strata.preprocess.steps import build_step_options as build
-from strata.preprocess.steps.text import BYTES_PER_TOKEN
+from services.preprocess.steps import StepError
+from services.preprocess.steps import build_step_options as build
+from services.preprocess.steps.text import BYTES_PER_TOKEN
 
 VOCAB = {"[PAD]": 0, "[UNK]": 1, "[CLS]": 2, "[SEP]": 3, "hello": 4, "world": 5, "the": 6, "cat": 7}
 

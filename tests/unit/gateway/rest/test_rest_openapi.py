@@ -15,12 +15,12 @@ import orjson
 import pytest
 import schemathesis
 
+from services.gateway.rest import openapi, tensors
+from services.gateway.rest.app import build_app
+from services.gateway.rest.statuses import error_response
 from strata import codec
 from strata.config.gateway import Rest
 from strata.errors import NotFound
-from strata.gateway.rest import openapi, tensors
-from strata.gateway.rest.app import build_app
-from strata.gateway.rest.statuses import error_response
 from strata.proto.inference import grpc_service_pb2 as v2
 
 # Starlette answers HEAD for every GET, and the document's own address is, as usual, not in it.

@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from services.gateway.rest.scan import check_json
 from strata.errors import InvalidArgument
-from strata.gateway.rest.scan import check_json
 
 ROOMY = 1 << 20
 

@@ -9,6 +9,7 @@ import grpc
 import orjson
 import pytest
 
+from services.gateway.rest.statuses import TooLarge, error_response, http_status
 from strata.errors import (
     DeadlineExceeded,
     InvalidArgument,
@@ -19,7 +20,6 @@ from strata.errors import (
     Unavailable,
     Upstream,
 )
-from strata.gateway.rest.statuses import TooLarge, error_response, http_status
 
 # google/rpc/code.proto, each code's "HTTP Mapping".
 GOOGLE_RPC = {

@@ -1,0 +1,191 @@
+"""Flights: concurrent client requests that travel the chain together.
+
+A flight is one preprocess call, one inference call and one postprocess call for a group of
+client requests that must share them (same pipeline, arm, model version, level, input row
+shapes and parameters), each request keeping its own rows, result, error, deadline and trace.
+
+Flights form by the inference batcher's rule: a request that arrives while fewer than
+`max_in_air` flights are travelling leaves at once, with whatever arrived in the same
+event-loop turn, so light load adds no wait; under load the next flight takes every request
+that queued meanwhile, up to `max_requests` requests and `max_rows` rows. A request whose
+caller gave up or whose deadline passed leaves its queue without costing a layer anything.
+
+Traces: a flight of one request is part of that request's trace, like any call. A flight of
+many is part of its first sampled request's trace (its lead's), and each other sampled
+request's span links to the lead's; each request's context travels with its rows, and every
+layer's span of the flight's calls links to the spans of the requests it carried.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import contextvars
+import itertools
+import time
+from collections import deque
+from collections.abc import Awaitable, Callable, Hashable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from opentelemetry import context as otel_context
+from opentelemetry import trace
+
+from services.gateway.metrics import FLIGHT_REQUESTS, FLIGHTS_IN_AIR
+from strata import propagation
+from strata.config.gateway import FlightSettings
+from strata.deadline import Deadline
+from strata.errors import DeadlineExceeded
+
+
+@dataclass(eq=False)
+class Member:
+    """One client request aboard a flight; `request` is the orchestrator's own."""
+
+    request: Any
+    rows: int
+    deadline: Deadline
+    context: otel_context.Context = field(default_factory=otel_context.get_current)
+    future: asyncio.Future = field(init=False)
+
+    boarded: float = field(default=0.0, init=False)  # time.monotonic()
+    _carrier: dict[str, str] | None = field(default=None, init=False)
+
+    def carrier(self) -> dict[str, str]:
+        """Its W3C trace context (traceparent, tracestate), made once."""
+        if self._carrier is None:
+            self._carrier = {}
+            propagation.inject(self._carrier, context=self.context)
+        return self._carrier
+
+    @property
+    def waiting(self) -> bool:
+        """Whether its caller still waits for it (not cancelled, not past its deadline)."""
+        return not self.future.done()
+
+
+# Carries a flight through the chain, answering (or failing) each member's future.
+Fly = Callable[[list[Member]], Awaitable[None]]
+# Told of each member as its flight leaves, with the seconds it waited for it.
+Departed = Callable[[Member, float], None]
+
+
+class Flights:
+    """Queues of requests by what they must share, and the flights that leave from them."""
+
+    def __init__(self, settings: FlightSettings, fly: Fly, departed: Departed) -> None:
+        self.settings = settings
+        self._fly = fly
+        self._departed = departed
+        self._queues: dict[Hashable, deque[Member]] = {}
+        self._in_air = 0
+        self._pump_soon = False
+        self._tasks: set[asyncio.Task] = set()
+        self._numbers = itertools.count(1)
+
+    def configure(self, settings: FlightSettings) -> None:
+        """New bounds for the flights that leave from now on."""
+        self.settings = settings
+
+    async def board(self, key: Hashable, member: Member) -> Any:
+        """Queue `member` for the next flight of `key` and wait for its answer."""
+        loop = asyncio.get_running_loop()
+        member.future = loop.create_future()
+        member.boarded = time.monotonic()
+        self._queues.setdefault(key, deque()).append(member)
+        if not self._pump_soon:
+            self._pump_soon = True
+            loop.call_soon(self._pump)
+        try:
+            async with asyncio.timeout(member.deadline.left()):
+                return await member.future
+        except TimeoutError:
+            raise DeadlineExceeded("deadline passed before the chain answered") from None
+        finally:
+            if not member.future.done():
+                member.future.cancel()
+
+    def _pump(self) -> None:
+        self._pump_soon = False
+        while self._queues and self._in_air < self.settings.max_in_air:
+            key = next(iter(self._queues))
+            queue = self._queues.pop(key)
+            group = self._take(queue)
+            if queue:
+                self._queues[key] = queue  # to the back: keys take turns
+            if group:
+                self._launch(group)
+
+    def _take(self, queue: deque[Member]) -> list[Member]:
+        """The oldest waiting members of one queue, within the flight's bounds."""
+        group: list[Member] = []
+        rows = 0
+        limits = self.settings
+        while queue and len(group) < limits.max_requests:
+            member = queue[0]
+            if not member.waiting:
+                queue.popleft()
+                continue
+            if group and rows + member.rows > limits.max_rows:
+                break
+            group.append(queue.popleft())
+            rows += member.rows
+        return group
+
+    def _launch(self, group: list[Member]) -> None:
+        now = time.monotonic()
+        for member in group:
+            self._departed(member, now - member.boarded)
+        self._in_air += 1
+        FLIGHTS_IN_AIR.set(self._in_air)
+        FLIGHT_REQUESTS.observe(len(group))
+        # A flight of one runs in its request's context; a flight of many in none of theirs.
+        context = contextvars.copy_context() if len(group) == 1 else contextvars.Context()
+        if len(group) == 1:
+            context.run(otel_context.attach, group[0].context)
+        task = asyncio.get_running_loop().create_task(self._run(group), context=context)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _run(self, group: list[Member]) -> None:
+        try:
+            if len(group) == 1:
+                await self._fly(group)
+            else:
+                with _lead_trace(group, next(self._numbers)):
+                    await self._fly(group)
+        except Exception as exc:  # the whole flight failed: each member hears why
+            for member in group:
+                if member.waiting:
+                    member.future.set_exception(exc)
+        finally:
+            self._in_air -= 1
+            FLIGHTS_IN_AIR.set(self._in_air)
+            self._pump()
+
+    async def close(self) -> None:
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+
+@contextlib.contextmanager
+def _lead_trace(group: list[Member], number: int) -> Iterator[None]:
+    """A flight of many in the trace of its first sampled member, its lead: the layers'
+    spans of its calls are children of the lead's span (and link to every request they
+    carried), the lead's span says which flight it led and how many it carried, and each
+    other sampled member's span links to the lead's; nothing when no member is sampled."""
+    sampled = [s for s in (trace.get_current_span(m.context) for m in group) if s.is_recording()]
+    if not sampled:
+        yield
+        return
+    lead, *others = sampled
+    lead.set_attributes({"strata.flight": number, "strata.flight_requests": len(group)})
+    led_by = lead.get_span_context()
+    for span in others:
+        span.add_link(led_by, {"strata.flight": number})
+    token = otel_context.attach(trace.set_span_in_context(lead))
+    try:
+        yield
+    finally:
+        otel_context.detach(token)

@@ -1,0 +1,177 @@
+"""One client request at the gateway, shaped by the degradation level and the routes.
+
+validate -> route -> (cache, default answer or shed, by level) -> board a flight, which
+carries it through preprocess, inference on its arm and postprocess with the requests it
+shares them with (services/gateway/flights.py, services/gateway/chain.py). The level decides
+what is skipped: optional rules (1), batching (2), the whole chain in favour of a cached or
+default answer (3), or the request itself (4).
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from services.gateway.arms import ArmBook
+from services.gateway.cache import Cached, ResultCache, cache_key
+from services.gateway.chain import Chain, model_request
+from services.gateway.concurrency import Door
+from services.gateway.flights import Flights, Member
+from services.gateway.ladder import LadderController
+from services.gateway.metrics import CACHE, DEGRADED, INFLIGHT
+from services.gateway.model_stages import StageKey, Stages
+from services.gateway.request import Answer, ClientRequest
+from services.gateway.router import Router
+from services.gateway.shadow import ShadowRunner
+from services.gateway.upstreams import Upstreams
+from strata import codec, stack
+from strata.config.gateway import FlightSettings
+from strata.config.pipelines import Pipeline, Route
+from strata.errors import StrataError, Unavailable
+from strata.schema import validate_inputs
+
+UNWELL = {"UNAVAILABLE", "INTERNAL", "UNKNOWN"}
+
+
+class Orchestrator:
+    def __init__(
+        self,
+        upstreams: Upstreams,
+        ladder: LadderController,
+        cache: ResultCache,
+        routers: dict[str, Router],
+        shadow: ShadowRunner,
+        arms: ArmBook,
+        flights: FlightSettings,
+        door: Door,
+        stage_routers: dict[StageKey, Router],
+    ) -> None:
+        self._up = upstreams
+        self.arms = arms
+        self.ladder = ladder
+        self.cache = cache
+        self.routers = routers
+        self.door = door
+        stages = Stages(upstreams, stage_routers, model_request, arms, shadow)
+        chain = Chain(upstreams, routers, shadow, arms, self._usable, stages)
+        self.flights = Flights(flights, chain.fly, self._departed)
+
+    async def infer(self, req: ClientRequest) -> Answer:
+        pipeline, name = req.pipeline, req.pipeline_name
+        rows = validate_inputs(req.arrays, pipeline.inputs, pipeline.max_batch_size)
+        route = self._route(req)
+        req.route, req.version = route, route.version or pipeline.model.version
+        req.level = level = self.ladder.level
+        # The client's parameters are part of what it asked: `when:` rules depend on them.
+        variant = f"{route.deployment}:{req.version}:{sorted(req.parameters.items())}"
+        key = cache_key(name, variant, req.inputs, "" if pipeline.shared_cache else req.client)
+        # A sequence's answer depends on its state: never a cached or default one.
+        early = None if req.sequence else self._answer_without_chain(req, route, key, level, rows)
+        if early is not None:
+            return early
+        shedding = self.ladder.settings if level >= 4 else None
+        ticket = await self.door.admit(name, req.client, shedding, req.deadline.left())
+        signals = self.ladder.signals
+        INFLIGHT.inc()
+        started = time.monotonic()
+        telling = False  # whether the outcome says how the chain is doing
+        try:
+            answer = await self.flights.board(_flight_key(req), _member(req, rows))
+            telling = True
+        except StrataError as exc:
+            kind = _outcome_kind(exc)
+            telling = bool(kind) or exc.code.name == "DEADLINE_EXCEEDED"
+            if kind:
+                signals.record(name, time.monotonic() - started, kind)
+            raise
+        finally:
+            self.door.leave(ticket, telling)
+            INFLIGHT.dec()
+        signals.record(name, time.monotonic() - started, "ok")
+        if answer.degraded:  # a model's fallback, or an early exit from a cascade
+            DEGRADED.labels(answer.degraded).inc()
+        # A partial, degraded or sequence's answer is never served as a full one.
+        if not (answer.skipped_rules or answer.degraded or req.sequence):
+            cached = Cached(answer.outputs, answer.arm, answer.model_version, answer.stages)
+            self.cache.put(key, cached)
+        return answer
+
+    def _route(self, req: ClientRequest) -> Route:
+        """The request's arm; where none is available and the pipeline's model has a
+        fallback, the client's own arm all the same: that arm's call fails at once (its
+        circuit open) and the fallback answers in its place."""
+        router = self.routers[req.pipeline_name]
+        try:
+            return router.choose(req.client, req.forced_arm, self._usable)
+        except Unavailable:
+            if req.pipeline.fallback is None:
+                raise
+            return router.sticky(req.client)
+
+    def _departed(self, member: Member, waited: float) -> None:
+        self.ladder.signals.queued(member.request.pipeline_name, waited)
+
+    def _usable(self, route: Route) -> bool:
+        return self._up.inference[route.deployment].breaker.available
+
+    def _answer_without_chain(
+        self, req: ClientRequest, route: Route, key: str, level: int, rows: int
+    ) -> Answer | None:
+        """A cached or default answer where the level or the pipeline allows."""
+        pipeline = req.pipeline
+        if pipeline.cache or level >= 3:
+            hit = self.cache.get(key)
+            CACHE("hit" if hit else "miss").inc()
+            if hit is not None:
+                degraded = "cache" if level >= 3 else ""
+                if degraded:
+                    DEGRADED.labels("cache").inc()
+                answer = Answer(hit.outputs, hit.arm, hit.model_version, level, degraded, True)
+                answer.stages = hit.stages
+                return answer
+        if level >= 3 and pipeline.default_answer:
+            DEGRADED.labels("default").inc()
+            return Answer(default_outputs(pipeline, rows), route.arm, "", level, "default")
+        return None
+
+
+def _flight_key(req: ClientRequest) -> tuple:
+    """What the requests of one flight must share; a request without a batch dimension,
+    or of a sequence, shares with none (its own identity, while it waits)."""
+    return (
+        id(req) if req.pipeline.max_batch_size == 0 or req.sequence else None,
+        req.pipeline_name,
+        req.route.arm,
+        req.version,
+        req.level,
+        bool(req.forced_arm),
+        stack.signature(req.inputs),
+        tuple(sorted(req.parameters.items())),
+    )
+
+
+def _member(req: ClientRequest, rows: int) -> Member:
+    return Member(req, rows, req.deadline)
+
+
+def default_outputs(pipeline: Pipeline, batch: int) -> codec.Arrays:
+    """The pipeline's configured default answer, one row per request row."""
+    outputs = {}
+    for spec in pipeline.outputs:
+        row = pipeline.default_answer[spec.name]
+        if spec.datatype == "BYTES":
+            values = np.array([str(v).encode() for v in row], dtype=object)
+        else:
+            values = np.array(row, dtype=codec.DTYPES[spec.datatype])
+        outputs[spec.name] = np.stack([values] * batch)
+    return outputs
+
+
+def _outcome_kind(exc: StrataError) -> str:
+    """How a failure counts for the ladder: upstream unwell, a rejection, or not at all."""
+    if exc.code.name in UNWELL:
+        return "error"
+    if exc.code.name == "RESOURCE_EXHAUSTED":
+        return "rejected"
+    return ""

@@ -1,0 +1,44 @@
+"""A client request as the gateway carries it, with its deadline, and the answer it gets."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from strata.codec import Arrays
+from strata.config.pipelines import Pipeline, Route
+from strata.deadline import Deadline
+from strata.sequences import Flags
+from strata.stack import Raw
+
+
+@dataclass(eq=False)
+class ClientRequest:
+    pipeline_name: str
+    pipeline: Pipeline
+    arrays: Arrays  # decoded views, for validation and the cache
+    inputs: list[Raw]  # the same tensors as they came, forwarded without decoding
+    request_id: str
+    client: str
+    forced_arm: str
+    # The caller's, or the gateway's default: work past it is dropped before it costs CPU.
+    deadline: Deadline
+    # The client's string parameters, passed to postprocess rules' `when:` conditions.
+    parameters: dict[str, str] = field(default_factory=dict)
+    # Its place in a sequence, for a stateful pipeline (services/gateway/sequences.py).
+    sequence: Flags | None = None
+    # Set by the orchestrator before the request boards its flight.
+    route: Route | None = None
+    version: str = ""
+    level: int = 0
+
+
+@dataclass
+class Answer:
+    outputs: Arrays
+    arm: str
+    model_version: str
+    level: int
+    degraded: str = ""  # "", "cache", "default" or "early_exit"
+    cached: bool = False
+    skipped_rules: str = ""
+    stages: str = ""  # a pipeline of several models: those that answered, in order

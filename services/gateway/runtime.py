@@ -1,0 +1,228 @@
+"""The gateway's live state: its policies, routes and ladder, and how a reload changes them.
+
+Settings that are safe to change live (rate limits, ladder thresholds, cache, breakers,
+route weights, latency objectives, default answers, API keys and the admin token, their
+files re-read) are applied to the running objects. A reload applies the file whole or nothing
+of it: when anything else changed (a pipeline added or removed, an address, a pipeline's
+inputs...), it says what needs a restart and applies nothing, so the running gateway is
+always the old file or the new one, never a mix.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable
+
+from services.gateway.admission import Admission
+from services.gateway.arms import ArmBook
+from services.gateway.cache import ResultCache
+from services.gateway.concurrency import Door
+from services.gateway.ladder import LEVELS, LadderController
+from services.gateway.limiter import RateLimiter
+from services.gateway.metrics import LEVEL, LEVEL_CHANGES
+from services.gateway.model_stages import stage_routers
+from services.gateway.orchestrator import Orchestrator
+from services.gateway.router import Router
+from services.gateway.shadow import ShadowRunner
+from services.gateway.upstreams import Upstreams
+from strata.config import ConfigError, Settings, load_settings
+from strata.config.base import live_fields
+from strata.config.gateway import GatewaySettings
+from strata.config.pipelines import Pipeline, Route
+from strata.config.preprocess import per_version
+from strata.errors import NotFound, NotReady
+from strata.security import KeyRing
+
+log = logging.getLogger(__name__)
+LIVE_GATEWAY = live_fields(GatewaySettings)
+LIVE_PIPELINE = live_fields(Pipeline)
+
+
+def _on_level_change(old: int, new: int, why: str) -> None:
+    LEVEL.set(new)
+    LEVEL_CHANGES.labels("up" if new > old else "down").inc()
+
+
+class Runtime:
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.upstreams = Upstreams(settings)
+        self.admission = Admission(
+            RateLimiter(settings.gateway.rate_limits), KeyRing(settings.gateway.api_keys)
+        )
+        self.ladder = LadderController(
+            settings.gateway.ladder, _objectives(settings), _on_level_change
+        )
+        self.cache = ResultCache(settings.gateway.cache)
+        self.door = Door(settings.gateway.concurrency, _objectives(settings))
+        self.routers = {
+            name: Router(
+                name,
+                settings.routes(name),
+                pipeline.model.shadow,
+                self._serving(pipeline.model.name),
+                per_version(pipeline.preprocess),
+            )
+            for name, pipeline in settings.pipelines.items()
+        }
+        self.shadow = ShadowRunner(self.upstreams)
+        self.arms = ArmBook()
+        # Each later stage's and fallback's router, by (pipeline, label in strata.stages).
+        self.stage_routers = stage_routers(settings, self._serving)
+        self.orchestrator = Orchestrator(
+            self.upstreams,
+            self.ladder,
+            self.cache,
+            self.routers,
+            self.shadow,
+            self.arms,
+            settings.gateway.flights,
+            self.door,
+            self.stage_routers,
+        )
+        self._ticker: asyncio.Task | None = None
+
+    def _serving(self, model: str) -> Callable[[Route], bool]:
+        """Whether a route's deployment can take `model` now: that model's circuit there."""
+        inference = self.upstreams.inference
+        return lambda route: inference[route.deployment].breaker.available_for(model)
+
+    def router(self, pipeline: str) -> Router:
+        try:
+            return self.routers[pipeline]
+        except KeyError:
+            raise NotFound(f"unknown pipeline {pipeline!r}") from None
+
+    def start(self) -> None:
+        """Start deciding the degradation level once per tick."""
+        self._ticker = asyncio.create_task(self._tick_forever())
+
+    async def _tick_forever(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            tick = self.ladder.settings.tick_seconds
+            due = loop.time() + tick
+            await asyncio.sleep(tick)
+            self.ladder.signals.loop_lag = max(0.0, loop.time() - due)
+            self.ladder.tick()
+
+    async def close(self) -> None:
+        if self._ticker is not None:
+            self._ticker.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._ticker
+        await self.orchestrator.flights.close()
+        await self.shadow.close()
+        await self.upstreams.close()
+
+    def level_name(self) -> str:
+        return LEVELS[self.ladder.level]
+
+    def reload(self) -> tuple[list[str], list[str], list[str]]:
+        """Re-read the config file: (what was applied, [], live weights kept) or
+        ([], what needs a restart, []).
+
+        Weights set live (SetWeights) win over a file whose weights for that pipeline did not
+        change since the last load, and are reported kept; an edit of the file's weights wins
+        over them (the operator changed the file on purpose).
+
+        A file that is not valid config is FAILED_PRECONDITION, and weights that cannot
+        route are INVALID_ARGUMENT, each naming what is wrong; nothing is applied then either.
+        """
+        if self.settings.source is None:
+            raise NotFound("these settings were not loaded from a file")
+        try:
+            new = load_settings(self.settings.source, "gateway")
+        except ConfigError as exc:
+            raise NotReady(f"config not reloaded, nothing applied: {exc}") from None
+        restart = _needs_restart(self.settings, new)
+        if restart:
+            log.warning("config not reloaded, nothing applied: %s need a restart", restart)
+            return [], restart, []
+        for name, router in self.routers.items():
+            router.weighted(_weights(new, name))  # refuses before anything changes
+        kept = self._live_weights_kept(new)
+        applied = self._apply_gateway(new) + self._apply_pipelines(new)
+        self.settings = new
+        log.info("config reloaded: applied %s; kept live %s", applied, kept)
+        return applied, [], kept
+
+    def _live_weights_kept(self, new: Settings) -> list[str]:
+        """Pipelines whose live weights differ from a file whose weights did not change."""
+        return [
+            f"pipelines.{name}.routes.weight"
+            for name, router in self.routers.items()
+            if _weights(new, name) == _weights(self.settings, name)
+            and _weights(new, name) != {route.arm: route.weight for route in router.routes}
+        ]
+
+    def _apply_gateway(self, new: Settings) -> list[str]:
+        old, gateway = self.settings.gateway, new.gateway
+        changed = sorted(key for key in LIVE_GATEWAY if getattr(old, key) != getattr(gateway, key))
+        self.admission.configure(gateway.rate_limits, KeyRing(gateway.api_keys))
+        self.ladder.configure(gateway.ladder, _objectives(new))
+        self.door.configure(gateway.concurrency, _objectives(new))
+        self.cache.configure(gateway.cache)
+        self.upstreams.configure(gateway)
+        self.orchestrator.flights.configure(gateway.flights)
+        return [f"gateway.{key}" for key in changed]
+
+    def _apply_pipelines(self, new: Settings) -> list[str]:
+        applied = []
+        for name, router in self.routers.items():
+            weights = _weights(new, name)
+            if weights != _weights(self.settings, name):
+                router.set_weights(weights)
+                applied.append(f"pipelines.{name}.routes.weight")
+            old, fresh = self.settings.pipelines[name], new.pipelines[name]
+            applied += [
+                f"pipelines.{name}.{key}"
+                for key in LIVE_PIPELINE
+                if getattr(old, key) != getattr(fresh, key)
+            ]
+        return applied
+
+
+def _objectives(settings: Settings) -> dict[str, float]:
+    return {name: p.latency_objective_ms / 1000 for name, p in settings.pipelines.items()}
+
+
+def _weights(settings: Settings, pipeline: str) -> dict[str, float]:
+    return {route.arm: route.weight for route in settings.routes(pipeline)}
+
+
+def _needs_restart(old: Settings, new: Settings) -> list[str]:
+    """Sections, gateway settings and pipeline parts that changed beyond what applies live."""
+    changed = [
+        key
+        for key in type(old).model_fields
+        if key not in ("gateway", "pipelines") and getattr(old, key) != getattr(new, key)
+    ]
+    changed += [
+        f"gateway.{key}"
+        for key in type(old.gateway).model_fields
+        if key not in LIVE_GATEWAY and getattr(old.gateway, key) != getattr(new.gateway, key)
+    ]
+    if (old.gateway.admin_token is None) != (new.gateway.admin_token is None):
+        changed.append("gateway.admin_token")  # the admin API is registered at start, or not
+    for name in sorted(set(old.pipelines) | set(new.pipelines)):
+        before, after = old.pipelines.get(name), new.pipelines.get(name)
+        if before is None or after is None:
+            changed.append(f"pipelines.{name}")
+            continue
+        skip = set(LIVE_PIPELINE) | {"model"}
+        for key in type(before).model_fields:
+            if key not in skip and getattr(before, key) != getattr(after, key):
+                changed.append(f"pipelines.{name}.{key}")
+        if _routing(before) != _routing(after):
+            changed.append(f"pipelines.{name}.model")
+    return changed
+
+
+def _routing(pipeline) -> tuple:
+    """What a live reload cannot change about a pipeline's model: all but the weights."""
+    model = pipeline.model
+    routes = tuple((r.arm, r.deployment, r.version) for r in model.routes)
+    return model.name, model.version, routes, model.shadow

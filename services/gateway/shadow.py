@@ -1,0 +1,106 @@
+"""The shadow route: copies of requests go to a mirror deployment, off the request's path.
+
+A pipeline's first model and each of its later stages may have one (a stage's gets the rows
+the stage ran, as its arm got them). The primary answer is returned at once; the mirror's
+answer is only compared with it (same top class per row, or all values within tolerance)
+and counted, under the pipeline's name for its first model and `<pipeline>/<stage>` for a
+stage. At most `max_inflight` shadow calls run at once, all shadows together; beyond that
+copies are dropped, never queued.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from services.gateway.metrics import SHADOW
+from services.gateway.upstreams import Upstreams
+from strata import codec
+from strata.codec import Arrays
+from strata.config.pipelines import ModelRef
+from strata.deadline import Deadline
+from strata.errors import StrataError
+
+log = logging.getLogger(__name__)
+
+
+def agree(primary: Arrays, mirror: Arrays) -> bool:
+    """Same top class per row for 2-D score outputs; otherwise values within tolerance."""
+    for name, ours in primary.items():
+        theirs = mirror.get(name)
+        if theirs is None or theirs.shape != ours.shape:
+            return False
+        if ours.ndim == 2 and ours.dtype.kind == "f":
+            if not np.array_equal(ours.argmax(axis=1), theirs.argmax(axis=1)):
+                return False
+        elif not np.allclose(ours, theirs, rtol=1e-3, atol=1e-5):
+            return False
+    return True
+
+
+@dataclass
+class ShadowStats:
+    compared: int = 0
+    agreed: int = 0
+    errors: int = 0
+    dropped: int = 0
+    latencies: deque = field(default_factory=lambda: deque(maxlen=1000))
+
+
+class ShadowRunner:
+    def __init__(self, upstreams: Upstreams, max_inflight: int = 16) -> None:
+        self._up = upstreams
+        self._max_inflight = max_inflight
+        self._tasks: set[asyncio.Task] = set()
+        self.stats: dict[str, ShadowStats] = {}
+
+    def submit(
+        self, name: str, model: ModelRef, features: Arrays, primary: Arrays, deadline: Deadline
+    ) -> None:
+        """Mirror one request's call of `model` (its inputs `features`, the answer `primary`)
+        to the model's shadow, counted under `name`; returns at once."""
+        stats = self.stats.setdefault(name, ShadowStats())
+        if len(self._tasks) >= self._max_inflight:
+            stats.dropped += 1
+            SHADOW.labels(name, "dropped").inc()
+            return
+        task = asyncio.create_task(self._run(name, model, features, primary, deadline, stats))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _run(
+        self,
+        name: str,
+        model: ModelRef,
+        features: Arrays,
+        primary: Arrays,
+        deadline: Deadline,
+        stats: ShadowStats,
+    ) -> None:
+        shadow = model.shadow
+        hop = self._up.inference[shadow.deployment]
+        version = shadow.version or model.version
+        request = codec.build_request(model.name, features, version)
+        started = time.monotonic()
+        try:
+            reply = await hop.call("ModelInfer", request, deadline)
+        except StrataError as exc:
+            stats.errors += 1
+            SHADOW.labels(name, "error").inc()
+            log.debug("shadow call for %s failed: %s", name, exc)
+            return
+        stats.latencies.append(time.monotonic() - started)
+        stats.compared += 1
+        same = agree(primary, codec.response_outputs(reply))
+        stats.agreed += same
+        SHADOW.labels(name, "agree" if same else "disagree").inc()
+
+    async def close(self) -> None:
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)

@@ -1,0 +1,319 @@
+"""The gateway's channels to the layers behind it, each guarded by a circuit breaker.
+
+Every call passes on what is left of the caller's deadline (strata.deadline) as its gRPC
+deadline; every failure comes back as the upstream's own status code with the hop named in
+the message. gRPC's retry policy (in the channel's service config) retries UNAVAILABLE on
+another replica; the breaker sees only what is left after those retries (an inference call:
+the breaker of its model on that deployment). Trace context goes in each call's metadata
+(strata.telemetry.outgoing); how long each hop took goes on the caller's span as
+`strata.hop.<hop>_ms` when its trace is sampled.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from services.gateway.breaker import Breakers, CircuitBreaker
+from services.gateway.hoptime import HopTimer
+from services.gateway.lanes import LaneBroken, Lanes, StreamMethod
+from services.gateway.metrics import BREAKER_OPEN, UPSTREAM_CALLS
+from services.gateway.sequences import replica
+from services.gateway.stream_methods import infer_stream, process_stream
+from strata.channels import open_channel
+from strata.config import Settings
+from strata.config.endpoints import ServiceEndpoint
+from strata.config.gateway import GatewaySettings
+from strata.deadline import Deadline
+from strata.errors import Unavailable, from_code, hinted_retry
+from strata.proto.inference import grpc_service_pb2_grpc as v2_grpc
+from strata.proto.v1 import postprocess_pb2_grpc, preprocess_pb2_grpc
+from strata.sequences import Flags
+from strata.telemetry import annotate, outgoing, recording
+
+INFERENCE_SERVICE = "inference.GRPCInferenceService"
+
+
+TIMEOUT_ATTEMPTS = 3
+LANE_SECONDS = 10.0
+READY_PROBE_SECONDS = 2.0  # how long a ModelReady probe waits for a deployment
+
+
+class HopTimedOut(Unavailable):
+    """The hop missed its own timeout: hung, or far slower than it normally is."""
+
+
+class Hop:
+    """One upstream: a traced channel with retries, a stub, and a circuit breaker."""
+
+    def __init__(
+        self,
+        name: str,
+        channel: grpc.aio.Channel,
+        stub: type,
+        gateway: GatewaySettings,
+        replicated: bool,
+        streams: Mapping[str, Callable[[Any], StreamMethod]] | None = None,
+        lane_lifetime: float = LANE_SECONDS,
+    ) -> None:
+        """A hop over `channel`; `replicated`: whether another replica may answer behind it
+        (a retry or a refused message may then go there)."""
+        self.name = name
+        self._timed_as = f"hop.{name}_ms"  # strata.hop.<hop>_ms on the caller's span
+        self.channel = channel
+        self.stub = stub(channel)
+        count = gateway.stream_lanes
+        self.lanes = {
+            method: Lanes(f"{name} {method}", make(self.stub), count, lane_lifetime, self._ready)
+            for method, make in (streams or {}).items()
+        }
+        self.breaker = Breakers(name, gateway.breaker)
+        self.timer = HopTimer(gateway.hop_timeouts, gateway.upstream_timeout_seconds)
+        self.replicated = replicated
+
+    def configure(self, gateway: GatewaySettings) -> None:
+        """New breaker thresholds and hop timeouts, live."""
+        self.breaker.settings = gateway.breaker
+        self.timer.configure(gateway.hop_timeouts, gateway.upstream_timeout_seconds)
+
+    async def call(
+        self,
+        method: str,
+        request: Any,
+        deadline: Deadline,
+        metadata: Sequence = (),
+        spare: bool | None = None,
+    ) -> Any:
+        """Call `method` by the caller's `deadline` (DEADLINE_EXCEEDED without a call once it
+        has passed), and within this hop's own timeout when another replica or arm could
+        answer instead (`spare`; by default, when the hop has several replicas).
+
+        Running out of the caller's time says nothing about the upstream; missing the hop's
+        own timeout does: it counts against the breaker and is UNAVAILABLE (answer elsewhere).
+        A call to a replicated hop that missed its own timeout goes again (up to
+        TIMEOUT_ATTEMPTS in all), balanced to another replica, while the deadline allows: until
+        gRPC's outlier detection ejects a hung replica, a retry may meet it again.
+        """
+        budget = deadline.remaining(self.name)
+        breaker = self.breaker[getattr(request, "model_name", "")]
+        if not breaker.allow():
+            UPSTREAM_CALLS(self.name, "CIRCUIT_OPEN").inc()
+            raise Unavailable(f"{breaker.name}: circuit open after repeated failures")
+        bounded = self.replicated if spare is None else spare
+        attempts = tries = TIMEOUT_ATTEMPTS if self.replicated else 1
+        sent = outgoing(metadata)
+        started = time.monotonic()
+        try:
+            while True:
+                try:
+                    return await self._call(
+                        method, request, budget, sent, breaker, bounded, first=attempts == tries
+                    )
+                except HopTimedOut:
+                    attempts -= 1
+                    budget = deadline.left()
+                    if attempts == 0 or budget <= 0:
+                        raise
+        finally:
+            if recording():
+                annotate(**{self._timed_as: (time.monotonic() - started) * 1e3})
+
+    async def _call(
+        self,
+        method: str,
+        request: Any,
+        budget: float,
+        metadata: Sequence,
+        breaker: CircuitBreaker,
+        bounded: bool,
+        first: bool = True,
+    ) -> Any:
+        timeout = self.timer.timeout if bounded else self.timer.ceiling
+        hop_bound = timeout < budget
+        code = grpc.StatusCode.CANCELLED
+        started = time.monotonic()
+        try:
+            reply = await self._send(method, request, budget, timeout, metadata, hop_bound, first)
+            code = grpc.StatusCode.OK
+            self.timer.observe(time.monotonic() - started)
+            return reply
+        except grpc.aio.AioRpcError as exc:
+            code = exc.code()
+            if code == grpc.StatusCode.DEADLINE_EXCEEDED and hop_bound:
+                code = grpc.StatusCode.UNAVAILABLE
+                if not self.replicated:
+                    # At least this long: lets a slow arm's timeout grow. With replicas, a
+                    # miss is one replica's (outlier detection ejects it); the others'
+                    # answers keep the P99, so a hung one cannot stretch everyone's timeout.
+                    self.timer.observe(timeout)
+                raise HopTimedOut(
+                    f"{self.name}: no answer within {timeout:.3g}s, its own timeout "
+                    "(a multiple of its recent P99)"
+                ) from None
+            if code == grpc.StatusCode.CANCELLED:
+                # Our caller did not cancel (that would cancel this task instead): the upstream
+                # dropped the call, e.g. while shutting down. Another replica or arm may answer.
+                code = grpc.StatusCode.UNAVAILABLE
+                raise Unavailable(f"{self.name}: the call was dropped ({exc.details()})") from None
+            retry = hinted_retry(exc.trailing_metadata())
+            raise from_code(code, f"{self.name}: {exc.details()}", retry) from None
+        finally:
+            breaker.record(code)
+            UPSTREAM_CALLS(self.name, code.name).inc()
+            BREAKER_OPEN(breaker.name).set(breaker.state == "open")
+
+    async def _send(
+        self,
+        method: str,
+        request: Any,
+        budget: float,
+        window: float,
+        metadata: Sequence,
+        hop_bound: bool,
+        first: bool,
+    ) -> Any:
+        """The reply within `budget` and the attempt's own `window`: as a message on a lane
+        where the hop has them for `method`; as a unary call otherwise, when the lane broke
+        (a fresh window: the lane's wait was the broken lane's, not this replica's), or when
+        a replica answered UNAVAILABLE (gRPC's retry policy then sends it to another one). A
+        retry after a missed hop timeout goes unary too: round-robin takes it to the next
+        replica, where a new lane might meet the hung one again."""
+        lanes = self.lanes.get(method)
+        if first and lanes is not None and lanes.usable:
+            started = time.monotonic()
+            try:
+                return await lanes.call(request, min(budget, window), hop_bound, metadata)
+            except LaneBroken:
+                pass
+            except grpc.aio.AioRpcError as exc:
+                if exc.code() != grpc.StatusCode.UNAVAILABLE or not self.replicated:
+                    raise
+            budget -= time.monotonic() - started
+        timeout = max(min(budget, window), 0.0)
+        return await getattr(self.stub, method)(request, timeout=timeout, metadata=metadata)
+
+    def _ready(self) -> bool:
+        return self.channel.get_state(try_to_connect=True) == grpc.ChannelConnectivity.READY
+
+    async def healthy(self, timeout: float) -> bool:
+        stub = health_pb2_grpc.HealthStub(self.channel)
+        try:
+            reply = await stub.Check(health_pb2.HealthCheckRequest(), timeout=timeout)
+        except grpc.aio.AioRpcError:
+            return False
+        return reply.status == health_pb2.HealthCheckResponse.SERVING
+
+    async def model_ready(self, probe: Any, timeout: float = READY_PROBE_SECONDS) -> bool:
+        """The upstream's answer to a v2 ModelReady `probe`: False without a call while the
+        model's breaker is open, and a failed call counts for the breaker, as ModelInfer's
+        do; the call carries the caller's trace. Not timed: a probe's latency is not the
+        hop's P99."""
+        breaker = self.breaker[probe.name]
+        if not breaker.allow():
+            return False
+        code = grpc.StatusCode.OK
+        try:
+            reply = await self.stub.ModelReady(probe, timeout=timeout, metadata=outgoing())
+        except grpc.aio.AioRpcError as exc:
+            code = exc.code()
+            return False
+        finally:
+            breaker.record(code)
+            UPSTREAM_CALLS(self.name, code.name).inc()
+        return reply.ready
+
+
+def open_hop(
+    name: str,
+    endpoint: ServiceEndpoint,
+    stub: type,
+    service: str,
+    settings: Settings,
+    streams: Mapping[str, Callable[[Any], StreamMethod]] | None = None,
+) -> Hop:
+    """A hop to `endpoint`, over a channel with the deployment's server and TLS settings."""
+    channel = open_channel(endpoint.address, settings.server, [service], settings.tls)
+    # Lanes turn over well before the server ages their connection out, and often enough
+    # that round-robin soon spreads them over replicas that were not ready at the start.
+    lifetime = min(settings.server.max_connection_age_seconds / 2, LANE_SECONDS)
+    # A dns: target may resolve to several replicas; a single local address is one.
+    replicated = endpoint.replicas > 1 or endpoint.target is not None
+    return Hop(name, channel, stub, settings.gateway, replicated, streams, lifetime)
+
+
+class Upstreams:
+    """Preprocess, every inference deployment, and postprocess."""
+
+    def __init__(self, settings: Settings) -> None:
+        services = settings.services
+        self.preprocess = open_hop(
+            "preprocess",
+            services.preprocess,
+            preprocess_pb2_grpc.PreprocessStub,
+            "strata.v1.Preprocess",
+            settings,
+            {"Process": process_stream},
+        )
+        self.postprocess = open_hop(
+            "postprocess",
+            services.postprocess,
+            postprocess_pb2_grpc.PostprocessStub,
+            "strata.v1.Postprocess",
+            settings,
+            {"Process": process_stream},
+        )
+        self._settings = settings
+        self.inference = {
+            name: self._inference(name, endpoint) for name, endpoint in services.inference.items()
+        }
+        self._replicas: dict[str, Hop] = {}  # a sequence's one replica, by its address
+
+    def _inference(self, name: str, endpoint: ServiceEndpoint) -> Hop:
+        return open_hop(
+            f"inference-{name}",
+            endpoint,
+            v2_grpc.GRPCInferenceServiceStub,
+            INFERENCE_SERVICE,
+            self._settings,
+            {"ModelInfer": infer_stream},
+        )
+
+    def inference_hop(self, deployment: str, sequence: Flags | None = None) -> Hop:
+        """The hop to `deployment`; for a request of a sequence, to the one replica that
+        holds it, among those its endpoint lists (services/gateway/sequences.py). An endpoint
+        reached through a `target` is one hop: its name must lead to one replica."""
+        endpoint = self._settings.services.inference[deployment]
+        if sequence is None or endpoint.target or endpoint.replicas == 1:
+            return self.inference[deployment]
+        listen = endpoint.listens[replica(sequence, endpoint.replicas)]
+        hop = self._replicas.get(listen)
+        if hop is None:
+            one = endpoint.model_copy(update={"listen": listen, "replicas": 1})
+            hop = self._replicas[listen] = self._inference(deployment, one)
+        return hop
+
+    def configure(self, gateway: GatewaySettings) -> None:
+        """New breaker thresholds and hop timeouts on every hop (sequences' too), live."""
+        self._settings = self._settings.model_copy(update={"gateway": gateway})
+        for hop in [*self.hops, *self._replicas.values()]:
+            hop.configure(gateway)
+
+    @property
+    def hops(self) -> list[Hop]:
+        return [self.preprocess, *self.inference.values(), self.postprocess]
+
+    async def healthy(self, timeout: float = 1.0) -> dict[str, bool]:
+        """Whether each upstream's health service answers SERVING."""
+        states = await asyncio.gather(*(hop.healthy(timeout) for hop in self.hops))
+        return {hop.name: state for hop, state in zip(self.hops, states, strict=True)}
+
+    async def close(self) -> None:
+        for hop in [*self.hops, *self._replicas.values()]:
+            for lanes in hop.lanes.values():
+                lanes.close()
+            await hop.channel.close()

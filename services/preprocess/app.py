@@ -1,0 +1,43 @@
+"""Builds the preprocess service from the config."""
+
+from __future__ import annotations
+
+from services.preprocess.metrics import StepTimings
+from services.preprocess.pipeline import PreprocessPipelines, Versions, build_pipeline
+from services.preprocess.servicer import PreprocessServicer
+from services.preprocess.versions import VersionedPipeline
+from strata import limits
+from strata.cli import Service
+from strata.config import Settings
+from strata.config.preprocess import per_version
+from strata.proto.v1 import preprocess_pb2, preprocess_pb2_grpc
+
+
+def build_pipelines(settings: Settings, timings: StepTimings) -> PreprocessPipelines:
+    """Every pipeline's steps, built once (per model version its routes call, for those fed
+    per version); a config mistake raises ValueError naming it."""
+    built: dict[str, Versions] = {}
+    for name, spec in settings.pipelines.items():
+        if not per_version(spec.preprocess):
+            built[name] = build_pipeline(name, spec, settings.repository, timings)
+            continue
+        check = settings.preprocess.version_check_seconds
+        versioned = VersionedPipeline(name, spec, settings.repository, timings, check)
+        versioned.build_all(dict.fromkeys(spec.model.versions_called()))
+        built[name] = versioned
+    return PreprocessPipelines(built)
+
+
+async def build(settings: Settings) -> Service:
+    limits.install(settings.limits.plain())
+    timings = StepTimings()
+    servicer = PreprocessServicer(
+        build_pipelines(settings, timings),
+        settings.preprocess.inline_max_bytes,
+        settings.server.max_stream_in_flight,
+    )
+    name = preprocess_pb2.DESCRIPTOR.services_by_name["Preprocess"].full_name
+    return Service(
+        registrations=[(servicer, preprocess_pb2_grpc.add_PreprocessServicer_to_server, name)],
+        endpoint=settings.services.preprocess,
+    )

@@ -1,0 +1,93 @@
+"""A preprocess pipeline: the validation step, then the configured steps, in order."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+from opentelemetry import trace
+
+from services.preprocess import wiring
+from services.preprocess.metrics import StepTimings
+from services.preprocess.steps import Step, build_step
+from services.preprocess.steps.validate import Validate
+from strata.codec import Arrays
+from strata.config.pipelines import Pipeline
+from strata.errors import NotFound
+from strata.telemetry import shapes
+
+
+@dataclass
+class PreprocessPipeline:
+    """Named steps run in order, each one timed."""
+
+    name: str
+    steps: list[tuple[str, Step]]
+    timings: StepTimings = field(default_factory=StepTimings)
+
+    def for_version(self, version: str) -> PreprocessPipeline:
+        """The same steps whatever the model version (see versions.py for those that vary)."""
+        return self
+
+    def run(self, tensors: Arrays) -> Arrays:
+        """The steps in order. Each step's time goes to the metrics and, where the request's
+        span is recorded, into its `strata.steps` attribute: a span per step would cost more
+        than most steps."""
+        span = trace.get_current_span()
+        timed: list[str] | None = [] if span.is_recording() else None
+        try:
+            for label, step in self.steps:
+                start = time.perf_counter()
+                try:
+                    tensors = step.process(tensors)
+                finally:
+                    seconds = time.perf_counter() - start
+                    self.timings.record(self.name, label, seconds)
+                    if timed is not None:
+                        timed.append(f"{label} {seconds * 1000:.3f} ms")
+        finally:
+            if timed is not None:
+                span.set_attribute("strata.steps", timed)
+        if timed is not None:
+            span.set_attribute("strata.output_shapes", shapes(tensors))
+        return tensors
+
+
+def build_pipeline(
+    name: str, spec: Pipeline, repository: Path, timings: StepTimings | None = None
+) -> PreprocessPipeline:
+    """Build every step once; stateful steps load their files here, not per request."""
+    steps: list[tuple[str, Step]] = [("validate", Validate(spec.inputs, spec.max_batch_size))]
+    for stage in spec.preprocess:
+        where = f"pipeline {name!r}: preprocess step {stage.label!r}"
+        if any(label == stage.label for label, _ in steps):
+            raise ValueError(f"{where}: the name is taken; give the step a distinct 'name'")
+        try:
+            steps.append((stage.label, build_step(stage, repository)))
+        except (ValueError, OSError) as exc:
+            raise ValueError(f"{where}: {exc}") from exc
+    built = [step for _, step in steps[1:]]
+    wiring.check(name, spec, list(zip(spec.preprocess, built, strict=True)), repository)
+    return PreprocessPipeline(name=name, steps=steps, timings=timings or StepTimings())
+
+
+class Versions(Protocol):
+    """A pipeline as each model version is fed."""
+
+    def for_version(self, version: str) -> PreprocessPipeline: ...
+
+
+class PreprocessPipelines:
+    """All pipelines of the deployment, looked up by name and model version per request."""
+
+    def __init__(self, pipelines: dict[str, Versions]) -> None:
+        self._pipelines = pipelines
+
+    def get(self, name: str, version: str = "") -> PreprocessPipeline:
+        try:
+            found = self._pipelines[name]
+        except KeyError:
+            raise NotFound(f"unknown pipeline {name!r}") from None
+        return found.for_version(version)

@@ -1,0 +1,47 @@
+"""strata.v1.Preprocess: decode, run each request's (or flight's) pipeline, encode.
+
+A call with more than `preprocess.inline_max_bytes` of tensors runs on a worker thread, one
+hand-off per call: decoding a large image or tokenising a long batch must not hold up the
+event loop, and with it every other call and the health checks. A smaller call runs on the
+loop, since the hand-off would cost more than its steps. A flight's steps run once over its
+stacked rows (strata.v1process has the mechanism). The request's `model_version` parameter
+(the version its arm calls) picks the pipeline's build for pipelines fed per version.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping
+
+from services.preprocess.pipeline import PreprocessPipelines
+from services.preprocess.versions import MODEL_VERSION
+from strata.proto.v1 import preprocess_pb2_grpc, tensor_pb2
+from strata.streams import DEFAULT_MAX_IN_FLIGHT
+from strata.v1process import Arrays, process_all
+from strata.v1stream import ProcessService
+
+
+class PreprocessServicer(ProcessService, preprocess_pb2_grpc.PreprocessServicer):
+    SERVICE = "strata.v1.Preprocess"
+
+    def __init__(
+        self,
+        pipelines: PreprocessPipelines,
+        inline_max_bytes: int = 0,
+        max_stream_in_flight: int = DEFAULT_MAX_IN_FLIGHT,
+    ) -> None:
+        super().__init__(max_stream_in_flight)
+        self._pipelines = pipelines
+        self._inline_max_bytes = inline_max_bytes
+
+    async def _process(self, request: tensor_pb2.ProcessRequest) -> tensor_pb2.ProcessResponse:
+        size = sum(len(t.data) for item in request.requests for t in item.tensors)
+        if size <= self._inline_max_bytes:
+            return process_all(request, self._run)
+        return await asyncio.to_thread(process_all, request, self._run)
+
+    def _run(
+        self, pipeline: str, tensors: Arrays, parameters: Mapping[str, str]
+    ) -> tuple[Arrays, dict[str, str]]:
+        version = parameters.get(MODEL_VERSION, "")
+        return self._pipelines.get(pipeline, version).run(tensors), {}
