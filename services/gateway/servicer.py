@@ -11,7 +11,7 @@ from services.gateway.caller import grpc_caller
 from services.gateway.pipelines import Pipelines
 from services.gateway.repository import Repository
 from services.gateway.server_settings import ServerSettings
-from services.gateway.shared_memory import CUDA_HINT
+from services.gateway.shared_memory import CUDA_HINT, no_cuda_regions
 from strata.door import Shares, refuse
 from strata.errors import StrataError, status_of
 from strata.grpc_errors import answers_unimplemented, grpc_errors
@@ -21,10 +21,11 @@ from strata.streams import DEFAULT_MAX_IN_FLIGHT
 from strata.v2stream import answer_stream
 
 LOG_FIELDS = {bool: "bool_param", int: "uint32_param", str: "string_param"}
+SERVER = "Strata's gateway"
 
 
 @answers_unimplemented(
-    v2_grpc.GRPCInferenceServiceServicer, "Strata's gateway", {"CudaSharedMemory": CUDA_HINT}
+    v2_grpc.GRPCInferenceServiceServicer, SERVER, {"CudaSharedMemory": CUDA_HINT}
 )
 class GatewayServicer(v2_grpc.GRPCInferenceServiceServicer):
     def __init__(
@@ -116,6 +117,24 @@ class GatewayServicer(v2_grpc.GRPCInferenceServiceServicer):
     ) -> v2.SystemSharedMemoryUnregisterResponse:
         self._pipelines.memory.unregister(self._client(context), request.name)
         return v2.SystemSharedMemoryUnregisterResponse()
+
+    @grpc_errors
+    async def CudaSharedMemoryStatus(self, request, context) -> v2.CudaSharedMemoryStatusResponse:
+        self._client(context)
+        no_cuda_regions(
+            request.name, f"CudaSharedMemoryStatus of one region is not implemented by {SERVER}"
+        )
+        return v2.CudaSharedMemoryStatusResponse()
+
+    @grpc_errors
+    async def CudaSharedMemoryUnregister(
+        self, request, context
+    ) -> v2.CudaSharedMemoryUnregisterResponse:
+        self._client(context)
+        no_cuda_regions(
+            request.name, f"CudaSharedMemoryUnregister of one region is not implemented by {SERVER}"
+        )
+        return v2.CudaSharedMemoryUnregisterResponse()
 
     @grpc_errors
     async def LogSettings(self, request, context) -> v2.LogSettingsResponse:

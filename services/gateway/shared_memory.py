@@ -28,6 +28,7 @@ from strata.errors import (
     Overloaded,
     PermissionDenied,
     Unavailable,
+    Unimplemented,
     shown,
 )
 from strata.proto.inference import grpc_service_pb2 as v2
@@ -39,6 +40,16 @@ CUDA_HINT = (
     "system shared memory instead (SystemSharedMemoryRegister, POST "
     "/v2/systemsharedmemory/region/{name}/register)"
 )
+
+
+def no_cuda_regions(name: str, refused: str) -> None:
+    """CUDA shared memory at a gateway that holds no GPU memory: an empty registry. For all
+    regions (no `name`) a status (none) and an unregister (of none) are true answers, so a
+    client that begins by clearing its CUDA regions goes on to system shared memory; a named
+    region is none this gateway could hold, and is refused as `refused` (UNIMPLEMENTED), as
+    registering one is."""
+    if name:
+        raise Unimplemented(f"{refused}: {CUDA_HINT}")
 
 
 @dataclass(frozen=True)

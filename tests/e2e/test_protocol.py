@@ -207,6 +207,15 @@ def test_tensors_pass_through_shared_memory(shared: dict[str, Any], protocol: st
 
 
 @pytest.mark.parametrize("protocol", ["grpc", "http"])
+def test_cuda_regions_are_an_empty_registry(shared: dict[str, Any], protocol: str) -> None:
+    """Triton's shm examples begin by unregistering every CUDA region: a gateway without GPU
+    memory answers that, and the status of all of them, truthfully, and the client goes on."""
+    report = shared[protocol]
+    assert report["cuda_unregister_all"] == {"status": "OK", "value": None}
+    assert report["cuda_status_all"] == {"status": "OK", "value": []}
+
+
+@pytest.mark.parametrize("protocol", ["grpc", "http"])
 def test_shared_memory_refusals_name_what_was_wrong(shared: dict[str, Any], protocol: str) -> None:
     report = shared[protocol]
     expected = {
@@ -216,7 +225,9 @@ def test_shared_memory_refusals_name_what_was_wrong(shared: dict[str, Any], prot
         "escape": ("INVALID_ARGUMENT", "400", "must be a name like /input0"),
         "missing": ("NOT_FOUND", "404", "no shared memory object '/strata_e2e_none'"),
         "too_big": ("INVALID_ARGUMENT", "400", "the region needs 4096"),
-        "cuda": ("UNIMPLEMENTED", "501", "register system shared memory instead"),
+        "cuda_register": ("UNIMPLEMENTED", "501", "register system shared memory instead"),
+        "cuda_status_one": ("UNIMPLEMENTED", "501", "register system shared memory instead"),
+        "cuda_unregister_one": ("UNIMPLEMENTED", "501", "register system shared memory instead"),
     }
     for case, (code, status, words) in expected.items():
         answer = report[case]

@@ -22,7 +22,7 @@ from services.gateway.rest import openapi, tensors
 from services.gateway.rest.scan import check_json
 from services.gateway.rest.statuses import JSON, TooLarge, error_response, json_response
 from services.gateway.server_settings import ServerSettings
-from services.gateway.shared_memory import CUDA_HINT
+from services.gateway.shared_memory import CUDA_HINT, no_cuda_regions
 from strata.config.gateway import Rest
 from strata.config.pipelines import TensorSpec
 from strata.errors import InvalidArgument, Unimplemented, shown
@@ -65,11 +65,11 @@ def build_app(
         ("POST", "/v2/trace/setting", api.trace),
         ("GET", MODEL + "/trace/setting", api.trace),
         ("POST", MODEL + "/trace/setting", api.trace),
-        ("GET", CUDA + "/status", api.cuda),
-        ("GET", CUDA + "/region/{name}/status", api.cuda),
+        ("GET", CUDA + "/status", api.cuda_status),
+        ("GET", CUDA + "/region/{name}/status", api.cuda_status),
         ("POST", CUDA + "/region/{name}/register", api.cuda),
-        ("POST", CUDA + "/unregister", api.cuda),
-        ("POST", CUDA + "/region/{name}/unregister", api.cuda),
+        ("POST", CUDA + "/unregister", api.cuda_unregister),
+        ("POST", CUDA + "/region/{name}/unregister", api.cuda_unregister),
     ]
     for prefix in (MODEL, VERSION):
         routes += [
@@ -257,8 +257,23 @@ class _Api:
             {key: v if key == "trace_level" else v[0] for key, v in settings.items()}
         )
 
+    async def cuda_status(self, request: Request) -> Response:
+        """No CUDA regions: `[]` for all of them (services/gateway/shared_memory.py)."""
+        self._no_cuda_region(request)
+        return json_response([])
+
+    async def cuda_unregister(self, request: Request) -> Response:
+        """Every CUDA region unregistered: there are none."""
+        self._no_cuda_region(request)
+        return json_response({})
+
     async def cuda(self, request: Request) -> Response:
         raise Unimplemented(f"{request.method} {shown(request.url.path)}: {CUDA_HINT}")
+
+    def _no_cuda_region(self, request: Request) -> None:
+        self._pipelines.identify(_caller(request))
+        name = request.path_params.get("name", "")
+        no_cuda_regions(name, f"{request.method} {shown(request.url.path)}")
 
     async def _json_body(self, request: Request) -> dict[str, Any]:
         """A small call's JSON body (none: an empty object), held to the body limits."""

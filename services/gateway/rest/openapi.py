@@ -185,9 +185,17 @@ def _repository_paths(pipelines: list[str]) -> dict[str, Any]:
     }
 
 
+# The CUDA routes a gateway without GPU memory answers truthfully: it holds no regions.
+EMPTY_CUDA = {
+    "/v2/cudasharedmemory/status": "No CUDA regions: the gateway holds none.",
+    "/v2/cudasharedmemory/unregister": "Unregister every CUDA region (there are none).",
+}
+
+
 def _shared_memory_paths() -> dict[str, Any]:
     """Triton's system shared memory extension (each client's own regions), and the CUDA
-    one's routes, which answer 501 naming the alternative."""
+    one's routes: status and unregister of all regions answer as an empty registry, the
+    others 501 naming the alternative."""
     region = [{"name": "name", "in": "path", "required": True, "schema": {"type": "string"}}]
     status = _answers("SharedMemoryStatus", "The client's regions.", "401", "403", "404")
     done = _answers("Empty", "Done.", "400", "401", "403", "404", "409", "429")
@@ -217,10 +225,12 @@ def _shared_memory_paths() -> dict[str, Any]:
     }
     for path, item in list(paths.items()):
         method, operation = next(iter(item.items()))
+        cuda = path.replace("systemsharedmemory", "cudasharedmemory")
+        if cuda in EMPTY_CUDA:
+            paths[cuda] = {method: {**operation, "summary": EMPTY_CUDA[cuda]}}
+            continue
         unoffered = {**operation, "summary": "Not offered: use system shared memory."}
-        paths[path.replace("systemsharedmemory", "cudasharedmemory")] = {
-            method: {**unoffered, "responses": _answers("Empty", "Never.", "501")}
-        }
+        paths[cuda] = {method: {**unoffered, "responses": _answers("Empty", "Never.", "501")}}
     return paths
 
 

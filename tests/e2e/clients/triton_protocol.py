@@ -8,6 +8,7 @@ asks for the top classes of its scores (classification), controls the model repo
 trace settings, on both protocols.
 """
 
+import base64
 import json
 import sys
 
@@ -18,6 +19,9 @@ from tritonclient.utils import InferenceServerException
 
 PIPELINE = "photos"
 OUTPUT = "probabilities"
+
+# What tritonclient.utils.cuda_shared_memory.get_raw_handle gives: a base64 IPC handle.
+HANDLE = base64.b64encode(b"not a real handle")
 
 
 def attempt(call):
@@ -115,7 +119,7 @@ def sequence(module, client):
 
 
 def unimplemented(grpc):
-    return {"grpc": attempt(lambda: grpc.get_cuda_shared_memory_status())}
+    return {"grpc": attempt(lambda: grpc.register_cuda_shared_memory("gpu", HANDLE, 0, 64))}
 
 
 def main(grpc_url, http_url, token):

@@ -5,9 +5,11 @@ usage: triton_shm.py GRPC_URL HTTP_URL
 For each protocol: registers an input and an output region, sends digits images from one and
 has the scores written into the other (the labels come back in the answer as usual), then
 tries what must be refused: bytes past a region, another client's region, a key outside the
-shared memory root, a region larger than its object, CUDA shared memory.
+shared memory root, a region larger than its object, a CUDA region. Before all that, as
+Triton's shm examples begin, it unregisters every CUDA region and asks their status (none).
 """
 
+import base64
 import json
 import sys
 
@@ -19,6 +21,9 @@ from tritonclient.utils import InferenceServerException
 
 IMAGES = np.arange(2 * 64, dtype=np.uint8).reshape(2, 8, 8)
 OTHER = {"x-client-id": "someone-else"}
+
+# What tritonclient.utils.cuda_shared_memory.get_raw_handle gives: a base64 IPC handle.
+HANDLE = base64.b64encode(b"not a real handle")
 
 
 def attempt(call):
@@ -53,8 +58,18 @@ def statuses(client, headers=None):
     return sorted(status.regions)
 
 
+def cuda_names(status):
+    if isinstance(status, list):  # HTTP
+        return [region["name"] for region in status]
+    return sorted(status.regions)
+
+
 def one_protocol(module, url, tag):
     client = module.InferenceServerClient(url)
+    begin = {
+        "cuda_unregister_all": attempt(lambda: client.unregister_cuda_shared_memory()),
+        "cuda_status_all": attempt(lambda: cuda_names(client.get_cuda_shared_memory_status())),
+    }
     inputs = shm.create_shared_memory_region("in", f"/strata_e2e_in_{tag}", IMAGES.nbytes)
     outputs = shm.create_shared_memory_region("out", f"/strata_e2e_out_{tag}", 1024)
     try:
@@ -62,6 +77,7 @@ def one_protocol(module, url, tag):
         client.register_system_shared_memory("in", f"/strata_e2e_in_{tag}", IMAGES.nbytes)
         client.register_system_shared_memory("out", f"/strata_e2e_out_{tag}", 1024)
         report = {
+            **begin,
             "status": statuses(client),
             "labels": infer(module, client),
             "scores": shm.get_contents_as_numpy(outputs, np.float32, [2, 3]).tolist(),
@@ -81,7 +97,11 @@ def one_protocol(module, url, tag):
             "too_big": attempt(
                 lambda: client.register_system_shared_memory("x", f"/strata_e2e_out_{tag}", 4096)
             ),
-            "cuda": attempt(lambda: client.get_cuda_shared_memory_status()),
+            "cuda_register": attempt(
+                lambda: client.register_cuda_shared_memory("gpu", HANDLE, 0, 64)
+            ),
+            "cuda_status_one": attempt(lambda: client.get_cuda_shared_memory_status("gpu")),
+            "cuda_unregister_one": attempt(lambda: client.unregister_cuda_shared_memory("gpu")),
         }
         client.unregister_system_shared_memory()
         report["after_unregister"] = statuses(client)
