@@ -6,7 +6,9 @@ models on every deployment behind it.
 
 A caller needs the gateway's admin token (`gateway.admin_token`); the gateway then calls each
 inference deployment's repository API with inference's own token (`inference.admin_token` or
-`inference.admin_token_file` of the same config file), so no client ever holds it.
+`inference.admin_token_file` of the same config file), so no client ever holds it. With
+`gateway.local_model_control` (local development, every listener on loopback) neither token
+is asked for.
 """
 
 from __future__ import annotations
@@ -98,13 +100,15 @@ class Repository:
         """The caller holds the gateway's admin token, on a port where the admin token may
         be checked: with `admin_listen` the token stays off the public port, and so does
         repository control."""
-        if self._runtime.settings.services.gateway.admin_listen is not None:
+        settings = self._runtime.settings
+        if settings.services.gateway.admin_listen is not None:
             raise PermissionDenied(
                 "model repository control is off on the public port: services.gateway."
                 "admin_listen keeps the admin token off it; an operator calls each inference "
                 "deployment's repository API directly, with inference.admin_token"
             )
-        self._auth.allow(caller.peer, caller.metadata)
+        if not settings.gateway.local_model_control:
+            self._auth.allow(caller.peer, caller.metadata)
 
     def _behind(self, name: str, pipeline: Pipeline) -> list[Behind]:
         behind = _served("", pipeline.model, self._runtime.router(name))
@@ -133,7 +137,7 @@ class Repository:
                 raise outcome
 
     async def _deployment_index(
-        self, deployment: str, caller: Caller, token: str
+        self, deployment: str, caller: Caller, token: str | None
     ) -> list[ModelIndex] | str:
         """The deployment's index, or why it has none."""
         try:
@@ -144,25 +148,28 @@ class Repository:
         return list(reply.models)
 
     async def _call(
-        self, deployment: str, caller: Caller, token: str, method: str, message: object
+        self, deployment: str, caller: Caller, token: str | None, method: str, message: object
     ) -> object:
-        """`method` on `deployment` with inference's `token`, within the caller's budget."""
+        """`method` on `deployment` with inference's `token` (none under local model
+        control), within the caller's budget."""
         call: Callable[..., Awaitable] = getattr(
             self._runtime.upstreams.inference[deployment].stub, method
         )
         remaining = caller.time_remaining
         timeout = remaining or self._runtime.settings.gateway.default_timeout_seconds
+        metadata = (("authorization", f"Bearer {token}"),) if token is not None else ()
         try:
-            return await call(
-                message, metadata=(("authorization", f"Bearer {token}"),), timeout=timeout
-            )
+            return await call(message, metadata=metadata, timeout=timeout)
         except grpc.aio.AioRpcError as exc:
             raise _upstream_error(deployment, exc) from None
 
-    def _inference_token(self) -> str:
+    def _inference_token(self) -> str | None:
         """Inference's admin token from the config (its file read now, so a rotated token
-        applies); FAILED_PRECONDITION, naming the setting, where there is none."""
+        applies); FAILED_PRECONDITION, naming the setting, where there is none; None under
+        local model control, where inference asks for none."""
         settings = self._runtime.settings
+        if settings.gateway.local_model_control:
+            return None
         base = settings.source.parent if settings.source is not None else Path(".")
         try:
             token = settings.inference.with_files(base).admin_token

@@ -31,7 +31,12 @@ async def build(settings: Settings) -> Service:
         if isinstance(exc, StrataError):  # its message names the model, not the repository
             raise ModelUnusable(f"repository {settings.repository}: {exc}") from None
         raise
-    servicer = InferenceServicer(models, inference, settings.server.max_stream_in_flight)
+    servicer = InferenceServicer(
+        models,
+        inference,
+        settings.server.max_stream_in_flight,
+        settings.gateway.local_model_control,
+    )
     unwatch = metrics.watch(models.statistics, deployment)
     name = grpc_service_pb2.DESCRIPTOR.services_by_name["GRPCInferenceService"].full_name
 

@@ -57,14 +57,23 @@ class InferenceServicer(v2_grpc.GRPCInferenceServiceServicer):
         models: ModelManager,
         settings: InferenceSettings,
         max_stream_in_flight: int = DEFAULT_MAX_IN_FLIGHT,
+        local_control: bool = False,
     ) -> None:
+        """`local_control`: the repository API without the token (gateway.local_model_control,
+        which the config allows only with every listener on loopback)."""
         self._models = models
         self._configured = list(settings.models)
         self._plane = DataPlane(models, self._configured)
         self._max_stream_in_flight = max_stream_in_flight
         token = settings.admin_token.get_secret_value() if settings.admin_token else None
         self._auth = ControlAuth("the model repository API", "inference.admin_token", lambda: token)
+        self._local_control = local_control
         self._running: Running | None = None
+
+    def _control(self, context: grpc.aio.ServicerContext) -> None:
+        """A repository call let through: with the token, or under local control."""
+        if not self._local_control:
+            self._auth.check(context)
 
     async def report_health(self, running: Running) -> None:
         """Report each configured model on `running`'s health service, now and after every
@@ -149,12 +158,12 @@ class InferenceServicer(v2_grpc.GRPCInferenceServiceServicer):
 
     @grpc_errors
     async def RepositoryIndex(self, request, context) -> v2.RepositoryIndexResponse:
-        self._auth.check(context)
+        self._control(context)
         return index_response(self._models.index(ready_only=request.ready))
 
     @grpc_errors
     async def RepositoryModelLoad(self, request, context) -> v2.RepositoryModelLoadResponse:
-        self._auth.check(context)
+        self._control(context)
         if request.parameters:
             # Triton's `config` and `file:` overrides would serve what no validation case
             # checked against the repository; the repository is the one source.
@@ -170,7 +179,7 @@ class InferenceServicer(v2_grpc.GRPCInferenceServiceServicer):
 
     @grpc_errors
     async def RepositoryModelUnload(self, request, context) -> v2.RepositoryModelUnloadResponse:
-        self._auth.check(context)
+        self._control(context)
         try:
             await self._models.unload(request.model_name)
         finally:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import re
 from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal, Union, get_args
@@ -193,3 +194,14 @@ def host_port(value: str | None) -> str | None:
     if not sep or not host or not port.isdigit():
         raise ValueError(f"listen address {value!r} must be host:port")
     return value
+
+
+def loopback(address: str) -> bool:
+    """Whether a host:port binds a loopback address only (127.0.0.0/8, ::1, localhost)."""
+    host = address.rpartition(":")[0].strip("[]")
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a name, or a wildcard such as 0.0.0.0's spelling by name
+        return False

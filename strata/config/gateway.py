@@ -397,6 +397,17 @@ class GatewaySettings(Strict):
         json_schema_extra=LIVE,
     )
 
+    local_model_control: bool = Field(
+        default=False,
+        description="For local development only: model repository control (RepositoryIndex, "
+        "RepositoryModelLoad, RepositoryModelUnload and their REST routes) without the admin "
+        "token, as Triton serves it in explicit model control mode, and each inference "
+        "deployment's repository API without inference.admin_token. Refused at start unless "
+        "the gateway's gRPC and REST listeners and every inference deployment bind loopback "
+        "addresses: anyone who reaches those ports can load and unload models. Off: control "
+        "needs the tokens.",
+    )
+
     @model_validator(mode="after")
     def _one_admin_token(self) -> GatewaySettings:
         not_both(self, "admin_token", "admin_token_file")

@@ -13,7 +13,7 @@ import yaml
 from pydantic import Field, PrivateAttr, ValidationError, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
-from strata.config.base import PluginStage
+from strata.config.base import PluginStage, loopback
 from strata.config.endpoints import Services
 from strata.config.gateway import GatewaySettings
 from strata.config.inference import InferenceSettings
@@ -101,6 +101,29 @@ class Settings(BaseSettings):
                     raise ValueError(
                         f"pipeline {name!r} routes to deployment {route.deployment!r}, which "
                         f"does not load model {model!r} (inference.models)"
+                    )
+        return self
+
+    @model_validator(mode="after")
+    def _local_model_control_on_loopback_only(self) -> Settings:
+        """Tokenless model control only where no other host can reach it."""
+        if not self.gateway.local_model_control:
+            return self
+        services = self.services
+        listeners = {
+            "services.gateway.listen": [services.gateway.listen],
+            "services.gateway.rest": [services.gateway.rest] if services.gateway.rest else [],
+            **{f"services.inference.{n}": e.listens for n, e in services.inference.items()},
+        }
+        for setting, addresses in listeners.items():
+            for address in addresses:
+                if not loopback(address):
+                    raise ValueError(
+                        f"gateway.local_model_control lets anyone who reaches the gateway or "
+                        f"an inference deployment load and unload models without a token, so "
+                        f"it needs every such listener on a loopback address; {setting} is "
+                        f"{address!r}: bind it to 127.0.0.1, or turn local_model_control off "
+                        "and use the admin tokens"
                     )
         return self
 

@@ -98,3 +98,34 @@ def test_environment_overrides_the_file(monkeypatch: pytest.MonkeyPatch) -> None
     assert settings.services.gateway.listen == "0.0.0.0:9001"
     assert settings.server.grace_seconds == 7.5
     assert settings.services.preprocess.listen.endswith(":8101")
+
+
+LOCAL_CONTROL = {"gateway": {"local_model_control": True}}
+
+
+@pytest.mark.parametrize(
+    ("services", "setting"),
+    [
+        ({"gateway": {"listen": "0.0.0.0:8001"}}, "services.gateway.listen"),
+        ({"gateway": {"rest": "[::]:8000"}}, "services.gateway.rest"),
+        ({"gateway": {"rest": "gateway.example:8000"}}, "services.gateway.rest"),
+        ({"inference": {"b": {"listen": "10.0.0.5:8202"}}}, "services.inference.b"),
+    ],
+)
+def test_tokenless_model_control_is_refused_off_loopback(
+    tmp_path: Path, services: dict, setting: str
+) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_settings(write(tmp_path, {**LOCAL_CONTROL, "services": services}))
+    message = str(info.value)
+    assert "gateway.local_model_control" in message and setting in message
+    assert "without a token" in message and "loopback" in message
+
+
+def test_tokenless_model_control_is_off_by_default_and_allowed_on_loopback(
+    tmp_path: Path,
+) -> None:
+    assert not load_settings(DEFAULT_CONFIG).gateway.local_model_control
+    services = {"gateway": {"listen": "[::1]:8001", "rest": "localhost:8000"}}
+    settings = load_settings(write(tmp_path, {**LOCAL_CONTROL, "services": services}))
+    assert settings.gateway.local_model_control
