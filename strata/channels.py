@@ -34,6 +34,9 @@ OUTLIER_DETECTION = {
 }
 
 
+INITIAL_RECONNECT_MS = 1000  # gRPC's own first wait before connecting again
+
+
 def service_config(services: list[str], max_attempts: int = 3) -> str:
     """A gRPC service config: round-robin over resolved addresses with outlier ejection,
     retry UNAVAILABLE."""
@@ -57,16 +60,24 @@ def service_config(services: list[str], max_attempts: int = 3) -> str:
 
 
 def open_channel(
-    target: str, settings: ServerSettings, services: list[str], tls: TlsSettings
+    target: str,
+    settings: ServerSettings,
+    services: list[str],
+    tls: TlsSettings,
+    reconnect_seconds: float,
 ) -> grpc.aio.Channel:
     """The gateway's channel to a layer at `target` (mutual TLS when on, presenting the
-    gateway's identity) with retries for `services`; callers put trace context in each call's
+    gateway's identity) with retries for `services`, trying to connect again at least every
+    `reconnect_seconds` while the layer is down; callers put trace context in each call's
     metadata (strata.telemetry.outgoing)."""
+    backoff = round(reconnect_seconds * 1000)
     options = [
         *grpc_options(settings),
         *channel_options(tls),
         ("grpc.service_config", service_config(services)),
         ("grpc.enable_retries", 1),
+        ("grpc.initial_reconnect_backoff_ms", min(backoff, INITIAL_RECONNECT_MS)),
+        ("grpc.max_reconnect_backoff_ms", backoff),
     ]
     credentials = channel_credentials(tls)
     if credentials is None:

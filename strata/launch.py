@@ -1,13 +1,15 @@
 """Run the whole system on one machine: `python -m strata.launch --config FILE` (`make run`).
 
-Starts each layer as its own process, waits until each one's health service says SERVING,
-and stays in the foreground. While they start, the first instance to exit (or a timeout)
+Starts each layer as its own process, waits until each one's health service says SERVING
+(for this launcher's id, strata.server.LAUNCH_ID: its own child, not another process on the
+same port), and stays in the foreground. While they start, the first instance to exit (or a timeout)
 stops them all, and the launcher exits with that instance's code: a deployment comes up
 whole or not at all. Once up, an instance that exits on its own is restarted after a
 backoff that doubles while it keeps failing (as a Kubernetes Deployment would), and the
 others keep serving meanwhile: a dead replica costs the requests it held, not the system.
 An instance that exits with a code no restart can change (strata.exits: its config, a
-model, a certificate, an address in use) is said once and left down; the rest keep serving.
+model, a certificate, an address in use) is said once and left down; the rest keep serving,
+and once none is left the launcher stops with that code.
 Ctrl-C or SIGTERM stops every service (front to back), each draining within its grace period.
 Services run as `python -m services.<layer>`; nothing here imports them.
 """
@@ -17,6 +19,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -35,15 +38,16 @@ from strata.config.pipelines import TensorSpec
 from strata.config.tls import TlsSettings
 from strata.exits import PERMANENT, AddressUnusable, ConfigInvalid, one_line
 from strata.healthcheck import check
+from strata.server import LAUNCH_ID, launch_service
 
 log = logging.getLogger("strata.launch")
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def serving(address: str, tls: TlsSettings) -> bool:
-    """Whether the gRPC health service at `address` answers SERVING now."""
+def serving(address: str, tls: TlsSettings, service: str = "") -> bool:
+    """Whether the gRPC health service at `address` answers SERVING now (for `service`)."""
     try:
-        return check(address, timeout=1.0, tls=tls) == "SERVING"
+        return check(address, service, timeout=1.0, tls=tls) == "SERVING"
     except grpc.RpcError:
         return False
 
@@ -157,6 +161,9 @@ class Supervisor:
         self._started: dict[str, float] = {}
         self._delay: dict[str, float] = {}
         self._due: dict[str, float] = {}
+        # Told to each child, which reports it on its health service: SERVING from another
+        # process on the same port (another deployment's) is not this deployment up.
+        self.launch_id = secrets.token_hex(8)
 
     def address(self, name: str) -> str:
         return self.instances[name].listen
@@ -171,22 +178,24 @@ class Supervisor:
         output = None
         if self.log_dir is not None:
             output = open(self.log_dir / f"{name}.log", "ab")  # noqa: SIM115  (child owns it)
-        env = {**os.environ, **self.env} if self.env else None
+        env = {**os.environ, **(self.env or {}), LAUNCH_ID: self.launch_id}
         process = subprocess.Popen(command, cwd=ROOT, stdout=output, stderr=output, env=env)
         self.processes[name] = process
         self._started[name] = time.monotonic()
         return process
 
     def await_serving(self, *names: str, timeout: float = 60.0) -> None:
-        """Wait until each of `names` is SERVING. The moment any instance exits, or when
-        `timeout` runs out, stop everything and raise StartFailed."""
+        """Wait until each of `names` is SERVING, as this launcher's own child (not another
+        process on its port). The moment any instance exits, or when `timeout` runs out,
+        stop everything and raise StartFailed."""
         end = time.monotonic() + timeout
         waiting = list(names)
+        mine = launch_service(self.launch_id)
         while waiting:
             exited = self.failed()  # every instance's, each time: a poll costs nothing
             if exited is not None:
                 self._abort(exited, self.processes[exited].returncode)
-            if serving(self.address(waiting[0]), self.settings.tls):  # one health call
+            if serving(self.address(waiting[0]), self.settings.tls, mine):  # one health call
                 waiting.pop(0)
                 continue
             if time.monotonic() > end:
@@ -256,6 +265,13 @@ class Supervisor:
             del self._due[name]
             self.restarts[name] = self.restarts.get(name, 0) + 1
             self.spawn(name)
+
+    def all_down(self) -> int | None:
+        """The exit code of the first instance left down, once every instance is (none
+        runs, none is due to restart); None while any runs or will run again."""
+        if self.processes or self._due or not self.left_down:
+            return None
+        return next(iter(self.left_down.values()))
 
     def _leave_down(self, name: str, ran: float) -> None:
         code = self.left_down[name] = self.processes.pop(name).returncode
@@ -337,6 +353,10 @@ def main(argv: list[str] | None = None) -> int:
     print(banner(settings), flush=True)
     while not stop.wait(0.2):
         supervisor.tend()
+        code = supervisor.all_down()
+        if code is not None:
+            log.error("every service exited and none can be restarted; stopping with %d", code)
+            return code
     codes = supervisor.stop_all()
     log.info("stopped: %s", ", ".join(f"{name} rc={code}" for name, code in codes.items()))
     return 1 if any(codes.values()) or supervisor.left_down else 0

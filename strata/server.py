@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import signal
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -43,6 +44,17 @@ class Companion(Protocol):
     async def start(self) -> None: ...
 
     async def stop(self, grace: float) -> None: ...
+
+
+# The launcher (strata/launch.py) puts an id of its own in its children's environment; each
+# child reports health service `strata.launch.<id>` SERVING, so the launcher can tell its own
+# processes from others that answer on the same ports.
+LAUNCH_ID = "STRATA_LAUNCH_ID"
+
+
+def launch_service(launch_id: str) -> str:
+    """The health service name the children of launcher `launch_id` report."""
+    return f"strata.launch.{launch_id}"
 
 
 IDENTITY_ONLY = 1  # grpc's bitset of enabled compression algorithms: bit 0, no compression
@@ -128,7 +140,8 @@ async def start_server(
     except AddressUnusable:
         await server.stop(0)  # a started server left to the collector fails at exit
         raise
-    running = Running(server, health, names, port, probe)
+    launched = [launch_service(os.environ[LAUNCH_ID])] if os.environ.get(LAUNCH_ID) else []
+    running = Running(server, health, [*names, *launched], port, probe)
     await running.set_health(health_pb2.HealthCheckResponse.SERVING)
     log.info("serving %s on %s", ", ".join(names[1:]), listen)
     return running

@@ -4,6 +4,7 @@ statistics and inference. The gRPC servicer and the REST API are thin adapters o
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -99,10 +100,14 @@ class Pipelines:
         )
 
     async def server_ready(self) -> bool:
-        """Preprocess, postprocess and at least one inference deployment are healthy."""
+        """Preprocess and postprocess are healthy, and every pipeline can answer (model_ready);
+        under `gateway.ready_when: any_deployment`, one inference deployment is healthy."""
         states = await self._runtime.upstreams.healthy()
-        inference = [up for name, up in states.items() if name.startswith("inference-")]
-        return states["preprocess"] and states["postprocess"] and any(inference)
+        if not (states["preprocess"] and states["postprocess"]):
+            return False
+        if self._runtime.settings.gateway.ready_when == "any_deployment":
+            return any(up for name, up in states.items() if name.startswith("inference-"))
+        return all(await asyncio.gather(*(self.model_ready(name) for name in self.names())))
 
     async def model_ready(self, name: str, version: str = "") -> bool:
         """Whether any route of pipeline `name` has its model ready (or its fallback on any

@@ -4,7 +4,9 @@ Every call passes on what is left of the caller's deadline (strata.deadline) as 
 deadline; every failure comes back as the upstream's own status code with the hop named in
 the message. gRPC's retry policy (in the channel's service config) retries UNAVAILABLE on
 another replica; the breaker sees only what is left after those retries (an inference call:
-the breaker of its model on that deployment). Trace context goes in each call's metadata
+the breaker of its model on that deployment). Until an upstream is first reached, a call
+waits for it to connect (gRPC's wait_for_ready) within its own timeout, instead of failing at
+once while the upstream is still starting. Trace context goes in each call's metadata
 (strata.telemetry.outgoing); how long each hop took goes on the caller's span as
 `strata.hop.<hop>_ms` when its trace is sampled.
 """
@@ -75,6 +77,7 @@ class Hop:
         self.breaker = Breakers(name, gateway.breaker)
         self.timer = HopTimer(gateway.hop_timeouts, gateway.upstream_timeout_seconds)
         self.replicated = replicated
+        self._reached = False  # whether the channel has connected since the gateway started
 
     def configure(self, gateway: GatewaySettings) -> None:
         """New breaker thresholds and hop timeouts, live."""
@@ -137,10 +140,12 @@ class Hop:
         hop_bound = timeout < budget
         code = grpc.StatusCode.CANCELLED
         started = time.monotonic()
+        waited = self._waits()
         try:
             reply = await self._send(method, request, budget, timeout, metadata, hop_bound, first)
             code = grpc.StatusCode.OK
-            self.timer.observe(time.monotonic() - started)
+            if not waited:  # a wait for the upstream to start is not the hop's latency
+                self.timer.observe(time.monotonic() - started)
             return reply
         except grpc.aio.AioRpcError as exc:
             code = exc.code()
@@ -195,10 +200,22 @@ class Hop:
                     raise
             budget -= time.monotonic() - started
         timeout = max(min(budget, window), 0.0)
-        return await getattr(self.stub, method)(request, timeout=timeout, metadata=metadata)
+        call = getattr(self.stub, method)
+        return await call(
+            request, timeout=timeout, metadata=metadata, wait_for_ready=not self._reached
+        )
 
     def _ready(self) -> bool:
         return self.channel.get_state(try_to_connect=True) == grpc.ChannelConnectivity.READY
+
+    def _waits(self) -> bool:
+        """Whether a call waits for the channel to connect (wait_for_ready) rather than fail
+        at once: until the upstream is first reached, as it may still be starting (an
+        inference deployment loads and warms its models before it listens). Once reached, a
+        call to an upstream that went away fails at once, to be answered elsewhere."""
+        if not self._reached:
+            self._reached = self.channel.get_state() == grpc.ChannelConnectivity.READY
+        return not self._reached
 
     async def healthy(self, timeout: float) -> bool:
         stub = health_pb2_grpc.HealthStub(self.channel)
@@ -237,7 +254,13 @@ def open_hop(
     streams: Mapping[str, Callable[[Any], StreamMethod]] | None = None,
 ) -> Hop:
     """A hop to `endpoint`, over a channel with the deployment's server and TLS settings."""
-    channel = open_channel(endpoint.address, settings.server, [service], settings.tls)
+    channel = open_channel(
+        endpoint.address,
+        settings.server,
+        [service],
+        settings.tls,
+        settings.gateway.reconnect_seconds,
+    )
     # Lanes turn over well before the server ages their connection out, and often enough
     # that round-robin soon spreads them over replicas that were not ready at the start.
     lifetime = min(settings.server.max_connection_age_seconds / 2, LANE_SECONDS)

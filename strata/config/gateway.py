@@ -324,6 +324,23 @@ class GatewaySettings(Strict):
         description="Budget of a request whose caller set no deadline.",
         json_schema_extra=LIVE,
     )
+    ready_when: Literal["every_pipeline", "any_deployment"] = Field(
+        default="every_pipeline",
+        description="When ServerReady (REST /v2/health/ready) answers true. every_pipeline: "
+        "preprocess and postprocess are healthy and every pipeline can answer, each of its "
+        "models (or that model's fallback) ready on one of its routes, as Triton's strict "
+        "readiness. any_deployment: preprocess, postprocess and at least one inference "
+        "deployment are healthy, though a pipeline whose deployment is still loading its "
+        "models fails until it is up.",
+        json_schema_extra=LIVE,
+    )
+    reconnect_seconds: float = Field(
+        default=1.0,
+        gt=0,
+        description="Longest wait between two tries to connect to a layer that is down or "
+        "still starting (gRPC's maximum reconnect backoff, 120 s of its own): a layer that "
+        "comes up is used, and the gateway ready, within about this long.",
+    )
     upstream_timeout_seconds: float = Field(
         default=10.0,
         gt=0,

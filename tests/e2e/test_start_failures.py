@@ -18,7 +18,7 @@ import pytest
 from strata.config import load_settings
 from strata.config.tls import TlsSettings
 from strata.launch import StartFailed, Supervisor, wait_serving
-from tests.support.system import ROOT, free_port, make_config
+from tests.support.system import ROOT, free_port, make_config, running_system
 
 REPOSITORY = ROOT / "build" / "repository"
 
@@ -196,9 +196,24 @@ def test_the_launcher_leaves_down_a_process_no_restart_can_fix_and_says_so_once(
             time.sleep(0.3)
     assert supervisor.left_down == {"postprocess": 69}
     assert not supervisor.restarts and not supervisor.processes
+    assert supervisor.all_down() == 69  # nothing left running: the launcher stops with it
     said = [r.getMessage() for r in caplog.records if "postprocess" in r.getMessage()]
     assert len(said) == 1, said
     assert said[0].startswith("postprocess exited with 69 (an address it must listen on is in ")
     assert said[0].endswith(
         "s; a restart cannot fix that, so it stays down and the rest keep serving"
     )
+
+
+def test_a_second_launcher_on_ports_another_deployment_holds_is_not_up(tmp_path: Path) -> None:
+    """The health checks on its ports are answered SERVING by the first deployment's
+    processes, not its own: it waits for its own, which exit 69, and stops with that."""
+    (tmp_path / "first").mkdir()
+    (tmp_path / "second").mkdir()
+    with running_system(tmp_path / "first") as first:
+        second = Supervisor(first.config, first.settings, log_dir=tmp_path / "second")
+        with pytest.raises(StartFailed) as failed:
+            second.start_all(timeout=60)
+        assert failed.value.code == 69, str(failed.value)
+        assert not second.processes, "every other process was stopped"
+        assert first.failed() is None, "the first deployment keeps serving"
