@@ -8,6 +8,7 @@ This module depends on nothing else in the package: every floor above may raise 
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable
 
 import grpc
 
@@ -15,6 +16,7 @@ log = logging.getLogger(__name__)
 RETRY_AFTER = "retry-after-ms"  # trailing metadata: how long to back off, in milliseconds
 SHOWN_CHARACTERS = 128  # of one client string quoted in a message
 MAX_MESSAGE_BYTES = 4096  # of an error message, in UTF-8: whatever went into it
+MAX_LISTED = 20  # names of what exists that one refusal lists
 
 
 def shown(text: str, limit: int = SHOWN_CHARACTERS) -> str:
@@ -29,6 +31,18 @@ def cut(text: str, limit: int = SHOWN_CHARACTERS) -> str:
     """A client's string echoed in a failure's fields (a model name, an id): at most `limit`
     characters, and an ellipsis where it was cut."""
     return text if len(text) <= limit else text[:limit] + "…"
+
+
+def listed(names: Iterable[str], limit: int = MAX_LISTED) -> str:
+    """What exists, as a refusal names it: sorted, quoted, each cut (`cut`), at most `limit`
+    of them and how many more: `'a', 'b' and 12 more`; `none` for none."""
+    ordered = sorted(names)
+    if not ordered:
+        return "none"
+    more = len(ordered) - limit
+    return ", ".join(repr(cut(name)) for name in ordered[:limit]) + (
+        f" and {more} more" if more > 0 else ""
+    )
 
 
 def bounded(text: str, limit: int = MAX_MESSAGE_BYTES) -> str:

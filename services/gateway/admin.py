@@ -14,7 +14,7 @@ from services.gateway.metrics import RATE_LIMITED, SHED, UPSTREAM_CALLS
 from services.gateway.model_stages import later_models
 from services.gateway.router import Router
 from services.gateway.runtime import Runtime
-from strata.errors import InvalidArgument, NotFound
+from strata.errors import InvalidArgument, NotFound, listed, shown
 from strata.grpc_errors import grpc_errors
 from strata.proto.v1 import admin_pb2, admin_pb2_grpc
 from strata.tokens import ControlAuth
@@ -56,9 +56,11 @@ class AdminServicer(admin_pb2_grpc.AdminServicer):
         pipeline, _, label = name.partition("/")
         router = runtime.stage_routers.get((pipeline, label))
         if router is None:
+            stages = (f"{pipeline}/{label}" for pipeline, label in runtime.stage_routers)
             raise NotFound(
-                f"unknown pipeline or stage {name!r}: a pipeline's name, or "
-                f"<pipeline>/<stage> as the status lists its later stages"
+                f"unknown pipeline or stage {shown(name)}: a pipeline's name "
+                f"({listed(runtime.routers)}), or <pipeline>/<stage> as the status lists its "
+                f"later stages ({listed(stages)})"
             )
         return router
 

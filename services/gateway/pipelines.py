@@ -32,7 +32,7 @@ from services.gateway.statistics import STATISTICS
 from strata import __version__, codec
 from strata.config.pipelines import Fallback, ModelRef, Pipeline, Route
 from strata.deadline import Deadline
-from strata.errors import NotFound, Unavailable, shown, status_of
+from strata.errors import NotFound, Unavailable, listed, shown, status_of
 from strata.proto.inference import grpc_service_pb2 as v2
 from strata.sequences import FLAGS as SEQUENCE_FLAGS
 from strata.telemetry import annotate, recording, shapes
@@ -85,7 +85,7 @@ class Pipelines:
         """The pipeline `name` (at `version`, when given); NOT_FOUND naming what exists."""
         pipeline = self._pipelines.get(name)
         if pipeline is None:
-            raise NotFound(f"unknown model {shown(name)}; pipelines: {self.names()}")
+            raise NotFound(f"unknown model {shown(name)}; pipelines: {listed(self.names())}")
         if version not in ("", PIPELINE_VERSION):
             raise NotFound(f"model {shown(name)} has no version {shown(version)}")
         return pipeline

@@ -32,6 +32,7 @@ from strata.errors import (
     PermissionDenied,
     StrataError,
     Upstream,
+    listed,
     shown,
 )
 from strata.proto.inference import grpc_service_pb2 as v2
@@ -120,9 +121,10 @@ class Repository:
     async def _everywhere(self, name: str, caller: Caller, method: str, request: type) -> None:
         """`method` for each of the pipeline's models on each deployment behind it, at once;
         the first failure, naming its deployment, once all have answered."""
-        pipeline = self._runtime.settings.pipelines.get(name)
+        pipelines = self._runtime.settings.pipelines
+        pipeline = pipelines.get(name)
         if pipeline is None:
-            raise NotFound(f"unknown model {shown(name)}; pipelines: {self._names()}")
+            raise NotFound(f"unknown model {shown(name)}; pipelines: {listed(pipelines)}")
         places = sorted({(b.deployment, b.model) for b in self._behind(name, pipeline)})
         token = self._inference_token()
         outcomes = await asyncio.gather(
@@ -181,9 +183,6 @@ class Repository:
                 "API with inference.admin_token (or admin_token_file), which is not set"
             )
         return token.get_secret_value()
-
-    def _names(self) -> list[str]:
-        return sorted(self._runtime.settings.pipelines)
 
 
 def _upstream_error(deployment: str, exc: grpc.aio.AioRpcError) -> StrataError:

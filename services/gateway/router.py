@@ -16,7 +16,7 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 
 from strata.config.pipelines import Route, Shadow
-from strata.errors import InvalidArgument, Unavailable, shown
+from strata.errors import InvalidArgument, Unavailable, listed, shown
 
 
 def unit_hash(*parts: str) -> float:
@@ -62,7 +62,10 @@ class Router:
         arms = {route.arm for route in self._routes}
         unknown = sorted(set(weights) - arms)
         if unknown:
-            raise InvalidArgument(f"pipeline {self.pipeline!r} has no arm {unknown[0]!r}")
+            raise InvalidArgument(
+                f"pipeline {self.pipeline!r} has no arm {shown(unknown[0])}; its arms: "
+                f"{listed(arms)}"
+            )
         for arm, weight in sorted(weights.items()):
             if not (math.isfinite(weight) and weight >= 0):
                 raise InvalidArgument(
@@ -92,7 +95,7 @@ class Router:
                     return route
             arms = [r.arm for r in routes]
             raise InvalidArgument(
-                f"pipeline {self.pipeline!r} has no arm {shown(forced)}; arms: {arms}"
+                f"pipeline {self.pipeline!r} has no arm {shown(forced)}; its arms: {listed(arms)}"
             )
         sticky = self.sticky(client)
         if usable(sticky) and self._available(sticky):

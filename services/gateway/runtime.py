@@ -32,7 +32,7 @@ from strata.config.base import live_fields
 from strata.config.gateway import GatewaySettings
 from strata.config.pipelines import Pipeline, Route
 from strata.config.preprocess import per_version
-from strata.errors import NotFound, NotReady
+from strata.errors import NotFound, NotReady, listed, shown
 from strata.security import KeyRing
 
 log = logging.getLogger(__name__)
@@ -93,7 +93,9 @@ class Runtime:
         try:
             return self.routers[pipeline]
         except KeyError:
-            raise NotFound(f"unknown pipeline {pipeline!r}") from None
+            raise NotFound(
+                f"unknown pipeline {shown(pipeline)}; pipelines: {listed(self.routers)}"
+            ) from None
 
     def start(self) -> None:
         """Start deciding the degradation level once per tick."""

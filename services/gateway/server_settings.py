@@ -25,7 +25,7 @@ from dataclasses import dataclass, replace
 from services.gateway.caller import Caller
 from services.gateway.runtime import Runtime
 from strata import telemetry
-from strata.errors import InvalidArgument, NotFound, NotReady, shown
+from strata.errors import InvalidArgument, NotFound, NotReady, listed, shown
 from strata.tokens import ControlAuth
 
 log = logging.getLogger(__name__)
@@ -81,8 +81,9 @@ class ServerSettings:
 
     def trace(self, model: str = "") -> dict[str, list[str]]:
         """The trace settings (a pipeline's are the server's), as Triton names them."""
-        if model and model not in self._runtime.settings.pipelines:
-            raise NotFound(f"unknown model {shown(model)}")
+        pipelines = self._runtime.settings.pipelines
+        if model and model not in pipelines:
+            raise NotFound(f"unknown model {shown(model)}; pipelines: {listed(pipelines)}")
         tracing = self._tracing
         off = not (tracing.on and telemetry.exporting())
         return {

@@ -116,7 +116,14 @@ def test_weights_set_live_survive_a_reload_until_the_file_changes_them(
 def test_refusals_say_what_to_do(system: Supervisor) -> None:
     unknown_arm = strata_admin(system, "weights", "digits", "a=50", "b=50")
     assert unknown_arm.returncode == 1
-    assert "INVALID_ARGUMENT: pipeline 'digits' has no arm 'a'" in unknown_arm.stderr
+    assert (
+        "INVALID_ARGUMENT: pipeline 'digits' has no arm 'a'; its arms: 'canary', 'control'"
+        in unknown_arm.stderr
+    )
+    no_such = strata_admin(system, "weights", "digts", "control=1")
+    assert no_such.returncode == 1
+    assert "NOT_FOUND: unknown pipeline or stage 'digts'" in no_such.stderr
+    assert "'digits', 'digits-cascade', 'tabular'" in no_such.stderr
     malformed = strata_admin(system, "weights", "digits", "control")
     assert malformed.returncode == 2 and "ARM=WEIGHT (control=80)" in malformed.stderr
     nowhere = strata_admin(system, "index", "--deployment", "c")

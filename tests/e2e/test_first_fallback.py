@@ -170,6 +170,7 @@ def test_the_admin_status_lists_each_later_model_with_its_arms(stub, system: Sup
             metadata=AUTH,
         )
     assert unknown.value.code() == grpc.StatusCode.NOT_FOUND
+    assert "'orphan-cascade/large'" in unknown.value.details()  # the stages that exist
 
 
 def test_with_its_only_deployment_down_the_first_models_fallback_answers(

@@ -6,6 +6,7 @@ import grpc
 import pytest
 
 from strata.errors import (
+    MAX_LISTED,
     MAX_MESSAGE_BYTES,
     SHOWN_CHARACTERS,
     InvalidArgument,
@@ -13,6 +14,7 @@ from strata.errors import (
     bounded,
     cut,
     from_code,
+    listed,
     shown,
     status_of,
 )
@@ -30,6 +32,14 @@ def test_a_long_string_is_cut_with_its_length_stated() -> None:
     assert shown("a" * MIB) == f"'{'a' * SHOWN_CHARACTERS}…' (1048576 characters)"
     assert shown("abcdef", 3) == "'abc…' (6 characters)"
     assert cut("a" * MIB) == "a" * SHOWN_CHARACTERS + "…"
+
+
+def test_what_exists_is_listed_sorted_and_bounded() -> None:
+    assert listed(["tabular", "digits"]) == "'digits', 'tabular'"
+    assert listed([]) == "none"
+    many = listed(f"p{i:02}" for i in range(MAX_LISTED + 5))
+    assert many.startswith("'p00', 'p01'") and many.endswith("'p19' and 5 more")
+    assert listed(["x" * MIB]) == repr("x" * SHOWN_CHARACTERS + "…")
 
 
 def test_a_message_is_bounded_in_utf8_bytes_at_a_whole_character() -> None:

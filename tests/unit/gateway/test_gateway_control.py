@@ -71,7 +71,7 @@ def test_no_per_client_limit_means_no_peer_limit_either() -> None:
         ({"a": math.inf}, "arm 'a': weight inf"),
         ({"a": 0.0, "b": 0.0}, "add up to a positive finite number"),
         ({"a": 1e308, "b": 1e308}, "add up to a positive finite number"),
-        ({"c": 1.0}, "has no arm 'c'"),
+        ({"c": 1.0}, "has no arm 'c'; its arms: 'a', 'b'"),
     ],
 )
 def test_weights_that_cannot_route_are_refused_whole(weights, says) -> None:
