@@ -1,10 +1,10 @@
 """Run the whole system on one machine: `python -m strata.launch --config FILE` (`make run`).
 
 Starts each layer as its own process, waits until each one's health service says SERVING
-(for this launcher's id, strata.server.LAUNCH_ID: its own child, not another process on the
-same port), and stays in the foreground. While they start, the first instance to exit (or a timeout)
-stops them all, and the launcher exits with that instance's code: a deployment comes up
-whole or not at all. Once up, an instance that exits on its own is restarted after a
+for this launcher's id (strata.server.LAUNCH_ID: its own child, not another process on the
+same port), and stays in the foreground. While they start, the first instance to exit (or a
+timeout) stops them all, and the launcher exits with that instance's code: a deployment comes
+up whole or not at all. Once up, an instance that exits on its own is restarted after a
 backoff that doubles while it keeps failing (as a Kubernetes Deployment would), and the
 others keep serving meanwhile: a dead replica costs the requests it held, not the system.
 An instance that exits with a code no restart can change (strata.exits: its config, a
