@@ -6,6 +6,8 @@ alone; and a killed inference replica ending the request with UNAVAILABLE."""
 
 from __future__ import annotations
 
+import asyncio
+import itertools
 import signal
 from collections.abc import Iterator
 from pathlib import Path
@@ -110,15 +112,67 @@ def test_an_answer_past_the_response_limit_is_refused(report: dict[str, Any]) ->
     assert f"{MAX_RESPONSES + 1} responses, more than the {MAX_RESPONSES}" in refusal["error"]
 
 
+def answered(stub: v2_grpc.GRPCInferenceServiceStub) -> int:
+    """The repeat requests the gateway has answered so far."""
+    statistics = stub.ModelStatistics(v2.ModelStatisticsRequest(name="repeat"), timeout=10)
+    return statistics.model_stats[0].inference_stats.success.count
+
+
+def test_a_stream_whose_client_stops_reading_stays_bounded(system: Supervisor) -> None:
+    """A client that writes requests of the most responses and never reads: the gateway
+    answers the stream's max_stream_in_flight requests and those whose responses HTTP/2
+    flow control took, then stops reading it; its other clients are served all the while."""
+    address = system.address("gateway")
+    options = [("grpc.http2.bdp_probe", 0)]  # the client's window stays HTTP/2's 64 KiB
+
+    async def go() -> tuple[int, int, int]:
+        async with grpc.aio.insecure_channel(address, options=options) as channel:
+            call = v2_grpc.GRPCInferenceServiceStub(channel).ModelStreamInfer()
+            written = 0
+
+            async def write() -> None:
+                nonlocal written
+                for i in itertools.count():
+                    await call.write(repeat_request(f"w{i}", MAX_RESPONSES))
+                    written += 1
+
+            writer = asyncio.ensure_future(write())
+            with grpc.insecure_channel(address) as other:
+                stub = v2_grpc.GRPCInferenceServiceStub(other)
+                await asyncio.sleep(2.0)
+                first = await asyncio.to_thread(answered, stub)
+                await asyncio.sleep(1.0)
+                later = await asyncio.to_thread(answered, stub)
+            writer.cancel()
+            call.cancel()
+        return written, first, later
+
+    before = answered(v2_grpc.GRPCInferenceServiceStub(grpc.insecure_channel(address)))
+    written, first, later = asyncio.run(go())
+    held = later - before
+    size = repeat_request("w0", MAX_RESPONSES).ByteSize()
+    print(f"written {written} requests of {size} bytes, answered {held}")
+    assert later == first, "the gateway kept reading a stream nobody reads"
+    in_flight = system.settings.server.max_stream_in_flight
+    # 64 KiB of flow-control window holds well under 100 requests' 8 responses each.
+    assert held <= in_flight + 100
+    # Flow control stopped the writer: what waits in HTTP/2's buffers, as on any stream.
+    assert written * size < 32 << 20
+
+
+def repeat_request(request_id: str, length: int) -> v2.ModelInferRequest:
+    arrays = {
+        "IN": np.arange(length, dtype=np.int32),
+        "DELAY": np.zeros(length, np.uint32),
+        "WAIT": np.zeros(1, np.uint32),
+    }
+    return codec.build_request("repeat", arrays, request_id=request_id)
+
+
 def test_a_killed_replica_ends_the_request_with_unavailable(system: Supervisor) -> None:
     """Last in this module: deployment a, which serves repeat, is killed."""
     system.stop("inference-a", signal.SIGKILL)
-    arrays = {
-        "IN": np.arange(3, dtype=np.int32),
-        "DELAY": np.zeros(3, np.uint32),
-        "WAIT": np.zeros(1, np.uint32),
-    }
-    request = codec.build_request("repeat", arrays, request_id="after-kill")
+    request = repeat_request("after-kill", 3)
     with grpc.insecure_channel(system.address("gateway")) as channel:
         stub = v2_grpc.GRPCInferenceServiceStub(channel)
         replies = list(stub.ModelStreamInfer(iter([request]), timeout=30))
