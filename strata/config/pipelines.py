@@ -231,8 +231,9 @@ class Decoupled(Strict):
         default=1024,
         gt=0,
         description="The most responses one request's answer may have; an answer with more "
-        "fails that request with INVALID_ARGUMENT naming the limit. Bounds what one request "
-        "of a stream can make the gateway hold (server.max_stream_in_flight requests each).",
+        "fails that request with INVALID_ARGUMENT naming the limit. With "
+        "server.max_stream_in_flight (requests), it bounds the responses one stream can make "
+        "the gateway hold.",
     )
 
 
