@@ -1,7 +1,8 @@
 """A decoupled pipeline as tritonclient drives Triton's repeat_int32 (qa/L0_decoupled): on
 one stream, each request answered with its k responses (0, 1 or 5) in order and carrying its
 id, OUT = IN[i] and IDX = i, with Triton's final flags where the request asks; unary calls
-refused naming the stream method; a bad request, or one past the response limit, failing
+refused naming the stream method; a bad request, one past the response limit, or one asking
+for outputs in shared memory, failing
 alone; and a killed inference replica ending the request with UNAVAILABLE."""
 
 from __future__ import annotations
@@ -104,6 +105,12 @@ def test_a_failed_request_gets_its_error_and_the_stream_goes_on(report: dict[str
     assert "INVALID_ARGUMENT" in error["error"] and "DELAY" in error["error"], error
     good = [r for r in got if r.get("id") == "good"]
     assert [(r["OUT"], r["final"]) for r in good] == [([100], False), ([101], False), (None, True)]
+
+
+def test_outputs_into_shared_memory_are_refused(report: dict[str, Any]) -> None:
+    assert "is decoupled: its responses' outputs cannot go to shared memory" in (
+        report["shared_memory"] or ""
+    )
 
 
 def test_an_answer_past_the_response_limit_is_refused(report: dict[str, Any]) -> None:

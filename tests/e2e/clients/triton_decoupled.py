@@ -5,10 +5,12 @@ usage: triton_decoupled.py GRPC_URL HTTP_URL PIPELINE MAX_RESPONSES
 As Triton's qa/L0_decoupled does: one_to_none, one_to_one and one_to_many, 1 and 5 requests
 on one stream, each with and without enable_empty_final_response; every response as it
 came (its request's id, OUT, IDX, its final flag). Then unary calls, which are refused, a
-stream whose bad request fails alone, a request past MAX_RESPONSES, and the model config.
+stream whose bad request fails alone, outputs asked into shared memory, a request past
+MAX_RESPONSES, and the model config.
 """
 
 import json
+import os
 import queue
 import sys
 import time
@@ -16,6 +18,7 @@ import time
 import numpy as np
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
+import tritonclient.utils.shared_memory as shm
 from tritonclient.utils import InferenceServerException
 
 FINAL = "triton_final_response"
@@ -92,6 +95,27 @@ def decoupled(url, pipeline):
     return report
 
 
+def into_shared_memory(url, pipeline):
+    """A request that asks for OUT in a region of shared memory: every response would
+    write over the last, so it is refused."""
+    key = f"/strata_e2e_decoupled_{os.getpid()}"
+    region = shm.create_shared_memory_region("out", key, 64)
+    try:
+        with grpcclient.InferenceServerClient(url) as client:
+            client.register_system_shared_memory("out", key, 64)
+            out = grpcclient.InferRequestedOutput("OUT")
+            out.set_shared_memory("out", 64)
+            answers = queue.Queue()
+            client.start_stream(callback=lambda result, error: answers.put(error))
+            client.async_stream_infer(pipeline, tensors(grpcclient, 2), outputs=[out])
+            error = answers.get(timeout=30)
+            client.stop_stream()
+            client.unregister_system_shared_memory("out")
+    finally:
+        shm.destroy_shared_memory_region(region)
+    return None if error is None else error.message()
+
+
 def refused(call):
     try:
         call()
@@ -115,6 +139,7 @@ def main(grpc_url, http_url, pipeline, max_responses):
         },
         # DELAY shorter than IN, then a good request: the first fails alone.
         "one_bad": streamed(grpc_url, pipeline, [("bad", 3, 2, True), ("good", 2, None, True)], 4),
+        "shared_memory": into_shared_memory(grpc_url, pipeline),
         "too_many": streamed(grpc_url, pipeline, [("many", int(max_responses) + 1, None, True)], 1),
     }
     print(json.dumps(report))
