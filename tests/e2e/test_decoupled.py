@@ -2,8 +2,8 @@
 one stream, each request answered with its k responses (0, 1 or 5) in order and carrying its
 id, OUT = IN[i] and IDX = i, with Triton's final flags where the request asks; unary calls
 refused naming the stream method; a bad request, one past the response limit, or one asking
-for outputs in shared memory, failing
-alone; and a killed inference replica ending the request with UNAVAILABLE."""
+for outputs in shared memory, failing alone; a client that stops reading held to the
+stream's bound; and a killed inference replica ending the request with UNAVAILABLE."""
 
 from __future__ import annotations
 
