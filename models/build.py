@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import yaml
 
-from models import accumulator, digits, tabular
+from models import accumulator, digits, repeat, tabular
 from models.common import BuiltModel
 from models.onnx_export import session
 from strata.repository import write_npz
@@ -92,6 +92,8 @@ def build_all(out: Path) -> dict[str, float]:
         )
     accumulator.write(out)  # stateful, and trained on nothing: checked against numpy instead
     print(f"{accumulator.NAME}: checked against numpy")
+    repeat.write(out)  # decoupled, and trained on nothing: checked against numpy too
+    print(f"{repeat.NAME}: checked against numpy")
     return accuracies
 
 

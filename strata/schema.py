@@ -62,9 +62,11 @@ def check_tensor(spec: TensorSpec, array: np.ndarray) -> None:
             raise InvalidArgument(
                 f"input {spec.name!r}: dimension {axis} is {size}, expected {declared}"
             )
-        if size < 1 or size > spec.limit(axis):
+        least = 0 if spec.allow_empty and declared == -1 else 1
+        if size < least or size > spec.limit(axis):
             raise InvalidArgument(
-                f"input {spec.name!r}: dimension {axis} is {size}, allowed 1..{spec.limit(axis)}"
+                f"input {spec.name!r}: dimension {axis} is {size}, "
+                f"allowed {least}..{spec.limit(axis)}"
             )
     if array.dtype.kind == "f" and not spec.allow_nonfinite and not np.isfinite(array).all():
         raise InvalidArgument(f"input {spec.name!r}: contains NaN or infinite values")

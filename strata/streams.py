@@ -1,9 +1,13 @@
 """Serving a bidirectional stream of calls: each message answered on its own, in the order the
 answers are ready, with a bound on what one stream can make the server hold.
 
+A message's answer is zero or more messages (a decoupled model's responses), written in
+their order and together: another message's answers never fall between them.
 A stream is read only as fast as it is answered: once `max_in_flight` of its messages are
-unanswered (or answered but not yet taken by the client), the server stops reading it, so
-HTTP/2 flow control holds the client back instead of the server's memory. Once the process
+unanswered (or answered but not yet all taken by the client), the server stops reading it, so
+HTTP/2 flow control holds the client back instead of the server's memory. The room is one
+per message, whatever its answer's length: what one message may answer with is the caller's
+to bound (services/gateway/decoupled.py). Once the process
 is draining (SIGTERM), each new message is answered at once with the protocol's refusal
 (UNAVAILABLE: the caller sends it elsewhere) while those already running finish.
 """
@@ -11,7 +15,7 @@ is draining (SIGTERM), each new message is answered at once with the protocol's 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import TypeVar
 
 Req = TypeVar("Req")
@@ -33,15 +37,15 @@ class Drain:
 
 async def answer_each(
     requests: AsyncIterator[Req],
-    answer: Callable[[Req], Awaitable[Resp]],
+    answer: Callable[[Req], Awaitable[Sequence[Resp]]],
     refuse: Callable[[Req, str], Resp],
     max_in_flight: int,
 ) -> AsyncIterator[Resp]:
-    """Run `answer` on every message concurrently and yield each answer when ready.
+    """Run `answer` on every message concurrently and yield each one's answers when ready.
 
     `answer` never raises: it turns a failure into the protocol's error answer. `refuse`
     makes the protocol's UNAVAILABLE answer for a message that arrives while draining."""
-    answers: asyncio.Queue[Resp | None] = asyncio.Queue()
+    answers: asyncio.Queue[Sequence[Resp] | None] = asyncio.Queue()
     room = asyncio.Semaphore(max_in_flight)
 
     async def one(request: Req) -> None:
@@ -55,7 +59,7 @@ async def answer_each(
                     if request is None:
                         break
                     if Drain.draining:
-                        answers.put_nowait(refuse(request, DRAINING_MESSAGE))
+                        answers.put_nowait([refuse(request, DRAINING_MESSAGE)])
                     else:
                         group.create_task(one(request))
         finally:
@@ -63,9 +67,10 @@ async def answer_each(
 
     reader = asyncio.create_task(read())
     try:
-        while (item := await answers.get()) is not None:
-            yield item
-            room.release()
+        while (items := await answers.get()) is not None:
+            for item in items:
+                yield item
+            room.release()  # once per message: its last answer is taken
         await reader  # its failure (the client's stream broke) is the call's
     finally:
         reader.cancel()

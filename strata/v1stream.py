@@ -31,7 +31,7 @@ async def serve_stream(
 
     meter = Meter(method)
 
-    async def answer(request: v1.ProcessRequest) -> v1.ProcessResponse:
+    async def answer(request: v1.ProcessRequest) -> list[v1.ProcessResponse]:
         started = time.perf_counter()
         with server_span(method, request.trace_context):
             try:
@@ -39,10 +39,10 @@ async def serve_stream(
             except Exception as exc:  # the message's failure, not the stream's
                 code, message = status_of(exc)
                 meter.record(code, time.perf_counter() - started)
-                return v1.ProcessResponse(tag=request.tag, error=error((code, message)))
+                return [v1.ProcessResponse(tag=request.tag, error=error((code, message)))]
         meter.record(grpc.StatusCode.OK, time.perf_counter() - started)
         response.tag = request.tag
-        return response
+        return [response]
 
     def refuse(request: v1.ProcessRequest, detail: str) -> v1.ProcessResponse:
         failure = error((grpc.StatusCode.UNAVAILABLE, detail))

@@ -54,11 +54,15 @@ def model_config(
     inputs: Sequence[Tensor],
     outputs: Sequence[Tensor],
     sequence: ModelSequence | PipelineSequence | None = None,
+    *,
+    decoupled: bool = False,
 ) -> v2.ModelConfigResponse:
     """Triton's convention: with max_batch_size > 0, dims leave out the batch dimension. An
     input with a `format` (NHWC, NCHW) says it as FORMAT_NHWC or FORMAT_NCHW. A stateful
     model or pipeline (`sequence`) is described by its sequence batching, a model's control
-    inputs and states there and not among its inputs and outputs (as Triton's)."""
+    inputs and states there and not among its inputs and outputs (as Triton's). A
+    `decoupled` pipeline says so in its transaction policy, each output's dims those of one
+    response."""
     drop = 1 if max_batch_size > 0 else 0
     fed, kept = (sequence.fed, sequence.kept) if isinstance(sequence, ModelSequence) else ((), ())
     batching = _sequence_batching(sequence, inputs, drop)
@@ -86,6 +90,8 @@ def model_config(
     )
     if batching is not None:
         config.sequence_batching.CopyFrom(batching)
+    if decoupled:
+        config.model_transaction_policy.decoupled = True
     return v2.ModelConfigResponse(config=config)
 
 

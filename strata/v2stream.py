@@ -1,8 +1,9 @@
 """ModelStreamInfer as the gateway and the inference service both serve it.
 
-Each request of the stream is answered on its own, in the order answers are ready. A failed
-request gets `error_message` (its status code's name, then what was wrong) and the stream goes
-on, as Triton's does; the `id` a client sets tells its answers apart. At most
+Each request of the stream is answered on its own, in the order answers are ready, with one
+response or, for a decoupled pipeline, zero or more (written together, in their order). A
+failed request gets `error_message` (its status code's name, then what was wrong) and the
+stream goes on, as Triton's does; the `id` a client sets tells its answers apart. At most
 `max_in_flight` requests of one stream are unanswered at once; past that the stream is not
 read until one is answered (strata.streams).
 """
@@ -10,7 +11,7 @@ read until one is answered (strata.streams).
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 
 import grpc
 
@@ -23,7 +24,8 @@ from strata.telemetry import Meter
 # Each request of a stream counts as a call of its own in the RPC metrics.
 STREAM_METER = Meter("/inference.GRPCInferenceService/ModelStreamInfer")
 
-Infer = Callable[[v2.ModelInferRequest], Awaitable[v2.ModelInferResponse]]
+# A request's responses: one, or a decoupled pipeline's zero or more.
+Infer = Callable[[v2.ModelInferRequest], Awaitable[Sequence[v2.ModelInferResponse]]]
 
 
 def failed_answer(
@@ -43,19 +45,20 @@ def _refused(request: v2.ModelInferRequest, detail: str) -> v2.ModelStreamInferR
 async def answer_stream(
     requests: AsyncIterator[v2.ModelInferRequest], infer: Infer, max_in_flight: int
 ) -> AsyncIterator[v2.ModelStreamInferResponse]:
-    """Run `infer` on every request of the stream concurrently; yield each answer when ready."""
+    """Run `infer` on every request of the stream concurrently; yield each one's responses
+    when ready."""
 
-    async def answer(request: v2.ModelInferRequest) -> v2.ModelStreamInferResponse:
+    async def answer(request: v2.ModelInferRequest) -> list[v2.ModelStreamInferResponse]:
         started = time.perf_counter()
         try:
-            reply = await infer(request)
+            replies = await infer(request)
         except Exception as exc:  # one request's failure, reported in the stream
             code, detail = status_of(exc)
             log_failure("ModelStreamInfer", code, detail)
             STREAM_METER.record(code, time.perf_counter() - started)
-            return failed_answer(request, code, detail)
+            return [failed_answer(request, code, detail)]
         STREAM_METER.record(grpc.StatusCode.OK, time.perf_counter() - started)
-        return v2.ModelStreamInferResponse(infer_response=reply)
+        return [v2.ModelStreamInferResponse(infer_response=reply) for reply in replies]
 
     async for item in answer_each(requests, answer, _refused, max_in_flight):
         yield item

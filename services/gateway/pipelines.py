@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import grpc
 
+from services.gateway import decoupled
 from services.gateway.admission import ARM_PARAMETER
 from services.gateway.caller import Caller
 from services.gateway.classification import class_counts, classified
@@ -32,7 +33,16 @@ from services.gateway.statistics import STATISTICS
 from strata import __version__, codec
 from strata.config.pipelines import Fallback, ModelRef, Pipeline, Route
 from strata.deadline import Deadline
-from strata.errors import NotFound, Unavailable, listed, shown, status_of
+from strata.errors import (
+    InvalidArgument,
+    NotFound,
+    StrataError,
+    Unavailable,
+    Upstream,
+    listed,
+    shown,
+    status_of,
+)
 from strata.proto.inference import grpc_service_pb2 as v2
 from strata.sequences import FLAGS as SEQUENCE_FLAGS
 from strata.telemetry import annotate, recording, shapes
@@ -63,6 +73,20 @@ class Count:
     def answered(self, response: v2.ModelInferResponse) -> v2.ModelInferResponse:
         self.response = response
         return response
+
+
+@dataclass(frozen=True)
+class Made:
+    """What one inference made, before it is sent: the request (its inputs read from shared
+    memory), its pipeline and client, the answer, its wanted outputs, and where the client
+    wants them placed in shared memory."""
+
+    request: v2.ModelInferRequest
+    pipeline: Pipeline
+    client: str
+    answer: Answer
+    outputs: codec.Arrays
+    places: dict[str, Placement]
 
 
 class Pipelines:
@@ -154,7 +178,13 @@ class Pipelines:
         pipeline = self.pipeline(name, version)
         batch = pipeline.max_batch_size if pipeline.batched else 0
         return model_config(
-            name, PLATFORM, batch, pipeline.inputs, pipeline.outputs, pipeline.sequence
+            name,
+            PLATFORM,
+            batch,
+            pipeline.inputs,
+            pipeline.outputs,
+            pipeline.sequence,
+            decoupled=pipeline.decoupled is not None,
         )
 
     def model_statistics(self, name: str = "", version: str = "") -> v2.ModelStatisticsResponse:
@@ -199,15 +229,47 @@ class Pipelines:
             self._faulted.discard(name)
 
     async def answer(self, request: v2.ModelInferRequest, caller: Caller) -> v2.ModelInferResponse:
-        """One inference through admission, validation, the ladder, routing and flights."""
+        """One inference's answer, for a unary call (ModelInfer, REST infer)."""
+        made = await self._made(request, caller, streamed=False)
+        placed = write_outputs(self.memory, made.client, made.places, made.outputs)
+        return _response(made.request, made.answer, made.outputs, placed)
+
+    async def stream_answer(
+        self, request: v2.ModelInferRequest, caller: Caller
+    ) -> list[v2.ModelInferResponse]:
+        """One request of a stream, counted: its response, or a decoupled pipeline's zero or
+        more (services/gateway/decoupled.py), with Triton's final flags where it asks."""
+        name = request.model_name
+        with self.counted(name, caller.protocol) as count, _unavailable_named(name):
+            made = await self._made(request, caller, streamed=True)
+            spec = made.pipeline.decoupled
+            if spec is None:
+                placed = write_outputs(self.memory, made.client, made.places, made.outputs)
+                response = _response(made.request, made.answer, made.outputs, placed)
+                return decoupled.flagged(request, count.answered(response), [response], False)
+            head = count.answered(_response(made.request, made.answer, {}, {}))
+            parts = decoupled.split(name, made.outputs, spec.max_responses)
+            responses = [_response(made.request, made.answer, part, {}) for part in parts]
+            return decoupled.flagged(request, head, responses, True)
+
+    async def _made(self, request: v2.ModelInferRequest, caller: Caller, streamed: bool) -> Made:
+        """One inference through admission, validation, the ladder, routing and flights; a
+        decoupled pipeline's only on a stream (`streamed`)."""
         runtime = self._runtime
         client = runtime.admission.admit(caller)
         pipeline = self.pipeline(request.model_name, request.model_version)
+        if pipeline.decoupled is not None and not streamed:
+            raise decoupled.unary_refused(request.model_name)
         wanted = codec.requested_outputs(request, [spec.name for spec in pipeline.outputs])
         sequence = request_flags(request, pipeline, client)
         counts = class_counts(request, pipeline)
         request = with_inputs(self.memory, client, request)
         places = output_places(self.memory, client, request)
+        if places and pipeline.decoupled is not None:
+            raise InvalidArgument(
+                f"pipeline {shown(request.model_name)} is decoupled: its responses' outputs "
+                "cannot go to shared memory (each would overwrite the last)"
+            )
         remaining = caller.time_remaining
         default = runtime.settings.gateway.default_timeout_seconds
         forced = _forced_arm(request)
@@ -242,8 +304,19 @@ class Pipelines:
             )
         produced = _produced(request.model_name, pipeline, answer, wanted)
         outputs = classified(produced, counts, pipeline)
-        placed = write_outputs(self.memory, client, places, outputs)
-        return _response(request, answer, outputs, placed)
+        return Made(request, pipeline, client, answer, outputs, places)
+
+
+@contextmanager
+def _unavailable_named(pipeline: str) -> Iterator[None]:
+    """The block's UNAVAILABLE (a replica gone, say) naming the pipeline: on a stream that
+    carries many pipelines' requests, the message is what a client's callback sees."""
+    try:
+        yield
+    except StrataError as exc:
+        if exc.code != grpc.StatusCode.UNAVAILABLE or shown(pipeline) in str(exc):
+            raise
+        raise Upstream(exc.code, f"pipeline {shown(pipeline)}: {exc}") from None
 
 
 def _forced_arm(request: v2.ModelInferRequest) -> str:

@@ -169,10 +169,11 @@ class GatewayServicer(v2_grpc.GRPCInferenceServiceServicer):
         self, requests: AsyncIterator[v2.ModelInferRequest], context: grpc.aio.ServicerContext
     ) -> AsyncIterator[v2.ModelStreamInferResponse]:
         """Each request of the stream through the pipeline on its own (strata.v2stream), once
-        the stream's caller is known and within its share of streams."""
+        the stream's caller is known and within its share of streams: its response, or a
+        decoupled pipeline's zero or more."""
 
-        async def infer(request: v2.ModelInferRequest) -> v2.ModelInferResponse:
-            return await self._pipelines.infer(request, grpc_caller(context))
+        async def infer(request: v2.ModelInferRequest) -> list[v2.ModelInferResponse]:
+            return await self._pipelines.stream_answer(request, grpc_caller(context))
 
         async with self._stream_held(context):
             async for answer in answer_stream(requests, infer, self._max_stream_in_flight):

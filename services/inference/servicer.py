@@ -141,13 +141,13 @@ class InferenceServicer(v2_grpc.GRPCInferenceServiceServicer):
         """Each request of the stream batched and answered on its own (strata.v2stream); a
         request's deadline is its `timeout` parameter, or the stream's."""
 
-        async def infer(request: v2.ModelInferRequest) -> v2.ModelInferResponse:
+        async def infer(request: v2.ModelInferRequest) -> list[v2.ModelInferResponse]:
             traceparent = flight.call_traceparent(request.parameters)
             stream = Deadline.within(context.time_remaining())
             if not traceparent:
-                return await self._plane.infer(request, stream)
+                return [await self._plane.infer(request, stream)]
             with server_span(STREAM_METHOD, {"traceparent": traceparent}):
-                return await self._plane.infer(request, stream)
+                return [await self._plane.infer(request, stream)]
 
         async for answer in answer_stream(requests, infer, self._max_stream_in_flight):
             yield answer

@@ -104,7 +104,7 @@ def build_chain(
             raise ValueError(f"{where}: {exc}") from exc
     built = [rule.rule for rule in rules]
     wiring.check(name, spec, list(zip(spec.postprocess, built, strict=True)), repository)
-    return RuleChain(name=name, rules=rules, outputs=list(spec.outputs))
+    return RuleChain(name=name, rules=rules, outputs=spec.answer_outputs())
 
 
 def _chain_rule(stage: RuleSpec, repository: Path, settings: PostprocessSettings) -> ChainRule:

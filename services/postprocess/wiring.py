@@ -33,7 +33,7 @@ def _check_models(
         label = f"postprocess rule {stage.label!r}"
         flow.need(f"{label} (with {models})", rule.inputs)
         flow.make(label, *_makes(stage, rule, flow))
-    wiring.check_outputs(flow, spec.outputs)
+    wiring.check_outputs(flow, spec.answer_outputs())
 
 
 def _makes(stage: RuleSpec, rule: Rule, flow: Flow) -> tuple[dict[str, Made] | None, list[str]]:

@@ -44,6 +44,11 @@ class TensorSpec(Strict):
         description="Outputs only: the name of each class by its index, which the "
         "classification extension adds to its answers (score:index:label).",
     )
+    allow_empty: bool = Field(
+        default=False,
+        description="Inputs only: a variable (-1) dimension may be 0, an empty tensor (as a "
+        "decoupled pipeline's request for no responses is).",
+    )
     optional: bool = Field(
         default=False,
         description="Outputs only: an answer may lack it when the rule making it was skipped "
@@ -62,6 +67,8 @@ class TensorSpec(Strict):
             raise ValueError(f"{self.name}: range {list(self.range)} must be [low, high]")
         if self.range is not None and self.datatype in ("BYTES", "BOOL"):
             raise ValueError(f"{self.name}: range applies to numeric datatypes only")
+        if self.allow_empty and -1 not in self.shape:
+            raise ValueError(f"{self.name}: allow_empty needs a variable (-1) dimension")
         if self.format is not None and len(self.shape) != 4:
             raise ValueError(
                 f"{self.name}: format {self.format} needs rank 4 (batch first), "
@@ -216,6 +223,20 @@ class Stage(Strict):
         return self.name or self.model.name
 
 
+class Decoupled(Strict):
+    """A pipeline whose answer to a request is zero or more responses on ModelStreamInfer
+    (Triton's decoupled transaction policy): each output's first dimension counts them."""
+
+    max_responses: int = Field(
+        default=1024,
+        gt=0,
+        description="The most responses one request's answer may have; an answer with more "
+        "fails that request with INVALID_ARGUMENT naming the limit. With "
+        "server.max_stream_in_flight (requests), it bounds the responses one stream can make "
+        "the gateway hold.",
+    )
+
+
 class Pipeline(Strict):
     """A pipeline: what clients see as one model."""
 
@@ -282,6 +303,36 @@ class Pipeline(Strict):
         "arm and one replica, in order (docs/gateway.md, Sequences).",
     )
 
+    decoupled: Decoupled | None = Field(
+        default=None,
+        description="The pipeline answers each request with zero or more responses, on "
+        "ModelStreamInfer only (docs/gateway.md, Decoupled): each output's first dimension "
+        "counts the responses, and response i carries each output's row i, of the shape the "
+        "output declares. `true` for the defaults. Needs max_batch_size 0 (a request travels "
+        "whole) and no sequence.",
+    )
+
+    @field_validator("decoupled", mode="before")
+    @classmethod
+    def _decoupled_flag(cls, value: object) -> object:
+        """`decoupled: true` (or false) as YAML writes it most often."""
+        if isinstance(value, bool):
+            return {} if value else None
+        return value
+
+    @model_validator(mode="after")
+    def _decoupled_takes_requests_whole(self) -> Pipeline:
+        if self.decoupled is None:
+            return self
+        if self.max_batch_size != 0:
+            raise ValueError(
+                "a decoupled pipeline's answer is its responses, first dimension first: it "
+                "needs max_batch_size 0 (each request travels whole, not as rows of a batch)"
+            )
+        if self.sequence is not None:
+            raise ValueError("a decoupled pipeline takes no sequence (not supported yet)")
+        return self
+
     @model_validator(mode="after")
     def _stages_named_once(self) -> Pipeline:
         names = [self.model.name, *(stage.label for stage in self.stages)]
@@ -307,6 +358,22 @@ class Pipeline(Strict):
         if self.stages and self.max_batch_size == 0:
             raise ValueError("stages carry rows of a batch: they need max_batch_size > 0")
         return self
+
+    def answer_outputs(self) -> list[TensorSpec]:
+        """The outputs as the pipeline's answer to one request has them: a decoupled
+        pipeline's each with a leading response dimension before the declared ones."""
+        if self.decoupled is None:
+            return self.outputs
+        limit = self.decoupled.max_responses
+        return [
+            spec.model_copy(
+                update={
+                    "shape": [-1, *spec.shape],
+                    "max_shape": None if spec.max_shape is None else [limit, *spec.max_shape],
+                }
+            )
+            for spec in self.outputs
+        ]
 
     def stage_names(self) -> list[str]:
         """The first model's name, then each later stage's."""

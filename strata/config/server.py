@@ -30,7 +30,9 @@ class ServerSettings(Strict):
         gt=0,
         description="Messages of one stream (ModelStreamInfer, ProcessStream) unanswered at "
         "once; past it the server stops reading that stream until one is answered, so a "
-        "client that writes without reading holds at most this much of the server's memory.",
+        "client that writes without reading holds at most this much of the server's memory. "
+        "A decoupled pipeline's request counts once, until the client has taken all its "
+        "responses (at most its decoupled.max_responses).",
     )
     event_loop: Literal["uvloop", "asyncio"] = Field(
         default="uvloop",

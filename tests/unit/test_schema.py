@@ -1,4 +1,4 @@
-"""Inputs checked at the door against their declared value range."""
+"""Inputs checked at the door against their declared value range and sizes."""
 
 import numpy as np
 import pytest
@@ -23,3 +23,10 @@ def test_a_range_must_be_ordered_and_numeric() -> None:
         TensorSpec(name="x", datatype="FP32", shape=[-1], range=(1, 0))
     with pytest.raises(ValueError, match="numeric datatypes only"):
         TensorSpec(name="x", datatype="BYTES", shape=[-1], range=(0, 1))
+
+
+def test_an_empty_tensor_passes_only_where_the_input_allows_it() -> None:
+    empty = np.zeros(0, np.int32)
+    check_tensor(TensorSpec(name="IN", datatype="INT32", shape=[-1], allow_empty=True), empty)
+    with pytest.raises(InvalidArgument, match=r"input 'IN': dimension 0 is 0, allowed 1\.\."):
+        check_tensor(TensorSpec(name="IN", datatype="INT32", shape=[-1]), empty)

@@ -1,5 +1,6 @@
-"""configs/text.yaml is configs/default.yaml plus the text models, and stays so; so is
-configs/sequences.yaml, plus the stateful demo."""
+"""configs/text.yaml is configs/default.yaml plus the text models, and stays so; so are
+configs/sequences.yaml, plus the stateful demo, and configs/decoupled.yaml, plus the
+decoupled one."""
 
 from pathlib import Path
 
@@ -20,6 +21,7 @@ STAGE_MODELS = {"topic-head"}  # topics-staged's second model
     [
         ("text.yaml", TEXT_MODELS, TEXT_PIPELINES),
         ("sequences.yaml", {"accumulator"}, {"counter"}),
+        ("decoupled.yaml", {"repeat"}, {"repeat"}),
     ],
 )
 def test_the_config_is_the_default_plus_its_models(
