@@ -286,6 +286,13 @@ class FilterSpec(RuleSpec, WritesOutput):
             raise ValueError("action 'flag' needs 'output', the BOOL tensor it writes")
         return self
 
+    @property
+    def replacement_text(self) -> str:
+        """What replace and redact put in: `replacement`, or its default for the action."""
+        if self.replacement is not None:
+            return self.replacement
+        return "***" if self.action == "redact" else ""
+
 
 class KeywordFilterRule(FilterSpec):
     """Keyword lists over a BYTES tensor: whole words and any case unless told otherwise."""

@@ -95,7 +95,7 @@ class Threshold(OneInput):
         return {**tensors, self.options.output: scores >= threshold}
 
 
-def ordered(
+def _ordered(
     tensors: Arrays, options: SortRule | TopkRule, descending: bool, k: int | None = None
 ) -> tuple[np.ndarray, np.ndarray]:
     """The scores of `options.input` ordered along the last axis (stable; NaN last), the
@@ -118,7 +118,7 @@ class Sort(OneInput):
 
     def apply(self, tensors: Arrays, context: RuleContext) -> Arrays:
         options = self.options
-        values, indices = ordered(tensors, options, options.descending)
+        values, indices = _ordered(tensors, options, options.descending)
         return {**tensors, options.values or options.input: values, options.indices: indices}
 
 
@@ -132,7 +132,7 @@ class Topk(OneInput):
     options: TopkRule
 
     def apply(self, tensors: Arrays, context: RuleContext) -> Arrays:
-        values, indices = ordered(tensors, self.options, descending=True, k=self.options.k)
+        values, indices = _ordered(tensors, self.options, descending=True, k=self.options.k)
         return {**tensors, self.options.values: values, self.options.indices: indices}
 
 

@@ -22,44 +22,41 @@ from strata.plugins import RuleContext, take, texts
 
 class TextFilter(OneInput):
     """What both filters do: apply `action` to the elements of `input` that their pattern
-    (compiled by `_compile` when the filter is built) matches."""
+    (compiled when the filter is built) matches."""
 
     options: FilterSpec
     _pattern: regex.Pattern
-    _replacement: str
-
-    def _compile(self, source: str, ignore_case: bool) -> None:
-        flags = regex.IGNORECASE if ignore_case else 0
-        try:
-            self._pattern = regex.compile(source, flags)
-        except regex.error as exc:
-            raise ValueError(f"pattern {source!r} does not compile: {exc}") from None
-        replacement, action = self.options.replacement, self.options.action
-        default = "***" if action == "redact" else ""
-        self._replacement = default if replacement is None else replacement
 
     def apply(self, tensors: Arrays, context: RuleContext) -> Arrays:
-        values = take(tensors, self.options.input, self.options.kind)
-        items = texts(values, self.options.input)
-        action = self.options.action
-        if action == "flag":
+        options = self.options
+        values = take(tensors, options.input, options.kind)
+        items = texts(values, options.input)
+        if options.action == "flag":
             hits = [self._search(text, context) for text in items]
             result = np.array(hits, dtype=bool).reshape(values.shape)
-        elif action == "replace":
-            kept = [self._replacement if self._search(t, context) else t for t in items]
-            result = _bytes_array(kept, values.shape)
         else:
-            result = _bytes_array([self._redact(text, context) for text in items], values.shape)
-        return {**tensors, self.options.target: result}
+            new = options.replacement_text
+            if options.action == "replace":
+                changed = [new if self._search(t, context) else t for t in items]
+            else:
+                changed = [self._redact(t, new, context) for t in items]
+            result = _bytes_array(changed, values.shape)
+        return {**tensors, options.target: result}
 
     def _search(self, text: str, context: RuleContext) -> bool:
         found = self._pattern.search(text, timeout=context.remaining(), concurrent=True)
         return found is not None
 
-    def _redact(self, text: str, context: RuleContext) -> str:
-        return self._pattern.sub(
-            self._replacement, text, timeout=context.remaining(), concurrent=True
-        )
+    def _redact(self, text: str, new: str, context: RuleContext) -> str:
+        return self._pattern.sub(new, text, timeout=context.remaining(), concurrent=True)
+
+
+def _compile(source: str, ignore_case: bool) -> regex.Pattern:
+    flags = regex.IGNORECASE if ignore_case else 0
+    try:
+        return regex.compile(source, flags)
+    except regex.error as exc:
+        raise ValueError(f"pattern {source!r} does not compile: {exc}") from None
 
 
 def _bytes_array(items: list[str], shape: tuple[int, ...]) -> np.ndarray:
@@ -77,7 +74,8 @@ class RegexFilter(TextFilter):
 
     def __post_init__(self) -> None:
         patterns = self.options.patterns or [self.options.pattern]
-        self._compile("|".join(f"(?:{p})" for p in patterns), self.options.ignore_case)
+        source = "|".join(f"(?:{p})" for p in patterns)
+        self._pattern = _compile(source, self.options.ignore_case)
 
 
 @RULES.register("keyword_filter", repository=True)
@@ -98,4 +96,4 @@ class KeywordFilter(TextFilter):
         escaped = "|".join(regex.escape(k) for k in sorted(keywords, key=len, reverse=True))
         # Lookarounds rather than \b, so keywords that end in punctuation ("c++") still match.
         source = rf"(?<!\w)(?:{escaped})(?!\w)" if options.whole_words else escaped
-        self._compile(source, not options.case_sensitive)
+        self._pattern = _compile(source, not options.case_sensitive)

@@ -34,21 +34,20 @@ class NormalizeText:
     options: NormalizeTextStep
 
     def process(self, tensors: Arrays) -> Arrays:
-        source = self.options.input
-        flat = strings(tensors, source, self.options.kind)
+        options = self.options
+        flat = strings(tensors, options.input, options.kind)
+        # Read once, not per string: an option of the spec costs more to read than a local.
+        form = None if options.unicode == "none" else options.unicode
+        lowercase, strip = options.lowercase, options.strip
         out = np.empty(flat.shape[0], dtype=object)
         for index, item in enumerate(flat):
-            text = utf8(item, f"input {source!r}", index, StepError)
-            out[index] = self.normalize(text).encode("utf-8")
-        return {**tensors, self.options.target: out.reshape(tensors[source].shape)}
-
-    def normalize(self, text: str) -> str:
-        options = self.options
-        if options.unicode != "none":
-            text = unicodedata.normalize(options.unicode, text)
-        if options.lowercase:
-            text = text.lower()
-        return text.strip() if options.strip else text
+            text = utf8(item, f"input {options.input!r}", index, StepError)
+            if form is not None:
+                text = unicodedata.normalize(form, text)
+            if lowercase:
+                text = text.lower()
+            out[index] = (text.strip() if strip else text).encode("utf-8")
+        return {**tensors, options.target: out.reshape(tensors[options.input].shape)}
 
 
 @STEPS.register("tokenize", repository=True)
