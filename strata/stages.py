@@ -1,13 +1,17 @@
-"""What preprocess steps and postprocess rules share: a registry of named factories, and the
-user's own steps and rules (plugins) found, checked and guarded.
+"""What preprocess steps and postprocess rules share: a registry of built-in classes by kind,
+and the user's own steps and rules (plugins) found, checked and guarded.
 
 A stage maps a request's tensors (name -> array, batch first) to new tensors; the interface
 is public, in strata.plugins. The config declares each built-in kind's options as a model
-(strata.config.preprocess and .postprocess); a factory takes that model, already validated,
-and the folder relative paths resolve against. A kind that is not a built-in names a plugin:
-`Family.load` imports it and validates its options (in the service that runs it, never in
-the gateway), and `Registry.build` builds it behind a guard that turns its unexpected
-exceptions into UNAVAILABLE naming the stage.
+(strata.config.preprocess and .postprocess), and its class is registered under that kind
+(`@STEPS.register("resize")`). A built-in is then built as a plugin is: `Name(options)`, the
+model already validated, kept by the class and read from there, never copied field by field.
+The few that read a file (statistics, a tokenizer, a vocabulary, a labels or keywords file)
+are registered with `repository=True` and built as `Name(options, repository)`: the folder
+that file options are relative to is their second argument, and only theirs. A kind that is
+not a built-in names a plugin: `Family.load` imports it and validates its options (in the
+service that runs it, never in the gateway), and `Registry.build` builds it behind a guard
+that turns its unexpected exceptions into UNAVAILABLE naming the stage.
 """
 
 from __future__ import annotations
@@ -44,7 +48,7 @@ Location = tuple[str | int, ...]
 
 
 class Spec(Protocol):
-    """A stage's config: its kind picks the factory; its label names it."""
+    """A stage's config: its kind picks the class; its label names it."""
 
     @property
     def kind(self) -> str: ...
@@ -64,7 +68,7 @@ class PluginSpec(Protocol):
 
 S = TypeVar("S", bound=Spec)
 T = TypeVar("T")
-F = TypeVar("F", bound=Callable[..., Any])
+C = TypeVar("C", bound=type)
 
 
 class PluginError(ValueError):
@@ -197,12 +201,14 @@ def _unknown_keys(model: type[BaseModel], options: Mapping[str, Any]) -> list[tu
 
 
 class Registry(Generic[S, T]):
-    """Factories by kind, for one family of stage ("preprocess step", "postprocess rule").
+    """The built-in classes by kind, for one family of stage ("preprocess step",
+    "postprocess rule").
 
-    Each factory takes its kind's spec and the repository folder; `factories` maps every
-    kind this family implements to its factory. `specs` is the family's config type (a union
-    of models chosen by kind), for building from a plain mapping. A spec whose kind is not a
-    built-in names a plugin, built and wrapped by `guard` (which names it by its label).
+    `classes` maps every kind this family implements to its class, built from its kind's
+    spec as `Name(spec)`, or `Name(spec, repository)` where it was registered with
+    `repository=True`. `specs` is the family's config type (a union of models chosen by kind),
+    for building from a plain mapping. A spec whose kind is not a built-in names a plugin,
+    built and wrapped by `guard` (which names it by its label).
     """
 
     def __init__(
@@ -212,22 +218,28 @@ class Registry(Generic[S, T]):
         self._spec_type = specs
         self._protocol = protocol
         self._guard = guard
-        self.factories: dict[str, Callable[[Any, Path], T]] = {}
+        self.classes: dict[str, Callable[..., T]] = {}
+        self._reading: set[str] = set()  # kinds built with the repository folder
 
-    def register(self, kind: str) -> Callable[[F], F]:
-        def wrap(factory: F) -> F:
-            self.factories[kind] = factory
-            return factory
+    def register(self, kind: str, *, repository: bool = False) -> Callable[[C], C]:
+        """Register the decorated class as the built-in `kind`; `repository`: it reads files,
+        and takes the folder they are relative to after its options."""
+
+        def wrap(cls: C) -> C:
+            self.classes[kind] = cls
+            if repository:
+                self._reading.add(kind)
+            return cls
 
         return wrap
 
     def build(self, spec: S, base_dir: Path) -> T:
         """Build the stage `spec` describes; what a file makes wrong raises ValueError."""
-        factory = self.factories.get(spec.kind)
-        if factory is not None:
-            return factory(spec, base_dir)
+        cls = self.classes.get(spec.kind)
+        if cls is not None:
+            return cls(spec, base_dir) if spec.kind in self._reading else cls(spec)
         if not isinstance(spec, PluginSpec):
-            known = ", ".join(sorted(self.factories))
+            known = ", ".join(sorted(self.classes))
             raise ValueError(f"unknown {self.what} {spec.kind!r} (known: {known})")
         stage = spec.plugin(base_dir).instance()
         if not isinstance(stage, self._protocol):

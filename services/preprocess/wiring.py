@@ -59,15 +59,15 @@ def _makes(stage: c.StepSpec, step: Step, flow: Flow) -> tuple[dict[str, Made] |
         outputs = (stage.input_ids, stage.attention_mask, stage.token_type_ids)
         return {n: Made("INT64", 2) for n in outputs if n}, _reads(stage)
     if isinstance(stage, c.DecodeStep | c.ColorStep):
-        return {stage.output or source: Made("UINT8", 3 if stage.mode == "L" else 4)}, [source]
+        return {stage.target: Made("UINT8", 3 if stage.mode == "L" else 4)}, [source]
     if isinstance(stage, c.NormalizeTextStep):
-        return {stage.output or source: before}, []
+        return {stage.target: before}, []
     kind = type(stage)
     if kind in _REPLACING:
         datatype, rank = _REPLACING[kind]
         datatype = getattr(stage, "datatype", datatype)
         made = Made(datatype or before.datatype, rank or before.rank)
-        return {stage.output or source: made}, [source]
+        return {stage.target: made}, [source]
     if kind in _IN_PLACE:
         datatype, rank = _IN_PLACE[kind]
         return {source: Made(datatype or before.datatype, rank or before.rank)}, []

@@ -5,7 +5,7 @@ from __future__ import annotations
 import ipaddress
 import re
 from pathlib import Path
-from typing import Annotated, Any, ClassVar, Literal, Union, get_args
+from typing import Annotated, Any, ClassVar, Literal, Protocol, Union, get_args
 
 from pydantic import (
     AfterValidator,
@@ -47,6 +47,21 @@ class Strict(BaseModel):
 Count = Annotated[int, Field(strict=True, gt=0)]
 Number = Annotated[float, Field(strict=True)]
 OUTPUT = "Where the result goes; defaults to input."
+
+
+class _Written(Protocol):
+    input: str
+    output: str | None
+
+
+class WritesOutput:
+    """A stage's options with an optional `output` (described by OUTPUT) and an `input`."""
+
+    @property
+    def target(self: _Written) -> str:
+        """The tensor the stage writes: `output`, or its `input` when that is unset."""
+        return self.output or self.input
+
 
 Datatype = Literal[
     "BOOL", "UINT8", "UINT16", "UINT32", "UINT64", "INT8", "INT16", "INT32", "INT64",

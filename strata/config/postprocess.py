@@ -1,9 +1,10 @@
 """The postprocess rule engine, and the options of every postprocess rule.
 
 Each rule kind has a model here, picked by its `kind`: the shared keys (name, core, when,
-timeout_seconds) and the rule's own options, checked when the config loads.
-services/postprocess/rules builds each rule from its model; what needs a file (a labels or
-keywords file) or a library (a regex that must compile) is checked there.
+timeout_seconds) and the rule's own options, checked when the config loads. The rule's class
+in services/postprocess/rules takes the model, validated, as its options (strata.stages);
+what needs a file (a labels or keywords file) or a library (a regex that must compile) is
+checked there, when the class is built.
 """
 
 from __future__ import annotations
@@ -14,7 +15,16 @@ from typing import Annotated, ClassVar, Literal
 
 from pydantic import ConfigDict, Field, field_validator, model_validator
 
-from strata.config.base import OUTPUT, Count, Number, PluginStage, Strict, kinds, stage_union
+from strata.config.base import (
+    OUTPUT,
+    Count,
+    Number,
+    PluginStage,
+    Strict,
+    WritesOutput,
+    kinds,
+    stage_union,
+)
 from strata.stages import Family
 
 Text = Annotated[str, Field(min_length=1)]
@@ -109,7 +119,7 @@ class RuleSpec(Strict):
         return self.name or self.kind
 
 
-class SoftmaxRule(RuleSpec):
+class SoftmaxRule(RuleSpec, WritesOutput):
     """FP32 probabilities along the last axis, stable for large logits."""
 
     kind: Literal["softmax"] = Field(description=KIND)
@@ -117,7 +127,7 @@ class SoftmaxRule(RuleSpec):
     output: str | None = Field(default=None, description=OUTPUT)
 
 
-class SigmoidRule(RuleSpec):
+class SigmoidRule(RuleSpec, WritesOutput):
     """FP32 1 / (1 + e^-x) per element, without overflow for large |x|."""
 
     kind: Literal["sigmoid"] = Field(description=KIND)
@@ -194,7 +204,7 @@ class LabelsRule(RuleSpec):
         return self
 
 
-class MeanPoolRule(RuleSpec):
+class MeanPoolRule(RuleSpec, WritesOutput):
     """Token embeddings [batch, tokens, dim] to [batch, dim], averaging unmasked tokens."""
 
     kind: Literal["mean_pool"] = Field(description=KIND)
@@ -208,7 +218,7 @@ class MeanPoolRule(RuleSpec):
     normalize: bool = Field(default=False, description="Make the result unit length.")
 
 
-class L2NormalizeRule(RuleSpec):
+class L2NormalizeRule(RuleSpec, WritesOutput):
     """Vectors to unit length along the last axis; a zero vector stays zero."""
 
     kind: Literal["l2_normalize"] = Field(description=KIND)
@@ -239,7 +249,7 @@ class MeanRule(RuleSpec):
         return self
 
 
-class FilterSpec(RuleSpec):
+class FilterSpec(RuleSpec, WritesOutput):
     """What the keyword and regex filters share: what they read and what they do."""
 
     input: str = Field(description="BYTES tensor (any shape) of UTF-8 text.")
@@ -275,6 +285,13 @@ class FilterSpec(RuleSpec):
         if self.action == "flag" and self.output is None:
             raise ValueError("action 'flag' needs 'output', the BOOL tensor it writes")
         return self
+
+    @property
+    def replacement_text(self) -> str:
+        """What replace and redact put in: `replacement`, or its default for the action."""
+        if self.replacement is not None:
+            return self.replacement
+        return "***" if self.action == "redact" else ""
 
 
 class KeywordFilterRule(FilterSpec):

@@ -1,8 +1,9 @@
 """The preprocess service, and the options of every preprocess step.
 
 Each step kind has a model here, picked by its `kind`: the keys it takes, their defaults and
-limits, checked when the config loads. services/preprocess/steps builds each step from its
-model; what needs a file (a vocabulary, a tokenizer, statistics) is checked there.
+limits, checked when the config loads. The step's class in services/preprocess/steps takes
+the model, validated, as its options (strata.stages); what needs a file (a vocabulary, a
+tokenizer, statistics) is checked there, when the class is built.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from strata.config.base import (
     Number,
     PluginStage,
     Strict,
+    WritesOutput,
     kinds,
     stage_union,
 )
@@ -98,7 +100,7 @@ class StepSpec(Strict):
         return self.name or self.kind
 
 
-class NormalizeTextStep(StepSpec):
+class NormalizeTextStep(StepSpec, WritesOutput):
     """Strip, lowercase and Unicode-normalise each string; the shape is kept."""
 
     kind: Literal["normalize_text"] = Field(description=KIND)
@@ -155,7 +157,7 @@ class TokenizeStep(StepSpec):
         return self
 
 
-class VocabularyStep(StepSpec):
+class VocabularyStep(StepSpec, WritesOutput):
     """Each string to its INT64 id from a vocabulary file, same shape."""
 
     kind: Literal["vocabulary"] = Field(description=KIND)
@@ -172,7 +174,7 @@ class VocabularyStep(StepSpec):
     )
 
 
-class DecodeStep(StepSpec):
+class DecodeStep(StepSpec, WritesOutput):
     """PNG or JPEG bytes, or raw UINT8 pixel arrays, to one UINT8 image batch."""
 
     kind: Literal["decode"] = Field(description=KIND)
@@ -215,7 +217,7 @@ class DecodeStep(StepSpec):
         return self
 
 
-class ColorStep(StepSpec):
+class ColorStep(StepSpec, WritesOutput):
     """Convert UINT8 images between grayscale, RGB and RGBA."""
 
     kind: Literal["color"] = Field(description=KIND)
@@ -249,7 +251,7 @@ class ResizeStep(StepSpec):
         return self
 
 
-class CropStep(StepSpec):
+class CropStep(StepSpec, WritesOutput):
     """A height x width window of every image: centred, or at top/left."""
 
     kind: Literal["crop"] = Field(description=KIND)
@@ -269,7 +271,7 @@ class CropStep(StepSpec):
         return self
 
 
-class PadStep(StepSpec):
+class PadStep(StepSpec, WritesOutput):
     """Borders of a constant value around every image; the type is kept."""
 
     kind: Literal["pad"] = Field(description=KIND)
@@ -282,7 +284,7 @@ class PadStep(StepSpec):
     value: Number = Field(default=0.0, description="The border's value (must fit the type).")
 
 
-class LayoutStep(StepSpec):
+class LayoutStep(StepSpec, WritesOutput):
     """Channels last (HWC) to channels first (CHW), or back."""
 
     kind: Literal["layout"] = Field(description=KIND)
@@ -294,7 +296,7 @@ class LayoutStep(StepSpec):
     )
 
 
-class NormalizeStep(StepSpec):
+class NormalizeStep(StepSpec, WritesOutput):
     """(x * scale - mean) / std per channel, to FP32: ImageNet-style normalisation."""
 
     kind: Literal["normalize"] = Field(description=KIND)
@@ -349,7 +351,7 @@ class ClipStep(StepSpec):
         return self
 
 
-class CastStep(StepSpec):
+class CastStep(StepSpec, WritesOutput):
     """Convert to another numeric datatype, refusing values it cannot hold."""
 
     kind: Literal["cast"] = Field(description=KIND)
@@ -361,7 +363,7 @@ class CastStep(StepSpec):
     )
 
 
-class FlattenStep(StepSpec):
+class FlattenStep(StepSpec, WritesOutput):
     """Every dimension after the batch into one."""
 
     kind: Literal["flatten"] = Field(description=KIND)

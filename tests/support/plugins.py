@@ -4,10 +4,9 @@ measure what the plugin path costs against the same code built in."""
 
 from __future__ import annotations
 
-from pydantic import Field
-
 from services.preprocess.steps import image
 from strata import plugins
+from strata.config.preprocess import ResizeStep
 from strata.plugins import Arrays, RuleContext, RuleTimeout, take
 
 
@@ -57,16 +56,11 @@ class Late:
 
 
 class Resize(image.Resize):
-    """The built-in resize's own code as a plugin: only how it is built differs."""
+    """The built-in resize's own class and options as a plugin: only how it is found and
+    built differs."""
 
-    class Options(plugins.Options):
-        input: str
-        height: int = Field(gt=0)
-        width: int = Field(gt=0)
-        interpolation: str = "area"
-
-    def __init__(self, options: Resize.Options) -> None:
-        super().__init__(options.input, options.height, options.width, options.interpolation)
+    class Options(ResizeStep):
+        kind: str = "resize"  # a plugin's options never hold its kind; the class reads it
 
 
 class Copy:

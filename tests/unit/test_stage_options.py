@@ -25,7 +25,7 @@ DIGITS = yaml.safe_load(DEFAULT_CONFIG.read_text())["pipelines"]["digits"]
 
 @pytest.mark.parametrize(("builtins", "registry"), [(BUILTIN_STEPS, STEPS), (BUILTIN_RULES, RULES)])
 def test_the_config_types_exactly_the_kinds_the_services_build(builtins: Any, registry) -> None:
-    assert kinds(builtins) == set(registry.factories)
+    assert kinds(builtins) == set(registry.classes)
 
 
 def test_the_config_offers_exactly_the_choices_the_steps_implement() -> None:

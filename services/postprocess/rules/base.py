@@ -1,4 +1,4 @@
-"""The registry that builds rules from config, and the checks built-in rules share.
+"""The registry that builds rules from config, and what built-in rules share.
 
 The rule interface (`Rule`, `RuleContext`, `RuleTimeout`) and its helpers are public, in
 strata.plugins: the built-in rules use the same API as the user's own.
@@ -18,7 +18,7 @@ from strata.errors import NotReady
 from strata.plugins import Rule
 from strata.stages import Registry, guard_rule
 
-__all__ = ["RULES", "Misconfigured", "is_bounded", "load_list"]
+__all__ = ["RULES", "Misconfigured", "OneInput", "is_bounded", "load_list"]
 
 
 class Misconfigured(NotReady):
@@ -35,6 +35,16 @@ def is_bounded(rule: Rule) -> bool:
 
 
 RULES: Registry[RuleSpec, Rule] = Registry("postprocess rule", options.Rule, Rule, guard_rule)
+
+
+class OneInput:
+    """A built-in rule that reads one tensor: its options' `input`."""
+
+    options: Any  # the rule's spec (a dataclass field of the rule)
+
+    @property
+    def inputs(self) -> tuple[str, ...]:
+        return (self.options.input,)
 
 
 def load_list(path: Path, what: str, key: str | None = None) -> list[str]:

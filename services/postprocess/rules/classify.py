@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import InitVar, dataclass, field
 from pathlib import Path
 from typing import ClassVar
 
 import numpy as np
 
-from services.postprocess.rules.base import RULES, Misconfigured, load_list
+from services.postprocess.rules.base import RULES, Misconfigured, OneInput, load_list
 from strata.codec import Arrays
 from strata.config.postprocess import (
     LabelsRule,
@@ -48,183 +47,144 @@ def sigmoid(values: np.ndarray) -> np.ndarray:
     return np.where(values >= 0, 1 / (1 + small), small / (1 + small)).astype(np.float32)
 
 
+@RULES.register("softmax")
 @dataclass
-class Softmax:
+class Softmax(OneInput):
     bounded: ClassVar[bool] = True
 
-    input: str
-    output: str
-    name: str = "softmax"
-
-    @property
-    def inputs(self) -> tuple[str, ...]:
-        return (self.input,)
+    options: SoftmaxRule
 
     def apply(self, tensors: Arrays, context: RuleContext) -> Arrays:
-        return {**tensors, self.output: softmax(numbers(tensors, self.input, self.name))}
+        logits = numbers(tensors, self.options.input, self.options.kind)
+        return {**tensors, self.options.target: softmax(logits)}
 
 
+@RULES.register("sigmoid")
 @dataclass
-class Sigmoid:
+class Sigmoid(OneInput):
     bounded: ClassVar[bool] = True
 
-    input: str
-    output: str
-    name: str = "sigmoid"
-
-    @property
-    def inputs(self) -> tuple[str, ...]:
-        return (self.input,)
+    options: SigmoidRule
 
     def apply(self, tensors: Arrays, context: RuleContext) -> Arrays:
-        return {**tensors, self.output: sigmoid(numbers(tensors, self.input, self.name))}
+        values = numbers(tensors, self.options.input, self.options.kind)
+        return {**tensors, self.options.target: sigmoid(values)}
 
 
+@RULES.register("threshold")
 @dataclass
-class Threshold:
+class Threshold(OneInput):
     """BOOL: score >= threshold (one for all, or one per class on the last axis); NaN is False."""
 
     bounded: ClassVar[bool] = True
 
-    input: str
-    output: str
-    threshold: np.ndarray
-    name: str = "threshold"
+    options: ThresholdRule
+    _threshold: np.ndarray = field(init=False, repr=False)
 
-    @property
-    def inputs(self) -> tuple[str, ...]:
-        return (self.input,)
+    def __post_init__(self) -> None:
+        self._threshold = np.asarray(self.options.threshold, dtype=np.float32)
 
     def apply(self, tensors: Arrays, context: RuleContext) -> Arrays:
-        scores = numbers(tensors, self.input, self.name)
-        if self.threshold.ndim and (scores.ndim == 0 or scores.shape[-1] != self.threshold.size):
+        source, threshold = self.options.input, self._threshold
+        scores = numbers(tensors, source, self.options.kind)
+        if threshold.ndim and (scores.ndim == 0 or scores.shape[-1] != threshold.size):
             raise Misconfigured(
-                f"threshold has {self.threshold.size} per-class values but {self.input!r} "
+                f"threshold has {threshold.size} per-class values but {source!r} "
                 f"has shape {list(scores.shape)}"
             )
-        return {**tensors, self.output: scores >= self.threshold}
+        return {**tensors, self.options.output: scores >= threshold}
 
 
+def _ordered(
+    tensors: Arrays, options: SortRule | TopkRule, descending: bool, k: int | None = None
+) -> tuple[np.ndarray, np.ndarray]:
+    """The scores of `options.input` ordered along the last axis (stable; NaN last), the
+    first `k` of them, and their class indices (INT64)."""
+    scores = numbers(tensors, options.input, options.kind)
+    if scores.ndim == 0:
+        raise InvalidArgument(f"{options.kind} needs classes on a last axis of {options.input!r}")
+    order = np.argsort(-scores if descending else scores, axis=-1, kind="stable")[..., :k]
+    return np.take_along_axis(scores, order, axis=-1), order.astype(np.int64)
+
+
+@RULES.register("sort")
 @dataclass
-class Sort:
+class Sort(OneInput):
     """Scores ordered along the last axis, with their class indices (INT64); NaN goes last."""
 
     bounded: ClassVar[bool] = True
 
-    input: str
-    values: str
-    indices: str
-    descending: bool = True
-    k: int | None = None
-    name: str = "sort"
-
-    @property
-    def inputs(self) -> tuple[str, ...]:
-        return (self.input,)
+    options: SortRule
 
     def apply(self, tensors: Arrays, context: RuleContext) -> Arrays:
-        scores = numbers(tensors, self.input, self.name)
-        if scores.ndim == 0:
-            raise InvalidArgument(f"{self.name} needs classes on a last axis of {self.input!r}")
-        order = np.argsort(-scores if self.descending else scores, axis=-1, kind="stable")
-        if self.k is not None:
-            order = order[..., : self.k]
-        top = np.take_along_axis(scores, order, axis=-1)
-        return {**tensors, self.values: top, self.indices: order.astype(np.int64)}
-
-
-@dataclass
-class Labels:
-    """Class indices to label names (BYTES, same shape)."""
-
-    bounded: ClassVar[bool] = True
-
-    input: str
-    output: str
-    labels: Sequence[str]
-    source: str = "inline labels"
-    # A tensor whose last axis has one entry per class (the model's logits): checked against
-    # the labels, so a model with more classes than labels is refused, not half-labelled.
-    classes_of: str | None = None
-    name: str = "labels"
-    _table: np.ndarray = field(init=False, repr=False)
-
-    def __post_init__(self) -> None:
-        self._table = np.array([label.encode() for label in self.labels], dtype=object)
-
-    @property
-    def inputs(self) -> tuple[str, ...]:
-        return (self.input,)
-
-    def apply(self, tensors: Arrays, context: RuleContext) -> Arrays:
-        indices = take(tensors, self.input, self.name)
-        if self.classes_of is not None:
-            width = take(tensors, self.classes_of, self.name).shape[-1]
-            if width != len(self._table):
-                raise Misconfigured(
-                    f"{self.name}: {self.classes_of!r} has {width} classes but {self.source} "
-                    f"has {len(self._table)} labels"
-                )
-        if indices.dtype.kind not in "iu":
-            raise Misconfigured(
-                f"{self.name} needs integer class indices in {self.input!r}, got {indices.dtype}"
-            )
-        if indices.size and (indices.min() < 0 or indices.max() >= len(self._table)):
-            raise Misconfigured(
-                f"class index {int(indices.max())} has no label: {self.source} has "
-                f"{len(self._table)} labels, fewer than the model's outputs"
-            )
-        return {**tensors, self.output: self._table[indices]}
-
-
-@RULES.register("softmax")
-def _build_softmax(spec: SoftmaxRule, base_dir: Path) -> Softmax:
-    return Softmax(input=spec.input, output=spec.output or spec.input)
-
-
-@RULES.register("sigmoid")
-def _build_sigmoid(spec: SigmoidRule, base_dir: Path) -> Sigmoid:
-    return Sigmoid(input=spec.input, output=spec.output or spec.input)
-
-
-@RULES.register("threshold")
-def _build_threshold(spec: ThresholdRule, base_dir: Path) -> Threshold:
-    threshold = np.asarray(spec.threshold, dtype=np.float32)
-    return Threshold(input=spec.input, output=spec.output, threshold=threshold)
-
-
-@RULES.register("sort")
-def _build_sort(spec: SortRule, base_dir: Path) -> Sort:
-    return Sort(
-        input=spec.input,
-        values=spec.values or spec.input,
-        indices=spec.indices,
-        descending=spec.descending,
-    )
+        options = self.options
+        values, indices = _ordered(tensors, options, options.descending)
+        return {**tensors, options.values or options.input: values, options.indices: indices}
 
 
 @RULES.register("topk")
-def _build_topk(spec: TopkRule, base_dir: Path) -> Sort:
-    return Sort(input=spec.input, values=spec.values, indices=spec.indices, k=spec.k, name="topk")
+@dataclass
+class Topk(OneInput):
+    """The k best scores, best first, with their class indices (INT64)."""
+
+    bounded: ClassVar[bool] = True
+
+    options: TopkRule
+
+    def apply(self, tensors: Arrays, context: RuleContext) -> Arrays:
+        values, indices = _ordered(tensors, self.options, descending=True, k=self.options.k)
+        return {**tensors, self.options.values: values, self.options.indices: indices}
 
 
-@RULES.register("labels")
-def _build_labels(spec: LabelsRule, base_dir: Path) -> Labels:
-    """Inline `labels`, or a `file` beside the model; `classes` is checked at start-up."""
-    if spec.file is not None:
-        labels = load_list(base_dir / spec.file, "labels", key="labels")
-        source = f"labels file {spec.file!r}"
-    else:
-        labels = spec.labels or []
-        source = "the inline labels"
-    if spec.classes is not None and len(labels) < spec.classes:
-        raise ValueError(
-            f"{source} has {len(labels)} labels, fewer than the model's {spec.classes} classes"
-        )
-    return Labels(
-        input=spec.input,
-        output=spec.output,
-        labels=labels,
-        source=source,
-        classes_of=spec.classes_of,
-    )
+@RULES.register("labels", repository=True)
+@dataclass
+class Labels(OneInput):
+    """Class indices to label names (BYTES, same shape): inline `labels`, or a `file` beside
+    the model; `classes` is checked at start-up."""
+
+    bounded: ClassVar[bool] = True
+
+    options: LabelsRule
+    repository: InitVar[Path]
+    source: str = field(init=False)
+    _table: np.ndarray = field(init=False, repr=False)
+
+    def __post_init__(self, repository: Path) -> None:
+        options = self.options
+        if options.file is not None:
+            labels = load_list(repository / options.file, "labels", key="labels")
+            self.source = f"labels file {options.file!r}"
+        else:
+            labels = options.labels or []
+            self.source = "the inline labels"
+        if options.classes is not None and len(labels) < options.classes:
+            raise ValueError(
+                f"{self.source} has {len(labels)} labels, fewer than the model's "
+                f"{options.classes} classes"
+            )
+        self._table = np.array([label.encode() for label in labels], dtype=object)
+
+    def apply(self, tensors: Arrays, context: RuleContext) -> Arrays:
+        source, kind, count = self.options.input, self.options.kind, len(self._table)
+        indices = take(tensors, source, kind)
+        # A tensor whose last axis has one entry per class (the model's logits): checked
+        # against the labels, so a model with more classes than labels is refused, not
+        # half-labelled.
+        classes_of = self.options.classes_of
+        if classes_of is not None:
+            width = take(tensors, classes_of, kind).shape[-1]
+            if width != count:
+                raise Misconfigured(
+                    f"{kind}: {classes_of!r} has {width} classes but {self.source} "
+                    f"has {count} labels"
+                )
+        if indices.dtype.kind not in "iu":
+            raise Misconfigured(
+                f"{kind} needs integer class indices in {source!r}, got {indices.dtype}"
+            )
+        if indices.size and (indices.min() < 0 or indices.max() >= count):
+            raise Misconfigured(
+                f"class index {int(indices.max())} has no label: {self.source} has "
+                f"{count} labels, fewer than the model's outputs"
+            )
+        return {**tensors, self.options.output: self._table[indices]}

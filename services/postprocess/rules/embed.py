@@ -7,12 +7,11 @@ pools to zeros, and a zero vector stays zero when normalised.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 from typing import ClassVar
 
 import numpy as np
 
-from services.postprocess.rules.base import RULES
+from services.postprocess.rules.base import RULES, OneInput
 from strata.codec import Arrays
 from strata.config.postprocess import L2NormalizeRule, MeanPoolRule
 from strata.errors import InvalidArgument
@@ -29,73 +28,54 @@ def l2_normalize(vectors: np.ndarray) -> np.ndarray:
     return (vectors / np.maximum(norms, _MIN_NORM)).astype(np.float32)
 
 
+@RULES.register("mean_pool")
 @dataclass
 class MeanPool:
     """Token embeddings [batch, tokens, dim] to [batch, dim], averaging unmasked tokens."""
 
     bounded: ClassVar[bool] = True
 
-    input: str
-    output: str
-    mask: str | None = None
-    normalize: bool = False
-    name: str = "mean_pool"
+    options: MeanPoolRule
 
     @property
     def inputs(self) -> tuple[str, ...]:
-        return (self.input,) if self.mask is None else (self.input, self.mask)
+        mask = self.options.mask
+        return (self.options.input,) if mask is None else (self.options.input, mask)
 
     def apply(self, tensors: Arrays, context: RuleContext) -> Arrays:
-        tokens = numbers(tensors, self.input, self.name)
+        source, kind = self.options.input, self.options.kind
+        tokens = numbers(tensors, source, kind)
         if tokens.ndim != 3:
             raise InvalidArgument(
-                f"{self.name} needs {self.input!r} as [batch, tokens, dim], "
-                f"got shape {list(tokens.shape)}"
+                f"{kind} needs {source!r} as [batch, tokens, dim], got shape {list(tokens.shape)}"
             )
         weights = self._weights(tensors, tokens.shape[:2])
         summed = np.einsum("btd,bt->bd", tokens, weights)
         counts = np.maximum(weights.sum(axis=1, keepdims=True), _MIN_COUNT)
         pooled = (summed / counts).astype(np.float32)
-        return {**tensors, self.output: l2_normalize(pooled) if self.normalize else pooled}
+        normalized = l2_normalize(pooled) if self.options.normalize else pooled
+        return {**tensors, self.options.target: normalized}
 
     def _weights(self, tensors: Arrays, shape: tuple[int, ...]) -> np.ndarray:
-        if self.mask is None:
+        mask = self.options.mask
+        if mask is None:
             return np.ones(shape, dtype=np.float32)
-        mask = numbers(tensors, self.mask, self.name)
-        if mask.shape != shape:
+        weights = numbers(tensors, mask, self.options.kind)
+        if weights.shape != shape:
             raise InvalidArgument(
-                f"{self.name}: mask {self.mask!r} has shape {list(mask.shape)}, "
-                f"expected {list(shape)} to match {self.input!r}"
+                f"{self.options.kind}: mask {mask!r} has shape {list(weights.shape)}, "
+                f"expected {list(shape)} to match {self.options.input!r}"
             )
-        return mask
-
-
-@dataclass
-class L2Normalize:
-    bounded: ClassVar[bool] = True
-
-    input: str
-    output: str
-    name: str = "l2_normalize"
-
-    @property
-    def inputs(self) -> tuple[str, ...]:
-        return (self.input,)
-
-    def apply(self, tensors: Arrays, context: RuleContext) -> Arrays:
-        return {**tensors, self.output: l2_normalize(numbers(tensors, self.input, self.name))}
-
-
-@RULES.register("mean_pool")
-def _build_mean_pool(spec: MeanPoolRule, base_dir: Path) -> MeanPool:
-    return MeanPool(
-        input=spec.input,
-        output=spec.output or spec.input,
-        mask=spec.mask,
-        normalize=spec.normalize,
-    )
+        return weights
 
 
 @RULES.register("l2_normalize")
-def _build_l2_normalize(spec: L2NormalizeRule, base_dir: Path) -> L2Normalize:
-    return L2Normalize(input=spec.input, output=spec.output or spec.input)
+@dataclass
+class L2Normalize(OneInput):
+    bounded: ClassVar[bool] = True
+
+    options: L2NormalizeRule
+
+    def apply(self, tensors: Arrays, context: RuleContext) -> Arrays:
+        vectors = numbers(tensors, self.options.input, self.options.kind)
+        return {**tensors, self.options.target: l2_normalize(vectors)}

@@ -11,7 +11,6 @@ import json
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -23,34 +22,35 @@ from strata.errors import InvalidArgument
 from strata.plugins import RuleContext, take
 
 
+@RULES.register("format")
 @dataclass
 class Format:
-    output: str
-    fields: dict[str, str]
-    style: str = "json"
-    template: str = ""
-    name: str = "format"
+    options: FormatRule
 
     @property
     def inputs(self) -> tuple[str, ...]:
-        return tuple(self.fields.values())
+        return tuple(self.options.fields.values())
 
     def apply(self, tensors: Arrays, context: RuleContext) -> Arrays:
-        columns = {key: take(tensors, tensor, self.name) for key, tensor in self.fields.items()}
-        rows = _batch_size(columns, self.fields)
+        fields, kind = self.options.fields, self.options.kind
+        columns = {key: take(tensors, tensor, kind) for key, tensor in fields.items()}
+        rows = _batch_size(columns, fields)
         out = np.empty(rows, dtype=object)
         for row in range(rows):
             values = {key: _plain(column[row]) for key, column in columns.items()}
             out[row] = self._render(values).encode("utf-8")
-        return {**tensors, self.output: out}
+        return {**tensors, self.options.output: out}
 
     def _render(self, values: dict[str, Any]) -> str:
-        if self.style == "json":
+        if self.options.style == "json":
             return json.dumps(values, ensure_ascii=False, separators=(",", ":"))
+        template = self.options.template
         try:
-            return self.template.format_map(values)
+            return template.format_map(values)
         except (ValueError, TypeError) as exc:
-            raise Misconfigured(f"{self.name}: template {self.template!r} failed: {exc}") from None
+            raise Misconfigured(
+                f"{self.options.kind}: template {template!r} failed: {exc}"
+            ) from None
 
 
 def _batch_size(columns: Mapping[str, np.ndarray], fields: Mapping[str, str]) -> int:
@@ -80,10 +80,3 @@ def _clean(value: Any) -> Any:
     if isinstance(value, float) and not math.isfinite(value):
         return None
     return value
-
-
-@RULES.register("format")
-def _build_format(spec: FormatRule, base_dir: Path) -> Format:
-    return Format(
-        output=spec.output, fields=dict(spec.fields), style=spec.style, template=spec.template
-    )

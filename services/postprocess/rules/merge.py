@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from pathlib import Path
+from dataclasses import dataclass, field
 from typing import ClassVar
 
 import numpy as np
@@ -15,31 +14,28 @@ from strata.errors import NotReady
 from strata.plugins import RuleContext, numbers
 
 
+@RULES.register("mean")
 @dataclass
 class Mean:
     bounded: ClassVar[bool] = True
 
-    sources: tuple[str, ...]
-    weights: tuple[float, ...]
-    output: str
-    name: str = "mean"
+    options: MeanRule
+    _weights: np.ndarray = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        weights = self.options.weights or [1.0] * len(self.options.inputs)
+        self._weights = np.asarray(weights, dtype=np.float32) / sum(weights)
 
     @property
     def inputs(self) -> tuple[str, ...]:
-        return self.sources
+        return tuple(self.options.inputs)
 
     def apply(self, tensors: Arrays, context: RuleContext) -> Arrays:
-        arrays = [numbers(tensors, source, self.name) for source in self.sources]
-        shapes = {source: list(a.shape) for source, a in zip(self.sources, arrays, strict=True)}
+        sources, kind = self.options.inputs, self.options.kind
+        arrays = [numbers(tensors, source, kind) for source in sources]
+        shapes = {source: list(a.shape) for source, a in zip(sources, arrays, strict=True)}
         if len({tuple(shape) for shape in shapes.values()}) != 1:
             # What models gave, not what the client sent: the pipeline's fault.
-            raise NotReady(f"{self.name}: its inputs differ in shape: {shapes}")
-        weights = np.asarray(self.weights, dtype=np.float32) / sum(self.weights)
-        merged = np.tensordot(weights, np.stack(arrays), axes=1).astype(np.float32)
-        return {**tensors, self.output: merged}
-
-
-@RULES.register("mean")
-def _build_mean(spec: MeanRule, base_dir: Path) -> Mean:
-    weights = tuple(spec.weights) if spec.weights else (1.0,) * len(spec.inputs)
-    return Mean(sources=tuple(spec.inputs), weights=weights, output=spec.output)
+            raise NotReady(f"{kind}: its inputs differ in shape: {shapes}")
+        merged = np.tensordot(self._weights, np.stack(arrays), axes=1).astype(np.float32)
+        return {**tensors, self.options.output: merged}

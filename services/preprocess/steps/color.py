@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 
@@ -83,28 +82,16 @@ def _composite(rgba: np.ndarray, background: Sequence[int]) -> np.ndarray:
     return ((colour * alpha + under * (255 - alpha) + 127) // 255).astype(np.uint8)
 
 
+@STEPS.register("color")
 @dataclass
 class ColorConvert:
     """Convert an image batch to grayscale, RGB or RGBA."""
 
-    input: str
-    output: str
-    mode: str
-    background: tuple[int, int, int] | None = None
-    name: str = "color"
+    options: ColorStep
 
     def process(self, tensors: Arrays) -> Arrays:
-        images = take(tensors, self.input, self.name)
-        converted = convert_pixels(images, self.mode, self.input, self.background)
-        rest = {k: v for k, v in tensors.items() if k != self.input}
-        return {**rest, self.output: converted}
-
-
-@STEPS.register("color")
-def _build_color(spec: ColorStep, base_dir: Path) -> ColorConvert:
-    return ColorConvert(
-        input=spec.input,
-        output=spec.output or spec.input,
-        mode=spec.mode,
-        background=spec.background,
-    )
+        source = self.options.input
+        images = take(tensors, source, self.options.kind)
+        converted = convert_pixels(images, self.options.mode, source, self.options.background)
+        rest = {k: v for k, v in tensors.items() if k != source}
+        return {**rest, self.options.target: converted}

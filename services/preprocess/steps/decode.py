@@ -10,8 +10,7 @@ each is resized.
 from __future__ import annotations
 
 import io
-from dataclasses import dataclass
-from pathlib import Path
+from dataclasses import dataclass, field
 
 import numpy as np
 from PIL import ExifTags, Image, ImageOps, UnidentifiedImageError
@@ -30,58 +29,59 @@ _SIXTEEN_BIT = ("I;16", "I;16B", "I;16L", "I")
 _ORIENTATION = ExifTags.Base.Orientation
 
 
+@STEPS.register("decode")
 @dataclass
 class Decode:
     """PNG/JPEG bytes or UINT8 arrays to UINT8 images in `mode`, checked against limits."""
 
-    input: str
-    output: str
-    mode: str
-    max_pixels: int
-    max_bytes: int
-    max_batch_pixels: int
-    size: tuple[int, int] | None = None
-    interpolation: str = "area"
-    background: tuple[int, int, int] | None = None
-    exif_orientation: bool = True
-    name: str = "decode"
+    options: DecodeStep
+    _size: tuple[int, int] | None = field(init=False)
+
+    def __post_init__(self) -> None:
+        height, width = self.options.height, self.options.width
+        self._size = None if height is None or width is None else (height, width)
 
     def process(self, tensors: Arrays) -> Arrays:
-        values = take(tensors, self.input, self.name)
+        source = self.options.input
+        values = take(tensors, source, self.options.kind)
         if values.dtype == object:
-            images = self._decode_all(strings(tensors, self.input, self.name))
+            images = self._decode_all(strings(tensors, source, self.options.kind))
         else:
             images = self._from_array(values)
-        rest = {k: v for k, v in tensors.items() if k != self.input}
-        return {**rest, self.output: images}
+        rest = {k: v for k, v in tensors.items() if k != source}
+        return {**rest, self.options.target: images}
 
     def _from_array(self, values: np.ndarray) -> np.ndarray:
-        mode_of(values, self.input)
-        self._check_pixels(values.shape[1], values.shape[2], f"input {self.input!r}")
-        pixels = convert_pixels(values, self.mode, self.input, self.background)
-        return self._fit(pixels)
+        mode_of(values, self.options.input)
+        self._check_pixels(values.shape[1], values.shape[2], f"input {self.options.input!r}")
+        return self._fit(self._convert(values))
+
+    def _convert(self, pixels: np.ndarray) -> np.ndarray:
+        """UINT8 images in any mode to the step's `mode`."""
+        options = self.options
+        return convert_pixels(pixels, options.mode, options.input, options.background)
 
     def _decode_all(self, flat: np.ndarray) -> np.ndarray:
         images, total = [], 0
         for index, item in enumerate(flat):
-            where = f"input {self.input!r}: element {index}"
+            where = f"input {self.options.input!r}: element {index}"
             image = self._open(item, where)
             # Many small files can each unpack to max_pixels; bound the whole request too.
             total += image.width * image.height
-            if total > self.max_batch_pixels:
+            if total > self.options.max_batch_pixels:
                 raise StepError(
                     f"{where} brings the request to {total} pixels, more than the "
-                    f"{self.max_batch_pixels} allowed in all"
+                    f"{self.options.max_batch_pixels} allowed in all"
                 )
             images.append(self._fit(self._pixels(image, where)[None]))
         if not images:
-            height, width = self.size or (0, 0)
-            channels = () if self.mode == "L" else (len(self.mode),)
+            height, width = self._size or (0, 0)
+            channels = () if self.options.mode == "L" else (len(self.options.mode),)
             return np.zeros((0, height, width, *channels), dtype=np.uint8)
         sizes = {image.shape[1:3] for image in images}
         if len(sizes) > 1:
             raise StepError(
-                f"input {self.input!r}: images have different sizes {sorted(sizes)}; "
+                f"input {self.options.input!r}: images have different sizes {sorted(sizes)}; "
                 "set the decode step's height and width to resize them"
             )
         return images[0] if len(images) == 1 else np.concatenate(images)
@@ -89,15 +89,16 @@ class Decode:
     def _open(self, item: object, where: str) -> Image.Image:
         """An encoded image with only its header read, checked against the limits."""
         data = bytes(item)  # type: ignore[call-overload]
-        if len(data) > self.max_bytes:
-            raise StepError(f"{where} is {len(data)} bytes, more than {self.max_bytes}")
+        if len(data) > self.options.max_bytes:
+            raise StepError(f"{where} is {len(data)} bytes, more than {self.options.max_bytes}")
         try:
             image = Image.open(io.BytesIO(data), formats=FORMATS)
         except UnidentifiedImageError:
             raise StepError(f"{where} is not a PNG or JPEG image") from None
         except Image.DecompressionBombError as exc:
             # Pillow's own guard fires first for the most extreme sizes.
-            raise StepError(f"{where}: {exc}; at most {self.max_pixels} are allowed") from None
+            limit = self.options.max_pixels
+            raise StepError(f"{where}: {exc}; at most {limit} are allowed") from None
         except Exception as exc:  # Pillow's parsers raise many types on hostile headers
             raise StepError(f"{where} has a corrupt header ({exc})") from None
         self._check_pixels(image.height, image.width, where)
@@ -107,25 +108,25 @@ class Decode:
         """Decompress an opened image to [H, W(, C)] pixels in `mode`."""
         try:
             image.load()
-            if self.exif_orientation and image.getexif().get(_ORIENTATION, 1) != 1:
+            if self.options.exif_orientation and image.getexif().get(_ORIENTATION, 1) != 1:
                 image = ImageOps.exif_transpose(image)  # a copy: only when there is a turn
             pixels = _native_pixels(image)
         except Exception as exc:  # likewise for the decoders (OSError, SyntaxError, zlib...)
             raise StepError(f"{where} is truncated or corrupt ({exc})") from None
-        return convert_pixels(pixels[None], self.mode, self.input, self.background)[0]
+        return self._convert(pixels[None])[0]
 
     def _check_pixels(self, height: int, width: int, where: str) -> None:
-        if height * width > self.max_pixels:
+        if height * width > self.options.max_pixels:
             raise StepError(
                 f"{where}: {width}x{height} is {height * width} pixels, more than the "
-                f"{self.max_pixels} allowed"
+                f"{self.options.max_pixels} allowed"
             )
 
     def _fit(self, pixels: np.ndarray) -> np.ndarray:
         """Resize a batch to `size` if one is set, back to rounded UINT8."""
-        if self.size is None or pixels.shape[1:3] == self.size:
+        if self._size is None or pixels.shape[1:3] == self._size:
             return pixels
-        resized = resize_images(pixels, *self.size, self.interpolation)
+        resized = resize_images(pixels, *self._size, self.options.interpolation)
         return np.clip(np.rint(resized), 0, 255).astype(np.uint8)
 
 
@@ -138,19 +139,3 @@ def _native_pixels(image: Image.Image) -> np.ndarray:
         return (np.clip(wide, 0, 65535) >> 8).astype(np.uint8)
     transparent = "A" in image.mode or "transparency" in image.info
     return np.asarray(image.convert("RGBA" if transparent else "RGB"))
-
-
-@STEPS.register("decode")
-def _build_decode(spec: DecodeStep, base_dir: Path) -> Decode:
-    return Decode(
-        input=spec.input,
-        output=spec.output or spec.input,
-        mode=spec.mode,
-        max_pixels=spec.max_pixels,
-        max_bytes=spec.max_bytes,
-        max_batch_pixels=spec.max_batch_pixels,
-        size=None if spec.height is None or spec.width is None else (spec.height, spec.width),
-        interpolation=spec.interpolation,
-        background=spec.background,
-        exif_orientation=spec.exif_orientation,
-    )

@@ -9,7 +9,6 @@ channel counts are resized channel by channel in 32-bit float, unrounded.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 from PIL import Image
@@ -70,131 +69,85 @@ def _resize(image: Image.Image, height: int, width: int, interpolation: str) -> 
     return np.asarray(image.resize((width, height), FILTERS[interpolation]))
 
 
+@STEPS.register("resize")
 @dataclass
 class Resize:
     """Resize images to a fixed size, or their shorter side to `shorter`; FP32 out."""
 
-    input: str
-    height: int | None
-    width: int | None
-    interpolation: str = "area"
-    shorter: int | None = None
-    name: str = "resize"
+    options: ResizeStep
 
     def process(self, tensors: Arrays) -> Arrays:
-        images = take(tensors, self.input, self.name)
-        check_images(images, self.input, "resize")
+        source = self.options.input
+        images = take(tensors, source, self.options.kind)
+        check_images(images, source, "resize")
         height, width = self._size(*images.shape[1:3])
         if images.shape[1:3] == (height, width):
             resized = images.astype(np.float32)
         else:
-            resized = resize_images(images, height, width, self.interpolation)
-        return {**tensors, self.input: resized}
+            resized = resize_images(images, height, width, self.options.interpolation)
+        return {**tensors, source: resized}
 
     def _size(self, height: int, width: int) -> tuple[int, int]:
-        if self.shorter is not None:
-            return shorter_side_size(height, width, self.shorter)
-        assert self.height is not None and self.width is not None  # the options ensure it
-        return self.height, self.width
+        options = self.options
+        if options.shorter is not None:
+            return shorter_side_size(height, width, options.shorter)
+        assert options.height is not None and options.width is not None  # the options ensure it
+        return options.height, options.width
 
 
+@STEPS.register("crop")
 @dataclass
 class Crop:
     """A height x width window: at top/left, or centred (as torchvision's CenterCrop)."""
 
-    input: str
-    output: str
-    height: int
-    width: int
-    top: int | None = None
-    left: int | None = None
-    name: str = "crop"
+    options: CropStep
 
     def process(self, tensors: Arrays) -> Arrays:
-        images = take(tensors, self.input, self.name)
-        check_images(images, self.input, "crop")
+        source, height, width = self.options.input, self.options.height, self.options.width
+        images = take(tensors, source, self.options.kind)
+        check_images(images, source, "crop")
         top, left = self._corner(*images.shape[1:3])
-        cropped = images[:, top : top + self.height, left : left + self.width]
-        rest = {k: v for k, v in tensors.items() if k != self.input}
-        return {**rest, self.output: np.ascontiguousarray(cropped)}
+        cropped = images[:, top : top + height, left : left + width]
+        rest = {k: v for k, v in tensors.items() if k != source}
+        return {**rest, self.options.target: np.ascontiguousarray(cropped)}
 
     def _corner(self, height: int, width: int) -> tuple[int, int]:
-        if self.top is None or self.left is None:
-            top = round((height - self.height) / 2.0)
-            left = round((width - self.width) / 2.0)
+        box = self.options
+        if box.top is None or box.left is None:
+            top = round((height - box.height) / 2.0)
+            left = round((width - box.width) / 2.0)
         else:
-            top, left = self.top, self.left
-        if top < 0 or left < 0 or top + self.height > height or left + self.width > width:
+            top, left = box.top, box.left
+        if top < 0 or left < 0 or top + box.height > height or left + box.width > width:
             raise StepError(
-                f"input {self.input!r}: a {self.width}x{self.height} crop at left {left}, "
+                f"input {box.input!r}: a {box.width}x{box.height} crop at left {left}, "
                 f"top {top} does not fit images of {width}x{height}; resize or pad them first"
             )
         return top, left
 
 
+@STEPS.register("pad")
 @dataclass
 class Pad:
     """Borders of a constant value around every image; the type is kept."""
 
-    input: str
-    output: str
-    top: int = 0
-    bottom: int = 0
-    left: int = 0
-    right: int = 0
-    value: float = 0.0
-    name: str = "pad"
+    options: PadStep
 
     def process(self, tensors: Arrays) -> Arrays:
-        images = take(tensors, self.input, self.name)
-        check_images(images, self.input, "pad")
-        if images.dtype.kind in "iu" and not _holds(images.dtype, self.value):
+        pad = self.options
+        images = take(tensors, pad.input, pad.kind)
+        check_images(images, pad.input, "pad")
+        if images.dtype.kind in "iu" and not _holds(images.dtype, pad.value):
             raise StepError(
-                f"input {self.input!r}: pad value {self.value} does not fit {images.dtype} pixels"
+                f"input {pad.input!r}: pad value {pad.value} does not fit {images.dtype} pixels"
             )
-        widths = [(0, 0), (self.top, self.bottom), (self.left, self.right)]
+        widths = [(0, 0), (pad.top, pad.bottom), (pad.left, pad.right)]
         widths += [(0, 0)] * (images.ndim - 3)
-        padded = np.pad(images, widths, constant_values=images.dtype.type(self.value))
-        rest = {k: v for k, v in tensors.items() if k != self.input}
-        return {**rest, self.output: padded}
+        padded = np.pad(images, widths, constant_values=images.dtype.type(pad.value))
+        rest = {k: v for k, v in tensors.items() if k != pad.input}
+        return {**rest, pad.target: padded}
 
 
 def _holds(dtype: np.dtype, value: float) -> bool:
     info = np.iinfo(dtype)
     return float(value).is_integer() and info.min <= value <= info.max
-
-
-@STEPS.register("resize")
-def _build_resize(spec: ResizeStep, base_dir: Path) -> Resize:
-    return Resize(
-        input=spec.input,
-        height=spec.height,
-        width=spec.width,
-        interpolation=spec.interpolation,
-        shorter=spec.shorter,
-    )
-
-
-@STEPS.register("crop")
-def _build_crop(spec: CropStep, base_dir: Path) -> Crop:
-    return Crop(
-        input=spec.input,
-        output=spec.output or spec.input,
-        height=spec.height,
-        width=spec.width,
-        top=spec.top,
-        left=spec.left,
-    )
-
-
-@STEPS.register("pad")
-def _build_pad(spec: PadStep, base_dir: Path) -> Pad:
-    return Pad(
-        input=spec.input,
-        output=spec.output or spec.input,
-        top=spec.top,
-        bottom=spec.bottom,
-        left=spec.left,
-        right=spec.right,
-        value=spec.value,
-    )

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import InitVar, dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -23,20 +23,21 @@ from strata.normalisation import Stats, load_stats
 from strata.plugins import StepError, take
 
 
+@STEPS.register("scale")
 @dataclass
 class Scale:
     """`x * factor + offset`, cast to FP32."""
 
-    input: str
-    factor: float = 1.0
-    offset: float = 0.0
-    name: str = "scale"
+    options: ScaleStep
 
     def process(self, tensors: Arrays) -> Arrays:
-        values = take(tensors, self.input, self.name).astype(np.float32)
-        return {**tensors, self.input: values * np.float32(self.factor) + np.float32(self.offset)}
+        scale = self.options
+        values = take(tensors, scale.input, scale.kind).astype(np.float32)
+        scaled = values * np.float32(scale.factor) + np.float32(scale.offset)
+        return {**tensors, scale.input: scaled}
 
 
+@STEPS.register("clip")
 @dataclass
 class Clip:
     """Clamp values into [low, high] (either may be open); infinities go to the bounds.
@@ -44,33 +45,31 @@ class Clip:
     NaN has no place in a range: it becomes `nan` when that is set, and is refused otherwise.
     """
 
-    input: str
-    low: float | None
-    high: float | None
-    nan: float | None = None
-    name: str = "clip"
+    options: ClipStep
 
     def process(self, tensors: Arrays) -> Arrays:
-        values = take(tensors, self.input, self.name)
+        clip = self.options
+        values = take(tensors, clip.input, clip.kind)
         if values.dtype.kind == "f":
             clipped = self._clip_floats(values)
         elif values.dtype.kind in "iu":
-            clipped = np.clip(values, *_integer_bounds(values.dtype, self.low, self.high))
+            clipped = np.clip(values, *_integer_bounds(values.dtype, clip.low, clip.high))
         else:
-            raise StepError(f"input {self.input!r}: clip needs numbers, got {values.dtype}")
-        return {**tensors, self.input: clipped}
+            raise StepError(f"input {clip.input!r}: clip needs numbers, got {values.dtype}")
+        return {**tensors, clip.input: clipped}
 
     def _clip_floats(self, values: np.ndarray) -> np.ndarray:
-        low = -np.inf if self.low is None else self.low
-        high = np.inf if self.high is None else self.high
+        clip = self.options
+        low = -np.inf if clip.low is None else clip.low
+        high = np.inf if clip.high is None else clip.high
         clipped = np.clip(values, low, high).astype(values.dtype, copy=False)
         holes = np.isnan(clipped)
         if holes.any():
-            if self.nan is None:
+            if clip.nan is None:
                 raise StepError(
-                    f"input {self.input!r}: contains NaN (clip replaces NaN only if 'nan' is set)"
+                    f"input {clip.input!r}: contains NaN (clip replaces NaN only if 'nan' is set)"
                 )
-            clipped[holes] = self.nan
+            clipped[holes] = clip.nan
         return clipped
 
 
@@ -82,26 +81,24 @@ def _integer_bounds(dtype: np.dtype, low: float | None, high: float | None) -> t
     return lo, hi
 
 
+@STEPS.register("cast")
 @dataclass
 class Cast:
     """Convert to another numeric datatype, refusing values the new type cannot hold."""
 
-    input: str
-    output: str
-    datatype: str
-    round: bool = False
-    name: str = "cast"
+    options: CastStep
 
     def process(self, tensors: Arrays) -> Arrays:
-        values = take(tensors, self.input, self.name)
+        cast = self.options
+        values = take(tensors, cast.input, cast.kind)
         if values.dtype.kind not in "biuf":
-            raise StepError(f"input {self.input!r}: cast needs numbers, got {values.dtype}")
-        target = DTYPES[self.datatype]
-        if self.round and values.dtype.kind == "f" and target.kind in "iu":
+            raise StepError(f"input {cast.input!r}: cast needs numbers, got {values.dtype}")
+        target = DTYPES[cast.datatype]
+        if cast.round and values.dtype.kind == "f" and target.kind in "iu":
             values = np.rint(values)
         self._check_range(values, target)
-        rest = {k: v for k, v in tensors.items() if k != self.input}
-        return {**rest, self.output: values.astype(target)}
+        rest = {k: v for k, v in tensors.items() if k != cast.input}
+        return {**rest, cast.target: values.astype(target)}
 
     def _check_range(self, values: np.ndarray, target: np.dtype) -> None:
         if target.kind == "b" or values.size == 0:
@@ -111,7 +108,7 @@ class Cast:
         else:
             problem = _int_misfit(values, target)
         if problem:
-            raise StepError(f"input {self.input!r}: {problem} for {self.datatype}")
+            raise StepError(f"input {self.options.input!r}: {problem} for {self.options.datatype}")
 
 
 def _float_overflow(values: np.ndarray, target: np.dtype) -> str | None:
@@ -138,75 +135,20 @@ def _int_misfit(values: np.ndarray, target: np.dtype) -> str | None:
     return f"values {low}..{high} are outside {info.min}..{info.max}" if outside else None
 
 
+@STEPS.register("flatten")
 @dataclass
 class Flatten:
     """Flatten every dimension after the batch into one, renaming the tensor if asked."""
 
-    input: str
-    output: str
-    name: str = "flatten"
+    options: FlattenStep
 
     def process(self, tensors: Arrays) -> Arrays:
-        values = take(tensors, self.input, self.name)
-        rest = {k: v for k, v in tensors.items() if k != self.input}
+        source = self.options.input
+        values = take(tensors, source, self.options.kind)
+        rest = {k: v for k, v in tensors.items() if k != source}
         # An explicit width, since reshape cannot infer -1 for an empty batch.
         width = math.prod(values.shape[1:])
-        return {**rest, self.output: values.reshape(values.shape[0], width)}
-
-
-@dataclass
-class Standardize:
-    """`(x - mean) / std` per feature, with statistics loaded once from a stats file."""
-
-    input: str
-    stats: Stats
-    name: str = "standardize"
-
-    def process(self, tensors: Arrays) -> Arrays:
-        values = take(tensors, self.input, self.name)
-        features = self.stats.mean.shape[0]
-        if values.ndim != 2 or values.shape[1] != features:
-            raise StepError(
-                f"input {self.input!r}: expected [batch, {features}] features, "
-                f"got shape {list(values.shape)}"
-            )
-        # In FP64, so that finite FP32 input cannot overflow on the way; the result must fit.
-        with np.errstate(over="ignore", invalid="ignore"):
-            wide = (values.astype(np.float64) - self.stats.mean) / self.stats.std
-            standard = wide.astype(np.float32)
-        if not np.isfinite(standard).all():
-            row, feature = (int(i) for i in np.argwhere(~np.isfinite(standard))[0])
-            raise StepError(
-                f"input {self.input!r}: row {row} feature {feature} ({values[row, feature]!r}) "
-                "is too far from the training data to standardise (the result is not a "
-                "finite FP32 number)"
-            )
-        return {**tensors, self.input: standard}
-
-
-@STEPS.register("scale")
-def _build_scale(spec: ScaleStep, base_dir: Path) -> Scale:
-    return Scale(input=spec.input, factor=spec.factor, offset=spec.offset)
-
-
-@STEPS.register("clip")
-def _build_clip(spec: ClipStep, base_dir: Path) -> Clip:
-    return Clip(input=spec.input, low=spec.low, high=spec.high, nan=spec.nan)
-
-
-@STEPS.register("cast")
-def _build_cast(spec: CastStep, base_dir: Path) -> Cast:
-    return Cast(
-        input=spec.input,
-        output=spec.output or spec.input,
-        datatype=spec.datatype,
-        round=spec.round,
-    )
-
-
-@STEPS.register("flatten")
-def _build_flatten(spec: FlattenStep, base_dir: Path) -> Flatten:
-    return Flatten(input=spec.input, output=spec.output or spec.input)
+        return {**rest, self.options.target: values.reshape(values.shape[0], width)}
 
 
 def recorded_fingerprint(base_dir: Path, model_yaml: str, version: str = "") -> str:
@@ -230,16 +172,46 @@ def recorded_fingerprint(base_dir: Path, model_yaml: str, version: str = "") -> 
     return recorded
 
 
-@STEPS.register("standardize")
-def _build_standardize(spec: StandardizeStep, base_dir: Path) -> Standardize:
-    """Stats must match `fingerprint`, or the `preprocess_fingerprint` in `model_yaml`."""
-    stats = load_stats(base_dir / spec.stats)
-    expected = spec.fingerprint
-    if spec.model_yaml is not None:
-        expected = recorded_fingerprint(base_dir, spec.model_yaml)
-    if expected is not None and expected != stats.fingerprint:
-        raise ValueError(
-            f"stats {spec.stats!r} have fingerprint {stats.fingerprint}, "
-            f"but the model was built with {expected}"
-        )
-    return Standardize(input=spec.input, stats=stats)
+@STEPS.register("standardize", repository=True)
+@dataclass
+class Standardize:
+    """`(x - mean) / std` per feature, with statistics loaded once from a stats file that
+    must match `fingerprint`, or the `preprocess_fingerprint` in `model_yaml`."""
+
+    options: StandardizeStep
+    repository: InitVar[Path]
+    stats: Stats = field(init=False)
+
+    def __post_init__(self, repository: Path) -> None:
+        options = self.options
+        self.stats = load_stats(repository / options.stats)
+        expected = options.fingerprint
+        if options.model_yaml is not None:
+            expected = recorded_fingerprint(repository, options.model_yaml)
+        if expected is not None and expected != self.stats.fingerprint:
+            raise ValueError(
+                f"stats {options.stats!r} have fingerprint {self.stats.fingerprint}, "
+                f"but the model was built with {expected}"
+            )
+
+    def process(self, tensors: Arrays) -> Arrays:
+        source = self.options.input
+        values = take(tensors, source, self.options.kind)
+        features = self.stats.mean.shape[0]
+        if values.ndim != 2 or values.shape[1] != features:
+            raise StepError(
+                f"input {source!r}: expected [batch, {features}] features, "
+                f"got shape {list(values.shape)}"
+            )
+        # In FP64, so that finite FP32 input cannot overflow on the way; the result must fit.
+        with np.errstate(over="ignore", invalid="ignore"):
+            wide = (values.astype(np.float64) - self.stats.mean) / self.stats.std
+            standard = wide.astype(np.float32)
+        if not np.isfinite(standard).all():
+            row, feature = (int(i) for i in np.argwhere(~np.isfinite(standard))[0])
+            raise StepError(
+                f"input {source!r}: row {row} feature {feature} ({values[row, feature]!r}) "
+                "is too far from the training data to standardise (the result is not a "
+                "finite FP32 number)"
+            )
+        return {**tensors, source: standard}

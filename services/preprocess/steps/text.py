@@ -8,9 +8,9 @@ costs is bounded by the step's maximum length, never by what the client sent.
 from __future__ import annotations
 
 import unicodedata
-from dataclasses import dataclass
+from dataclasses import InitVar, dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 from tokenizers import Encoding, Tokenizer
@@ -26,33 +26,31 @@ from strata.plugins import StepError, strings
 BYTES_PER_TOKEN = 64
 
 
+@STEPS.register("normalize_text")
 @dataclass
 class NormalizeText:
     """Strip, lowercase and Unicode-normalise every string; the shape is kept."""
 
-    input: str
-    output: str
-    strip: bool = True
-    lowercase: bool = False
-    unicode: str = "NFC"
-    name: str = "normalize_text"
+    options: NormalizeTextStep
 
     def process(self, tensors: Arrays) -> Arrays:
-        flat = strings(tensors, self.input, self.name)
+        options = self.options
+        flat = strings(tensors, options.input, options.kind)
+        # Read once, not per string: an option of the spec costs more to read than a local.
+        form = None if options.unicode == "none" else options.unicode
+        lowercase, strip = options.lowercase, options.strip
         out = np.empty(flat.shape[0], dtype=object)
         for index, item in enumerate(flat):
-            text = utf8(item, f"input {self.input!r}", index, StepError)
-            out[index] = self.normalize(text).encode("utf-8")
-        return {**tensors, self.output: out.reshape(tensors[self.input].shape)}
-
-    def normalize(self, text: str) -> str:
-        if self.unicode != "none":
-            text = unicodedata.normalize(self.unicode, text)  # type: ignore[arg-type]
-        if self.lowercase:
-            text = text.lower()
-        return text.strip() if self.strip else text
+            text = utf8(item, f"input {options.input!r}", index, StepError)
+            if form is not None:
+                text = unicodedata.normalize(form, text)
+            if lowercase:
+                text = text.lower()
+            out[index] = (text.strip() if strip else text).encode("utf-8")
+        return {**tensors, options.target: out.reshape(tensors[options.input].shape)}
 
 
+@STEPS.register("tokenize", repository=True)
 @dataclass
 class Tokenize:
     """Token ids, attention mask and token type ids (INT64 [batch, length]) for each string.
@@ -63,45 +61,59 @@ class Tokenize:
     text longer than `max_length` tokens, or than that many bytes, is refused.
     """
 
-    input: str
-    tokenizer: Tokenizer
-    max_length: int
-    truncation: bool
-    padding: Literal["longest", "max_length"]
-    outputs: dict[str, str]
-    pair: str | None = None
-    add_special_tokens: bool = True
-    name: str = "tokenize"
+    options: TokenizeStep
+    repository: InitVar[Path]
+    tokenizer: Tokenizer = field(init=False, repr=False)
+    # Encoding attribute -> output tensor, for the outputs not switched off.
+    _columns: dict[str, str] = field(init=False)
+
+    def __post_init__(self, repository: Path) -> None:
+        options = self.options
+        self.tokenizer = _load_tokenizer(resolve(repository, options.tokenizer), options.tokenizer)
+        if options.truncation:
+            self.tokenizer.enable_truncation(options.max_length)
+        else:
+            # Encode in full so over-long texts can be refused, not silently cut.
+            self.tokenizer.no_truncation()
+        length = options.max_length if options.padding == "max_length" else None
+        _set_padding(self.tokenizer, options.pad_token, length)
+        named = {
+            "ids": options.input_ids,
+            "attention_mask": options.attention_mask,
+            "type_ids": options.token_type_ids,
+        }
+        self._columns = {attribute: name for attribute, name in named.items() if name is not None}
 
     def process(self, tensors: Arrays) -> Arrays:
-        texts = self._texts(tensors, self.input)
+        source, pair = self.options.input, self.options.pair
+        texts = self._texts(tensors, source)
         inputs: list[Any] = texts
-        if self.pair is not None:
-            second = self._texts(tensors, self.pair)
+        if pair is not None:
+            second = self._texts(tensors, pair)
             if len(second) != len(texts):
                 raise StepError(
-                    f"inputs {self.input!r} and {self.pair!r} disagree on the batch size: "
+                    f"inputs {source!r} and {pair!r} disagree on the batch size: "
                     f"{len(texts)} and {len(second)}"
                 )
             inputs = list(zip(texts, second, strict=True))
         encodings = self.tokenizer.encode_batch_fast(
-            inputs, add_special_tokens=self.add_special_tokens
+            inputs, add_special_tokens=self.options.add_special_tokens
         )
-        if not self.truncation:
+        if not self.options.truncation:
             self._check_lengths(encodings)
-        length = self.max_length if self.padding == "max_length" else 0
+        length = self.options.max_length if self.options.padding == "max_length" else 0
         if encodings:
             length = len(encodings[0].ids)
-        rest = {k: v for k, v in tensors.items() if k not in (self.input, self.pair)}
-        for attribute, output in self.outputs.items():
+        rest = {k: v for k, v in tensors.items() if k not in (source, pair)}
+        for attribute, output in self._columns.items():
             rows = [getattr(encoding, attribute) for encoding in encodings]
             rest[output] = np.array(rows, dtype=np.int64).reshape(len(encodings), length)
         return rest
 
     def _texts(self, tensors: Arrays, name: str) -> list[str]:
         """Each text of `name`, cut to the bytes `max_length` tokens could take."""
-        flat = strings(tensors, name, self.name)
-        limit = self.max_length * BYTES_PER_TOKEN
+        flat = strings(tensors, name, self.options.kind)
+        limit = self.options.max_length * BYTES_PER_TOKEN
         return [
             utf8(self._cut(item, limit, name, index), f"input {name!r}", index, StepError)
             for index, item in enumerate(flat)
@@ -112,10 +124,10 @@ class Tokenize:
         truncation, a longer item is refused instead."""
         if not isinstance(item, bytes | bytearray) or len(item) <= limit:
             return item
-        if not self.truncation:
+        if not self.options.truncation:
             raise StepError(
                 f"input {name!r}: element {index} is {len(item)} bytes long, more than "
-                f"max_length {self.max_length} tokens can take ({limit} bytes)"
+                f"max_length {self.options.max_length} tokens can take ({limit} bytes)"
             )
         end = limit
         while end > 0 and item[end] & 0xC0 == 0x80:  # a continuation byte: back to its start
@@ -123,52 +135,14 @@ class Tokenize:
         return bytes(item[:end])
 
     def _check_lengths(self, encodings: list[Encoding]) -> None:
+        most = self.options.max_length
         for index, encoding in enumerate(encodings):
             tokens = sum(encoding.attention_mask)
-            if tokens > self.max_length:
+            if tokens > most:
                 raise StepError(
-                    f"input {self.input!r}: element {index} has {tokens} tokens, "
-                    f"more than max_length {self.max_length}"
+                    f"input {self.options.input!r}: element {index} has {tokens} tokens, "
+                    f"more than max_length {most}"
                 )
-
-
-@STEPS.register("normalize_text")
-def _build_normalize_text(spec: NormalizeTextStep, base_dir: Path) -> NormalizeText:
-    return NormalizeText(
-        input=spec.input,
-        output=spec.output or spec.input,
-        strip=spec.strip,
-        lowercase=spec.lowercase,
-        unicode=spec.unicode,
-    )
-
-
-@STEPS.register("tokenize")
-def _build_tokenize(spec: TokenizeStep, base_dir: Path) -> Tokenize:
-    tokenizer = _load_tokenizer(resolve(base_dir, spec.tokenizer), spec.tokenizer)
-    if spec.truncation:
-        tokenizer.enable_truncation(spec.max_length)
-    else:
-        # Encode in full so over-long texts can be refused, not silently cut.
-        tokenizer.no_truncation()
-    length = spec.max_length if spec.padding == "max_length" else None
-    _set_padding(tokenizer, spec.pad_token, length)
-    # Encoding attribute -> output tensor, for the outputs not switched off.
-    named = {
-        "ids": spec.input_ids,
-        "attention_mask": spec.attention_mask,
-        "type_ids": spec.token_type_ids,
-    }
-    return Tokenize(
-        input=spec.input,
-        tokenizer=tokenizer,
-        max_length=spec.max_length,
-        truncation=spec.truncation,
-        padding=spec.padding,
-        outputs={attribute: name for attribute, name in named.items() if name is not None},
-        pair=spec.pair,
-        add_special_tokens=spec.add_special_tokens,
-    )
 
 
 def _load_tokenizer(path: Path, relative: str) -> Tokenizer:

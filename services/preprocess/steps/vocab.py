@@ -7,7 +7,7 @@ from 0), or `.json` holding a list (ids by position) or an object of entry -> id
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import InitVar, dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -21,33 +21,38 @@ from strata.plugins import StepError, take
 _QUOTE = 40
 
 
+@STEPS.register("vocabulary", repository=True)
 @dataclass
 class VocabularyLookup:
     """Each BYTES element to its id (INT64, same shape); unknown ones get `oov_id` or fail."""
 
-    input: str
-    output: str
-    table: dict[bytes, int]
-    oov_id: int | None = None
-    name: str = "vocabulary"
+    options: VocabularyStep
+    repository: InitVar[Path]
+    table: dict[bytes, int] = field(init=False, repr=False)
+
+    def __post_init__(self, repository: Path) -> None:
+        self.table = load_vocabulary(resolve(repository, self.options.vocabulary))
 
     def process(self, tensors: Arrays) -> Arrays:
-        values = take(tensors, self.input, self.name)
+        source, oov_id = self.options.input, self.options.oov_id
+        values = take(tensors, source, self.options.kind)
         if values.dtype != object:
-            raise StepError(f"input {self.input!r}: {self.name} needs BYTES, got {values.dtype}")
+            raise StepError(
+                f"input {source!r}: {self.options.kind} needs BYTES, got {values.dtype}"
+            )
         flat = values.reshape(-1)
-        missing = -1 if self.oov_id is None else self.oov_id
+        missing = -1 if oov_id is None else oov_id
         ids = np.fromiter(
             (self.table.get(_key(item), missing) for item in flat), np.int64, count=flat.size
         )
-        if self.oov_id is None and (ids == -1).any():
+        if oov_id is None and (ids == -1).any():
             index = int(np.argmax(ids == -1))
             quoted = repr(_key(flat[index])[:_QUOTE])
             raise StepError(
-                f"input {self.input!r}: element {index} ({quoted}) is not in the vocabulary"
+                f"input {source!r}: element {index} ({quoted}) is not in the vocabulary"
             )
-        rest = {k: v for k, v in tensors.items() if k != self.input}
-        return {**rest, self.output: ids.reshape(values.shape)}
+        rest = {k: v for k, v in tensors.items() if k != source}
+        return {**rest, self.options.target: ids.reshape(values.shape)}
 
 
 def _key(item: object) -> bytes:
@@ -87,13 +92,3 @@ def load_vocabulary(path: Path) -> dict[bytes, int]:
     if len(set(table.values())) != len(table):
         raise ValueError(f"vocabulary {path.name}: two entries share an id")
     return table
-
-
-@STEPS.register("vocabulary")
-def _build_vocabulary(spec: VocabularyStep, base_dir: Path) -> VocabularyLookup:
-    return VocabularyLookup(
-        input=spec.input,
-        output=spec.output or spec.input,
-        table=load_vocabulary(resolve(base_dir, spec.vocabulary)),
-        oov_id=spec.oov_id,
-    )

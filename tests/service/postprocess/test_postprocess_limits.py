@@ -46,46 +46,9 @@ MARGIN = 0.15
 LOGITS = np.array([[0.0, 3.0, 1.0]], np.float32)
 
 
-@dataclass
-class Nap:
-    """Test-only: sleeps well past any limit."""
-
-    input: str
-    name: str = "test_nap"
-
-    @property
-    def inputs(self) -> tuple[str, ...]:
-        return (self.input,)
-
-    def apply(self, tensors: Arrays, context: RuleContext) -> Arrays:
-        time.sleep(1.0)
-        return tensors
-
-
 class NapSpec(RuleSpec):
     kind: Literal["test_nap"]
     input: str
-
-
-def _nap(spec: NapSpec, base_dir: Path) -> Nap:
-    return Nap(spec.input)
-
-
-@dataclass
-class Refuse:
-    """Test-only: refuses a batch with a negative logit in its first column."""
-
-    input: str
-    name: str = "test_refuse"
-
-    @property
-    def inputs(self) -> tuple[str, ...]:
-        return (self.input,)
-
-    def apply(self, tensors: Arrays, context: RuleContext) -> Arrays:
-        if (tensors[self.input][:, 0] < 0).any():
-            raise InvalidArgument("a negative first logit")
-        return tensors
 
 
 class RefuseSpec(RuleSpec):
@@ -93,14 +56,41 @@ class RefuseSpec(RuleSpec):
     input: str
 
 
-def _refuse(spec: RefuseSpec, base_dir: Path) -> Refuse:
-    return Refuse(spec.input)
+@dataclass
+class Nap:
+    """Test-only: sleeps well past any limit."""
+
+    options: NapSpec
+
+    @property
+    def inputs(self) -> tuple[str, ...]:
+        return (self.options.input,)
+
+    def apply(self, tensors: Arrays, context: RuleContext) -> Arrays:
+        time.sleep(1.0)
+        return tensors
+
+
+@dataclass
+class Refuse:
+    """Test-only: refuses a batch with a negative logit in its first column."""
+
+    options: RefuseSpec
+
+    @property
+    def inputs(self) -> tuple[str, ...]:
+        return (self.options.input,)
+
+    def apply(self, tensors: Arrays, context: RuleContext) -> Arrays:
+        if (tensors[self.options.input][:, 0] < 0).any():
+            raise InvalidArgument("a negative first logit")
+        return tensors
 
 
 @pytest.fixture(autouse=True)
 def _test_rules(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setitem(RULES.factories, "test_nap", _nap)
-    monkeypatch.setitem(RULES.factories, "test_refuse", _refuse)
+    monkeypatch.setitem(RULES.classes, "test_nap", Nap)
+    monkeypatch.setitem(RULES.classes, "test_refuse", Refuse)
 
 
 # The built-in kinds and this module's test-only ones.

@@ -41,30 +41,25 @@ from tests.support.results import raise_for_result
 from tests.support.system import make_config
 
 
-@dataclass
-class Pause:
-    """Test-only: a step that takes a while."""
-
-    seconds: float
-    name: str = "test_pause"
-
-    def process(self, tensors: Arrays) -> Arrays:
-        time.sleep(self.seconds)
-        return tensors
-
-
 class PauseSpec(StepSpec):
     kind: Literal["test_pause"]
     seconds: float
 
 
-def _pause(spec: PauseSpec, base_dir: Path) -> Pause:
-    return Pause(spec.seconds)
+@dataclass
+class Pause:
+    """Test-only: a step that takes a while."""
+
+    options: PauseSpec
+
+    def process(self, tensors: Arrays) -> Arrays:
+        time.sleep(self.options.seconds)
+        return tensors
 
 
 @pytest.fixture(autouse=True)
 def _test_steps(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setitem(STEPS.factories, "test_pause", _pause)
+    monkeypatch.setitem(STEPS.classes, "test_pause", Pause)
 
 
 # The built-in kinds and this module's test-only ones.

@@ -36,47 +36,6 @@ MARGIN = 0.15
 LOGITS = np.array([[0.0, 2.0, 1.0]], np.float32)
 
 
-@dataclass
-class Sleep:
-    """Test-only: sleeps, then writes `output`; records whether it finished."""
-
-    input: str
-    output: str
-    seconds: float
-    finished: threading.Event
-    name: str = "test_sleep"
-
-    @property
-    def inputs(self) -> tuple[str, ...]:
-        return (self.input,)
-
-    def apply(self, tensors: Arrays, context: RuleContext) -> Arrays:
-        time.sleep(self.seconds)
-        self.finished.set()
-        return {**tensors, self.output: np.ones(1, np.float32)}
-
-
-@dataclass
-class Record:
-    """Test-only: notes that it ran."""
-
-    input: str
-    calls: list
-    name: str = "test_record"
-
-    @property
-    def inputs(self) -> tuple[str, ...]:
-        return (self.input,)
-
-    def apply(self, tensors: Arrays, context: RuleContext) -> Arrays:
-        self.calls.append(time.monotonic())
-        return tensors
-
-
-FINISHED = threading.Event()
-CALLS: list = []
-
-
 class SleepSpec(RuleSpec):
     kind: Literal["test_sleep"]
     input: str
@@ -89,6 +48,41 @@ class RecordSpec(RuleSpec):
     input: str
 
 
+FINISHED = threading.Event()
+CALLS: list = []
+
+
+@dataclass
+class Sleep:
+    """Test-only: sleeps, then writes `output`; FINISHED says whether it finished."""
+
+    options: SleepSpec
+
+    @property
+    def inputs(self) -> tuple[str, ...]:
+        return (self.options.input,)
+
+    def apply(self, tensors: Arrays, context: RuleContext) -> Arrays:
+        time.sleep(self.options.seconds)
+        FINISHED.set()
+        return {**tensors, self.options.output: np.ones(1, np.float32)}
+
+
+@dataclass
+class Record:
+    """Test-only: notes in CALLS that it ran."""
+
+    options: RecordSpec
+
+    @property
+    def inputs(self) -> tuple[str, ...]:
+        return (self.options.input,)
+
+    def apply(self, tensors: Arrays, context: RuleContext) -> Arrays:
+        CALLS.append(time.monotonic())
+        return tensors
+
+
 # The built-in kinds and this module's test-only ones.
 TestRule = stage_union((*BUILTIN_RULES, SleepSpec, RecordSpec), PluginRule)
 
@@ -97,14 +91,6 @@ class WithTestRules(Pipeline):
     """A pipeline whose rules may also be this module's test-only ones."""
 
     postprocess: list[TestRule] = []
-
-
-def _sleep(spec: SleepSpec, base_dir: Path) -> Sleep:
-    return Sleep(spec.input, spec.output, spec.seconds, FINISHED)
-
-
-def _record(spec: RecordSpec, base_dir: Path) -> Record:
-    return Record(spec.input, CALLS)
 
 
 SOFTMAX = {"kind": "softmax", "input": "logits", "output": "probabilities"}
@@ -154,8 +140,8 @@ def run(engine: RuleEngine, parameters: dict | None = None, tensors: dict | None
 def _reset(monkeypatch: pytest.MonkeyPatch) -> None:
     FINISHED.clear()
     CALLS.clear()
-    monkeypatch.setitem(RULES.factories, "test_sleep", _sleep)
-    monkeypatch.setitem(RULES.factories, "test_record", _record)
+    monkeypatch.setitem(RULES.classes, "test_sleep", Sleep)
+    monkeypatch.setitem(RULES.classes, "test_record", Record)
 
 
 # order, outputs and errors

@@ -11,7 +11,6 @@ import pytest
 
 from services.preprocess.steps import StepError
 from services.preprocess.steps import build_step_options as build
-from services.preprocess.steps.numeric import Standardize
 from strata.errors import InvalidArgument
 from strata.normalisation import Stats, save_stats
 
@@ -148,9 +147,12 @@ def test_standardize_uses_the_loaded_statistics(stats_dir: Path) -> None:
         run("standardize", {"x": np.zeros((1, 3), np.float32)}, stats_dir, stats="s.json")
 
 
-def test_finite_values_too_large_to_standardise_are_refused_not_made_infinite() -> None:
+def test_finite_values_too_large_to_standardise_are_refused_not_made_infinite(
+    tmp_path: Path,
+) -> None:
     tight = Stats(np.array([0, 0], np.float32), np.array([1, 0.5], np.float32))
-    step = Standardize(input="x", stats=tight)
+    save_stats(tight, tmp_path / "tight.json")
+    step = build("standardize", {"input": "x", "stats": "tight.json"}, tmp_path)
     huge = np.array([[1.0, 2.0], [1.0, 3.4e38]], np.float32)
     with pytest.raises(StepError, match=r"row 1 feature 1 .* not a finite FP32 number"):
         step.process({"x": huge})
