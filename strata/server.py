@@ -32,6 +32,7 @@ from strata.metrics import set_ready
 from strata.security import caller_guard, server_credentials
 from strata.streams import Drain
 from strata.telemetry import traced_servicer
+from strata.workers import sharing
 
 log = logging.getLogger(__name__)
 
@@ -46,9 +47,16 @@ class Companion(Protocol):
 
 
 IDENTITY_ONLY = 1  # grpc's bitset of enabled compression algorithms: bit 0, no compression
-# gRPC binds with SO_REUSEPORT by default, so a second server on a port in use would start
-# and share its calls; without it, the second one fails to start and says the port is in use.
-NOT_SHARED = ("grpc.so_reuseport", 0)
+
+
+def _reuse_port() -> tuple[str, int]:
+    """gRPC binds with SO_REUSEPORT by default, so a second server on a port in use would
+    start and share its calls; without it, the second one fails to start and says the port
+    is in use. Workers of one service share their ports on purpose (strata.workers), once
+    their parent has claimed them."""
+    return ("grpc.so_reuseport", int(sharing()))
+
+
 # (servicer, add_to_server function, full service name)
 Registration = tuple[object, Callable[[object, grpc.aio.Server], None], str]
 
@@ -141,7 +149,9 @@ def _bind(
     credentials: grpc.ServerCredentials | None = None,
 ) -> int:
     """The port `server` bound for `listen`; AddressUnusable saying why when it cannot."""
-    problem = bind_problem(listen)  # asked first: gRPC would log a line of its own
+    # Asked first: gRPC would log a line of its own. A worker's siblings listen there: its
+    # parent asked instead, before any of them started.
+    problem = None if sharing() else bind_problem(listen)
     if problem:
         raise AddressUnusable(listen, role, problem)
     try:
@@ -161,7 +171,7 @@ def _server_options(settings: ServerSettings, public: bool) -> list[tuple[str, i
         *grpc_options(settings),
         ("grpc.max_concurrent_streams", settings.max_concurrent_streams),
         ("grpc.server_handshake_timeout_ms", int(settings.handshake_timeout_seconds * 1000)),
-        NOT_SHARED,
+        _reuse_port(),
     ]
     if not settings.accept_compressed:
         # Identity alone: a compressed message is refused UNIMPLEMENTED before it inflates.
@@ -185,7 +195,7 @@ async def _probe(
 ) -> grpc.aio.Server | None:
     if not tls.probe_listen:
         return None
-    probe = grpc.aio.server(options=[*grpc_options(settings), NOT_SHARED])
+    probe = grpc.aio.server(options=[*grpc_options(settings), _reuse_port()])
     health_pb2_grpc.add_HealthServicer_to_server(health, probe)
     _bind(probe, tls.probe_listen, "probe")
     await probe.start()

@@ -44,6 +44,7 @@ class AdminServicer(admin_pb2_grpc.AdminServicer):
     @grpc_errors
     async def SetWeights(self, request, context) -> admin_pb2.StatusResponse:
         self._auth.check(context)
+        self._runtime.changing_live("SetWeights")
         self._router(request.pipeline).set_weights(dict(request.weights))
         return await self._status()
 
@@ -65,6 +66,7 @@ class AdminServicer(admin_pb2_grpc.AdminServicer):
     @grpc_errors
     async def ForceLevel(self, request, context) -> admin_pb2.StatusResponse:
         self._auth.check(context)
+        self._runtime.changing_live("ForceLevel")
         if request.release:
             self._runtime.ladder.force(None)
         elif not 0 <= request.level <= 4:
@@ -76,6 +78,7 @@ class AdminServicer(admin_pb2_grpc.AdminServicer):
     @grpc_errors
     async def Reload(self, request, context) -> admin_pb2.ReloadResponse:
         self._auth.check(context)
+        self._runtime.changing_live("Reload")
         applied, restart, kept = self._runtime.reload()
         return admin_pb2.ReloadResponse(applied=applied, needs_restart=restart, kept_live=kept)
 

@@ -89,6 +89,17 @@ class Runtime:
         inference = self.upstreams.inference
         return lambda route: inference[route.deployment].breaker.available_for(model)
 
+    def changing_live(self, what: str) -> None:
+        """Refuse a live change (FAILED_PRECONDITION) where it would reach one of several
+        gateway processes (gateway.processes): each keeps its own state."""
+        count = self.settings.gateway.processes
+        if count > 1:
+            raise NotReady(
+                f"{what} would reach one of this gateway's {count} processes "
+                "(gateway.processes), each with its own state: change the config file and "
+                "restart the gateway, or run one process"
+            )
+
     def router(self, pipeline: str) -> Router:
         try:
             return self.routers[pipeline]
