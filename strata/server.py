@@ -32,7 +32,7 @@ from strata.metrics import set_ready
 from strata.security import caller_guard, server_credentials
 from strata.streams import Drain
 from strata.telemetry import traced_servicer
-from strata.workers import sharing
+from strata.workers import all_listening, sharing
 
 log = logging.getLogger(__name__)
 
@@ -100,8 +100,10 @@ async def start_server(
     tls: TlsSettings | None = None,
     public: bool = False,
     identity: str | None = None,
+    serving: bool = True,
 ) -> Running:
-    """Bind and start a server with health (and reflection, unless off), and mark it SERVING.
+    """Bind and start a server with health (and reflection, unless off), and mark it SERVING
+    (or, not `serving`, NOT_SERVING until its caller says otherwise).
 
     With TLS on, the server presents the certificate of `identity` (the layer's name): a public
     server (the gateway) its public one; any other requires callers to present one signed by
@@ -137,7 +139,11 @@ async def start_server(
         await server.stop(0)  # a started server left to the collector fails at exit
         raise
     running = Running(server, health, names, port, probe)
-    await running.set_health(health_pb2.HealthCheckResponse.SERVING)
+    await running.set_health(
+        health_pb2.HealthCheckResponse.SERVING
+        if serving
+        else health_pb2.HealthCheckResponse.NOT_SERVING
+    )
     log.info("serving %s on %s", ", ".join(names[1:]), listen)
     return running
 
@@ -216,7 +222,10 @@ async def serve(
 ) -> None:
     """Run a gRPC server on `listen` (and its companions) until SIGTERM or SIGINT, then
     drain them all at once and return."""
-    running = await start_server(registrations, listen, settings, tls, public, identity)
+    # A worker says SERVING once all its siblings listen too (strata.workers).
+    running = await start_server(
+        registrations, listen, settings, tls, public, identity, serving=not sharing()
+    )
     try:
         for companion in companions:
             await companion.start()
@@ -225,6 +234,9 @@ async def serve(
     except BaseException:  # e.g. a companion's port in use: stop what started, then say so
         await asyncio.gather(running.stop(0), *(c.stop(0) for c in companions))
         raise
+    if sharing():
+        await all_listening()
+        await running.set_health(health_pb2.HealthCheckResponse.SERVING)
     stopping = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

@@ -20,10 +20,13 @@ of the parent's (prometheus_client's multi-process mode) and the parent's page s
 /readyz is 200 while any worker says SERVING. It restarts a worker that dies (a crash, a
 kill) after a backoff, and stops every worker (SIGTERM: each drains) when it is told to
 stop or when a worker exits for a reason no restart fixes (whose code it then exits with).
+SIGHUP to the parent (which a worker sends after an admin Reload) makes every worker re-read
+the config file.
 """
 
 from __future__ import annotations
 
+import asyncio
 import ctypes
 import logging
 import os
@@ -45,6 +48,7 @@ from strata.metrics import serve_workers_metrics
 log = logging.getLogger(__name__)
 
 WORKER = "STRATA_WORKER"  # set in a worker's environment: its index among the processes
+LISTENING = "STRATA_WORKER_PIPE"  # the pipe a worker writes to once it listens
 MULTIPROCESS = "PROMETHEUS_MULTIPROC_DIR"  # prometheus_client's multi-process folder
 IN_USE = "already in use"
 PR_SET_PDEATHSIG = 1  # prctl(2): the signal a child gets when its parent dies
@@ -59,6 +63,26 @@ def worker_index() -> int | None:
 def sharing() -> bool:
     """Whether this process shares its public ports with sibling workers (SO_REUSEPORT)."""
     return worker_index() is not None
+
+
+async def all_listening() -> None:
+    """In a worker whose ports are open: tell the parent, and return once every sibling's
+    are (the parent's SIGUSR1). Until then its health says NOT_SERVING, so no one is told to
+    connect while the kernel has fewer than all the workers to hand connections to: a
+    connection made then would stay on the first worker for good."""
+    loop = asyncio.get_running_loop()
+    everyone = asyncio.Event()
+    loop.add_signal_handler(signal.SIGUSR1, everyone.set)
+    os.write(int(os.environ[LISTENING]), b"+")
+    await everyone.wait()
+    loop.remove_signal_handler(signal.SIGUSR1)
+
+
+def tell_siblings() -> None:
+    """In a worker that re-read its config: have its parent tell every worker to re-read it
+    (SIGHUP), so they all serve the same file. Nothing in a process that runs alone."""
+    if sharing():
+        os.kill(os.getppid(), signal.SIGHUP)
 
 
 def claim(address: str, role: str) -> socket.socket:
@@ -115,8 +139,12 @@ class Parent:
     def __init__(self, name: str, count: int, shared: Shared, grace: float) -> None:
         self.name, self.count, self.shared, self.grace = name, count, shared, grace
         self.workers: dict[int, subprocess.Popen] = {}
+        self._pipes: dict[int, int] = {}  # each starting worker's pipe (read end)
+        self._listening: set[int] = set()  # workers that listen, not yet told to serve
+        self._open = False  # every worker has listened once: a new one may serve at once
         self._folder = tempfile.TemporaryDirectory(prefix=f"strata-{name}-metrics-")
         self._stop = threading.Event()
+        self._reload = threading.Event()
         self._started: dict[int, float] = {}
         self._restart_at: dict[int, float] = {}
         self._delay: dict[int, float] = {}
@@ -130,6 +158,7 @@ class Parent:
             self._serve_metrics()
             for sig in (signal.SIGTERM, signal.SIGINT):
                 signal.signal(sig, lambda *_: self._stop.set())
+            signal.signal(signal.SIGHUP, lambda *_: self._reload.set())
             for index in range(self.count):
                 self._spawn(index, argv)
             while not self._stop.wait(0.1):
@@ -150,19 +179,33 @@ class Parent:
             raise AddressUnusable(self.shared.metrics, "metrics", IN_USE) from exc
 
     def _spawn(self, index: int, argv: Sequence[str]) -> None:
+        read, write = os.pipe()
+        os.set_blocking(read, False)
         env = {**os.environ, WORKER: str(index), MULTIPROCESS: self._folder.name}
+        env[LISTENING] = str(write)
         command = [sys.executable, "-m", f"services.{self.name}", *argv]
-        self.workers[index] = subprocess.Popen(command, env=env, preexec_fn=_die_with_parent)
+        self.workers[index] = subprocess.Popen(
+            command, env=env, pass_fds=(write,), preexec_fn=_die_with_parent
+        )
+        os.close(write)
+        self._pipes[index] = read
         self._started[index] = time.monotonic()
         log.info("%s worker %d started (pid %d)", self.name, index, self.workers[index].pid)
 
     def _tend(self, argv: Sequence[str]) -> None:
+        if self._reload.is_set():
+            self._reload.clear()
+            for process in self.workers.values():
+                if process.poll() is None:
+                    process.send_signal(signal.SIGHUP)
         now = time.monotonic()
         for index, process in list(self.workers.items()):
             code = process.poll()
             if code is None or index in self._restart_at:
                 continue
-            _mark_dead(process.pid)
+            # Drop its live gauges (readiness) from the summed page.
+            multiprocess.mark_process_dead(process.pid, self._folder.name)
+            self._listening.discard(index)
             if code in PERMANENT:  # it said why in one line; no restart can fix it
                 self.code = code
                 self._stop.set()
@@ -179,6 +222,25 @@ class Parent:
             if due <= now:
                 del self._restart_at[index]
                 self._spawn(index, argv)
+        self._let_serve()
+
+    def _let_serve(self) -> None:
+        """SIGUSR1 to each worker that listens: at start once all do, later at once."""
+        for index, pipe in list(self._pipes.items()):
+            try:
+                said = os.read(pipe, 1)
+            except BlockingIOError:
+                continue
+            os.close(pipe)
+            del self._pipes[index]
+            if said:  # else it died first; its restart gets a pipe of its own
+                self._listening.add(index)
+        if self._open or len(self._listening) == self.count:
+            self._open = True
+            for index in self._listening:
+                if self.workers[index].poll() is None:
+                    self.workers[index].send_signal(signal.SIGUSR1)
+            self._listening.clear()
 
     def _stop_all(self) -> None:
         """SIGTERM every worker (each drains within its grace), then wait; kill stragglers."""
@@ -192,8 +254,3 @@ class Parent:
             except subprocess.TimeoutExpired:
                 process.kill()
                 process.wait()
-
-
-def _mark_dead(pid: int) -> None:
-    """Drop a dead worker's live gauges (readiness) from the summed page."""
-    multiprocess.mark_process_dead(pid)

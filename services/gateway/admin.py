@@ -18,6 +18,7 @@ from strata.errors import InvalidArgument, NotFound
 from strata.grpc_errors import grpc_errors
 from strata.proto.v1 import admin_pb2, admin_pb2_grpc
 from strata.tokens import ControlAuth
+from strata.workers import tell_siblings
 
 
 def admin_auth(runtime: Runtime) -> ControlAuth:
@@ -78,8 +79,8 @@ class AdminServicer(admin_pb2_grpc.AdminServicer):
     @grpc_errors
     async def Reload(self, request, context) -> admin_pb2.ReloadResponse:
         self._auth.check(context)
-        self._runtime.changing_live("Reload")
         applied, restart, kept = self._runtime.reload()
+        tell_siblings()  # other gateway processes re-read the file too
         return admin_pb2.ReloadResponse(applied=applied, needs_restart=restart, kept_live=kept)
 
     async def _status(self) -> admin_pb2.StatusResponse:

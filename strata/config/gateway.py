@@ -373,10 +373,10 @@ class GatewaySettings(Strict):
         "and probe ones), each on a core of its own with its own door, flights, ladder and "
         "cache; the kernel hands each connection to one of them, so a client on one "
         "connection is served by one process. Above 1, `python -m services.gateway` starts "
-        "them and restarts one that dies, serves the metrics page summed over them, and the "
-        "admin API's live changes are refused (they would reach one process): change the "
-        "file and restart. Set it to the cores the gateway is given (docs/gateway.md). Read "
-        "at start.",
+        "them and restarts one that dies, and serves the metrics page summed over them; an "
+        "admin Reload reaches every process, while SetWeights, ForceLevel and the log and "
+        "trace settings are refused (they would reach one): change the file and Reload. Set "
+        "it to the cores the gateway is given (docs/gateway.md). Read at start.",
     )
     rest: Rest = Field(default_factory=Rest, description="The REST API's request limits.")
     shared_memory: SharedMemory = Field(
