@@ -96,7 +96,7 @@ def report(figures: Figures) -> str:
     for connections in CONNECTIONS:
         for count in counts:
             values = [figures[(r, count, connections)] for r in rounds]
-            ratios = [figures[(r, count, connections)] / figures[(r, 1, connections)] for r in rounds]
+            ratios = [v / figures[(r, 1, connections)] for r, v in zip(rounds, values)]
             shown = ", ".join(f"{v:.0f}" for v in values)
             lines.append(
                 f"| {connections} | {count} | {shown} | {statistics.median(ratios):.2f} |"
