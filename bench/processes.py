@@ -96,11 +96,9 @@ def report(figures: Figures) -> str:
     for connections in CONNECTIONS:
         for count in counts:
             values = [figures[(r, count, connections)] for r in rounds]
-            ratios = [v / figures[(r, 1, connections)] for r, v in zip(rounds, values)]
+            ratios = [v / figures[(r, 1, connections)] for r, v in zip(rounds, values, strict=True)]
             shown = ", ".join(f"{v:.0f}" for v in values)
-            lines.append(
-                f"| {connections} | {count} | {shown} | {statistics.median(ratios):.2f} |"
-            )
+            lines.append(f"| {connections} | {count} | {shown} | {statistics.median(ratios):.2f} |")
     return "\n".join(lines)
 
 
