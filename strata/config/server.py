@@ -21,9 +21,10 @@ class ServerSettings(Strict):
         default=256,
         gt=0,
         description="Calls one client connection may have open at once, on every port (the "
-        "gateway's public one included). A client's ordinary concurrency is queued at the "
-        "gateway's door and answered, never refused by HTTP/2; past capacity the door refuses "
-        "with RESOURCE_EXHAUSTED and a retry hint.",
+        "gateway's public one included): a gRPC client holds any more until one ends (HTTP/2 "
+        "flow control), so they wait in the client, at no cost to the server, and are never "
+        "refused by HTTP/2. Those open are queued at the gateway's door and answered; past "
+        "capacity the door refuses with RESOURCE_EXHAUSTED and a retry hint.",
     )
     max_stream_in_flight: int = Field(
         default=DEFAULT_MAX_IN_FLIGHT,
