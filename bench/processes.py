@@ -72,7 +72,7 @@ def measure(config: Path, counts: tuple[int, ...], rounds: int, seconds: float) 
                 order = list(plans) if round_ % 2 else list(plans)[::-1]
                 for count in order:
                     results = closed(pool, plans[count], IN_FLIGHT, seconds)
-                    errors = results.count - int(results.ok.sum())
+                    errors = dict(results.error_counts()) or 0
                     figures[(round_, count, connections)] = results.throughput()
                     print(
                         f"round {round_}, processes {count}, {connections} connections: "
