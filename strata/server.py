@@ -177,12 +177,7 @@ def _server_options(settings: ServerSettings, public: bool) -> list[tuple[str, i
         *grpc_options(settings),
         ("grpc.max_concurrent_streams", settings.max_concurrent_streams),
         ("grpc.server_handshake_timeout_ms", int(settings.handshake_timeout_seconds * 1000)),
-        # C-core's overload protection refuses a new stream (RST_STREAM, UNAVAILABLE to the
-        # caller) while the streams it has not yet freed, finished ones included, exceed
-        # max_concurrent_streams: with a limit of 256, one connection with 300 calls in flight
-        # lost 43 of them, with 32, 64 lost 230 of 576. Off, the client holds its calls past
-        # the limit until a stream frees (HTTP/2 flow control) and none is refused.
-        ("grpc.http.overload_protection", 0),
+        ("grpc.http.overload_protection", int(settings.overload_protection)),
         _reuse_port(),
     ]
     if not settings.accept_compressed:
