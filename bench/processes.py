@@ -5,8 +5,9 @@ One system from the config per `gateway.processes` count, all started at once. T
 closed-loop client measures each in turn against the first pipeline with a demo data set,
 64 requests in flight from 8 connections (the kernel spreads connections over the gateway's
 processes) and from one (which one process serves), in short rounds whose order alternates,
-so that a noisy neighbour hits every count alike. It reports each round's throughput, and
-the median over rounds of each count's throughput over one process's. Results go to
+so that a noisy neighbour hits every count alike. It prints each round's throughput and the
+gateway's CPU a request (all its processes), and reports each round's throughput and the
+median over rounds of each count's throughput over one process's. Results go to
 `--out` (bench/results/processes.md).
 """
 
@@ -18,6 +19,8 @@ import statistics
 import sys
 import tempfile
 from pathlib import Path
+
+import psutil
 
 from bench.deployment import running
 from bench.load import LoadPool, Plan
@@ -46,7 +49,7 @@ def measure(config: Path, counts: tuple[int, ...], rounds: int, seconds: float) 
     figures: Figures = {}
     with contextlib.ExitStack() as stack, LoadPool(2) as pool:
         tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="strata-")))
-        targets = {}
+        targets, gateways = {}, {}
         for count in counts:
             folder = tmp / f"processes-{count}"
             folder.mkdir()
@@ -54,6 +57,7 @@ def measure(config: Path, counts: tuple[int, ...], rounds: int, seconds: float) 
                 running(config, folder, gateway={"processes": count})
             )
             targets[count] = supervisor.address("gateway")
+            gateways[count] = psutil.Process(supervisor.processes["gateway"].pid)
         for connections in CONNECTIONS:
             plans = {
                 count: Plan(
@@ -71,15 +75,23 @@ def measure(config: Path, counts: tuple[int, ...], rounds: int, seconds: float) 
             for round_ in range(1, rounds + 1):
                 order = list(plans) if round_ % 2 else list(plans)[::-1]
                 for count in order:
+                    before = cpu_seconds(gateways[count])
                     results = closed(pool, plans[count], IN_FLIGHT, seconds)
+                    cpu = (cpu_seconds(gateways[count]) - before) / max(1, results.count)
                     errors = dict(results.error_counts()) or 0
                     figures[(round_, count, connections)] = results.throughput()
                     print(
                         f"round {round_}, processes {count}, {connections} connections: "
-                        f"{results.throughput():.0f}/s, {errors} errors",
+                        f"{results.throughput():.0f}/s, gateway CPU {cpu * 1000:.3f} ms a "
+                        f"request, {errors} errors",
                         flush=True,
                     )
     return figures
+
+
+def cpu_seconds(gateway: psutil.Process) -> float:
+    """CPU the gateway's processes (the parent and its workers, if any) have used so far."""
+    return sum(sum(p.cpu_times()[:2]) for p in [gateway, *gateway.children()])
 
 
 def report(figures: Figures) -> str:
