@@ -30,10 +30,11 @@ class ServerSettings(Strict):
         default=False,
         description="gRPC core's own stream refusal: a new stream is refused (RST_STREAM, "
         "UNAVAILABLE to the caller) while the streams the server has not yet freed, finished "
-        "ones included, exceed max_concurrent_streams. A busy server frees them late, so it "
-        "refused clients that kept within the limit (43 of 300 calls on one connection at "
-        "256); off, the client holds the excess itself. On, an open loop far past capacity "
-        "is partly refused in C before any Python runs, at that price (docs/gateway.md).",
+        "ones included, exceed max_concurrent_streams. A server frees them late, so it refused "
+        "clients that kept within the limit (a closed loop of 256 on one connection, the "
+        "limit, lost 3 of 6,904 calls in 3 s on a bare server); off, the client holds the "
+        "excess itself. On, an open loop far past capacity is partly refused in C before "
+        "any Python runs, at that price (docs/gateway.md).",
     )
     max_stream_in_flight: int = Field(
         default=DEFAULT_MAX_IN_FLIGHT,

@@ -53,8 +53,13 @@ def test_calls_in_flight_on_one_connection_are_all_answered(
 
 
 @pytest.mark.parametrize("in_flight", [64, IN_FLIGHT])
-def test_tritonclient_on_one_connection_sees_no_error(system: Supervisor, in_flight: int) -> None:
-    codes = run_client(
-        "triton_concurrent", system.address("gateway"), "digits", str(in_flight), "3"
-    )
-    assert codes == {"OK": 3 * in_flight}
+def test_tritonclient_in_a_closed_loop_on_one_connection_sees_no_error(
+    system: Supervisor, in_flight: int
+) -> None:
+    """With C-core's overload protection on (`server.overload_protection`), this failed at
+    256: a stream the client has seen end is not yet freed at the server when the client
+    opens the next (on a bare server, 3 of 6,904 calls in 3 s)."""
+    calls = 3
+    gateway = system.address("gateway")
+    codes = run_client("triton_concurrent", gateway, "digits", str(in_flight), str(calls))
+    assert codes == {"OK": calls * in_flight}

@@ -1,7 +1,8 @@
-"""Calls in flight at once from one tritonclient.grpc.aio client (one connection, as every
-tritonclient user has); print the count of each answer code as JSON.
+"""A closed loop from one tritonclient.grpc.aio client (one connection, as every tritonclient
+user has): IN_FLIGHT callers, each sending its next call as its last is answered, CALLS
+times; print the count of each answer code as JSON.
 
-usage: triton_concurrent.py URL PIPELINE IN_FLIGHT ROUNDS
+usage: triton_concurrent.py URL PIPELINE IN_FLIGHT CALLS
 """
 
 import asyncio
@@ -14,7 +15,7 @@ import tritonclient.grpc.aio as tc
 from tritonclient.utils import InferenceServerException
 
 
-async def main(url: str, pipeline: str, in_flight: int, rounds: int) -> None:
+async def main(url: str, pipeline: str, in_flight: int, calls: int) -> None:
     codes: collections.Counter = collections.Counter()
     client = tc.InferenceServerClient(url)
 
@@ -27,14 +28,17 @@ async def main(url: str, pipeline: str, in_flight: int, rounds: int) -> None:
         except InferenceServerException as exc:
             codes[f"{exc.status()}: {exc.message()}"] += 1
 
+    async def caller(i: int) -> None:
+        for _ in range(calls):
+            await call(i)
+
     try:
-        for _ in range(rounds):
-            await asyncio.gather(*(call(i) for i in range(in_flight)))
+        await asyncio.gather(*(caller(i) for i in range(in_flight)))
     finally:
         await client.close()
     print(json.dumps(codes))
 
 
 if __name__ == "__main__":
-    url, pipeline, in_flight, rounds = sys.argv[1:]
-    asyncio.run(main(url, pipeline, int(in_flight), int(rounds)))
+    url, pipeline, in_flight, calls = sys.argv[1:]
+    asyncio.run(main(url, pipeline, int(in_flight), int(calls)))
