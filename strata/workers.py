@@ -4,7 +4,8 @@ Python runs one thread of Python at a time, so one gateway process uses about on
 `processes: N` the command started (`python -m services.gateway`, by the launcher, compose or
 Kubernetes alike) becomes a small parent: it claims the ports, then starts N workers, each
 the same command with the same arguments, each with its own event loop, door, flights and
-state. Each worker binds the gRPC, REST and admin ports with SO_REUSEPORT, so the kernel
+state. (The parent, not the launcher, starts them: compose and Kubernetes run the gateway
+without the launcher, and the claim below must be held by something that outlives a worker.) Each worker binds the gRPC, REST and admin ports with SO_REUSEPORT, so the kernel
 hands each new connection to one of them; a connection, and every call on it, stays with
 the worker that accepted it.
 
@@ -72,10 +73,10 @@ async def all_listening() -> None:
     connection made then would stay on the first worker for good."""
     loop = asyncio.get_running_loop()
     everyone = asyncio.Event()
+    # Left installed: SIGUSR1's default would end the process, should one come again.
     loop.add_signal_handler(signal.SIGUSR1, everyone.set)
     os.write(int(os.environ[LISTENING]), b"+")
     await everyone.wait()
-    loop.remove_signal_handler(signal.SIGUSR1)
 
 
 def tell_siblings() -> None:
@@ -87,8 +88,10 @@ def tell_siblings() -> None:
 
 def claim(address: str, role: str) -> socket.socket:
     """The claim on `address` (host:port) for this deployment, held while the socket is open;
-    AddressUnusable when another copy holds it or another program listens there."""
-    name = f"\0strata:{address}".encode()
+    AddressUnusable when another copy holds it or another program listens there. The claim
+    names the port alone: another copy on the same port at another of the host's addresses
+    (0.0.0.0 against 127.0.0.1) would share its connections as well."""
+    name = f"\0strata:port:{address.rpartition(':')[2]}".encode()
     holder = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         holder.bind(name)
