@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+from collections.abc import Iterator
 
 import grpc
 import numpy as np
@@ -14,12 +15,22 @@ import pytest
 from strata import codec
 from strata.launch import Supervisor
 from strata.proto.inference import grpc_service_pb2_grpc as v2_grpc
-from tests.support.system import run_client
+from tests.support.system import run_client, running_system
 
 IN_FLIGHT = 256
 # Past the default max_concurrent_streams (256): C-core's overload protection refused 43 of
 # 300 and 228 of 512 such calls (RST_STREAM, UNAVAILABLE) before it was turned off.
 PAST_THE_STREAM_LIMIT = 600
+
+
+@pytest.fixture(scope="module")
+def system(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Supervisor]:
+    """The default system, with an objective long enough that 256 in flight stay within it
+    on a busy 2-core machine (about 500 answers/s: half a second in the queue), so that the
+    door queues them all; its refusals past an objective are test_overload's."""
+    changes = {"pipelines": {"digits": {"latency_objective_ms": 5000}}}
+    with running_system(tmp_path_factory.mktemp("ordinary"), changes) as supervisor:
+        yield supervisor
 
 
 async def one_connection(address: str, calls: int) -> collections.Counter:
