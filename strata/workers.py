@@ -5,9 +5,10 @@ Python runs one thread of Python at a time, so one gateway process uses about on
 Kubernetes alike) becomes a small parent: it claims the ports, then starts N workers, each
 the same command with the same arguments, each with its own event loop, door, flights and
 state. (The parent, not the launcher, starts them: compose and Kubernetes run the gateway
-without the launcher, and the claim below must be held by something that outlives a worker.) Each worker binds the gRPC, REST and admin ports with SO_REUSEPORT, so the kernel
-hands each new connection to one of them; a connection, and every call on it, stays with
-the worker that accepted it.
+without the launcher, and the claim below must be held by something that outlives a
+worker.) Each worker binds the gRPC, REST, admin and probe ports with SO_REUSEPORT, so the
+kernel hands each new connection to one of them; a connection, and every call on it, stays
+with the worker that accepted it.
 
 SO_REUSEPORT would also let a second copy of Strata share the ports silently. So before any
 worker starts, the parent claims each port with an abstract Unix socket named after it: a
