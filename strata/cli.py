@@ -27,7 +27,7 @@ from strata.exits import (
 from strata.metrics import serve_metrics
 from strata.server import Companion, Registration, Running, serve
 from strata.telemetry import setup_logging, setup_tracing
-from strata.workers import Parent, sharing
+from strata.workers import Parent, sharing, worker_index
 
 
 @dataclass
@@ -72,7 +72,7 @@ def run_service(
         settings = _settings(args.config, name, args.listen)
         deployment = _deployment(name, settings)
         process = f"{name}-{deployment}" if deployment else name
-        setup_logging(name, settings.telemetry.log_level, deployment)
+        setup_logging(name, settings.telemetry.log_level, deployment, worker_index())
         parent = workers(settings, args.listen) if workers else None
         if parent is not None:
             raise SystemExit(parent.run(sys.argv[1:] if argv is None else argv))

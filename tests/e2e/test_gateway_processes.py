@@ -6,6 +6,7 @@ live admin changes are refused, while Reload reaches every process."""
 
 from __future__ import annotations
 
+import json
 import signal
 import subprocess
 import sys
@@ -116,6 +117,12 @@ def test_the_kernel_spreads_connections_over_the_processes(system: Supervisor) -
         assert {infer(channel, client(), i) for i in range(3)} == {grpc.StatusCode.OK}
         channel.close()
     assert {pid for _, pid in held} == {w.pid for w in workers(system)}, "all on one process"
+
+
+def test_each_process_logs_its_index(system: Supervisor) -> None:
+    lines = (system.log_dir / "gateway.log").read_text().splitlines()
+    events = [json.loads(line) for line in lines if line.startswith("{")]
+    assert {e.get("worker") for e in events if e["msg"].startswith("serving ")} == {0, 1}
 
 
 def test_a_client_on_one_connection_meets_one_process_rate_limit(system: Supervisor) -> None:
