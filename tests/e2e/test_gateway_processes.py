@@ -182,7 +182,13 @@ def test_a_killed_process_is_replaced_and_a_retrying_client_is_served(
     address = system.address("gateway")
     channel, victim = connect(system, address)
     assert infer(channel, client()) == grpc.StatusCode.OK
+    send = v2_grpc.GRPCInferenceServiceStub(channel).ModelInfer.future
+    # A client id each: BURST calls of one client would be the rate limit's.
+    flying = [send(request(i), 10, (("x-client-id", client()),)) for i in range(200)]
     psutil.Process(victim).send_signal(signal.SIGKILL)
+    ended = {f.exception().code() if f.exception() else grpc.StatusCode.OK for f in flying}
+    assert grpc.StatusCode.UNAVAILABLE in ended, "no call was in flight on the killed process"
+    assert ended <= {grpc.StatusCode.OK, grpc.StatusCode.UNAVAILABLE}, ended
     codes = []
     end = time.monotonic() + 10
     while time.monotonic() < end and grpc.StatusCode.OK not in codes[-1:]:
