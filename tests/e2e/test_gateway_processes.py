@@ -42,6 +42,7 @@ def system(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Supervisor]:
             "rate_limits": {"per_client": {"rate": 0.01, "burst": BURST}},
         },
         "services": {"gateway": {"metrics": f"127.0.0.1:{free_port()}"}},
+        "pipelines": {"digits": {"cache": True}},
     }
     with running_system(tmp_path_factory.mktemp("processes"), changes) as supervisor:
         yield supervisor
@@ -134,6 +135,22 @@ def test_a_client_on_one_connection_meets_one_process_rate_limit(system: Supervi
     assert codes[:BURST] == [grpc.StatusCode.OK] * BURST
     assert set(codes[BURST:]) == {grpc.StatusCode.RESOURCE_EXHAUSTED}
     assert infer(second, name) == grpc.StatusCode.OK, "the other process shared the bucket"
+    first.close()
+    second.close()
+
+
+def test_each_process_keeps_its_own_result_cache(system: Supervisor) -> None:
+    name = client()
+
+    def cached(channel: grpc.Channel) -> bool:
+        reply = v2_grpc.GRPCInferenceServiceStub(channel).ModelInfer(
+            request(7), timeout=10, metadata=(("x-client-id", name),)
+        )
+        return reply.parameters["strata.cached"].bool_param
+
+    first, second = on_each(system, system.address("gateway")).values()
+    assert [cached(first), cached(first)] == [False, True]
+    assert [cached(second), cached(second)] == [False, True], "the other process shared it"
     first.close()
     second.close()
 
