@@ -27,6 +27,7 @@ from strata.exits import (
 from strata.metrics import serve_metrics
 from strata.server import Companion, Registration, Running, serve
 from strata.telemetry import setup_logging, setup_tracing
+from strata.workers import Parent, sharing, worker_index
 
 
 @dataclass
@@ -45,10 +46,16 @@ class Service:
 
 
 Builder = Callable[[Settings], Awaitable[Service]]
+# The parent of a service's several processes, for the settings and --listen; None
+# where this process serves alone (strata.workers).
+Workers = Callable[[Settings, str | None], Parent | None]
 
 
-def run_service(name: str, build: Builder, argv: list[str] | None = None) -> None:
-    """Parse arguments, load the config, set up telemetry, build the service and serve it.
+def run_service(
+    name: str, build: Builder, argv: list[str] | None = None, workers: Workers | None = None
+) -> None:
+    """Parse arguments, load the config, set up telemetry, build the service and serve it,
+    or, where `workers` gives a parent, start that many processes serving it.
 
     A reason it cannot start (strata.exits) ends it with one line on stderr, `<process>:
     <what and where>`, and that reason's exit code.
@@ -65,7 +72,10 @@ def run_service(name: str, build: Builder, argv: list[str] | None = None) -> Non
         settings = _settings(args.config, name, args.listen)
         deployment = _deployment(name, settings)
         process = f"{name}-{deployment}" if deployment else name
-        setup_logging(name, settings.telemetry.log_level, deployment)
+        setup_logging(name, settings.telemetry.log_level, deployment, worker_index())
+        parent = workers(settings, args.listen) if workers else None
+        if parent is not None:
+            raise SystemExit(parent.run(sys.argv[1:] if argv is None else argv))
         with asyncio.Runner(loop_factory=_loop_factory(settings)) as runner:
             runner.run(_main(name, build, settings, args.listen))
     except StartFailure as exc:
@@ -107,7 +117,8 @@ async def _main(name: str, build: Builder, settings: Settings, listen: str | Non
     )
     listen = listen or service.endpoint.listen
     endpoint = settings.services.endpoint_of(listen) or service.endpoint
-    _serve_metrics(endpoint.metrics_for(listen))
+    if not sharing():  # a worker's metrics go to its parent's page
+        _serve_metrics(endpoint.metrics_for(listen))
     await serve(
         service.registrations,
         listen,

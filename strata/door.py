@@ -23,6 +23,7 @@ import grpc
 from google.protobuf import descriptor_pool
 from prometheus_client import Counter
 
+from strata.errors import RETRY_AFTER
 from strata.tokens import source_address
 
 REFUSED = Counter(
@@ -37,6 +38,10 @@ REFUSED = Counter(
 # door refuses has been read: a flood past `total` makes at most this many messages read and
 # dropped at once. Probes come a few at a time.
 PROBE_RESERVE = 16
+# How long a refused caller should wait: a call in flight ends within about this long at
+# capacity, so one of a full server's or a client's slots frees (trailing `retry-after-ms`).
+RETRY_AFTER_MS = 100
+HINT = ((RETRY_AFTER, str(RETRY_AFTER_MS)),)
 PROBES = frozenset(
     {
         "grpc.health.v1.Health.Check",
@@ -77,9 +82,9 @@ class Shares:
 
 
 async def refuse(context: grpc.aio.ServicerContext, reason: str, message: str) -> None:
-    """RESOURCE_EXHAUSTED with `message`, counted by `reason`."""
+    """RESOURCE_EXHAUSTED with `message` and a retry hint, counted by `reason`."""
     REFUSED.labels(reason).inc()
-    await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, message)
+    await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, message, trailing_metadata=HINT)
 
 
 class Door:

@@ -18,7 +18,14 @@ from socketserver import ThreadingMixIn
 from typing import Any
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
-from prometheus_client import Counter, Gauge, Histogram, make_wsgi_app
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    make_wsgi_app,
+    multiprocess,
+)
 
 log = logging.getLogger(__name__)
 
@@ -29,7 +36,11 @@ LATENCY_BUCKETS = (
 )  # fmt: skip
 
 
-READY = Gauge("strata_ready", "1 while this process's gRPC health service says SERVING.")
+READY = Gauge(
+    "strata_ready",
+    "1 while this process's gRPC health service says SERVING (of several workers: any).",
+    multiprocess_mode="livemax",
+)
 
 
 class _Readiness:
@@ -51,14 +62,14 @@ Respond = Callable[[str, list[tuple[str, str]]], Any]
 App = Callable[[dict, Respond], Iterable[bytes]]
 
 
-def _probes(metrics: App) -> App:
-    """/livez and /readyz answered from the readiness flag; every other path is metrics."""
+def _probes(metrics: App, ready: Callable[[], bool]) -> App:
+    """/livez and /readyz answered from `ready`; every other path is metrics."""
 
     def app(environ: dict, respond: Respond) -> Iterable[bytes]:
         path = environ.get("PATH_INFO", "")
         if path not in ("/livez", "/readyz"):
             return metrics(environ, respond)
-        ok = path == "/livez" or READINESS.serving
+        ok = path == "/livez" or ready()
         status = "200 OK" if ok else "503 Service Unavailable"
         respond(status, [("Content-Type", "text/plain")])
         return [b"ok\n" if ok else b"not serving\n"]
@@ -78,13 +89,34 @@ class _Quiet(WSGIRequestHandler):
 def serve_metrics(address: str | None) -> None:
     """Serve /metrics, /livez and /readyz on `address` (host:port) in a background thread,
     if one is set. OSError when the address cannot be bound."""
-    if not address:
-        return
+    if address:
+        _serve(address, make_wsgi_app(), lambda: READINESS.serving)
+
+
+def serve_workers_metrics(address: str, folder: str) -> None:
+    """Serve, from a parent of several workers, the sum of the metrics they write into
+    `folder` (prometheus_client's multi-process mode); /readyz is 200 while any worker's
+    health says SERVING."""
+    registry = CollectorRegistry()
+    multiprocess.MultiProcessCollector(registry, path=folder)
+
+    def ready() -> bool:
+        return any(
+            sample.value >= 1
+            for metric in registry.collect()
+            if metric.name == "strata_ready"
+            for sample in metric.samples
+        )
+
+    _serve(address, make_wsgi_app(registry), ready)
+
+
+def _serve(address: str, metrics: App, ready: Callable[[], bool]) -> None:
     host, _, port = address.rpartition(":")
     host = host.strip("[]")
     family = {"address_family": socket.AF_INET6 if ":" in host else socket.AF_INET}
     kind = type("Server", (_Server,), family)
-    server = make_server(host, int(port), _probes(make_wsgi_app()), kind, _Quiet)
+    server = make_server(host, int(port), _probes(metrics, ready), kind, _Quiet)
     threading.Thread(target=server.serve_forever, name="metrics", daemon=True).start()
     log.info("metrics on http://%s/metrics, probes on /livez and /readyz", address)
 

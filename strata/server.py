@@ -33,6 +33,7 @@ from strata.metrics import set_ready
 from strata.security import caller_guard, server_credentials
 from strata.streams import Drain
 from strata.telemetry import traced_servicer
+from strata.workers import all_listening, sharing
 
 log = logging.getLogger(__name__)
 
@@ -58,9 +59,16 @@ def launch_service(launch_id: str) -> str:
 
 
 IDENTITY_ONLY = 1  # grpc's bitset of enabled compression algorithms: bit 0, no compression
-# gRPC binds with SO_REUSEPORT by default, so a second server on a port in use would start
-# and share its calls; without it, the second one fails to start and says the port is in use.
-NOT_SHARED = ("grpc.so_reuseport", 0)
+
+
+def _reuse_port() -> tuple[str, int]:
+    """gRPC binds with SO_REUSEPORT by default, so a second server on a port in use would
+    start and share its calls; without it, the second one fails to start and says the port
+    is in use. Workers of one service share their ports on purpose (strata.workers), once
+    their parent has claimed them."""
+    return ("grpc.so_reuseport", int(sharing()))
+
+
 # (servicer, add_to_server function, full service name)
 Registration = tuple[object, Callable[[object, grpc.aio.Server], None], str]
 
@@ -104,8 +112,10 @@ async def start_server(
     tls: TlsSettings | None = None,
     public: bool = False,
     identity: str | None = None,
+    serving: bool = True,
 ) -> Running:
-    """Bind and start a server with health (and reflection, unless off), and mark it SERVING.
+    """Bind and start a server with health (and reflection, unless off), and mark it SERVING
+    (or, not `serving`, NOT_SERVING until its caller says otherwise).
 
     With TLS on, the server presents the certificate of `identity` (the layer's name): a public
     server (the gateway) its public one; any other requires callers to present one signed by
@@ -142,7 +152,11 @@ async def start_server(
         raise
     launched = [launch_service(os.environ[LAUNCH_ID])] if os.environ.get(LAUNCH_ID) else []
     running = Running(server, health, [*names, *launched], port, probe)
-    await running.set_health(health_pb2.HealthCheckResponse.SERVING)
+    await running.set_health(
+        health_pb2.HealthCheckResponse.SERVING
+        if serving
+        else health_pb2.HealthCheckResponse.NOT_SERVING
+    )
     log.info("serving %s on %s", ", ".join(names[1:]), listen)
     return running
 
@@ -154,7 +168,9 @@ def _bind(
     credentials: grpc.ServerCredentials | None = None,
 ) -> int:
     """The port `server` bound for `listen`; AddressUnusable saying why when it cannot."""
-    problem = bind_problem(listen)  # asked first: gRPC would log a line of its own
+    # Asked first: gRPC would log a line of its own. A worker's siblings listen there: its
+    # parent asked instead, before any of them started.
+    problem = None if sharing() else bind_problem(listen)
     if problem:
         raise AddressUnusable(listen, role, problem)
     try:
@@ -174,7 +190,8 @@ def _server_options(settings: ServerSettings, public: bool) -> list[tuple[str, i
         *grpc_options(settings),
         ("grpc.max_concurrent_streams", settings.max_concurrent_streams),
         ("grpc.server_handshake_timeout_ms", int(settings.handshake_timeout_seconds * 1000)),
-        NOT_SHARED,
+        ("grpc.http.overload_protection", int(settings.overload_protection)),
+        _reuse_port(),
     ]
     if not settings.accept_compressed:
         # Identity alone: a compressed message is refused UNIMPLEMENTED before it inflates.
@@ -198,7 +215,7 @@ async def _probe(
 ) -> grpc.aio.Server | None:
     if not tls.probe_listen:
         return None
-    probe = grpc.aio.server(options=[*grpc_options(settings), NOT_SHARED])
+    probe = grpc.aio.server(options=[*grpc_options(settings), _reuse_port()])
     health_pb2_grpc.add_HealthServicer_to_server(health, probe)
     _bind(probe, tls.probe_listen, "probe")
     await probe.start()
@@ -219,7 +236,10 @@ async def serve(
 ) -> None:
     """Run a gRPC server on `listen` (and its companions) until SIGTERM or SIGINT, then
     drain them all at once and return."""
-    running = await start_server(registrations, listen, settings, tls, public, identity)
+    # A worker says SERVING once all its siblings listen too (strata.workers).
+    running = await start_server(
+        registrations, listen, settings, tls, public, identity, serving=not sharing()
+    )
     try:
         for companion in companions:
             await companion.start()
@@ -228,6 +248,9 @@ async def serve(
     except BaseException:  # e.g. a companion's port in use: stop what started, then say so
         await asyncio.gather(running.stop(0), *(c.stop(0) for c in companions))
         raise
+    if sharing():
+        await all_listening()
+        await running.set_health(health_pb2.HealthCheckResponse.SERVING)
     stopping = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

@@ -51,17 +51,22 @@ DEPLOYMENT_ATTRIBUTE = "strata.deployment"
 
 class JsonFormatter(logging.Formatter):
     """One JSON object per line: time, level, service (and the inference deployment an
-    inference process serves), logger, message, trace and span ids.
+    inference process serves, or the worker's index among a gateway's processes), logger,
+    message, trace and span ids.
 
     The message and any traceback are cut (strata.errors.bounded), so that whatever a client
     put into them, a line stays within about 16 KiB."""
 
     converter = time.gmtime
 
-    def __init__(self, service: str, deployment: str | None = None) -> None:
+    def __init__(
+        self, service: str, deployment: str | None = None, worker: int | None = None
+    ) -> None:
         super().__init__()
         self.service = service
         self.deployment = {"deployment": deployment} if deployment else {}
+        if worker is not None:
+            self.deployment["worker"] = worker
 
     def format(self, record: logging.LogRecord) -> str:
         event = {
@@ -96,10 +101,12 @@ def _fitted(text: str, limit: int) -> str:
         budget = budget * limit // size
 
 
-def setup_logging(service: str, level: str, deployment: str | None = None) -> None:
+def setup_logging(
+    service: str, level: str, deployment: str | None = None, worker: int | None = None
+) -> None:
     """Structured JSON logs on stderr, one event per line."""
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(JsonFormatter(service, deployment))
+    handler.setFormatter(JsonFormatter(service, deployment, worker))
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())

@@ -18,6 +18,7 @@ from strata.errors import InvalidArgument, NotFound, listed, shown
 from strata.grpc_errors import grpc_errors
 from strata.proto.v1 import admin_pb2, admin_pb2_grpc
 from strata.tokens import ControlAuth
+from strata.workers import tell_siblings
 
 
 def admin_auth(runtime: Runtime) -> ControlAuth:
@@ -44,6 +45,7 @@ class AdminServicer(admin_pb2_grpc.AdminServicer):
     @grpc_errors
     async def SetWeights(self, request, context) -> admin_pb2.StatusResponse:
         self._auth.check(context)
+        self._runtime.changing_live("SetWeights")
         self._router(request.pipeline).set_weights(dict(request.weights))
         return await self._status()
 
@@ -67,6 +69,7 @@ class AdminServicer(admin_pb2_grpc.AdminServicer):
     @grpc_errors
     async def ForceLevel(self, request, context) -> admin_pb2.StatusResponse:
         self._auth.check(context)
+        self._runtime.changing_live("ForceLevel")
         if request.release:
             self._runtime.ladder.force(None)
         elif not 0 <= request.level <= 4:
@@ -79,6 +82,7 @@ class AdminServicer(admin_pb2_grpc.AdminServicer):
     async def Reload(self, request, context) -> admin_pb2.ReloadResponse:
         self._auth.check(context)
         applied, restart, kept = self._runtime.reload()
+        tell_siblings()  # other gateway processes re-read the file too
         return admin_pb2.ReloadResponse(applied=applied, needs_restart=restart, kept_live=kept)
 
     async def _status(self) -> admin_pb2.StatusResponse:

@@ -23,6 +23,7 @@ from strata.exits import AddressUnusable
 from strata.proto.inference import grpc_service_pb2, grpc_service_pb2_grpc
 from strata.proto.v1 import admin_pb2, admin_pb2_grpc
 from strata.server import Registration, Running, start_server
+from strata.workers import Parent, Shared, sharing
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +51,25 @@ class AdminServer:
         if self._running is not None:
             await self._running.set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
             await self._running.stop(grace)
+
+
+def workers(settings: Settings, listen: str | None) -> Parent | None:
+    """The parent of `gateway.processes` gateway processes sharing the public ports (and the
+    admin and probe ones); None for one process, or in one of the workers."""
+    count = settings.gateway.processes
+    if count == 1 or sharing():
+        return None
+    endpoint = settings.services.gateway
+    listen = listen or endpoint.listen
+    roles = {
+        "listen": listen,
+        "REST": endpoint.rest,
+        "admin": endpoint.admin_listen,
+        "probe": settings.tls.probe_listen,
+    }
+    ports = {role: address for role, address in roles.items() if address}
+    shared = Shared(ports, endpoint.metrics_for(listen))
+    return Parent("gateway", count, shared, settings.server.grace_seconds)
 
 
 async def build(settings: Settings) -> Service:

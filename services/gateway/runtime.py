@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import signal
 from collections.abc import Callable
 
 from services.gateway.admission import Admission
@@ -32,8 +33,9 @@ from strata.config.base import live_fields
 from strata.config.gateway import GatewaySettings
 from strata.config.pipelines import Pipeline, Route
 from strata.config.preprocess import per_version
-from strata.errors import NotFound, NotReady, listed, shown
+from strata.errors import NotFound, NotReady, StrataError, listed, shown
 from strata.security import KeyRing
+from strata.workers import sharing
 
 log = logging.getLogger(__name__)
 LIVE_GATEWAY = live_fields(GatewaySettings)
@@ -89,6 +91,17 @@ class Runtime:
         inference = self.upstreams.inference
         return lambda route: inference[route.deployment].breaker.available_for(model)
 
+    def changing_live(self, what: str) -> None:
+        """Refuse a live change (FAILED_PRECONDITION) where it would reach one of several
+        gateway processes (gateway.processes): each keeps its own state."""
+        count = self.settings.gateway.processes
+        if count > 1:
+            raise NotReady(
+                f"{what} would reach one of this gateway's {count} processes "
+                "(gateway.processes), each with its own state: change the config file and "
+                "Reload (every process re-reads it), or run one process"
+            )
+
     def router(self, pipeline: str) -> Router:
         try:
             return self.routers[pipeline]
@@ -98,8 +111,17 @@ class Runtime:
             ) from None
 
     def start(self) -> None:
-        """Start deciding the degradation level once per tick."""
+        """Start deciding the degradation level once per tick; in one of several gateway
+        processes, re-read the config file on SIGHUP (strata.workers)."""
         self._ticker = asyncio.create_task(self._tick_forever())
+        if sharing():
+            asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, self._reread)
+
+    def _reread(self) -> None:
+        try:
+            self.reload()
+        except StrataError as exc:  # what a Reload call would have answered, in the log
+            log.warning("config not reloaded on SIGHUP: %s", exc)
 
     async def _tick_forever(self) -> None:
         loop = asyncio.get_running_loop()

@@ -70,6 +70,7 @@ class ServerSettings:
         if not changes:
             return self.log()
         self._auth.allow(caller.peer, caller.metadata)
+        self._runtime.changing_live("a log setting")
         current = self.log()
         for key, value in changes.items():
             _check(key, value, current)
@@ -99,6 +100,7 @@ class ServerSettings:
         if not changes:
             return self.trace(model)
         self._auth.allow(caller.peer, caller.metadata)
+        self._runtime.changing_live("a trace setting")
         if model:
             self.trace(model)  # NOT_FOUND for an unknown one
             raise InvalidArgument(

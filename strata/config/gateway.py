@@ -382,6 +382,19 @@ class GatewaySettings(Strict):
         description="Flights: concurrent requests through every hop in one call each.",
         json_schema_extra=LIVE,
     )
+    processes: int = Field(
+        default=1,
+        ge=1,
+        le=64,
+        description="Gateway processes sharing the public gRPC and REST ports (and the admin "
+        "and probe ones), each on a core of its own with its own door, flights, ladder and "
+        "cache; the kernel hands each connection to one of them, so a client on one "
+        "connection is served by one process. Above 1, `python -m services.gateway` starts "
+        "them and restarts one that dies, and serves the metrics page summed over them; an "
+        "admin Reload reaches every process, while SetWeights, ForceLevel and the log and "
+        "trace settings are refused (they would reach one): change the file and Reload. Set "
+        "it to the cores the gateway is given (docs/gateway.md). Read at start.",
+    )
     rest: Rest = Field(default_factory=Rest, description="The REST API's request limits.")
     shared_memory: SharedMemory = Field(
         default_factory=SharedMemory,

@@ -173,6 +173,8 @@ def test_idle_connections_leave_health_to_others(system: Supervisor) -> None:
         with connect(address, ATTACKERS[0]) as extra:
             refusal = read_all(extra)
         assert refusal.startswith(b"HTTP/1.1 503 ") and b"the most one address may" in refusal
+        assert b"\r\nretry-after: 1\r\n" in refusal, refusal  # and the gRPC hint's header
+        assert b"\r\nretry-after-ms: 100\r\n" in refusal, refusal
         time.sleep(0.2)
         status, seconds = get(address, "/v2/health/live")
         assert (status, seconds < 1) == (200, True)

@@ -79,10 +79,12 @@ def test_a_metrics_address_in_use_is_one_line_and_exit_69(tmp_path: Path) -> Non
     assert (code, line) == (69, f"postprocess: {metrics} (metrics) already in use")
 
 
+@pytest.mark.parametrize("processes", [1, 2])
 def test_a_rest_address_in_use_stops_the_started_grpc_server_and_is_one_line(
-    tmp_path: Path,
+    tmp_path: Path, processes: int
 ) -> None:
-    config = make_config(tmp_path)
+    """With several gateway processes, their parent finds it before any of them starts."""
+    config = make_config(tmp_path, {"gateway": {"processes": processes}})
     rest = load_settings(config).services.gateway.rest
     with taken(rest):
         code, line = start("gateway", config)

@@ -89,6 +89,7 @@ def test_one_address_cannot_take_the_calls_of_another() -> None:
     error, served = asyncio.run(go())
     assert error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
     assert "your address holds 3 open calls" in error.details()
+    assert ("retry-after-ms", "100") in tuple(error.trailing_metadata())
     assert served == 3
     assert refusals("calls_per_client") == before + 1
 

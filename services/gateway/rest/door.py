@@ -18,7 +18,8 @@ from dataclasses import dataclass
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from services.gateway.caller import PRINCIPAL
-from strata.door import REFUSED, Shares
+from strata.door import REFUSED, RETRY_AFTER_MS, Shares
+from strata.errors import RETRY_AFTER
 from strata.security import principal
 
 PROBES = frozenset({b"/v2/health/live", b"/v2/health/ready"})
@@ -47,9 +48,11 @@ def client_principal(transport: asyncio.Transport) -> str | None:
 def refusal(status: int, message: str) -> bytes:
     """A whole HTTP/1.1 response that refuses and closes, in the v2 error form."""
     body = json.dumps({"error": message}).encode()
+    # A connection refused for what its address holds may retry once one of them closes.
+    hint = f"retry-after: 1\r\n{RETRY_AFTER}: {RETRY_AFTER_MS}\r\n" if status == 503 else ""
     head = (
         f"HTTP/1.1 {status} {REASONS[status]}\r\ncontent-type: application/json\r\n"
-        f"content-length: {len(body)}\r\nconnection: close\r\n\r\n"
+        f"{hint}content-length: {len(body)}\r\nconnection: close\r\n\r\n"
     )
     return head.encode() + body
 

@@ -22,6 +22,7 @@ from strata.config.server import ServerSettings
 from strata.config.tls import CA, CERT, KEY, TlsSettings, public_identity
 from strata.door import Shares
 from strata.exits import AddressUnusable
+from strata.workers import reuse_port_socket, sharing
 
 log = logging.getLogger(__name__)
 
@@ -78,8 +79,10 @@ class RestServer:
     async def start(self) -> None:
         self._config.load()
         self._server.lifespan = self._config.lifespan_class(self._config)
+        # A worker shares the port with its siblings (strata.workers; its parent claimed it).
+        sockets = [reuse_port_socket(self.listen)] if sharing() else None
         try:
-            await self._server.startup()
+            await self._server.startup(sockets)
         except SystemExit:  # uvicorn's answer to a port it cannot bind
             raise AddressUnusable(self.listen, "REST") from None
         self._ticking = asyncio.create_task(self._server.main_loop())
