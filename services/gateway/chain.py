@@ -252,7 +252,6 @@ class Chain:
             self._record(members, route, exc.code.name, time.monotonic() - started)
             raise
         self._record(members, route, "OK", time.monotonic() - started)
-        self._saw(members, scores)
         errors = member_errors(reply.parameters, len(members))
         unanswered: Unanswered = ([], [])
         if errors:
@@ -265,6 +264,8 @@ class Chain:
                 if index not in covered:
                     _fail(members[index], error)
             members = [members[i] for i in kept]
+        if members:
+            self._saw(members, scores)
         return members, features, scores, reply.model_version, unanswered
 
     def _spare(self, first: ClientRequest, route: Route) -> bool:
