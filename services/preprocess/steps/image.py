@@ -1,20 +1,23 @@
 """Image geometry over a batch: resize (Pillow's antialiased filters), crop and pad.
 
-Layouts are [batch, H, W] or [batch, H, W, C]. Resize runs Pillow's C resampler image by
-image (the loop is per row, the pixels never pass through Python): UINT8 grayscale and RGB
-go through Pillow's 8-bit path, rounded as Pillow and torchvision round; other types and
-channel counts are resized channel by channel in 32-bit float, unrounded.
+Layouts are [batch, H, W] or [batch, H, W, C], or a ragged batch of images of different sizes
+(steps/ragged.py), which each step takes row by row as it is. Resize runs Pillow's C
+resampler image by image (the loop is per row, the pixels never pass through Python): UINT8
+grayscale and RGB go through Pillow's 8-bit path, rounded as Pillow and torchvision round;
+other types and channel counts are resized channel by channel in 32-bit float, unrounded.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar
 
 import numpy as np
 from PIL import Image
 
 from services.preprocess.steps.base import STEPS
+from services.preprocess.steps.ragged import is_ragged, per_row
 from strata.codec import Arrays
 from strata.config.preprocess import CropStep, PadStep, ResizeStep
 from strata.plugins import StepError, take
@@ -81,15 +84,19 @@ class Resize:
     shorter: int | None = None
     name: str = "resize"
 
+    takes_ragged: ClassVar[bool] = True
+
     def process(self, tensors: Arrays) -> Arrays:
         images = take(tensors, self.input, self.name)
+        resized = per_row(images, self._resize) if is_ragged(images) else self._resize(images)
+        return {**tensors, self.input: resized}
+
+    def _resize(self, images: np.ndarray) -> np.ndarray:
         check_images(images, self.input, "resize")
         height, width = self._size(*images.shape[1:3])
         if images.shape[1:3] == (height, width):
-            resized = images.astype(np.float32)
-        else:
-            resized = resize_images(images, height, width, self.interpolation)
-        return {**tensors, self.input: resized}
+            return images.astype(np.float32)
+        return resize_images(images, height, width, self.interpolation)
 
     def _size(self, height: int, width: int) -> tuple[int, int]:
         if self.shorter is not None:
@@ -110,13 +117,19 @@ class Crop:
     left: int | None = None
     name: str = "crop"
 
+    takes_ragged: ClassVar[bool] = True
+
     def process(self, tensors: Arrays) -> Arrays:
         images = take(tensors, self.input, self.name)
+        cropped = per_row(images, self._crop) if is_ragged(images) else self._crop(images)
+        rest = {k: v for k, v in tensors.items() if k != self.input}
+        return {**rest, self.output: cropped}
+
+    def _crop(self, images: np.ndarray) -> np.ndarray:
         check_images(images, self.input, "crop")
         top, left = self._corner(*images.shape[1:3])
         cropped = images[:, top : top + self.height, left : left + self.width]
-        rest = {k: v for k, v in tensors.items() if k != self.input}
-        return {**rest, self.output: np.ascontiguousarray(cropped)}
+        return np.ascontiguousarray(cropped)
 
     def _corner(self, height: int, width: int) -> tuple[int, int]:
         if self.top is None or self.left is None:
@@ -145,8 +158,15 @@ class Pad:
     value: float = 0.0
     name: str = "pad"
 
+    takes_ragged: ClassVar[bool] = True
+
     def process(self, tensors: Arrays) -> Arrays:
         images = take(tensors, self.input, self.name)
+        padded = per_row(images, self._pad) if is_ragged(images) else self._pad(images)
+        rest = {k: v for k, v in tensors.items() if k != self.input}
+        return {**rest, self.output: padded}
+
+    def _pad(self, images: np.ndarray) -> np.ndarray:
         check_images(images, self.input, "pad")
         if images.dtype.kind in "iu" and not _holds(images.dtype, self.value):
             raise StepError(
@@ -154,9 +174,7 @@ class Pad:
             )
         widths = [(0, 0), (self.top, self.bottom), (self.left, self.right)]
         widths += [(0, 0)] * (images.ndim - 3)
-        padded = np.pad(images, widths, constant_values=images.dtype.type(self.value))
-        rest = {k: v for k, v in tensors.items() if k != self.input}
-        return {**rest, self.output: padded}
+        return np.pad(images, widths, constant_values=images.dtype.type(self.value))
 
 
 def _holds(dtype: np.dtype, value: float) -> bool:
