@@ -1,16 +1,17 @@
 """An image pipeline through the whole chain: `python -m bench.image_chain [--seconds 8]`.
 
-The system of a config (configs/default.yaml) plus an `images` pipeline: a 640x480 JPEG in (BYTES),
-decode -> resize (shorter side 256, bilinear) -> centre crop 224 -> ImageNet normalise -> CHW
-in preprocess (bench.images' steps), then `vision`, a stand-in image classifier (global
-average pool and a dense layer to 1,000 classes, random weights: the model's own cost is not
-the point), then softmax and top 5. One client on one connection, closed loop, stepping from 1
-to 16 to 64 in flight: throughput, P50 and P99 at each, the preprocess processes' CPU per image
-meanwhile, the requests that failed, counted from the moment of the step (each point's
-warm-up included: a step in load must fail nothing), and those answered degraded (the ladder's
-cached answers: every request sends the same photo, so these cost the chain nothing and are
-not counted as images/s). Results go to `--out`
-(bench/results/image_chain.md).
+The system of a config (configs/default.yaml) plus an `images` pipeline: a 640x480 JPEG in
+(BYTES), decode -> resize (shorter side 256, bilinear) -> centre crop 224 -> ImageNet
+normalise -> CHW in preprocess (bench.images' steps), then `vision`, a stand-in image
+classifier (global average pool and a dense layer to 1,000 classes, random weights: the
+model's own cost is not the point), then softmax and top 5; `--portraits N` sends N requests
+in 10 upright (480x640), so that flights mix both sizes. One client on one connection, closed
+loop, stepping from 1 to 16 to 64 in flight: throughput, P50 and P99 at each, the preprocess
+processes' CPU per image meanwhile, the requests that failed, counted from the moment of the
+step (each point's warm-up included: a step in load must fail nothing), and those answered
+degraded. The result cache is off (the same few photos again and again would be answered
+from it), and `--objective-ms` sets the pipeline's latency objective where the ladder should
+not shed load. Results go to `--out` (bench/results/image_chain.md).
 """
 
 from __future__ import annotations
@@ -83,8 +84,8 @@ def image_config(config: Path, folder: Path, objective_ms: float | None = None) 
         (repository / entry.name).symlink_to(entry)
     vision_model(repository / MODEL)
     raw["repository"] = str(repository)
-    # Every request sends the same photo: the ladder's cached answers would stand in for the
-    # chain's work that this measures.
+    # The same few photos again and again: the ladder's cached answers would stand in for
+    # the chain's work that this measures.
     raw.setdefault("gateway", {})["cache"] = {"max_entries": 0}
     raw["pipelines"][PIPELINE] = {
         "max_batch_size": MAX_BATCH,
@@ -113,8 +114,17 @@ def image_config(config: Path, folder: Path, objective_ms: float | None = None) 
     return config
 
 
-def measure(config: Path, seconds: float, objective_ms: float | None = None) -> str:
-    request = codec.build_request(PIPELINE, {"image": np.array([photo_jpeg()], dtype=object)})
+def measure(
+    config: Path, seconds: float, objective_ms: float | None = None, portraits: int = 0
+) -> str:
+    """The table; `portraits`: of every 10 requests, how many send the photo upright
+    (480x640), so that flights carry photos of both sizes."""
+    requests = tuple(
+        codec.build_request(
+            PIPELINE, {"image": np.array([photo_jpeg(*size)], dtype=object)}
+        ).SerializeToString()
+        for size in [(480, 640)] * portraits + [(640, 480)] * (10 - portraits)
+    )
     lines = [
         "| in flight | images/s (full answers) | P50 ms | P99 ms "
         "| preprocess CPU ms per image | failed | degraded |",
@@ -124,11 +134,13 @@ def measure(config: Path, seconds: float, objective_ms: float | None = None) -> 
         config, run = image_config(config, Path(tmp), objective_ms), Path(tmp) / "run"
         run.mkdir()
         with LoadPool(1) as pool, running(config, run) as (supervisor, _):
-            lines += _points(supervisor, pool, request.SerializeToString(), seconds)
+            lines += _points(supervisor, pool, requests, seconds)
     return "\n".join(lines)
 
 
-def _points(supervisor: Supervisor, pool: LoadPool, request: bytes, seconds: float) -> list[str]:
+def _points(
+    supervisor: Supervisor, pool: LoadPool, requests: tuple[bytes, ...], seconds: float
+) -> list[str]:
     """A table row per concurrency: throughput, P50, P99, preprocess CPU per image, and the
     requests that failed from the step on (their most common error below the table)."""
     processes = supervisor.processes.items()
@@ -136,7 +148,7 @@ def _points(supervisor: Supervisor, pool: LoadPool, request: bytes, seconds: flo
     plan = Plan(
         target=supervisor.address("gateway"),
         method=INFER,
-        requests=(request,),
+        requests=requests,
         metadata=CLIENT,
         timeout=30,
         connections=1,
@@ -178,8 +190,16 @@ def main(argv: list[str] | None = None) -> int:
         help="the pipeline's latency objective (default: the config's); a long one keeps the "
         "ladder from shedding load, which this machine's other work may otherwise bring on",
     )
+    parser.add_argument(
+        "--portraits",
+        type=int,
+        default=0,
+        choices=range(11),
+        help="of every 10 requests, how many send an upright photo (480x640)",
+    )
     args = parser.parse_args(argv)
-    table = measure(args.config, 1.0 if args.quick else args.seconds, args.objective_ms)
+    seconds = 1.0 if args.quick else args.seconds
+    table = measure(args.config, seconds, args.objective_ms, args.portraits)
     print(table)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "image_chain.md").write_text(f"# An image pipeline through the chain\n\n{table}\n")
