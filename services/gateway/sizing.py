@@ -76,8 +76,9 @@ class Sizes:
         self._limit = limit
         self._budget = int(limit * (1 - margin))
         self._batch_limit = batch_limit
-        self._seen: dict[Arm, deque[float]] = {}
-        self._largest: dict[Arm, float] = {}
+        self._seen: dict[Arm, deque[tuple[float, bool]]] = {}
+        self._largest: dict[Arm, float] = {}  # bytes per row, overflows' shares included
+        self._measured: dict[Arm, float] = {}  # bytes per row of messages that went
         self._batches: dict[tuple[str, str, str], int | None] = {}
         self._asking: set[asyncio.Task] = set()
 
@@ -94,22 +95,25 @@ class Sizes:
         rows = UNBOUNDED.rows if batch is None else max(batch, 1)
         return Room(rows, self._budget, self._largest.get(arm))
 
-    def saw(self, arm: Arm, rows: int, size: int) -> None:
-        """A message of `size` bytes carrying `rows` rows went between two layers for `arm`."""
+    def saw(self, arm: Arm, rows: int, size: int, measured: bool = True) -> None:
+        """A message of `size` bytes carrying `rows` rows went between two layers for `arm`
+        (not `measured`: a share of the limit it passed, its true size unknown)."""
         if rows <= 0:
             return
         recent = self._seen.setdefault(arm, deque(maxlen=RECENT))
-        recent.append(size / rows)
-        self._largest[arm] = max(recent)
+        recent.append((size / rows, measured))
+        self._largest[arm] = max(weight for weight, _ in recent)
+        self._measured[arm] = max((weight for weight, m in recent if m), default=0.0)
 
     def overflowed(self, arm: Arm, rows: int) -> None:
-        """A message of `rows` rows passed the limit: each row takes at least its share."""
-        self.saw(arm, rows, self._limit + 1)
+        """A message of `rows` rows passed the limit: each row takes at least its share (for
+        sizing flights only: one heavy row may have made it pass)."""
+        self.saw(arm, rows, self._limit + 1, measured=False)
 
     def refuse_alone(self, arm: Arm, rows: int, input_bytes: int) -> None:
         """Raise InvalidArgument if a request of `rows` rows and `input_bytes` would overflow
-        a message even in a flight of its own, as far as is known."""
-        made = rows * self._largest.get(arm, 0.0)
+        a message even in a flight of its own, as far as measured messages tell."""
+        made = rows * self._measured.get(arm, 0.0)
         if input_bytes > self._limit or made > self._limit:
             raise too_large(rows, max(input_bytes, int(made)), self._limit)
 

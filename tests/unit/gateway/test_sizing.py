@@ -98,3 +98,10 @@ def test_only_grpc_s_message_limit_counts_as_too_large() -> None:
     assert is_too_large(Overloaded(message))
     assert not is_too_large(Overloaded("pipeline 'images': the gateway is shedding load"))
     assert not is_too_large(Unavailable(message))
+
+
+def test_an_overflow_sizes_flights_but_refuses_no_request_it_did_not_measure() -> None:
+    sizes = sizes_asked()
+    sizes.saw(ARM, 1, 1_000)
+    sizes.overflowed(ARM, 4)  # one heavy row among four, perhaps
+    sizes.refuse_alone(ARM, 16, 16 * 1_000)
