@@ -10,6 +10,7 @@ failures.
 from __future__ import annotations
 
 import contextlib
+import urllib.request
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -43,8 +44,25 @@ def image_system(folder: Path, max_message_bytes: int | None = None) -> Iterator
         config.write_text(yaml.safe_dump(raw))
     run = folder / "run"
     run.mkdir()
-    with running(config, run) as (supervisor, _):
+    with running(config, run, gateway_metrics=True) as (supervisor, _):
         yield supervisor
+
+
+def flights_within(supervisor: Supervisor, requests: int) -> tuple[int, int, int]:
+    """Flights so far (the gateway's histogram): in all, of one request, of at most
+    `requests` (a bucket bound)."""
+    address = supervisor.settings.services.gateway.metrics
+    with urllib.request.urlopen(f"http://{address}/metrics", timeout=10) as page:
+        text = page.read().decode()
+    name = "strata_gateway_flight_requests_bucket"
+
+    def bucket(bound: str) -> int:
+        line = f'{name}{{le="{bound}"}} '
+        found = [row for row in text.splitlines() if row.startswith(line)]
+        assert found, f"no {name} bucket {bound}"
+        return int(float(found[0][len(line) :]))
+
+    return bucket("+Inf"), bucket("1.0"), bucket(f"{requests:.1f}")
 
 
 def photos(count: int) -> bytes:
@@ -100,9 +118,15 @@ def test_a_request_too_large_for_one_message_is_refused_naming_the_limit(
 
 
 def test_flights_split_to_fit_a_small_message_limit(small_limit: Supervisor) -> None:
+    before = flights_within(small_limit, 4)
     answered, failed = failures(small_limit, [(16, 3.0)])
     assert not failed, failed.most_common(3)
     assert answered > 16
+    flights, alone, within = (
+        a - b for a, b in zip(flights_within(small_limit, 4), before, strict=True)
+    )
+    assert within == flights, "three photos' pixels a message at most: flights of 3 or fewer"
+    assert alone < flights, "yet flights of several"
 
 
 def test_a_step_from_one_to_sixteen_to_sixty_four_photos_in_flight_fails_nothing(
@@ -110,5 +134,8 @@ def test_a_step_from_one_to_sixteen_to_sixty_four_photos_in_flight_fails_nothing
 ) -> None:
     with image_system(tmp_path) as supervisor:
         answered, failed = failures(supervisor, [(1, 2.0), (16, 3.0), (64, 4.0)])
+        flights, alone, within = flights_within(supervisor, 16)
     assert not failed, failed.most_common(3)
     assert answered > 64
+    assert within == flights, "no flight carries more than the model's batch of 16"
+    assert alone < flights
