@@ -18,6 +18,7 @@ before any hop where its size is known, else when the hop refuses it.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import logging
 import sys
 from collections import deque
@@ -120,7 +121,10 @@ class Sizes:
     def _ask(self, where: tuple[str, str, str]) -> None:
         if any(task.get_name() == repr(where) for task in self._asking):
             return
-        task = asyncio.get_running_loop().create_task(self._learn(where), name=repr(where))
+        # In a context of its own: the question is no request's work, nor in its trace.
+        learning = self._learn(where)
+        loop = asyncio.get_running_loop()
+        task = loop.create_task(learning, name=repr(where), context=contextvars.Context())
         self._asking.add(task)
         task.add_done_callback(self._asking.discard)
 

@@ -320,9 +320,8 @@ class Upstreams:
         hop = self.inference[deployment]
         request = v2.ModelConfigRequest(name=model, version=version)
         try:
-            reply = await hop.stub.ModelConfig(
-                request, timeout=READY_PROBE_SECONDS, metadata=outgoing()
-            )
+            # No trace context: the question is no request's work.
+            reply = await hop.stub.ModelConfig(request, timeout=READY_PROBE_SECONDS)
         except grpc.aio.AioRpcError as exc:
             if exc.code() in UNSAID:
                 return None
