@@ -26,6 +26,7 @@ from services.gateway.request import Answer, ClientRequest
 from services.gateway.router import Router
 from services.gateway.sequences import add_parameters
 from services.gateway.shadow import ShadowRunner
+from services.gateway.sizing import Sizes, arm_of, is_too_large, too_large
 from services.gateway.statistics import STATISTICS, Hops
 from services.gateway.upstreams import Hop, Upstreams
 from strata import codec, gathering, stack
@@ -55,8 +56,10 @@ class Chain:
         arms: ArmBook,
         usable: Callable[[Route], bool],
         stages: Stages,
+        sizes: Sizes,
     ) -> None:
         self._up = upstreams
+        self._sizes = sizes
         self._stages = stages
         self._routers = routers
         self._shadow = shadow
@@ -70,10 +73,34 @@ class Chain:
         started = time.monotonic()
         # The version the arm calls picks the steps of a pipeline fed per model version.
         flags = {"model_version": first.version} if first.version else {}
-        members, features, _ = await self._layer(self._up.preprocess, members, tensors, flags)
+        try:
+            members, features, _ = await self._layer(self._up.preprocess, members, tensors, flags)
+        except StrataError as exc:
+            if not is_too_large(exc):
+                raise
+            await self._split(members)
+            return
         if members:
+            self._saw(members, features)
             spent = time.monotonic() - started
             await self._onward(first.route, members, features, True, spent)
+
+    async def _split(self, members: list[Member]) -> None:
+        """A flight whose preprocess answer passed the message limit (its rows larger than
+        recent ones) flies again as two; a request alone that does is refused."""
+        rows = sum(m.rows for m in members)
+        if len(members) == 1:
+            raise too_large(rows, None, self._up.message_limit)
+        self._sizes.overflowed(arm_of(_request(members[0])), rows)
+        half = len(members) // 2
+        await gathering.gather(
+            [_answering(part, self.fly(part)) for part in (members[:half], members[half:])]
+        )
+
+    def _saw(self, members: list[Member], tensors: WireTensors) -> None:
+        """A message of the flight's, between two layers, for its size per row."""
+        size = sum(len(t.data) for t in tensors)
+        self._sizes.saw(arm_of(_request(members[0])), sum(m.rows for m in members), size)
 
     async def _onward(
         self,
@@ -165,8 +192,10 @@ class Chain:
         inferred = time.monotonic()
         flags = {**first.parameters, "core_only": "true" if first.level >= 1 else "false"}
         tensors = [*scores, *_forwarded(first, features)]
+        self._saw(members, tensors)
         members, outputs, info = await self._layer(self._up.postprocess, members, tensors, flags)
         if members:
+            self._saw(members, outputs)
             skipped = info.get("skipped_rules", "")
             answered = _answer(members, outputs, arm, version, skipped, staged)
             hops = Hops(preprocess_seconds, inferred - started, time.monotonic() - inferred)
@@ -235,6 +264,8 @@ class Chain:
                 if index not in covered:
                     _fail(members[index], error)
             members = [members[i] for i in kept]
+        if members:
+            self._saw(members, scores)
         return members, features, scores, reply.model_version, unanswered
 
     def _spare(self, first: ClientRequest, route: Route) -> bool:

@@ -7,7 +7,9 @@ shapes and parameters), each request keeping its own rows, result, error, deadli
 Flights form by the inference batcher's rule: a request that arrives while fewer than
 `max_in_air` flights are travelling leaves at once, with whatever arrived in the same
 event-loop turn, so light load adds no wait; under load the next flight takes every request
-that queued meanwhile, up to `max_requests` requests and `max_rows` rows. A request whose
+that queued meanwhile, up to `max_requests` requests and `max_rows` rows, and within the room
+its hops and its model leave (services/gateway/sizing.py): more goes in the next flight,
+never fails. A request whose
 caller gave up or whose deadline passed leaves its queue without costing a layer anything.
 
 Traces: a flight of one request is part of that request's trace, like any call. A flight of
@@ -32,6 +34,7 @@ from opentelemetry import context as otel_context
 from opentelemetry import trace
 
 from services.gateway.metrics import FLIGHT_REQUESTS, FLIGHTS_IN_AIR
+from services.gateway.sizing import UNBOUNDED, Room
 from strata import propagation
 from strata.config.gateway import FlightSettings
 from strata.deadline import Deadline
@@ -46,6 +49,7 @@ class Member:
     rows: int
     deadline: Deadline
     context: otel_context.Context = field(default_factory=otel_context.get_current)
+    size: int = 0  # its inputs' bytes
     future: asyncio.Future = field(init=False)
 
     boarded: float = field(default=0.0, init=False)  # time.monotonic()
@@ -73,10 +77,19 @@ Departed = Callable[[Member, float], None]
 class Flights:
     """Queues of requests by what they must share, and the flights that leave from them."""
 
-    def __init__(self, settings: FlightSettings, fly: Fly, departed: Departed) -> None:
+    def __init__(
+        self,
+        settings: FlightSettings,
+        fly: Fly,
+        departed: Departed,
+        room: Callable[[Member], Room] = lambda member: UNBOUNDED,
+    ) -> None:
+        """Flights carried by `fly`, `departed` told of each member as it leaves; `room`:
+        what a flight of a member's kind may carry."""
         self.settings = settings
         self._fly = fly
         self._departed = departed
+        self._room = room
         self._queues: dict[Hashable, deque[Member]] = {}
         self._in_air = 0
         self._pump_soon = False
@@ -119,17 +132,23 @@ class Flights:
     def _take(self, queue: deque[Member]) -> list[Member]:
         """The oldest waiting members of one queue, within the flight's bounds."""
         group: list[Member] = []
-        rows = 0
+        rows = size = 0
         limits = self.settings
+        room = UNBOUNDED
         while queue and len(group) < limits.max_requests:
             member = queue[0]
             if not member.waiting:
                 queue.popleft()
                 continue
-            if group and rows + member.rows > limits.max_rows:
+            if not group:
+                room = self._room(member)
+            elif rows + member.rows > limits.max_rows or not room.fits(
+                len(group) + 1, rows + member.rows, size + member.size
+            ):
                 break
             group.append(queue.popleft())
             rows += member.rows
+            size += member.size
         return group
 
     def _launch(self, group: list[Member]) -> None:

@@ -24,6 +24,7 @@ from services.gateway.model_stages import StageKey, Stages
 from services.gateway.request import Answer, ClientRequest
 from services.gateway.router import Router
 from services.gateway.shadow import ShadowRunner
+from services.gateway.sizing import Room, Sizes, arm_of
 from services.gateway.upstreams import Upstreams
 from strata import codec, stack
 from strata.config.gateway import FlightSettings
@@ -54,8 +55,18 @@ class Orchestrator:
         self.routers = routers
         self.door = door
         stages = Stages(upstreams, stage_routers, model_request, arms, shadow)
-        chain = Chain(upstreams, routers, shadow, arms, self._usable, stages)
-        self.flights = Flights(flights, chain.fly, self._departed)
+        self.sizes = Sizes(upstreams.message_limit, flights.message_margin, upstreams.batch_limit)
+        chain = Chain(upstreams, routers, shadow, arms, self._usable, stages, self.sizes)
+        self.flights = Flights(flights, chain.fly, self._departed, self._room)
+
+    def configure_flights(self, flights: FlightSettings) -> None:
+        """New bounds for the flights that leave from now on."""
+        self.flights.configure(flights)
+        self.sizes.configure(self._up.message_limit, flights.message_margin)
+
+    async def close(self) -> None:
+        await self.flights.close()
+        await self.sizes.close()
 
     async def infer(self, req: ClientRequest) -> Answer:
         pipeline, name = req.pipeline, req.pipeline_name
@@ -70,6 +81,8 @@ class Orchestrator:
         early = None if req.sequence else self._answer_without_chain(req, route, key, level, rows)
         if early is not None:
             return early
+        member = _member(req, rows)
+        self.sizes.refuse_alone(arm_of(req), rows, member.size)
         shedding = self.ladder.settings if level >= 4 else None
         ticket = await self.door.admit(name, req.client, shedding, req.deadline.left())
         signals = self.ladder.signals
@@ -77,7 +90,7 @@ class Orchestrator:
         started = time.monotonic()
         telling = False  # whether the outcome says how the chain is doing
         try:
-            answer = await self.flights.board(_flight_key(req), _member(req, rows))
+            answer = await self.flights.board(_flight_key(req), member)
             telling = True
         except StrataError as exc:
             kind = _outcome_kind(exc)
@@ -108,6 +121,9 @@ class Orchestrator:
             if req.pipeline.fallback is None:
                 raise
             return router.sticky(req.client)
+
+    def _room(self, member: Member) -> Room:
+        return self.sizes.room(arm_of(member.request))
 
     def _departed(self, member: Member, waited: float) -> None:
         self.ladder.signals.queued(member.request.pipeline_name, waited)
@@ -152,7 +168,7 @@ def _flight_key(req: ClientRequest) -> tuple:
 
 
 def _member(req: ClientRequest, rows: int) -> Member:
-    return Member(req, rows, req.deadline)
+    return Member(req, rows, req.deadline, size=sum(len(t.data) for t in req.inputs))
 
 
 def default_outputs(pipeline: Pipeline, batch: int) -> codec.Arrays:

@@ -137,7 +137,7 @@ class Runtime:
             self._ticker.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._ticker
-        await self.orchestrator.flights.close()
+        await self.orchestrator.close()
         await self.shadow.close()
         await self.upstreams.close()
 
@@ -190,7 +190,7 @@ class Runtime:
         self.door.configure(gateway.concurrency, _objectives(new))
         self.cache.configure(gateway.cache)
         self.upstreams.configure(gateway)
-        self.orchestrator.flights.configure(gateway.flights)
+        self.orchestrator.configure_flights(gateway.flights)
         return [f"gateway.{key}" for key in changed]
 
     def _apply_pipelines(self, new: Settings) -> list[str]:

@@ -22,7 +22,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from services.gateway.breaker import Breakers, CircuitBreaker
-from services.gateway.hoptime import HopTimer
+from services.gateway.hoptime import HopTimer, Load, Timing
 from services.gateway.lanes import LaneBroken, Lanes, StreamMethod
 from services.gateway.metrics import BREAKER_OPEN, UPSTREAM_CALLS
 from services.gateway.sequences import replica
@@ -33,6 +33,7 @@ from strata.config.endpoints import ServiceEndpoint
 from strata.config.gateway import GatewaySettings
 from strata.deadline import Deadline
 from strata.errors import Unavailable, from_code, hinted_retry
+from strata.proto.inference import grpc_service_pb2 as v2
 from strata.proto.inference import grpc_service_pb2_grpc as v2_grpc
 from strata.proto.v1 import postprocess_pb2_grpc, preprocess_pb2_grpc
 from strata.sequences import Flags
@@ -43,7 +44,13 @@ INFERENCE_SERVICE = "inference.GRPCInferenceService"
 
 TIMEOUT_ATTEMPTS = 3
 LANE_SECONDS = 10.0
-READY_PROBE_SECONDS = 2.0  # how long a ModelReady probe waits for a deployment
+READY_PROBE_SECONDS = 2.0  # how long a ModelReady or ModelConfig probe waits for a deployment
+# A server that answers these to ModelConfig will not say a model's max_batch_size.
+UNSAID = {
+    grpc.StatusCode.UNIMPLEMENTED,
+    grpc.StatusCode.NOT_FOUND,
+    grpc.StatusCode.INVALID_ARGUMENT,
+}
 
 
 class HopTimedOut(Unavailable):
@@ -108,20 +115,24 @@ class Hop:
             UPSTREAM_CALLS(self.name, "CIRCUIT_OPEN").inc()
             raise Unavailable(f"{breaker.name}: circuit open after repeated failures")
         bounded = self.replicated if spare is None else spare
+        load = Load.of(request)
         attempts = tries = TIMEOUT_ATTEMPTS if self.replicated else 1
         sent = outgoing(metadata)
         started = time.monotonic()
         try:
             while True:
+                timing = self.timer.begin(load, bounded)
                 try:
                     return await self._call(
-                        method, request, budget, sent, breaker, bounded, first=attempts == tries
+                        method, request, budget, sent, breaker, timing, first=attempts == tries
                     )
                 except HopTimedOut:
                     attempts -= 1
                     budget = deadline.left()
                     if attempts == 0 or budget <= 0:
                         raise
+                finally:
+                    self.timer.end(timing)
         finally:
             if recording():
                 annotate(**{self._timed_as: (time.monotonic() - started) * 1e3})
@@ -133,10 +144,11 @@ class Hop:
         budget: float,
         metadata: Sequence,
         breaker: CircuitBreaker,
-        bounded: bool,
+        timing: Timing,
         first: bool = True,
     ) -> Any:
-        timeout = self.timer.timeout if bounded else self.timer.ceiling
+        """One attempt; `timing`: what the call carries and the hop's own timeout for it."""
+        load, timeout = timing.load, timing.timeout
         hop_bound = timeout < budget
         code = grpc.StatusCode.CANCELLED
         started = time.monotonic()
@@ -145,7 +157,7 @@ class Hop:
             reply = await self._send(method, request, budget, timeout, metadata, hop_bound, first)
             code = grpc.StatusCode.OK
             if not waited:  # a wait for the upstream to start is not the hop's latency
-                self.timer.observe(time.monotonic() - started)
+                self.timer.observe(time.monotonic() - started, load)
             return reply
         except grpc.aio.AioRpcError as exc:
             code = exc.code()
@@ -155,10 +167,10 @@ class Hop:
                     # At least this long: lets a slow arm's timeout grow. With replicas, a
                     # miss is one replica's (outlier detection ejects it); the others'
                     # answers keep the P99, so a hung one cannot stretch everyone's timeout.
-                    self.timer.observe(timeout)
+                    self.timer.observe(timeout, load)
                 raise HopTimedOut(
-                    f"{self.name}: no answer within {timeout:.3g}s, its own timeout "
-                    "(a multiple of its recent P99)"
+                    f"{self.name}: no answer within {timeout:.3g}s, its own timeout for "
+                    f"{load.rows} rows and {load.bytes} bytes (a multiple of its recent P99)"
                 ) from None
             if code == grpc.StatusCode.CANCELLED:
                 # Our caller did not cancel (that would cancel this task instead): the upstream
@@ -319,6 +331,25 @@ class Upstreams:
             one = endpoint.model_copy(update={"listen": listen, "replicas": 1})
             hop = self._replicas[listen] = self._inference(deployment, one)
         return hop
+
+    @property
+    def message_limit(self) -> int:
+        """The most bytes one message between the layers may carry."""
+        return self._settings.server.max_message_bytes
+
+    async def batch_limit(self, deployment: str, model: str, version: str) -> int | None:
+        """The most rows `model` takes in one batch on `deployment` (v2 ModelConfig's
+        max_batch_size; 0: no batch dimension); None where the server does not say."""
+        hop = self.inference[deployment]
+        request = v2.ModelConfigRequest(name=model, version=version)
+        try:
+            # No trace context: the question is no request's work.
+            reply = await hop.stub.ModelConfig(request, timeout=READY_PROBE_SECONDS)
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() in UNSAID:
+                return None
+            raise from_code(exc.code(), f"{hop.name}: {exc.details()}") from None
+        return reply.config.max_batch_size
 
     def configure(self, gateway: GatewaySettings) -> None:
         """New breaker thresholds and hop timeouts on every hop (sequences' too), live."""

@@ -12,6 +12,7 @@ from opentelemetry import trace
 from services.preprocess import wiring
 from services.preprocess.metrics import StepTimings
 from services.preprocess.steps import Step, build_step
+from services.preprocess.steps.ragged import is_ragged, refuse
 from services.preprocess.steps.validate import Validate
 from strata.codec import Arrays
 from strata.config.pipelines import Pipeline
@@ -39,6 +40,7 @@ class PreprocessPipeline:
         timed: list[str] | None = [] if span.is_recording() else None
         try:
             for label, step in self.steps:
+                _check_ragged(label, step, tensors)
                 start = time.perf_counter()
                 try:
                     tensors = step.process(tensors)
@@ -52,7 +54,21 @@ class PreprocessPipeline:
                 span.set_attribute("strata.steps", timed)
         if timed is not None:
             span.set_attribute("strata.output_shapes", shapes(tensors))
+        for name, values in tensors.items():
+            if is_ragged(values):
+                raise refuse(name, "the model")
         return tensors
+
+
+def _check_ragged(label: str, step: Step, tensors: Arrays) -> None:
+    """Refuse a ragged batch of images to a step that takes one size only."""
+    # A built-in (and a plugin built from options of that shape) names its input there.
+    name = getattr(getattr(step, "options", None), "input", None)
+    if getattr(step, "takes_ragged", False) or not isinstance(name, str):
+        return
+    values = tensors.get(name)
+    if values is not None and is_ragged(values):
+        raise refuse(name, f"step {label!r}")
 
 
 def build_pipeline(

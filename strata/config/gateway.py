@@ -140,23 +140,31 @@ class Breaker(Strict):
 
 
 class HopTimeouts(Strict):
-    """Each upstream call's own timeout, from how long that hop normally takes."""
+    """Each upstream call's own timeout, from how long that hop normally takes for the work
+    the call carries."""
 
     multiplier: float = Field(
         default=5.0,
         gt=1,
-        description="The timeout is this multiple of the hop's recent P99 latency (bounded by "
-        "floor_seconds and upstream_timeout_seconds); a hop that misses it counts as failing.",
+        description="The timeout is this multiple of the hop's recent P99 for what the call "
+        "carries (per call, per row times its rows, per byte times its bytes, whichever is "
+        "longest, plus the same for the calls the hop has not answered yet), learned apart "
+        "for each pipeline or model and bounded by floor_seconds and "
+        "upstream_timeout_seconds; a hop that misses it counts as failing.",
     )
     floor_seconds: float = Field(
         default=0.1, gt=0, description="The shortest timeout a hop is ever given."
     )
-    window: int = Field(default=512, ge=16, description="Recent answered calls the P99 is of.")
+    window: int = Field(
+        default=512,
+        ge=16,
+        description="Recent answered calls (of one pipeline or model) the P99 is of.",
+    )
     min_samples: int = Field(
         default=32,
         ge=1,
-        description="Answered calls needed before the timeout adapts (until then: "
-        "upstream_timeout_seconds).",
+        description="Answered calls of a pipeline or model needed before their timeout adapts "
+        "(until then: upstream_timeout_seconds).",
     )
 
 
@@ -173,6 +181,14 @@ class FlightSettings(Strict):
     max_requests: int = Field(default=64, ge=1, description="Client requests one flight carries.")
     max_rows: int = Field(
         default=256, ge=1, description="Rows one flight carries (a request of 5 rows counts 5)."
+    )
+    message_margin: float = Field(
+        default=0.1,
+        ge=0,
+        lt=1,
+        description="Share of server.max_message_bytes a flight leaves unused when it is sized "
+        "by the bytes per row its pipeline's messages recently carried: against rows larger "
+        "than recent ones and each message's framing (docs/gateway.md, Flights).",
     )
 
 

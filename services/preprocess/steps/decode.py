@@ -3,14 +3,16 @@
 Each encoded image's header is read before its pixels: an image over `max_pixels`, or one that
 takes the request over `max_batch_pixels`, is refused before it is decompressed, so small files
 that unpack into gigabytes (decompression bombs) cost nothing. Pixels end in one colour mode
-(see color.py for the layouts); images of different sizes need `height` and `width`, to which
-each is resized.
+(see color.py for the layouts); with `height` and `width` each is resized to that size, else
+images of different sizes go on as a ragged batch (steps/ragged.py) for resize and crop to
+make one size, each row as it is.
 """
 
 from __future__ import annotations
 
 import io
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 import numpy as np
 from PIL import ExifTags, Image, ImageOps, UnidentifiedImageError
@@ -18,6 +20,7 @@ from PIL import ExifTags, Image, ImageOps, UnidentifiedImageError
 from services.preprocess.steps.base import STEPS
 from services.preprocess.steps.color import convert_pixels, mode_of
 from services.preprocess.steps.image import resize_images
+from services.preprocess.steps.ragged import batch
 from strata.codec import Arrays
 from strata.config.preprocess import DecodeStep
 from strata.plugins import StepError, strings, take
@@ -36,6 +39,7 @@ class Decode:
 
     options: DecodeStep
     _size: tuple[int, int] | None = field(init=False)
+    takes_ragged: ClassVar[bool] = True
 
     def __post_init__(self) -> None:
         height, width = self.options.height, self.options.width
@@ -78,13 +82,7 @@ class Decode:
             height, width = self._size or (0, 0)
             channels = () if self.options.mode == "L" else (len(self.options.mode),)
             return np.zeros((0, height, width, *channels), dtype=np.uint8)
-        sizes = {image.shape[1:3] for image in images}
-        if len(sizes) > 1:
-            raise StepError(
-                f"input {self.options.input!r}: images have different sizes {sorted(sizes)}; "
-                "set the decode step's height and width to resize them"
-            )
-        return images[0] if len(images) == 1 else np.concatenate(images)
+        return images[0] if len(images) == 1 else batch([image[0] for image in images])
 
     def _open(self, item: object, where: str) -> Image.Image:
         """An encoded image with only its header read, checked against the limits."""

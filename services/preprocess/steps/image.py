@@ -1,19 +1,22 @@
 """Image geometry over a batch: resize (Pillow's antialiased filters), crop and pad.
 
-Layouts are [batch, H, W] or [batch, H, W, C]. Resize runs Pillow's C resampler image by
-image (the loop is per row, the pixels never pass through Python): UINT8 grayscale and RGB
-go through Pillow's 8-bit path, rounded as Pillow and torchvision round; other types and
-channel counts are resized channel by channel in 32-bit float, unrounded.
+Layouts are [batch, H, W] or [batch, H, W, C], or a ragged batch of images of different sizes
+(steps/ragged.py), which each step takes row by row as it is. Resize runs Pillow's C
+resampler image by image (the loop is per row, the pixels never pass through Python): UINT8
+grayscale and RGB go through Pillow's 8-bit path, rounded as Pillow and torchvision round;
+other types and channel counts are resized channel by channel in 32-bit float, unrounded.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 import numpy as np
 from PIL import Image
 
 from services.preprocess.steps.base import STEPS
+from services.preprocess.steps.ragged import is_ragged, per_row
 from strata.codec import Arrays
 from strata.config.preprocess import CropStep, PadStep, ResizeStep
 from strata.plugins import StepError, take
@@ -75,17 +78,20 @@ class Resize:
     """Resize images to a fixed size, or their shorter side to `shorter`; FP32 out."""
 
     options: ResizeStep
+    takes_ragged: ClassVar[bool] = True
 
     def process(self, tensors: Arrays) -> Arrays:
         source = self.options.input
         images = take(tensors, source, self.options.kind)
-        check_images(images, source, "resize")
+        resized = per_row(images, self._resize) if is_ragged(images) else self._resize(images)
+        return {**tensors, source: resized}
+
+    def _resize(self, images: np.ndarray) -> np.ndarray:
+        check_images(images, self.options.input, "resize")
         height, width = self._size(*images.shape[1:3])
         if images.shape[1:3] == (height, width):
-            resized = images.astype(np.float32)
-        else:
-            resized = resize_images(images, height, width, self.options.interpolation)
-        return {**tensors, source: resized}
+            return images.astype(np.float32)
+        return resize_images(images, height, width, self.options.interpolation)
 
     def _size(self, height: int, width: int) -> tuple[int, int]:
         options = self.options
@@ -101,15 +107,20 @@ class Crop:
     """A height x width window: at top/left, or centred (as torchvision's CenterCrop)."""
 
     options: CropStep
+    takes_ragged: ClassVar[bool] = True
 
     def process(self, tensors: Arrays) -> Arrays:
-        source, height, width = self.options.input, self.options.height, self.options.width
+        source = self.options.input
         images = take(tensors, source, self.options.kind)
-        check_images(images, source, "crop")
-        top, left = self._corner(*images.shape[1:3])
-        cropped = images[:, top : top + height, left : left + width]
+        cropped = per_row(images, self._crop) if is_ragged(images) else self._crop(images)
         rest = {k: v for k, v in tensors.items() if k != source}
-        return {**rest, self.options.target: np.ascontiguousarray(cropped)}
+        return {**rest, self.options.target: cropped}
+
+    def _crop(self, images: np.ndarray) -> np.ndarray:
+        height, width = self.options.height, self.options.width
+        check_images(images, self.options.input, "crop")
+        top, left = self._corner(*images.shape[1:3])
+        return np.ascontiguousarray(images[:, top : top + height, left : left + width])
 
     def _corner(self, height: int, width: int) -> tuple[int, int]:
         box = self.options
@@ -132,10 +143,17 @@ class Pad:
     """Borders of a constant value around every image; the type is kept."""
 
     options: PadStep
+    takes_ragged: ClassVar[bool] = True
 
     def process(self, tensors: Arrays) -> Arrays:
         pad = self.options
         images = take(tensors, pad.input, pad.kind)
+        padded = per_row(images, self._pad) if is_ragged(images) else self._pad(images)
+        rest = {k: v for k, v in tensors.items() if k != pad.input}
+        return {**rest, pad.target: padded}
+
+    def _pad(self, images: np.ndarray) -> np.ndarray:
+        pad = self.options
         check_images(images, pad.input, "pad")
         if images.dtype.kind in "iu" and not _holds(images.dtype, pad.value):
             raise StepError(
@@ -143,9 +161,7 @@ class Pad:
             )
         widths = [(0, 0), (pad.top, pad.bottom), (pad.left, pad.right)]
         widths += [(0, 0)] * (images.ndim - 3)
-        padded = np.pad(images, widths, constant_values=images.dtype.type(pad.value))
-        rest = {k: v for k, v in tensors.items() if k != pad.input}
-        return {**rest, pad.target: padded}
+        return np.pad(images, widths, constant_values=images.dtype.type(pad.value))
 
 
 def _holds(dtype: np.dtype, value: float) -> bool:

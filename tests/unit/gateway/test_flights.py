@@ -12,6 +12,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from prometheus_client import REGISTRY
 
 from services.gateway.flights import Flights, Member
+from services.gateway.sizing import Room
 from strata.config.gateway import FlightSettings
 from strata.deadline import Deadline
 from strata.errors import DeadlineExceeded
@@ -110,6 +111,25 @@ async def test_a_flight_carries_at_most_max_rows() -> None:
     chain.release.set()
     await asyncio.gather(first, *waiting)
     assert chain.flights[1:] == [["r0", "r1"], ["r2", "r3"]]
+
+
+@run
+async def test_a_flight_takes_no_more_than_its_room_and_the_rest_take_the_next() -> None:
+    chain = Recorder()
+    room = Room(rows=3, message_bytes=1_000, row_bytes=300.0)  # 3 rows by their answers' bytes
+    flights = Flights(FlightSettings(max_in_air=1), chain.fly, chain.departed, lambda m: room)
+    first = await held(flights, chain)
+    waiting = [
+        asyncio.create_task(flights.board("k", Member(f"r{i}", 1, Deadline.after(5), size=10)))
+        for i in range(5)
+    ]
+    big = Member("big", 1, Deadline.after(5), size=2_000)  # its inputs alone pass the bytes
+    waiting.append(asyncio.create_task(flights.board("k", big)))
+    await asyncio.sleep(0.01)
+    chain.release.set()
+    assert await asyncio.gather(*waiting) == [*(f"r{i}" for i in range(5)), "big"]
+    await first
+    assert chain.flights[1:] == [["r0", "r1", "r2"], ["r3", "r4"], ["big"]]
 
 
 @run

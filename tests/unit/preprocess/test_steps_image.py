@@ -89,11 +89,12 @@ def test_decode_raw_uint8_arrays_like_encoded_ones() -> None:
     assert decode(RGBA[None, ..., 0], mode="L").shape == (1, 12, 10)
 
 
-def test_decode_different_sizes_needs_a_target_size() -> None:
+def test_decode_different_sizes_each_as_it_is_or_to_a_target_size() -> None:
     small = encode(Image.fromarray(RGBA[:6, :5, :3], "RGB"))
     large = encode(Image.fromarray(RGBA[..., :3], "RGB"))
-    with pytest.raises(StepError, match="different sizes"):
-        decode(batch(small, large))
+    ragged = decode(batch(small, large))
+    assert ragged.dtype == object and [row.shape for row in ragged] == [(6, 5, 3), (12, 10, 3)]
+    np.testing.assert_array_equal(ragged[1], decode(batch(large))[0])
     out = decode(batch(small, large), height=8, width=8, interpolation="bilinear")
     assert out.shape == (2, 8, 8, 3) and out.dtype == np.uint8
 
