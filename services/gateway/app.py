@@ -7,14 +7,14 @@ import logging
 
 from grpc_health.v1 import health_pb2
 
-from services.gateway.admin import AdminServicer, admin_auth
-from services.gateway.pipelines import Pipelines
-from services.gateway.repository import Repository
-from services.gateway.rest.app import build_app
-from services.gateway.rest.server import RestServer
+from services.gateway.api.admin import AdminServicer, admin_auth
+from services.gateway.api.pipelines import Pipelines
+from services.gateway.api.repository import Repository
+from services.gateway.api.rest.app import build_app
+from services.gateway.api.rest.server import RestServer
+from services.gateway.api.server_settings import ServerSettings
+from services.gateway.api.servicer import GatewayServicer
 from services.gateway.runtime import Runtime
-from services.gateway.server_settings import ServerSettings
-from services.gateway.servicer import GatewayServicer
 from strata import limits
 from strata.cli import Service
 from strata.config import Settings

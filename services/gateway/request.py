@@ -24,7 +24,7 @@ class ClientRequest:
     deadline: Deadline
     # The client's string parameters, passed to postprocess rules' `when:` conditions.
     parameters: dict[str, str] = field(default_factory=dict)
-    # Its place in a sequence, for a stateful pipeline (services/gateway/sequences.py).
+    # Its place in a sequence, for a stateful pipeline (services/gateway/upstream/sequences.py).
     sequence: Flags | None = None
     # Set by the orchestrator before the request boards its flight.
     route: Route | None = None

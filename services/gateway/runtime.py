@@ -16,18 +16,18 @@ import logging
 import signal
 from collections.abc import Callable
 
-from services.gateway.admission import Admission
-from services.gateway.arms import ArmBook
-from services.gateway.cache import ResultCache
-from services.gateway.concurrency import Door
-from services.gateway.ladder import LEVELS, LadderController
-from services.gateway.limiter import RateLimiter
+from services.gateway.door.admission import Admission
+from services.gateway.door.concurrency import Door
+from services.gateway.door.ladder import LEVELS, LadderController
+from services.gateway.door.limiter import RateLimiter
+from services.gateway.flow.cache import ResultCache
+from services.gateway.flow.model_stages import stage_routers
+from services.gateway.flow.orchestrator import Orchestrator
+from services.gateway.flow.shadow import ShadowRunner
 from services.gateway.metrics import LEVEL, LEVEL_CHANGES
-from services.gateway.model_stages import stage_routers
-from services.gateway.orchestrator import Orchestrator
-from services.gateway.router import Router
-from services.gateway.shadow import ShadowRunner
-from services.gateway.upstreams import Upstreams
+from services.gateway.upstream.arms import ArmBook
+from services.gateway.upstream.router import Router
+from services.gateway.upstream.upstreams import Upstreams
 from strata.config import ConfigError, Settings, load_settings
 from strata.config.base import live_fields
 from strata.config.gateway import GatewaySettings

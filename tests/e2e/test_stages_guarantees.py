@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import yaml
 
-from services.gateway.router import Router
+from services.gateway.upstream.router import Router
 from strata import codec
 from strata.config.pipelines import Route
 from strata.launch import Supervisor

@@ -1,4 +1,4 @@
-"""The gateway's hops as messages on long-lived streams (services/gateway/lanes.py), against
+"""The gateway's hops as messages on long-lived streams (upstream/lanes.py), against
 real aio gRPC servers on loopback serving ProcessStream (strata.v1stream) with a handler each
 test controls, and the gateway's own Hop on top: answers matched by tag, each message's own
 error and deadline, a broken or refused lane falling back to a unary call, a server without
@@ -15,9 +15,9 @@ from pathlib import Path
 import grpc
 import pytest
 
-from services.gateway.lanes import Lane, LaneBroken, Lanes
-from services.gateway.stream_methods import process_stream
-from services.gateway.upstreams import Hop, open_hop
+from services.gateway.upstream.lanes import Lane, LaneBroken, Lanes
+from services.gateway.upstream.stream_methods import process_stream
+from services.gateway.upstream.upstreams import Hop, open_hop
 from strata.config import load_settings
 from strata.deadline import Deadline
 from strata.proto.v1 import preprocess_pb2_grpc

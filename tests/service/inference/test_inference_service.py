@@ -17,8 +17,8 @@ import numpy as np
 import pytest
 import yaml
 
-from services.gateway.chain import model_request
-from services.gateway.flights import Member
+from services.gateway.flow.chain import model_request
+from services.gateway.flow.flights import Member
 from services.gateway.request import ClientRequest
 from services.inference.app import build
 from strata import codec, flight

@@ -9,8 +9,8 @@ import time
 import pytest
 from prometheus_client import REGISTRY
 
-from services.gateway.concurrency import AdaptiveLimit, Door
-from services.gateway.refusals import OTHER, Refusals
+from services.gateway.door.concurrency import AdaptiveLimit, Door
+from services.gateway.door.refusals import OTHER, Refusals
 from strata.config.gateway import Concurrency, Ladder
 from strata.errors import Overloaded
 
@@ -266,7 +266,7 @@ def test_refusals_are_logged_once_per_reason_per_interval_with_their_counts(
 ) -> None:
     clock = Clock()
     refusals = Refusals(Concurrency(refusal_log_seconds=10), clock=clock)
-    with caplog.at_level(logging.WARNING, logger="services.gateway.refusals"):
+    with caplog.at_level(logging.WARNING, logger="services.gateway.door.refusals"):
         for client in ("a", "a", "b", "a", "c", "d"):
             refusals.record("client_share", client, "pipeline 'digits': this client …")
             clock.now += 1

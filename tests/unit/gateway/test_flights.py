@@ -1,4 +1,4 @@
-"""How flights form at the gateway (services/gateway/flights.py): alone when idle, together
+"""How flights form at the gateway (services/gateway/flow/flights.py): alone when idle, together
 under load, bounded, grouped by key, and never carrying a request whose caller has gone."""
 
 import asyncio
@@ -11,8 +11,8 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from prometheus_client import REGISTRY
 
-from services.gateway.flights import Flights, Member
-from services.gateway.sizing import Room
+from services.gateway.flow.flights import Flights, Member
+from services.gateway.flow.sizing import Room
 from strata.config.gateway import FlightSettings
 from strata.deadline import Deadline
 from strata.errors import DeadlineExceeded

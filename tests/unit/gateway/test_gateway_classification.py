@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from services.gateway.classification import class_counts, classified
+from services.gateway.flow.classification import class_counts, classified
 from strata import codec
 from strata.config.pipelines import Pipeline
 from strata.errors import InvalidArgument

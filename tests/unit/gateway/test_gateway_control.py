@@ -7,10 +7,10 @@ import grpc
 import numpy as np
 import pytest
 
-from services.gateway.breaker import Breakers
-from services.gateway.limiter import RateLimiter
-from services.gateway.router import Router
-from services.gateway.statistics import Hops, Statistics
+from services.gateway.door.limiter import RateLimiter
+from services.gateway.flow.statistics import Hops, Statistics
+from services.gateway.upstream.breaker import Breakers
+from services.gateway.upstream.router import Router
 from strata import codec
 from strata.config.gateway import Breaker, RateLimits, TokenBucket
 from strata.config.pipelines import Route

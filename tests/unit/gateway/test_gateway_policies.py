@@ -5,13 +5,13 @@ import numpy as np
 import pytest
 from prometheus_client import REGISTRY
 
-from services.gateway.admission import Admission
-from services.gateway.breaker import CircuitBreaker
-from services.gateway.cache import Cached, ResultCache, cache_key
-from services.gateway.caller import Caller
-from services.gateway.ladder import LadderController
-from services.gateway.limiter import RateLimiter
-from services.gateway.router import Router
+from services.gateway.door.admission import Admission
+from services.gateway.door.caller import Caller
+from services.gateway.door.ladder import LadderController
+from services.gateway.door.limiter import RateLimiter
+from services.gateway.flow.cache import Cached, ResultCache, cache_key
+from services.gateway.upstream.breaker import CircuitBreaker
+from services.gateway.upstream.router import Router
 from strata import codec
 from strata.config.gateway import ApiKey, Breaker, Cache, Ladder, RateLimits, TokenBucket
 from strata.config.pipelines import Route, Shadow

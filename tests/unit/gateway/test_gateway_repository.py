@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from services.gateway.repository import Behind, ModelIndex, _entry
+from services.gateway.api.repository import Behind, ModelIndex, _entry
 
 INDEX = [
     ModelIndex(name="digits", version="1", state="READY"),

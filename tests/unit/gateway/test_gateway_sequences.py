@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from services.gateway.request import Answer, ClientRequest
-from services.gateway.sequences import Sequences, replica, request_flags
+from services.gateway.upstream.sequences import Sequences, replica, request_flags
 from strata.config.pipelines import Pipeline
 from strata.deadline import Deadline
 from strata.errors import InvalidArgument

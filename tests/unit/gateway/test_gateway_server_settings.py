@@ -6,7 +6,7 @@ import logging
 
 import pytest
 
-from services.gateway.server_settings import _check, _level
+from services.gateway.api.server_settings import _check, _level
 from strata.errors import InvalidArgument
 
 OFF = {"log_info": False, "log_warning": False, "log_error": False, "log_verbose_level": 0}

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from services.gateway.server_settings import Tracing, _traced, _values
+from services.gateway.api.server_settings import Tracing, _traced, _values
 from strata.errors import InvalidArgument
 
 CONFIGURED = Tracing(rate=4, on=True)  # telemetry.sample_ratio: 0.25

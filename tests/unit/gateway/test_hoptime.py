@@ -4,7 +4,7 @@ and the calls the hop still owes), within their floor and ceiling."""
 import numpy as np
 import pytest
 
-from services.gateway.hoptime import HopTimer, Load
+from services.gateway.upstream.hoptime import HopTimer, Load
 from strata import codec
 from strata.config.gateway import HopTimeouts
 from strata.proto.v1 import tensor_pb2 as v1

@@ -3,7 +3,7 @@ arm of the same version where the pipeline's preprocessing differs by version.""
 
 from __future__ import annotations
 
-from services.gateway.router import Router
+from services.gateway.upstream.router import Router
 from strata.config.pipelines import Route
 
 ROUTES = [

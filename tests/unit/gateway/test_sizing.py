@@ -1,11 +1,11 @@
-"""How big a flight may grow (services/gateway/sizing.py): what its messages were seen to
+"""How big a flight may grow (services/gateway/flow/sizing.py): what its messages were seen to
 weigh per row, the message limit less its margin, and the model's batch limit."""
 
 import asyncio
 
 import pytest
 
-from services.gateway.sizing import Arm, Room, Sizes, is_too_large
+from services.gateway.flow.sizing import Arm, Room, Sizes, is_too_large
 from strata.errors import InvalidArgument, Overloaded, Unavailable
 
 ARM = Arm("images", "a", "vision", "1")

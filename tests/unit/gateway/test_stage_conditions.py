@@ -1,4 +1,4 @@
-"""Which rows of a flight a conditional stage runs for (services/gateway/model_stages.py): each
+"""Which rows of a flight a conditional stage runs for (services/gateway/flow/model_stages.py): each
 measure as its definition reads, row by row, over a flight's table of several members; a row
 whose measure is not a number runs the stage; and the rows a call takes for some of the
 members."""
@@ -6,8 +6,8 @@ members."""
 import numpy as np
 import pytest
 
-from services.gateway.flights import Member
-from services.gateway.model_stages import _chosen_rows, _measure, _Table
+from services.gateway.flow.flights import Member
+from services.gateway.flow.model_stages import _chosen_rows, _measure, _Table
 from strata import codec
 from strata.config.pipelines import Condition
 from strata.deadline import Deadline

@@ -14,7 +14,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from services.gateway.breaker import FAILURES
+from services.gateway.upstream.breaker import FAILURES
 from services.inference.jobs import Request
 from services.inference.manifest import read_spec
 from services.inference.model import ModelVersion, load_version

@@ -15,9 +15,9 @@ import orjson
 import pytest
 import schemathesis
 
-from services.gateway.rest import openapi, tensors
-from services.gateway.rest.app import build_app
-from services.gateway.rest.statuses import error_response
+from services.gateway.api.rest import openapi, tensors
+from services.gateway.api.rest.app import build_app
+from services.gateway.api.rest.statuses import error_response
 from strata import codec
 from strata.config.gateway import Rest
 from strata.errors import NotFound

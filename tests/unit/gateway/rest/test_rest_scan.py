@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from services.gateway.rest.scan import check_json
+from services.gateway.api.rest.scan import check_json
 from strata.errors import InvalidArgument
 
 ROOMY = 1 << 20

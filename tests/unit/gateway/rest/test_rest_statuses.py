@@ -9,7 +9,7 @@ import grpc
 import orjson
 import pytest
 
-from services.gateway.rest.statuses import TooLarge, error_response, http_status
+from services.gateway.api.rest.statuses import TooLarge, error_response, http_status
 from strata.errors import (
     DeadlineExceeded,
     InvalidArgument,

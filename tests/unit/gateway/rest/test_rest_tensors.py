@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from services.gateway.rest import tensors
+from services.gateway.api.rest import tensors
 from strata import codec
 from strata.errors import InvalidArgument
 from strata.proto.inference import grpc_service_pb2 as v2

@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from services.gateway.concurrency import AdaptiveLimit
-from services.gateway.ladder import Reading
+from services.gateway.door.concurrency import AdaptiveLimit
+from services.gateway.door.ladder import Reading
+from services.gateway.flow.model_stages import later_models
 from services.gateway.metrics import RATE_LIMITED, SHED, UPSTREAM_CALLS
-from services.gateway.model_stages import later_models
-from services.gateway.router import Router
 from services.gateway.runtime import Runtime
+from services.gateway.upstream.router import Router
 from strata.errors import InvalidArgument, NotFound, listed, shown
 from strata.grpc_errors import grpc_errors
 from strata.proto.v1 import admin_pb2, admin_pb2_grpc

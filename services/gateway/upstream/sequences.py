@@ -22,7 +22,7 @@ from collections.abc import Awaitable, Callable
 
 from services.gateway.metrics import SEQUENCES
 from services.gateway.request import Answer, ClientRequest
-from services.gateway.router import unit_hash
+from services.gateway.upstream.router import unit_hash
 from strata.config.pipelines import Pipeline
 from strata.errors import InvalidArgument, shown
 from strata.proto.inference import grpc_service_pb2 as v2

@@ -2,7 +2,7 @@
 
 validate -> route -> (cache, default answer or shed, by level) -> board a flight, which
 carries it through preprocess, inference on its arm and postprocess with the requests it
-shares them with (services/gateway/flights.py, services/gateway/chain.py). The level decides
+shares them with (flow/flights.py, flow/chain.py). The level decides
 what is skipped: optional rules (1), batching (2), the whole chain in favour of a cached or
 default answer (3), or the request itself (4).
 """
@@ -13,19 +13,19 @@ import time
 
 import numpy as np
 
-from services.gateway.arms import ArmBook
-from services.gateway.cache import Cached, ResultCache, cache_key
-from services.gateway.chain import Chain, model_request
-from services.gateway.concurrency import Door
-from services.gateway.flights import Flights, Member
-from services.gateway.ladder import LadderController
+from services.gateway.door.concurrency import Door
+from services.gateway.door.ladder import LadderController
+from services.gateway.flow.cache import Cached, ResultCache, cache_key
+from services.gateway.flow.chain import Chain, model_request
+from services.gateway.flow.flights import Flights, Member
+from services.gateway.flow.model_stages import StageKey, Stages
+from services.gateway.flow.shadow import ShadowRunner
+from services.gateway.flow.sizing import Room, Sizes, arm_of
 from services.gateway.metrics import CACHE, DEGRADED, INFLIGHT
-from services.gateway.model_stages import StageKey, Stages
 from services.gateway.request import Answer, ClientRequest
-from services.gateway.router import Router
-from services.gateway.shadow import ShadowRunner
-from services.gateway.sizing import Room, Sizes, arm_of
-from services.gateway.upstreams import Upstreams
+from services.gateway.upstream.arms import ArmBook
+from services.gateway.upstream.router import Router
+from services.gateway.upstream.upstreams import Upstreams
 from strata import codec, stack
 from strata.config.gateway import FlightSettings
 from strata.config.pipelines import Pipeline, Route

@@ -8,7 +8,7 @@ Flights form by the inference batcher's rule: a request that arrives while fewer
 `max_in_air` flights are travelling leaves at once, with whatever arrived in the same
 event-loop turn, so light load adds no wait; under load the next flight takes every request
 that queued meanwhile, up to `max_requests` requests and `max_rows` rows, and within the room
-its hops and its model leave (services/gateway/sizing.py): more goes in the next flight,
+its hops and its model leave (services/gateway/flow/sizing.py): more goes in the next flight,
 never fails. A request whose
 caller gave up or whose deadline passed leaves its queue without costing a layer anything.
 
@@ -33,8 +33,8 @@ from typing import Any
 from opentelemetry import context as otel_context
 from opentelemetry import trace
 
+from services.gateway.flow.sizing import UNBOUNDED, Room
 from services.gateway.metrics import FLIGHT_REQUESTS, FLIGHTS_IN_AIR
-from services.gateway.sizing import UNBOUNDED, Room
 from strata import propagation
 from strata.config.gateway import FlightSettings
 from strata.deadline import Deadline

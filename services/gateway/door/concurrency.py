@@ -26,7 +26,7 @@ moved. A client that holds none may enter a little past the limit (its square ro
 lone client may use the whole limit, yet one flooding the door cannot keep a newcomer out or
 take the others' capacity once they hold requests too. While the chain is full, freed places
 go to waiting clients below their share first. Every refusal is counted and logged
-(services.gateway.refusals).
+(services.gateway.door.refusals).
 """
 
 from __future__ import annotations
@@ -38,8 +38,8 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
+from services.gateway.door.refusals import Refusals
 from services.gateway.metrics import CONCURRENCY_LIMIT, SHED
-from services.gateway.refusals import Refusals
 from strata.config.gateway import Concurrency, Ladder
 from strata.errors import Overloaded
 

@@ -2,7 +2,7 @@
 of a POSIX shared memory object (its key, an offset and a size), then sends inputs from it and
 asks for outputs into it, by region name, offset and size, instead of in the message.
 
-Regions belong to the client that registered them (its identity, services/gateway/admission.py):
+Regions belong to the client that registered them (its identity, door/admission.py):
 no other client can see, use or unregister them. Everything is checked before a byte is read:
 the key names a plain object under the configured root, the region lies within the object and
 the limits, a tensor's bytes lie within its region and match what its shape declares. Bytes are

@@ -16,7 +16,7 @@ from typing import Any
 import uvicorn
 from starlette.types import ASGIApp
 
-from services.gateway.rest.door import Connections, protocol
+from services.gateway.api.rest.door import Connections, protocol
 from strata.config.gateway import Rest
 from strata.config.server import ServerSettings
 from strata.config.tls import CA, CERT, KEY, TlsSettings, public_identity

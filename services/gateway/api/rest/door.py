@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from services.gateway.caller import PRINCIPAL
+from services.gateway.door.caller import PRINCIPAL
 from strata.door import REFUSED, RETRY_AFTER_MS, Shares
 from strata.errors import RETRY_AFTER
 from strata.security import principal

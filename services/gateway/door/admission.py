@@ -13,10 +13,10 @@ arm that takes traffic. A rolled-back arm (weight 0) is forced only with the cap
 
 from __future__ import annotations
 
-from services.gateway.caller import Caller
-from services.gateway.limiter import RateLimiter
+from services.gateway.door.caller import Caller
+from services.gateway.door.limiter import RateLimiter
 from services.gateway.metrics import RATE_LIMITED
-from services.gateway.router import Router
+from services.gateway.upstream.router import Router
 from strata.config.gateway import RateLimits
 from strata.errors import Overloaded, PermissionDenied, Unauthenticated, shown
 from strata.security import KeyRing, key_hash

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from services.gateway.metrics import SHADOW
-from services.gateway.upstreams import Upstreams
+from services.gateway.upstream.upstreams import Upstreams
 from strata import codec
 from strata.codec import Arrays
 from strata.config.pipelines import ModelRef

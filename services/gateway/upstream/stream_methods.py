@@ -1,4 +1,4 @@
-"""How each hop's call travels as a message on a lane (services/gateway/lanes.py).
+"""How each hop's call travels as a message on a lane (services/gateway/upstream/lanes.py).
 
 - strata.v1 `Process` as `ProcessStream`: the message's tag in `ProcessRequest.tag`, and the
   trace context a unary call carries in its metadata (which a stream sends once) in
@@ -17,7 +17,7 @@ from typing import Any
 
 import grpc
 
-from services.gateway.lanes import StreamMethod, rpc_error
+from services.gateway.upstream.lanes import StreamMethod, rpc_error
 from strata.flight import is_flight, set_call_traceparent
 from strata.proto.inference import grpc_service_pb2 as v2
 from strata.proto.v1 import tensor_pb2 as v1

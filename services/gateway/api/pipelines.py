@@ -12,15 +12,8 @@ from dataclasses import dataclass
 
 import grpc
 
-from services.gateway import decoupled
-from services.gateway.admission import ARM_PARAMETER
-from services.gateway.caller import Caller
-from services.gateway.classification import class_counts, classified
-from services.gateway.metrics import LATENCY, REQUESTS
-from services.gateway.request import Answer, ClientRequest
-from services.gateway.runtime import Runtime
-from services.gateway.sequences import Sequences, request_flags
-from services.gateway.shared_memory import (
+from services.gateway.api import decoupled
+from services.gateway.api.shared_memory import (
     REGION,
     SIZE,
     Placement,
@@ -29,7 +22,14 @@ from services.gateway.shared_memory import (
     with_inputs,
     write_outputs,
 )
-from services.gateway.statistics import STATISTICS
+from services.gateway.door.admission import ARM_PARAMETER
+from services.gateway.door.caller import Caller
+from services.gateway.flow.classification import class_counts, classified
+from services.gateway.flow.statistics import STATISTICS
+from services.gateway.metrics import LATENCY, REQUESTS
+from services.gateway.request import Answer, ClientRequest
+from services.gateway.runtime import Runtime
+from services.gateway.upstream.sequences import Sequences, request_flags
 from strata import __version__, codec
 from strata.config.pipelines import Fallback, ModelRef, Pipeline, Route
 from strata.deadline import Deadline
@@ -188,7 +188,7 @@ class Pipelines:
         )
 
     def model_statistics(self, name: str = "", version: str = "") -> v2.ModelStatisticsResponse:
-        """Each pipeline's numbers (services/gateway/statistics.py); all with no name."""
+        """Each pipeline's numbers (services/gateway/flow/statistics.py); all with no name."""
         names = [name] if name else self.names()
         for each in names:
             self.pipeline(each, version)
@@ -238,7 +238,7 @@ class Pipelines:
         self, request: v2.ModelInferRequest, caller: Caller
     ) -> list[v2.ModelInferResponse]:
         """One request of a stream, counted: its response, or a decoupled pipeline's zero or
-        more (services/gateway/decoupled.py), with Triton's final flags where it asks."""
+        more (services/gateway/api/decoupled.py), with Triton's final flags where it asks."""
         name = request.model_name
         with self.counted(name, caller.protocol) as count, _unavailable_named(name):
             made = await self._made(request, caller, streamed=True)

@@ -20,10 +20,10 @@ from pathlib import Path
 
 import grpc
 
-from services.gateway.caller import Caller
-from services.gateway.model_stages import FALLBACK_SUFFIX, later_models
-from services.gateway.router import Router
+from services.gateway.door.caller import Caller
+from services.gateway.flow.model_stages import FALLBACK_SUFFIX, later_models
 from services.gateway.runtime import Runtime
+from services.gateway.upstream.router import Router
 from strata.config.pipelines import ModelRef, Pipeline
 from strata.errors import (
     InvalidArgument,

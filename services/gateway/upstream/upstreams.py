@@ -21,12 +21,12 @@ from typing import Any
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from services.gateway.breaker import Breakers, CircuitBreaker
-from services.gateway.hoptime import HopTimer, Load, Timing
-from services.gateway.lanes import LaneBroken, Lanes, StreamMethod
 from services.gateway.metrics import BREAKER_OPEN, UPSTREAM_CALLS
-from services.gateway.sequences import replica
-from services.gateway.stream_methods import infer_stream, process_stream
+from services.gateway.upstream.breaker import Breakers, CircuitBreaker
+from services.gateway.upstream.hoptime import HopTimer, Load, Timing
+from services.gateway.upstream.lanes import LaneBroken, Lanes, StreamMethod
+from services.gateway.upstream.sequences import replica
+from services.gateway.upstream.stream_methods import infer_stream, process_stream
 from strata.channels import open_channel
 from strata.config import Settings
 from strata.config.endpoints import ServiceEndpoint
@@ -320,7 +320,7 @@ class Upstreams:
 
     def inference_hop(self, deployment: str, sequence: Flags | None = None) -> Hop:
         """The hop to `deployment`; for a request of a sequence, to the one replica that
-        holds it, among those its endpoint lists (services/gateway/sequences.py). An endpoint
+        holds it, among those its endpoint lists (upstream/sequences.py). An endpoint
         reached through a `target` is one hop: its name must lead to one replica."""
         endpoint = self._settings.services.inference[deployment]
         if sequence is None or endpoint.target or endpoint.replicas == 1:

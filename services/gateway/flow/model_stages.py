@@ -20,7 +20,7 @@ chain hands the members it could not answer (or all of them, from the fallback's
 `stand_in`, which runs the first model as a stage of its own fallback, then the later
 stages. Every stage call counts in its arm's figures, under `<pipeline>/<stage>`. A stage's
 shadow gets a copy of each mirrored member's rows its own model answered
-(services/gateway/shadow.py), counted under `<pipeline>/<stage>` too. What postprocess
+(services/gateway/flow/shadow.py), counted under `<pipeline>/<stage>` too. What postprocess
 receives is every tensor a model gave, for the members still waiting.
 """
 
@@ -37,11 +37,11 @@ import numpy as np
 from opentelemetry import trace
 from opentelemetry.trace import Link
 
-from services.gateway.arms import ArmBook
-from services.gateway.flights import Member
-from services.gateway.router import Router
-from services.gateway.shadow import ShadowRunner
-from services.gateway.upstreams import Upstreams
+from services.gateway.flow.flights import Member
+from services.gateway.flow.shadow import ShadowRunner
+from services.gateway.upstream.arms import ArmBook
+from services.gateway.upstream.router import Router
+from services.gateway.upstream.upstreams import Upstreams
 from strata import codec, gathering, propagation, stack
 from strata.config.pipelines import Condition, Fallback, ModelRef, Pipeline, Route, Stage
 from strata.config.settings import Settings

@@ -7,9 +7,9 @@ leaves, and a member whose caller gave up or whose deadline passed is cut out of
 before the next hop. When an arm is unavailable, the flight moves to each member's
 fallback arm (A/B stickiness decides which), unless its arm was forced. Members the first
 model cannot answer at all (no arm left, or an error its fallback covers) go to the
-pipeline's fallback model where it has one (services/gateway/model_stages.py), as do all of
+pipeline's fallback model where it has one (services/gateway/flow/model_stages.py), as do all of
 them from that fallback's degradation level. Each answered flight's hop times go to the
-pipeline's statistics (services/gateway/statistics.py).
+pipeline's statistics (services/gateway/flow/statistics.py).
 """
 
 from __future__ import annotations
@@ -18,17 +18,17 @@ import time
 from collections.abc import Callable, Sequence
 from itertools import accumulate
 
-from services.gateway.arms import ArmBook
-from services.gateway.flights import Member
+from services.gateway.flow.flights import Member
+from services.gateway.flow.model_stages import Staged, Stages, covers, stands_in
+from services.gateway.flow.shadow import ShadowRunner
+from services.gateway.flow.sizing import Sizes, arm_of, is_too_large, too_large
+from services.gateway.flow.statistics import STATISTICS, Hops
 from services.gateway.metrics import FAILOVERS
-from services.gateway.model_stages import Staged, Stages, covers, stands_in
 from services.gateway.request import Answer, ClientRequest
-from services.gateway.router import Router
-from services.gateway.sequences import add_parameters
-from services.gateway.shadow import ShadowRunner
-from services.gateway.sizing import Sizes, arm_of, is_too_large, too_large
-from services.gateway.statistics import STATISTICS, Hops
-from services.gateway.upstreams import Hop, Upstreams
+from services.gateway.upstream.arms import ArmBook
+from services.gateway.upstream.router import Router
+from services.gateway.upstream.sequences import add_parameters
+from services.gateway.upstream.upstreams import Hop, Upstreams
 from strata import codec, gathering, stack
 from strata.config.pipelines import Route
 from strata.deadline import Deadline, latest
