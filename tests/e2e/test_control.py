@@ -236,3 +236,24 @@ def test_model_statistics_at_the_gateway_count_the_requests(system) -> None:
     assert int(after["last_inference"]) > 0
     assert report["all"] == ["digits", "digits-cascade", "tabular"]
     assert report["unknown"]["status"] == "StatusCode.NOT_FOUND"
+
+
+def version_stats(gateway, version: str) -> v2.ModelStatistics:
+    request = v2.ModelStatisticsRequest(name="digits", version=version)
+    (entry,) = gateway.ModelStatistics(request, timeout=5).model_stats
+    return entry
+
+
+def test_model_statistics_per_version_count_what_each_arm_answered(system) -> None:
+    gateway = stub(system)
+    before = {v: version_stats(gateway, v).inference_count for v in ("", "1", "2")}
+    served = [digits(gateway, client).model_version for client in CLIENTS]
+    after = {v: version_stats(gateway, v) for v in ("", "1", "2")}
+    added = {v: after[v].inference_count - before[v] for v in after}
+    assert set(served) == {"1", "2"}  # the control and canary arms both answered
+    assert added == {"": 40, "1": served.count("1"), "2": served.count("2")}
+    assert [after[v].version for v in ("", "1", "2")] == ["1", "1", "2"]
+    with pytest.raises(grpc.RpcError) as refused:
+        version_stats(gateway, "7")
+    assert refused.value.code() == grpc.StatusCode.NOT_FOUND
+    assert "its arms serve versions: '1', '2'" in refused.value.details()

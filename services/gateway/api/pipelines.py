@@ -188,13 +188,34 @@ class Pipelines:
         )
 
     def model_statistics(self, name: str = "", version: str = "") -> v2.ModelStatisticsResponse:
-        """Each pipeline's numbers (services/gateway/flow/statistics.py); all with no name."""
-        names = [name] if name else self.names()
-        for each in names:
-            self.pipeline(each, version)
-        return v2.ModelStatisticsResponse(
-            model_stats=[STATISTICS.model_statistics(each, PIPELINE_VERSION) for each in names]
-        )
+        """Each pipeline's numbers (services/gateway/flow/statistics.py); all with no name.
+        With a version one of its arms serves, one entry of that model version's numbers, as
+        Triton answers per version; with none (or the pipeline's own "1", where no arm serves
+        a version 1), the pipeline's whole numbers."""
+        if not name:
+            names = self.names()
+            return v2.ModelStatisticsResponse(
+                model_stats=[STATISTICS.model_statistics(each, PIPELINE_VERSION) for each in names]
+            )
+        pipeline = self.pipeline(name)
+        served = self._versions_served(name, pipeline)
+        if version in served:
+            entry = STATISTICS.model_statistics(name, version, model_version=version)
+        elif version in ("", PIPELINE_VERSION):
+            entry = STATISTICS.model_statistics(name, PIPELINE_VERSION)
+        else:
+            raise NotFound(
+                f"model {shown(name)} has no version {shown(version)}; its arms serve "
+                f"versions: {listed(served)}"
+            )
+        return v2.ModelStatisticsResponse(model_stats=[entry])
+
+    def _versions_served(self, name: str, pipeline: Pipeline) -> list[str]:
+        """The model versions pipeline `name`'s arms name, and any that have answered it (an
+        arm that names none serves whichever its deployment has)."""
+        routes = self._runtime.router(name).routes
+        named = {route.version or pipeline.model.version for route in routes}
+        return sorted((named | set(STATISTICS.versions(name))) - {""})
 
     async def infer(self, request: v2.ModelInferRequest, caller: Caller) -> v2.ModelInferResponse:
         """One inference, counted (below)."""

@@ -199,7 +199,7 @@ class Chain:
             skipped = info.get("skipped_rules", "")
             answered = _answer(members, outputs, arm, version, skipped, staged)
             hops = Hops(preprocess_seconds, inferred - started, time.monotonic() - inferred)
-            STATISTICS.flew(first.pipeline_name, answered, hops)
+            STATISTICS.flew(first.pipeline_name, answered, hops, version)
 
     async def _layer(
         self, hop: Hop, members: list[Member], tensors: WireTensors, flags: dict[str, str]

@@ -14,6 +14,11 @@ and where flights are answered (the chain):
 - last_inference: when the last request finished, in ms since the epoch.
 
 The ladder's default answers count in success only.
+
+Each pipeline's numbers are kept whole and again per model version that answered (the
+version its arm serves, as strata.model_version says), so that a client asking for a
+version gets one entry of that version's numbers, as Triton answers per version. A failed
+request has no version that answered: it counts in the pipeline's fail only.
 """
 
 from __future__ import annotations
@@ -50,40 +55,64 @@ class PipelineStats:
 
 
 class Statistics:
-    """Every pipeline's numbers since the gateway started."""
+    """Every pipeline's numbers since the gateway started, whole and per model version."""
 
     def __init__(self) -> None:
         self._pipelines: defaultdict[str, PipelineStats] = defaultdict(PipelineStats)
+        self._versions: defaultdict[tuple[str, str], PipelineStats] = defaultdict(PipelineStats)
+
+    def _kept(self, pipeline: str, version: str) -> list[PipelineStats]:
+        """The pipeline's whole numbers, and its version's where one answered."""
+        whole = self._pipelines[pipeline]
+        return [whole, self._versions[pipeline, version]] if version else [whole]
+
+    def versions(self, pipeline: str) -> list[str]:
+        """The model versions that have answered requests of `pipeline`."""
+        return sorted(version for name, version in self._versions if name == pipeline)
 
     def finished(
         self, pipeline: str, seconds: float, response: v2.ModelInferResponse | None
     ) -> None:
         """A request of `pipeline` ended after `seconds`: with `response`, or None if it
         failed."""
-        stats = self._pipelines[pipeline]
-        stats.last_ms = int(time.time() * 1000)
+        now_ms = int(time.time() * 1000)
         if response is None:
+            stats = self._pipelines[pipeline]
+            stats.last_ms = now_ms
             stats.fail.add(seconds)
             return
-        stats.success.add(seconds)
         outputs = response.outputs
-        stats.rows += outputs[0].shape[0] if outputs and outputs[0].shape else 1
+        rows = outputs[0].shape[0] if outputs and outputs[0].shape else 1
         parameters = response.parameters
-        if "strata.cached" in parameters and parameters["strata.cached"].bool_param:
-            stats.cache_hit.add(seconds)
-        elif "strata.degraded_source" not in parameters:  # not the ladder's default answer
-            stats.chained.add(seconds)
+        cached = "strata.cached" in parameters and parameters["strata.cached"].bool_param
+        chained = not cached and "strata.degraded_source" not in parameters  # not a default
+        for stats in self._kept(pipeline, response.model_version):
+            stats.last_ms = now_ms
+            stats.success.add(seconds)
+            stats.rows += rows
+            if cached:
+                stats.cache_hit.add(seconds)
+            elif chained:
+                stats.chained.add(seconds)
 
-    def flew(self, pipeline: str, answered: int, hops: Hops) -> None:
-        """A flight's inference call and its hops answered `answered` requests."""
-        stats = self._pipelines[pipeline]
-        stats.executions += 1
-        stats.preprocess.add(hops.preprocess * answered, answered)
-        stats.inference.add(hops.inference * answered, answered)
-        stats.postprocess.add(hops.postprocess * answered, answered)
+    def flew(self, pipeline: str, answered: int, hops: Hops, version: str = "") -> None:
+        """A flight's inference call, by model `version`, and its hops answered `answered`
+        requests."""
+        for stats in self._kept(pipeline, version):
+            stats.executions += 1
+            stats.preprocess.add(hops.preprocess * answered, answered)
+            stats.inference.add(hops.inference * answered, answered)
+            stats.postprocess.add(hops.postprocess * answered, answered)
 
-    def model_statistics(self, pipeline: str, version: str) -> v2.ModelStatistics:
-        stats = self._pipelines[pipeline]
+    def model_statistics(
+        self, pipeline: str, version: str, model_version: str = ""
+    ) -> v2.ModelStatistics:
+        """`pipeline`'s numbers as v2 reports them under `version`: its whole, or with
+        `model_version`, only what that model version answered."""
+        if model_version:
+            stats = self._versions.get((pipeline, model_version), PipelineStats())
+        else:
+            stats = self._pipelines[pipeline]
         computed = stats.preprocess.seconds + stats.inference.seconds + stats.postprocess.seconds
         queue = Duration(stats.chained.count, max(0.0, stats.chained.seconds - computed))
         return model_statistics(

@@ -139,3 +139,26 @@ def test_statistics_add_up_in_v2_terms() -> None:
     }
     assert message.last_inference > 0
     assert stats.model_statistics("never", "1").inference_stats.success.count == 0
+
+
+def test_statistics_per_model_version_add_up_to_the_pipeline() -> None:
+    stats = Statistics()
+    hops = Hops(preprocess=0.001, inference=0.002, postprocess=0.003)
+    stats.flew("p", 2, hops, "1")
+    stats.flew("p", 1, hops, "2")
+    for version, rows in (("1", 3), ("1", 1), ("2", 5)):
+        response = answer(rows)
+        response.model_version = version
+        stats.finished("p", 0.010, response)
+    stats.finished("p", 0.004, None)  # failed: no version answered
+    whole = stats.model_statistics("p", "1")
+    one, two = (stats.model_statistics("p", v, model_version=v) for v in ("1", "2"))
+    assert stats.versions("p") == ["1", "2"]
+    assert (one.version, one.inference_count, one.execution_count) == ("1", 4, 1)
+    assert (two.version, two.inference_count, two.execution_count) == ("2", 5, 1)
+    assert (whole.inference_count, whole.execution_count) == (9, 2)
+    counts = [m.inference_stats.success.count for m in (one, two, whole)]
+    assert counts == [2, 1, 3]
+    assert [m.inference_stats.fail.count for m in (one, two, whole)] == [0, 0, 1]
+    assert one.inference_stats.compute_infer.count == 2
+    assert stats.model_statistics("p", "3", model_version="3").inference_count == 0
