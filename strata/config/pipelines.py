@@ -34,8 +34,10 @@ class TensorSpec(Strict):
     )
     format: Literal["NHWC", "NCHW"] | None = Field(
         default=None,
-        description="Inputs that are images (rank 4, batch first): the order of the other "
-        "three dimensions, height, width and channels (NHWC) or channels first (NCHW). The "
+        description="Inputs that are images (rank 4, batch first; or rank 3 in a pipeline "
+        "with max_batch_size 0, which has no batch dimension, as Triton's densenet_onnx): the "
+        "order of the three image dimensions, height, width and channels (NHWC) or channels "
+        "first (NCHW). The "
         "model config says it (FORMAT_NHWC, FORMAT_NCHW), and image clients such as Triton's "
         "shape what they send by it.",
     )
@@ -69,10 +71,10 @@ class TensorSpec(Strict):
             raise ValueError(f"{self.name}: range applies to numeric datatypes only")
         if self.allow_empty and -1 not in self.shape:
             raise ValueError(f"{self.name}: allow_empty needs a variable (-1) dimension")
-        if self.format is not None and len(self.shape) != 4:
+        if self.format is not None and len(self.shape) not in (3, 4):
             raise ValueError(
-                f"{self.name}: format {self.format} needs rank 4 (batch first), "
-                f"got shape {self.shape}"
+                f"{self.name}: format {self.format} needs rank 4 (batch first), or rank 3 "
+                f"in a pipeline with max_batch_size 0, got shape {self.shape}"
             )
         return self
 
@@ -399,6 +401,18 @@ class Pipeline(Strict):
         stage's and its fallback's."""
         stages = [[s.model, *([s.fallback.model] if s.fallback else [])] for s in self.stages]
         return [*self.first_models(), *(model for models in stages for model in models)]
+
+    @model_validator(mode="after")
+    def _image_rank_fits_the_batch(self) -> Pipeline:
+        """A rank-3 image has no batch dimension: only a pipeline without one may take it."""
+        for spec in self.inputs:
+            if spec.format is not None and len(spec.shape) == 3 and self.max_batch_size > 0:
+                raise ValueError(
+                    f"input {spec.name}: format {spec.format} on a rank-3 shape {spec.shape} "
+                    "needs max_batch_size 0 (no batch dimension); with a batch, give rank 4, "
+                    "batch first"
+                )
+        return self
 
     @model_validator(mode="after")
     def _default_answer_has_rows(self) -> Pipeline:

@@ -7,6 +7,7 @@ import yaml
 
 from strata.config import ConfigError, load_settings
 from strata.config.preprocess import ResizeStep
+from strata.v2meta import model_config
 from tests.support.system import DEFAULT_CONFIG, merge
 
 
@@ -60,7 +61,11 @@ def test_default_config_loads_with_paths_resolved() -> None:
         ),
         (
             {"pipelines": {"digits": {"inputs": [{**IMAGES, "format": "NHWC"}]}}},
-            ["format NHWC needs rank 4"],
+            ["input images: format NHWC on a rank-3 shape", "needs max_batch_size 0"],
+        ),
+        (
+            {"pipelines": {"digits": {"inputs": [{**IMAGES, "shape": [-1, 8], "format": "NHWC"}]}}},
+            ["format NHWC needs rank 4 (batch first), or rank 3"],
         ),
         (
             {"pipelines": {"digits": {"inputs": [{**IMAGES, "format": "HWC"}]}}},
@@ -129,3 +134,19 @@ def test_tokenless_model_control_is_off_by_default_and_allowed_on_loopback(
     services = {"gateway": {"listen": "[::1]:8001", "rest": "localhost:8000"}}
     settings = load_settings(write(tmp_path, {**LOCAL_CONTROL, "services": services}))
     assert settings.gateway.local_model_control
+
+
+def test_a_rank_3_image_without_a_batch_dimension_is_described_as_triton_does(
+    tmp_path: Path,
+) -> None:
+    """Triton's densenet_onnx: max_batch_size 0, dims [3, 224, 224], FORMAT_NCHW."""
+    image = {"name": "images", "datatype": "FP32", "shape": [3, 224, 224], "format": "NCHW"}
+    scores = {"name": "scores", "datatype": "FP32", "shape": [1000]}
+    changes = {"max_batch_size": 0, "inputs": [image], "outputs": [scores], "postprocess": []}
+    pipeline = load_settings(write(tmp_path, {"pipelines": {"digits": changes}})).pipelines[
+        "digits"
+    ]
+    config = model_config("digits", "strata_pipeline", 0, pipeline.inputs, pipeline.outputs).config
+    (described,) = config.input
+    assert config.max_batch_size == 0 and list(described.dims) == [3, 224, 224]
+    assert described.format == described.Format.FORMAT_NCHW
