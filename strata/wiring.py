@@ -108,6 +108,43 @@ def versions(root: Path, model: str, wanted: Iterable[str]) -> list[Version]:
     return found
 
 
+def check_same(pipeline: str, wired: Sequence[Version], new: Version) -> None:
+    """Raise unless `new` takes and gives what one of `wired` does (the versions a
+    pipeline's stages were checked against): the names, datatypes and ranks the wiring
+    reads, so that `new` fits the pipeline exactly as that one did."""
+    differences = [_difference(version, new) for version in wired]
+    if wired and all(differences):
+        raise ValueError(
+            f"pipeline {pipeline!r}: its steps and rules were checked at start against "
+            f"{wired[0].label}, and {differences[0]}; a version loaded later must take and "
+            "give what they were checked against (restart preprocess and postprocess to "
+            "check them against another)"
+        )
+
+
+def _difference(old: Version, new: Version) -> str:
+    """How `new`'s inputs and outputs differ from `old`'s, as the wiring reads them ("": they
+    do not)."""
+    for side, before, after in (
+        ("input", old.inputs, new.inputs),
+        ("output", old.outputs, new.outputs),
+    ):
+        was = {t.name: (t.datatype, len(t.shape)) for t in before}
+        now = {t.name: (t.datatype, len(t.shape)) for t in after}
+        for name in sorted(was.keys() | now.keys()):
+            if name not in now:
+                return f"{new.label} has no {side} {name!r} (its {side}s: {sorted(now)})"
+            if name not in was:
+                return f"{new.label} has {side} {name!r}, which {old.label} has not"
+            if was[name] != now[name]:
+                (datatype, rank), (wired, wired_rank) = now[name], was[name]
+                return (
+                    f"{new.label}'s {side} {name!r} is {datatype} of rank {rank}, not "
+                    f"{wired} of rank {wired_rank}"
+                )
+    return ""
+
+
 def from_model(pipeline: str, version: Version) -> Flow:
     """The tensors after the model: its outputs."""
     made = {t.name: Made(t.datatype, len(t.shape)) for t in version.outputs}

@@ -7,6 +7,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from services.inference import metrics
 from services.inference.manager import ModelManager
+from services.inference.rewiring import Rewiring
 from services.inference.servicer import InferenceServicer
 from strata import limits
 from strata.cli import Service
@@ -22,7 +23,8 @@ async def build(settings: Settings) -> Service:
     deployment = settings.deployment
     inference = settings.inference.model_copy(update={"models": settings.models_of(deployment)})
     executor = ThreadPoolExecutor(max_workers=inference.workers, thread_name_prefix="onnxruntime")
-    models = ModelManager(settings.repository, inference, executor)
+    rewiring = Rewiring(settings.pipelines)
+    models = ModelManager(settings.repository, inference, executor, rewiring)
     try:
         await models.start()
     except BaseException as exc:

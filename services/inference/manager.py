@@ -5,8 +5,9 @@ one beside those serving: open, run its validation cases, warm. Only when every 
 has passed does the model's set of serving versions switch, in one assignment; requests that
 were already queued on a replaced version still run on it, and its session is released once
 its last batch has finished. If any version fails, nothing switches: the versions serving
-keep serving, and the error names the version and the failing case. Each step is told to the
-repository index (index.py), which RepositoryIndex answers from.
+keep serving, and the error names the version and the failing case. A version loaded after
+start is also checked against the pipelines that call it (rewiring.py). Each step is told to
+the repository index (index.py), which RepositoryIndex answers from.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from pathlib import Path
 from services.inference.index import IndexEntry, RepositoryIndex
 from services.inference.manifest import ModelSpec, read_spec
 from services.inference.model import ModelVersion, load_version
+from services.inference.rewiring import Rewiring
 from services.inference.statistics import VersionStats
 from strata import repository
 from strata.config.inference import InferenceSettings
@@ -46,8 +48,15 @@ class Served:
 class ModelManager:
     """The serving versions of every model, their loads, unloads and polls."""
 
-    def __init__(self, root: Path, settings: InferenceSettings, executor: Executor) -> None:
+    def __init__(
+        self,
+        root: Path,
+        settings: InferenceSettings,
+        executor: Executor,
+        rewiring: Rewiring | None = None,
+    ) -> None:
         self._root = root
+        self._rewiring = rewiring or Rewiring({})
         self._settings = settings
         self._executor = executor
         self._loader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="model-loader")
@@ -63,6 +72,7 @@ class ModelManager:
         """Load every configured model (any failure stops start-up), then poll if asked."""
         for name in self._settings.models:
             await self.load(name)
+        self._rewiring.started({n: s.versions.values() for n, s in self._served.items()})
         if self._settings.poll_seconds > 0:
             self._poller = asyncio.create_task(self._poll(self._settings.poll_seconds))
 
@@ -190,6 +200,7 @@ class ModelManager:
                     self._executor,
                     prints[v],
                 )
+                self._rewiring.check(loaded[v])
             except Exception as exc:
                 await asyncio.gather(*(m.retire() for m in loaded.values()))
                 raise self._failed(name, v, prints[v], exc, current) from None

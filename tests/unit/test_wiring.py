@@ -20,6 +20,8 @@ from services.preprocess.pipeline import build_pipeline
 from strata.config.pipelines import Pipeline
 from strata.config.postprocess import PostprocessSettings
 from strata.errors import NotReady
+from strata.onnxsig import TensorInfo
+from strata.wiring import Version, check_same
 from tests.unit.inference.test_inference_toymodels import _finish, dense, pooling_model
 
 DECLARED = {"name": "probabilities", "datatype": "FP32", "shape": [-1, 3]}
@@ -223,3 +225,38 @@ def test_a_built_in_rule_in_place_makes_a_new_tensor(tmp_path: Path) -> None:
         build_chain(
             "p", spec.model_copy(update={"postprocess": []}), tmp_path, PostprocessSettings()
         )
+
+
+def tensor(name: str, datatype: str = "FP32", rank: int = 2) -> TensorInfo:
+    return TensorInfo(name, datatype, (-1,) * rank, (None,) * rank)
+
+
+WIRED = Version("model 'm' version 1", [tensor("x")], [tensor("y")])
+
+
+@pytest.mark.parametrize(
+    ("inputs", "outputs", "words"),
+    [
+        (
+            [tensor("x", "INT64")],
+            [tensor("y")],
+            "version 2's input 'x' is INT64 of rank 2, not FP32",
+        ),
+        ([tensor("x", rank=3)], [tensor("y")], "input 'x' is FP32 of rank 3, not FP32 of rank 2"),
+        ([tensor("x")], [tensor("z")], "has no output 'y' (its outputs: ['z'])"),
+        ([tensor("x"), tensor("w")], [tensor("y")], "has input 'w', which model 'm' version 1"),
+    ],
+)
+def test_a_later_version_must_take_and_give_what_was_wired(
+    inputs: list, outputs: list, words: str
+) -> None:
+    new = Version("model 'm' version 2", inputs, outputs)
+    with pytest.raises(ValueError, match="^pipeline 'p': its steps and rules were checked") as info:
+        check_same("p", [WIRED], new)
+    assert words in str(info.value)
+
+
+def test_a_later_version_fits_when_it_matches_any_version_wired() -> None:
+    other = Version("model 'm' version 0", [tensor("a")], [tensor("b")])
+    check_same("p", [other, WIRED], Version("model 'm' version 2", [tensor("x")], [tensor("y")]))
+    check_same("p", [], Version("model 'm' version 2", [tensor("q")], []))  # nothing wired
