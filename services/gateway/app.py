@@ -14,6 +14,7 @@ from services.gateway.api.rest.app import build_app
 from services.gateway.api.rest.server import RestServer
 from services.gateway.api.server_settings import ServerSettings
 from services.gateway.api.servicer import GatewayServicer
+from services.gateway.flow import measure_check
 from services.gateway.runtime import Runtime
 from strata import limits
 from strata.cli import Service
@@ -74,6 +75,8 @@ def workers(settings: Settings, listen: str | None) -> Parent | None:
 
 async def build(settings: Settings) -> Service:
     limits.install(settings.limits.plain())
+    for warning in measure_check.warnings(settings.repository, settings.pipelines):
+        log.warning("%s", warning)
     runtime = Runtime(settings)
     runtime.start()
     pipelines = Pipelines(runtime)
