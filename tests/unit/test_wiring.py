@@ -251,8 +251,9 @@ def test_a_later_version_must_take_and_give_what_was_wired(
     inputs: list, outputs: list, words: str
 ) -> None:
     new = Version("model 'm' version 2", inputs, outputs)
-    with pytest.raises(ValueError, match="^pipeline 'p': its steps and rules were checked") as info:
+    with pytest.raises(ValueError) as info:
         check_same("p", [WIRED], new)
+    assert str(info.value).startswith("pipeline 'p': its steps and rules were checked at start")
     assert words in str(info.value)
 
 
