@@ -2,7 +2,9 @@
 served and described as they are. Built here: an identity model over strings, through
 inference directly (unary, stream, flight) and through a gateway pipeline (gRPC and REST);
 one that parses strings as numbers (as Triton's simple_string does); a model whose input is
-a fixed [3, 4], through inference and through a pipeline of its own shape."""
+a fixed [3, 4], through inference and through a pipeline of its own shape; and an image of
+[3, 4, 4] channels first without a batch dimension (as Triton's densenet_onnx takes), its
+pipeline's input declared with `format: NCHW`."""
 
 from __future__ import annotations
 
@@ -63,12 +65,29 @@ def column_sums() -> onnx.ModelProto:
     return _finish(graph)
 
 
+def channel_means() -> onnx.ModelProto:
+    """images FP32 [3, 4, 4] (channels first, no batch) -> means FP32 [3]."""
+    graph = helper.make_graph(
+        [helper.make_node("ReduceMean", ["images"], ["means"], axes=[1, 2], keepdims=0)],
+        "planes",
+        [helper.make_tensor_value_info("images", TensorProto.FLOAT, [3, 4, 4])],
+        [helper.make_tensor_value_info("means", TensorProto.FLOAT, [3])],
+    )
+    return _finish(graph)
+
+
 def repository(root: Path) -> Path:
     """The shipped demo models beside the two built here."""
     shipped = ROOT / "build" / "repository"
     for model in ("digits", "tabular", "digits-large"):
         (root / model).symlink_to(shipped / model, target_is_directory=True)
-    for name, model in (("echo", echo_model()), ("parse", parse_model()), ("sums", column_sums())):
+    built = {
+        "echo": echo_model(),
+        "parse": parse_model(),
+        "sums": column_sums(),
+        "planes": channel_means(),
+    }
+    for name, model in built.items():
         (root / name / "1").mkdir(parents=True)
         onnx.save(model, root / name / "1" / "model.onnx")
     return root
@@ -79,7 +98,9 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[InProcess]:
     root = repository(tmp_path_factory.mktemp("repository"))
     changes = {
         "repository": str(root),
-        "inference": {"models": ["digits", "tabular", "digits-large", "echo", "parse", "sums"]},
+        "inference": {
+            "models": ["digits", "tabular", "digits-large", "echo", "parse", "sums", "planes"]
+        },
         "pipelines": {
             "echo": {
                 "inputs": [{"name": "text", "datatype": "BYTES", "shape": [-1], "utf8": True}],
@@ -91,6 +112,14 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[InProcess]:
                 "inputs": [{"name": "x", "datatype": "FP32", "shape": [3, 4]}],
                 "outputs": [{"name": "sums", "datatype": "FP32", "shape": [4]}],
                 "model": {"name": "sums"},
+            },
+            "planes": {
+                "max_batch_size": 0,
+                "inputs": [
+                    {"name": "images", "datatype": "FP32", "shape": [3, 4, 4], "format": "NCHW"}
+                ],
+                "outputs": [{"name": "means", "datatype": "FP32", "shape": [3]}],
+                "model": {"name": "planes"},
             },
         },
     }
@@ -186,3 +215,15 @@ def test_a_pipeline_without_a_batch_dimension_answers_each_request_alone(gateway
         ask_wrong = codec.build_request("sums", {"x": np.zeros((1, 3, 4), np.float32)})
         gateway.ModelInfer(ask_wrong, timeout=10)
     assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+
+
+def test_a_rank_3_image_without_a_batch_dimension_takes_a_format(gateway) -> None:
+    """Triton's densenet_onnx shape: an image client reads FORMAT_NCHW and three dims, and
+    sends one image of [3, 4, 4] with no batch dimension."""
+    config = gateway.ModelConfig(v2.ModelConfigRequest(name="planes"), timeout=10).config
+    (images,) = config.input
+    assert config.max_batch_size == 0 and list(images.dims) == [3, 4, 4]
+    assert images.format == images.Format.FORMAT_NCHW
+    image = np.arange(48, dtype=np.float32).reshape(3, 4, 4)
+    reply = gateway.ModelInfer(codec.build_request("planes", {"images": image}), timeout=10)
+    assert codec.response_outputs(reply)["means"].tolist() == image.mean(axis=(1, 2)).tolist()
