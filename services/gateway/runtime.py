@@ -2,10 +2,10 @@
 
 Settings that are safe to change live (rate limits, ladder thresholds, cache, breakers,
 route weights, latency objectives, default answers, API keys and the admin token, their
-files re-read) are applied to the running objects. A reload applies the file whole or nothing
-of it: when anything else changed (a pipeline added or removed, an address, a pipeline's
-inputs...), it says what needs a restart and applies nothing, so the running gateway is
-always the old file or the new one, never a mix.
+files re-read, the share of traces sampled) are applied to the running objects. A reload
+applies the file whole or nothing of it: when anything else changed (a pipeline added or
+removed, an address, a pipeline's inputs...), it says what needs a restart and applies
+nothing, so the running gateway is always the old file or the new one, never a mix.
 """
 
 from __future__ import annotations
@@ -15,6 +15,8 @@ import contextlib
 import logging
 import signal
 from collections.abc import Callable
+
+from pydantic import BaseModel
 
 from services.gateway.door.admission import Admission
 from services.gateway.door.concurrency import Door
@@ -28,6 +30,7 @@ from services.gateway.metrics import LEVEL, LEVEL_CHANGES
 from services.gateway.upstream.arms import ArmBook
 from services.gateway.upstream.router import Router
 from services.gateway.upstream.upstreams import Upstreams
+from strata import telemetry
 from strata.config import ConfigError, Settings, load_settings
 from strata.config.base import live_fields
 from strata.config.gateway import GatewaySettings
@@ -168,7 +171,11 @@ class Runtime:
         for name, router in self.routers.items():
             router.weighted(_weights(new, name))  # refuses before anything changes
         kept = self._live_weights_kept(new)
-        applied = self._apply_gateway(new) + self._apply_pipelines(new)
+        applied = (
+            self._apply_gateway(new)
+            + self._apply_pipelines(new)
+            + _apply_telemetry(self.settings, new)
+        )
         self.settings = new
         log.info("config reloaded: applied %s; kept live %s", applied, kept)
         return applied, [], kept
@@ -209,6 +216,16 @@ class Runtime:
         return applied
 
 
+def _apply_telemetry(old: Settings, new: Settings) -> list[str]:
+    """A new share of traces sampled, from the next request (where this process samples by
+    a ratio: without an OTLP endpoint, or under OTEL_TRACES_SAMPLER, nothing changes)."""
+    ratio = new.telemetry.sample_ratio
+    if ratio == old.telemetry.sample_ratio:
+        return []
+    telemetry.set_sample_ratio(ratio)
+    return ["telemetry.sample_ratio"]
+
+
 def _objectives(settings: Settings) -> dict[str, float]:
     return {name: p.latency_objective_ms / 1000 for name, p in settings.pipelines.items()}
 
@@ -217,12 +234,20 @@ def _weights(settings: Settings, pipeline: str) -> dict[str, float]:
     return {route.arm: route.weight for route in settings.routes(pipeline)}
 
 
+def _fixed(section: object) -> object:
+    """A config section less its fields that apply live (telemetry.sample_ratio)."""
+    if isinstance(section, BaseModel):
+        return section.model_dump(exclude=set(live_fields(type(section))))
+    return section
+
+
 def _needs_restart(old: Settings, new: Settings) -> list[str]:
     """Sections, gateway settings and pipeline parts that changed beyond what applies live."""
     changed = [
         key
         for key in type(old).model_fields
-        if key not in ("gateway", "pipelines") and getattr(old, key) != getattr(new, key)
+        if key not in ("gateway", "pipelines")
+        and _fixed(getattr(old, key)) != _fixed(getattr(new, key))
     ]
     changed += [
         f"gateway.{key}"

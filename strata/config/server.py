@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from strata.config.base import Strict
+from strata.config.base import LIVE, Strict
 from strata.streams import DEFAULT_MAX_IN_FLIGHT
 
 
@@ -119,5 +119,8 @@ class TelemetrySettings(Strict):
         ge=0,
         le=1,
         description="Share of new traces sampled (parent-based: a sampled caller's trace "
-        "is always kept); OTEL_TRACES_SAMPLER overrides.",
+        "is always kept); OTEL_TRACES_SAMPLER overrides. The gateway decides for the chain, "
+        "and a Reload applies a new one there live, over trace settings changed through "
+        "Triton's TraceSetting.",
+        json_schema_extra=LIVE,
     )

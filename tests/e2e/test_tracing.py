@@ -11,11 +11,13 @@ import grpc
 import numpy as np
 import pytest
 import requests
+import yaml
 
 from strata import codec
 from strata.launch import Supervisor
 from strata.proto.inference import grpc_service_pb2 as v2
 from strata.proto.inference import grpc_service_pb2_grpc as v2_grpc
+from strata.proto.v1 import admin_pb2, admin_pb2_grpc
 from strata.traces import Receiver, Span, roots
 from tests.support.system import running_system
 
@@ -286,3 +288,37 @@ def test_trace_settings_change_what_is_traced_live(traced) -> None:
     finally:
         back = trace_settings(system, trace_level=[], trace_rate=[])  # the config's
     assert back["trace_level"] == ["TIMESTAMPS"] and back["trace_rate"] == ["1"]
+
+
+def reload(system: Supervisor) -> admin_pb2.ReloadResponse:
+    stub = admin_pb2_grpc.AdminStub(grpc.insecure_channel(system.address("gateway")))
+    auth = (("authorization", f"Bearer {TOKEN}"),)
+    return stub.Reload(admin_pb2.ReloadRequest(), metadata=auth, timeout=10)
+
+
+def test_a_reload_of_the_sample_ratio_changes_what_is_traced_live(traced) -> None:
+    """What a gateway of several processes, which refuses TraceSetting, does instead."""
+    system, receiver = traced
+    images = {"images": np.zeros((1, 8, 8), np.uint8)}
+    original = system.config.read_text()
+    raw = yaml.safe_load(original)
+    raw.setdefault("telemetry", {})["sample_ratio"] = 0.0
+    system.config.write_text(yaml.safe_dump(raw))
+    try:
+        dimmed = reload(system)
+        off = trace_settings(system)
+        dark = [secrets.token_hex(16) for _ in range(5)]
+        for trace_id in dark:
+            assert send(system, images, trace_id) is None
+    finally:
+        system.config.write_text(original)
+        restored = reload(system)
+    lit = secrets.token_hex(16)
+    assert send(system, images, lit) is None
+    assert receiver.wait_for(lit, {"strata-gateway"})
+    time.sleep(0.5)  # what the other requests would have exported has arrived by now
+    assert not [t for t in dark if receiver.trace(t)]
+    assert list(dimmed.applied) == ["telemetry.sample_ratio"] and not dimmed.needs_restart
+    assert off["trace_level"] == ["OFF"]
+    assert list(restored.applied) == ["telemetry.sample_ratio"]
+    assert trace_settings(system)["trace_level"] == ["TIMESTAMPS"]

@@ -5,7 +5,10 @@ The log settings are the level of the gateway's own logs. The trace settings are
 client requests traced: trace_rate N samples one in N new traces (the gateway decides for the
 whole chain; the layers behind follow its decision), trace_level OFF samples none until
 TIMESTAMPS turns it on again at the rate it had. They start from the config
-(`telemetry.sample_ratio`); a setting sent as an empty list (null over REST) goes back to it.
+(`telemetry.sample_ratio`); a setting sent as an empty list (null over REST) goes back to it,
+and a Reload of a file whose sample_ratio changed sets them to the file's (the runtime
+swaps the sampler; the edit wins, as an edit of route weights wins over SetWeights), so a
+gateway of several processes, where this call is refused, changes them live too.
 They are the server's, one for every pipeline: a pipeline's read gives the server's, and a
 change for one pipeline is refused. Without an OTLP endpoint nothing is traced (trace_level
 OFF) and nothing can be turned on; under OTEL_TRACES_SAMPLER the SDK samples, and the
@@ -57,7 +60,7 @@ class ServerSettings:
     def __init__(self, runtime: Runtime, auth: ControlAuth) -> None:
         self._runtime = runtime
         self._auth = auth
-        self._tracing = self._configured
+        self._tracing = self._set_from = self._configured
 
     def log(self) -> dict[str, LogValue]:
         """The gateway's log settings, as Triton names them."""
@@ -85,7 +88,7 @@ class ServerSettings:
         pipelines = self._runtime.settings.pipelines
         if model and model not in pipelines:
             raise NotFound(f"unknown model {shown(model)}; pipelines: {listed(pipelines)}")
-        tracing = self._tracing
+        tracing = self._in_force()
         off = not (tracing.on and telemetry.exporting())
         return {
             **TRACE_FIXED,
@@ -107,7 +110,7 @@ class ServerSettings:
                 "trace settings are the server's, one for every pipeline: change them "
                 "without a model name"
             )
-        tracing = self._tracing
+        tracing = self._in_force()
         for key, value in changes.items():
             tracing = _traced(tracing, key, _values(key, value), self._configured)
         if not telemetry.set_sample_ratio(tracing.ratio):
@@ -128,6 +131,14 @@ class ServerSettings:
     @property
     def _configured(self) -> Tracing:
         return Tracing.of(self._runtime.settings.telemetry.sample_ratio)
+
+    def _in_force(self) -> Tracing:
+        """The settings in force: those last set here, unless a Reload has since brought
+        another sample_ratio (which the runtime put in force)."""
+        configured = self._configured
+        if configured != self._set_from:
+            self._tracing = self._set_from = configured
+        return self._tracing
 
 
 @dataclass(frozen=True)

@@ -9,14 +9,17 @@ import pytest
 
 from services.gateway.door.limiter import RateLimiter
 from services.gateway.flow.statistics import Hops, Statistics
+from services.gateway.runtime import _needs_restart
 from services.gateway.upstream.breaker import Breakers
 from services.gateway.upstream.router import Router
 from strata import codec
+from strata.config import load_settings
 from strata.config.gateway import Breaker, RateLimits, TokenBucket
 from strata.config.pipelines import Route
 from strata.errors import InvalidArgument, Unauthenticated
 from strata.proto.inference import grpc_service_pb2 as v2
 from strata.tokens import ControlAuth, ControlOff
+from tests.support.system import DEFAULT_CONFIG
 
 
 class Context:
@@ -162,3 +165,15 @@ def test_statistics_per_model_version_add_up_to_the_pipeline() -> None:
     assert [m.inference_stats.fail.count for m in (one, two, whole)] == [0, 0, 1]
     assert one.inference_stats.compute_infer.count == 2
     assert stats.model_statistics("p", "3", model_version="3").inference_count == 0
+
+
+def test_of_telemetry_only_the_sample_ratio_reloads_live() -> None:
+    old = load_settings(DEFAULT_CONFIG)
+
+    def with_telemetry(**changes: object):
+        return old.model_copy(update={"telemetry": old.telemetry.model_copy(update=changes)})
+
+    assert _needs_restart(old, with_telemetry(sample_ratio=0.25)) == []
+    assert _needs_restart(old, with_telemetry(otlp_endpoint="http://127.0.0.1:4317")) == [
+        "telemetry"
+    ]
