@@ -258,6 +258,8 @@ class Pipelines:
         runtime = self._runtime
         client = runtime.admission.admit(caller)
         pipeline = self.pipeline(request.model_name, request.model_version)
+        if not streamed:  # a stream's messages share its deadline: their time left says less
+            runtime.ladder.signals.arrived(request.model_name, client, caller.time_remaining)
         if pipeline.decoupled is not None and not streamed:
             raise decoupled.unary_refused(request.model_name)
         wanted = codec.requested_outputs(request, [spec.name for spec in pipeline.outputs])
