@@ -150,9 +150,12 @@ class Signals:
             self._slots.popleft()
         return [slot for _, slot in self._slots]
 
-    def latest(self, seconds: float) -> list[Slot]:
-        """The slots of the last `seconds` (to within a slot), forgetting none."""
+    def latest(self, seconds: float, after: float = -math.inf) -> list[Slot]:
+        """The slots of the last `seconds` (to within a slot) that began after `after`,
+        forgetting none."""
         first = int((self._clock() - seconds) // SLOT_SECONDS)
+        if math.isfinite(after):
+            first = max(first, int(after // SLOT_SECONDS) + 1)
         return [slot for number, slot in self._slots if number >= first]
 
     def _slot(self) -> Slot:
@@ -165,9 +168,13 @@ class Signals:
 
 
 def readings(
-    signals: Signals, settings: Ladder, objectives: Mapping[str, float]
+    signals: Signals,
+    settings: Ladder,
+    objectives: Mapping[str, float],
+    moved: float = -math.inf,
 ) -> dict[str, Reading]:
-    """Each signal's reading (pressure 1.0 = at its threshold)."""
+    """Each signal's reading (pressure 1.0 = at its threshold); the wait before the door only
+    from calls that came after the level last `moved`."""
     slots = signals.recent(settings.window_seconds)
     lag = signals.loop_lag
     parts = {"event_loop": Reading(lag * 1000, settings.loop_lag_limit_ms, " ms")}
@@ -185,18 +192,19 @@ def readings(
         if len(waits) >= MIN_SAMPLES:
             threshold = settings.queue_delay_share * objective
             parts[f"queue_delay:{pipeline}"] = Reading(_p95(waits) + lag, threshold, " s")
-    parts.update(_before_door(signals, settings, objectives))
+    parts.update(_before_door(signals, settings, objectives, moved))
     return parts
 
 
 def _before_door(
-    signals: Signals, settings: Ladder, objectives: Mapping[str, float]
+    signals: Signals, settings: Ladder, objectives: Mapping[str, float], moved: float
 ) -> dict[str, Reading]:
-    """Each pipeline's P95 wait before the door over the last `door_window_seconds`: shorter
-    than the window of the rest, as the wait ends soon after answers get cheaper."""
+    """Each pipeline's P95 wait before the door over the last `door_window_seconds`, from
+    calls that came after the level last moved: this wait answers a move within a second, so
+    the calls that waited before it are not held against the new level."""
     if not settings.door_wait_share:
         return {}
-    slots = signals.latest(settings.door_window_seconds)
+    slots = signals.latest(settings.door_window_seconds, after=moved)
     parts = {}
     for pipeline, objective in objectives.items():
         waits = _joined(slot.before_door.get(pipeline) for slot in slots)
@@ -235,6 +243,8 @@ class LadderController:
         self._on_change = on_change
         self._above = 0
         self._calm = 0
+        self._clock = clock
+        self._moved = -math.inf  # when the level last changed
 
     def configure(self, settings: Ladder, objectives: Mapping[str, float]) -> None:
         """New thresholds and latency objectives, live; the signals and level stay."""
@@ -253,7 +263,7 @@ class LadderController:
         return {name: reading.pressure for name, reading in self.readings.items()}
 
     def tick(self) -> int:
-        self.readings = readings(self.signals, self.settings, self.objectives)
+        self.readings = readings(self.signals, self.settings, self.objectives, self._moved)
         for name, reading in self.readings.items():
             LADDER_SIGNAL(name, "value").set(reading.value)
             LADDER_SIGNAL(name, "threshold").set(reading.threshold)
@@ -290,5 +300,6 @@ class LadderController:
         self._above = self._calm = 0
         self.reason = why
         if old != level:
+            self._moved = self._clock()
             log.warning("degradation level %d -> %d (%s): %s", old, level, LEVELS[level], why)
             self._on_change(old, level, why)

@@ -80,16 +80,25 @@ def test_waiting_before_the_door_climbs_past_batching_to_cheaper_answers() -> No
     assert arriving(ladder, clock, 0.2, 2)[-1] == 4  # still late at level 3: shed
 
 
-def test_the_wait_is_read_over_its_own_short_window_and_comes_back_down() -> None:
+def test_a_new_level_is_judged_on_the_calls_that_came_after_it() -> None:
     clock = Clock()
     ladder = controller(clock)
     assert arriving(ladder, clock, 0.2, 6)[-1] == 3
-    # Calls no longer wait: the late ones leave the one-second window within five ticks (the
-    # level may take one more step meanwhile), then three calm ticks make each step down.
-    levels = arriving(ladder, clock, 0.0, 5)
+    # Calls no longer wait: though the one-second window still holds late calls from before
+    # the move, only those after it count, so it does not climb on to shedding; three calm
+    # ticks make a step down.
+    assert arriving(ladder, clock, 0.0, 3) == [3, 3, 2]
     assert ladder.readings["door_wait:digits"].value == 0.0
-    assert arriving(ladder, clock, 0.0, 3)[-1] == levels[-1] - 1
     assert ladder.reason.startswith("calm")
+
+
+def test_the_wait_is_read_over_its_own_short_window() -> None:
+    clock = Clock()
+    ladder = controller(clock, max_level=0)  # never moves: only the window forgets
+    arriving(ladder, clock, 0.2, 4)
+    assert ladder.readings["door_wait:digits"].value == pytest.approx(0.2)
+    arriving(ladder, clock, 0.0, 5)  # over a second of calls that did not wait
+    assert ladder.readings["door_wait:digits"].value == 0.0
 
 
 def test_calls_without_a_deadline_say_nothing_and_a_share_of_0_turns_it_off() -> None:
