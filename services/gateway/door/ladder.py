@@ -10,7 +10,7 @@ share; the share of upstream queue rejections; the event loop's lag alone; and e
 wait before the door, as its clients see it: how much more of a client's deadline was already
 spent when its call reached a handler than the least it has lately spent (calls wait unseen in
 gRPC's own queue before any handler runs; a deadline, set when the call arrived, keeps the
-time). The level steps up
+time), counted from the calls that came after the level last moved. The level steps up
 after `up_after` ticks at pressure >= 1 and down after `down_after` ticks below `down_below`.
 A step is taken only where it helps: level 3 gives up full answers, so it is entered only
 when the full pipeline cannot meet its objective (latency, or the wait before the door, which
@@ -102,8 +102,10 @@ class Deadlines:
         """How long `client`'s call, with `remaining` seconds left, waited before a handler."""
         now = self._clock()
         longest, seen = self._longest.pop(client, (remaining, now))
-        if remaining >= longest - self.MATCHED or now - seen > self.memory:
-            longest, seen = max(remaining, longest if now - seen <= self.memory else 0.0), now
+        if now - seen > self.memory:
+            longest = remaining
+        if remaining >= longest - self.MATCHED:
+            longest, seen = max(longest, remaining), now
         self._longest[client] = (longest, seen)  # last, as the most recently seen
         if len(self._longest) > MOST_CLIENTS:
             del self._longest[next(iter(self._longest))]
