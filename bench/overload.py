@@ -1,13 +1,23 @@
-"""Overload: `python -m bench.overload --config configs/default.yaml [--quick]`.
+"""Overload: `python -m bench.overload --config configs/default.yaml [--quick] [--against K=V]`.
 
-The system from the config on free ports, the ladder free; the first pipeline with a demo
-data set. Capacity is the closed-loop answer rate with 64 requests in flight; then an open
-loop (no coordinated omission) at 0.1 to 4x that rate, 1 s client deadline, reports per step
-goodput (full answers within the pipeline's objective) as a share of the peak, the P99 of
-admitted requests against the P99 at 0.8x, refusals by code, the busiest load-tool worker's
-CPU (a saturated client is visible) and how long the gateway's health took to answer
-meanwhile, asked as a gRPC health check on its port and as GET /readyz on its metrics port.
-Results go to `--out` (bench/results/overload.md).
+What a user past capacity sees. The system from the config on free ports, the ladder free; the
+first pipeline with a demo data set, 1 s client deadline. Capacity is the best rate of full
+answers (within the objective or not) over closed loops of 16, 64 and 256 in flight from 8
+connections; then an open loop (no coordinated omission) at 0.8, 1, 1.5, 2 and 4x that rate,
+from one connection (one load worker) and from 8 (two workers, four each), each step once the
+ladder is calm again. Per step: goodput (full answers within the pipeline's objective) and its
+share of the best step's, the P99 of admitted requests (answered, full or degraded), the share
+refused (RESOURCE_EXHAUSTED or UNAVAILABLE) and the P99 of the time a refusal took, the
+degraded share, other errors, the highest level the ladder reached, the slowest health answer
+(a gRPC health check on the public port, behind every call gRPC has queued there; the same on
+the admin port; GET /readyz on the metrics port) and how late the load tool's sends were (P99;
+it shares the machine's cores).
+
+`--against gateway.KEY=VALUE` (repeatable, e.g. `ladder.door_wait_share=0`) runs a second
+system with those gateway settings changed beside the configured one, both up at once: the same
+rates (from the first system's capacity), the systems in turn at each step, so that a change in
+the machine's load falls on both alike, and the table has them side by side. Results go to
+`--out` (bench/results/overload.md).
 """
 
 from __future__ import annotations
@@ -18,22 +28,33 @@ import tempfile
 import threading
 import time
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 import grpc
+import numpy as np
+import yaml
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from bench.admin import Admin, LevelWatch
 from bench.deployment import running
-from bench.load import LoadPool, Plan
+from bench.load import LoadPool, Plan, Results
 from bench.load.worker import INFER
-from bench.measure import Point, closed, opened, point
+from bench.measure import closed, opened
 from bench.workloads import has_dataset, workload
 from strata.config import load_settings
+from strata.launch import Supervisor
 
 RESULTS = Path(__file__).resolve().parent / "results"
 CLIENT = (("x-client-id", "strata-bench"),)
-FRACTIONS = (0.1, 0.5, 0.8, 1.0, 1.5, 2.0, 3.0, 4.0)
+FRACTIONS = (0.8, 1.0, 1.5, 2.0, 4.0)
+IN_FLIGHT = (16, 64, 256)
+CONNECTIONS = (1, 8)
+REFUSED = (grpc.StatusCode.RESOURCE_EXHAUSTED.value[0], grpc.StatusCode.UNAVAILABLE.value[0])
+CALM_SECONDS = 30.0  # the most a step waits for the ladder to come back to level 0
 
 
 class HealthProbe:
@@ -63,6 +84,11 @@ class HealthProbe:
         self._stop.set()
         self._thread.join()
 
+    def slowest(self) -> tuple[float, float, float]:
+        """The slowest answer of each way, seconds (infinity: one failed)."""
+        kept = (self.grpc_seconds, self.admin_seconds, self.readyz_seconds)
+        return tuple(max(seconds, default=float("nan")) for seconds in kept)
+
     def _probe(self) -> None:
         public, admin = self._stubs
         while not self._stop.is_set():
@@ -90,102 +116,277 @@ def _timed(probe: Callable[[], None]) -> float:
     return time.perf_counter() - started
 
 
-def sweep(
-    pool: LoadPool,
-    plan: Plan,
-    admin: str,
-    metrics: str,
-    objective: float,
-    seconds: float,
-    fractions,
-) -> list:
-    capacity = closed(pool, plan, 64, seconds).throughput()
-    print(f"capacity (closed loop, 64 in flight): {capacity:.0f}/s", flush=True)
-    rows = []
-    for fraction in fractions:
-        time.sleep(1.0)
-        with HealthProbe(plan.target, admin, metrics) as probe:
-            results = opened(pool, plan, fraction * capacity, seconds)
-        step = point(f"{fraction:g}x", results, objective, None)
-        busiest = results.client()["busiestWorkerCpu"]
-        slowest = (
-            max(seconds, default=float("nan"))
-            for seconds in (probe.grpc_seconds, probe.admin_seconds, probe.readyz_seconds)
-        )
-        rows.append((step, busiest, *slowest))
-        print(row_text(rows[-1]), flush=True)
-    return rows
+@dataclass
+class Step:
+    """One open-loop step's figures, as its client saw them."""
+
+    system: str
+    connections: int
+    label: str
+    offered: float  # requests per second sent
+    goodput: float  # full answers within the objective, per second
+    admitted_p99_ms: float  # answered requests, full or degraded
+    refused: float  # share of requests
+    refusal_p99_ms: float
+    degraded: float  # share of requests
+    other_errors: dict[str, int]
+    level: int | None  # the highest the ladder reached
+    health_ms: tuple[float, float, float]  # slowest: public port, admin port, /readyz
+    late_p99_ms: float  # how late the load tool sent
+    busiest: float  # the busiest load worker's share of a core
 
 
-def row_text(row: tuple[Point, float, float, float, float]) -> str:
-    step, busiest, health, admin, readyz = row
-    return (
-        f"{step.label}: offered {step.offered:.0f}/s, goodput {step.goodput:.0f}/s, "
-        f"P50 {step.p50_ms:.1f} ms, P99 {step.p99_ms:.1f} ms, errors {step.errors}, "
-        f"busiest client worker {busiest:.0%}, slowest gRPC health check "
-        f"{health * 1000:.0f} ms (admin port {admin * 1000:.0f} ms), "
-        f"slowest /readyz {readyz * 1000:.0f} ms"
+def measured(system: str, label: str, results: Results, objective: float) -> Step:
+    """A step's figures from every request it sent (latencies from when each was due)."""
+    count = max(results.count, 1)
+    answered = results.ok
+    refused = np.isin(results.code, REFUSED)
+    refusals = results.latency[refused] / 1e6
+    client = results.client()
+    codes = results.codes()
+    other = {code: n for code, n in codes.items() if code not in _REFUSED_NAMES | {"OK"}}
+    return Step(
+        system=system,
+        connections=results.plan.connections,
+        label=label,
+        offered=results.plan.rps or 0.0,
+        goodput=results.goodput(objective),
+        admitted_p99_ms=_p99(results.latency[answered] / 1e6),
+        refused=float(refused.sum()) / count,
+        refusal_p99_ms=_p99(refusals),
+        degraded=results.degraded() / count,
+        other_errors=other,
+        level=None,
+        health_ms=(float("nan"),) * 3,
+        late_p99_ms=client["sendLagP99"] * 1e3,
+        busiest=client["busiestWorkerCpu"],
     )
 
 
-def report(rows: list) -> str:
-    peak = max(step.goodput for step, *_ in rows)
-    base = next((step.p99_ms for step, *_ in rows if step.label == "0.8x"), float("nan"))
-    lines = [
-        "| load | offered/s | goodput/s | % of peak | P50 ms | P99 ms | P99 / P99 at 0.8x "
-        "| errors | busiest client worker | slowest gRPC health check ms: public port "
-        "| admin port | slowest /readyz ms |",
-        "|---|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|",
+_REFUSED_NAMES = {"ResourceExhausted", "Unavailable"}
+
+
+def _p99(values: np.ndarray) -> float:
+    return float(np.percentile(values, 99)) if len(values) else float("nan")
+
+
+def full_rate(results: Results) -> float:
+    """Full answers (not degraded), however late, per second."""
+    seconds = results.total_seconds
+    full = results.ok & (results.flags & 1 == 0)
+    return float(full.sum()) / seconds if seconds else 0.0
+
+
+def capacity(pool: LoadPool, plan: Plan, seconds: float, in_flight: tuple[int, ...]) -> float:
+    """The best rate of full answers over closed loops of `in_flight` requests."""
+    rates = []
+    for count in in_flight:
+        rates.append(full_rate(closed(pool, plan, count, seconds)))
+        print(f"closed loop, {count} in flight: {rates[-1]:.0f} full answers/s", flush=True)
+    return max(rates)
+
+
+@dataclass
+class System:
+    """One running system under test, with its admin client and level watch."""
+
+    name: str
+    supervisor: Supervisor
+    plan: Plan  # the load, aimed at its gateway
+    admin: Admin
+    levels: LevelWatch
+    probes: tuple[str, str]  # its admin port and metrics page
+
+    def step(
+        self,
+        pool: LoadPool,
+        connections: int,
+        label: str,
+        rate: float,
+        seconds: float,
+        objective: float,
+    ) -> Step:
+        """One open-loop step at `rate` from `connections`, once the ladder is calm."""
+        time.sleep(1.0)
+        if not self.admin.wait_calm(CALM_SECONDS):
+            print(f"{self.name}: the ladder was not calm within {CALM_SECONDS:.0f} s")
+        since = time.time()
+        with HealthProbe(self.plan.target, *self.probes) as probe:
+            results = opened(pool, replace(self.plan, connections=connections), rate, seconds)
+        step = measured(self.name, label, results, objective)
+        step.level = self.levels.highest(since, time.time())
+        step.health_ms = tuple(seconds * 1e3 for seconds in probe.slowest())
+        return step
+
+
+@contextmanager
+def started(name: str, config: Path, gateway: dict | None, plan: Plan) -> Iterator[System]:
+    """`config` running on free ports, `gateway` settings changed, watched from its admin port."""
+    with (
+        tempfile.TemporaryDirectory(prefix="strata-") as tmp,
+        running(config, Path(tmp), gateway=gateway, gateway_metrics=True, gateway_admin=True) as (
+            supervisor,
+            token,
+        ),
+    ):
+        front = supervisor.settings.services.gateway
+        admin = Admin(front.admin_listen, token)
+        try:
+            with LevelWatch(admin) as levels:
+                aimed = replace(plan, target=supervisor.address("gateway"))
+                yield System(
+                    name, supervisor, aimed, admin, levels, (front.admin_listen, front.metrics)
+                )
+        finally:
+            admin.close()
+
+
+def sweep(
+    systems: list[System], pools: dict[int, LoadPool], rates, seconds: float, objective: float
+) -> list[Step]:
+    """Every step on every system, the systems in turn at each step, so that a change in the
+    machine's load falls on all of them alike."""
+    steps = []
+    for connections, pool in pools.items():
+        for label, rate in rates:
+            for system in systems:
+                steps.append(system.step(pool, connections, label, rate, seconds, objective))
+                print(row_text(steps[-1]), flush=True)
+    return steps
+
+
+def row_text(step: Step) -> str:
+    public, admin, readyz = step.health_ms
+    return (
+        f"{step.system}, {step.connections} connection(s), {step.label}: offered "
+        f"{step.offered:.0f}/s, goodput {step.goodput:.0f}/s, admitted P99 "
+        f"{step.admitted_p99_ms:.0f} ms, refused {step.refused:.0%} (P99 "
+        f"{step.refusal_p99_ms:.1f} ms), degraded {step.degraded:.0%}, other errors "
+        f"{step.other_errors or 'none'}, level {step.level}, slowest gRPC health check "
+        f"{public:.0f} ms (admin port {admin:.0f} ms), slowest /readyz {readyz:.0f} ms, "
+        f"sends late P99 {step.late_p99_ms:.1f} ms"
+    )
+
+
+HEADER = (
+    "| connections | load | system | offered/s | goodput/s | % of peak | admitted P99 ms "
+    "| refused | refusal P99 ms | degraded | other errors | top level "
+    "| slowest health ms: public port | admin port | /readyz | sends late P99 ms "
+    "| busiest client worker |\n"
+    "|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|"
+)
+
+
+def report(steps: list[Step]) -> str:
+    """One table, each step's systems side by side; a goodput share only where the system
+    answered something within the objective from that many connections (no peak: said so)."""
+    peaks: dict[tuple[str, int], float] = {}
+    for step in steps:
+        key = (step.system, step.connections)
+        peaks[key] = max(peaks.get(key, 0.0), step.goodput)
+    order = {label: n for n, label in enumerate(dict.fromkeys(s.label for s in steps))}
+    ordered = sorted(steps, key=lambda s: (s.connections, order[s.label]))
+    lines = [HEADER, *(_row(step, peaks[(step.system, step.connections)]) for step in ordered)]
+    lines += [
+        f"\nNo step of {system} from {connections} connection(s) had a full answer within "
+        "the objective: there is no peak goodput to compare with."
+        for (system, connections), peak in peaks.items()
+        if peak <= 0
     ]
-    for step, busiest, health, admin, readyz in rows:
-        lines.append(
-            f"| {step.label} | {step.offered:.0f} | {step.goodput:.0f} | "
-            f"{100 * step.goodput / peak:.0f}% | {step.p50_ms:.1f} | {step.p99_ms:.1f} | "
-            f"{step.p99_ms / base:.2f} | {step.errors or '-'} | {busiest:.0%} | "
-            f"{health * 1000:.0f} | {admin * 1000:.0f} | {readyz * 1000:.0f} |"
-        )
     return "\n".join(lines)
 
 
+def _row(step: Step, peak: float) -> str:
+    share = f"{step.goodput / peak:.0%}" if peak > 0 else "-"
+    refusal = "-" if np.isnan(step.refusal_p99_ms) else f"{step.refusal_p99_ms:.1f}"
+    public, admin, readyz = step.health_ms
+    other = ", ".join(f"{code} {n}" for code, n in step.other_errors.items()) or "-"
+    level = "-" if step.level is None else step.level
+    return (
+        f"| {step.connections} | {step.label} | {step.system} | {step.offered:.0f} | "
+        f"{step.goodput:.0f} | {share} | {step.admitted_p99_ms:.0f} | {step.refused:.0%} | "
+        f"{refusal} | {step.degraded:.0%} | {other} | {level} | "
+        f"{public:.0f} | {admin:.0f} | {readyz:.0f} | {step.late_p99_ms:.1f} | "
+        f"{step.busiest:.0%} |"
+    )
+
+
+def overrides(pairs: list[str], settings: Any) -> dict[str, Any]:
+    """`--against` pairs (KEY=VALUE under `gateway`, dotted into its sections, VALUE as
+    YAML) as the gateway settings they change, each section whole."""
+    gateway = settings.gateway.model_dump(mode="json")
+    changed: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep:
+            raise SystemExit(f"--against {pair!r}: expected KEY=VALUE, e.g. ladder.max_level=2")
+        *sections, name = key.split(".")
+        where = changed
+        source = gateway
+        for section in sections:
+            source = source.get(section, {}) if isinstance(source, dict) else {}
+            where = where.setdefault(section, dict(source))
+        where[name] = yaml.safe_load(value)
+    return changed
+
+
+@contextmanager
+def pools(connections: tuple[int, ...]) -> Iterator[dict[int, LoadPool]]:
+    """One load pool per connection count: one worker for one connection, else two."""
+    made = {count: LoadPool(1 if count == 1 else 2) for count in connections}
+    try:
+        yield made
+    finally:
+        for pool in made.values():
+            pool.close()
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.overload", description=__doc__)
-    parser.add_argument("--config", type=Path, default=Path("configs/default.yaml"))
-    parser.add_argument("--quick", action="store_true", help="a smoke run, well under a minute")
-    parser.add_argument("--out", type=Path, default=RESULTS, help="where results go")
-    args = parser.parse_args(argv)
+    args = arguments(argv)
     settings = load_settings(args.config)
     name = next((p for p in settings.pipelines if has_dataset(p)), None)
     if name is None:
         raise SystemExit("no pipeline of this config has a demo data set under build/data")
     w = workload(settings, name)
-    seconds, fractions = (1.0, (0.8, 2.0, 4.0)) if args.quick else (8.0, FRACTIONS)
-    with (
-        tempfile.TemporaryDirectory(prefix="strata-") as tmp,
-        LoadPool(2) as pool,
-        running(args.config, Path(tmp), gateway_metrics=True, gateway_admin=True) as (
-            supervisor,
-            _,
-        ),
-    ):
-        plan = Plan(
-            target=supervisor.address("gateway"),
-            method=INFER,
-            requests=w.pipeline_requests,
-            metadata=CLIENT,
-            timeout=1.0,
-            connections=2,  # one per client worker, as a tritonclient user has
-        )
-        front = supervisor.settings.services.gateway
-        rows = sweep(
-            pool, plan, front.admin_listen, front.metrics, w.objective_seconds, seconds, fractions
-        )
-        crashed = supervisor.failed()
-    table = report(rows)
+    seconds = 1.0 if args.quick else args.seconds
+    fractions, in_flight = ((0.8, 2.0, 4.0), (64,)) if args.quick else (FRACTIONS, IN_FLIGHT)
+    wanted: list[tuple[str, dict | None]] = [("as configured", None)]
+    if args.against:
+        wanted.insert(0, (f"with {', '.join(args.against)}", overrides(args.against, settings)))
+    plan = Plan(target="", method=INFER, requests=w.pipeline_requests, metadata=CLIENT, timeout=1.0)
+    with pools(CONNECTIONS) as made, ExitStack() as stack:
+        systems = [stack.enter_context(started(n, args.config, g, plan)) for n, g in wanted]
+        widest = made[max(made)]
+        best = capacity(widest, replace(systems[0].plan, connections=max(made)), seconds, in_flight)
+        print(f"capacity (the best of {in_flight} in flight): {best:.0f}/s", flush=True)
+        if best <= 0:
+            print("no full answer at any in-flight count: nothing to sweep")
+            return 1
+        rates = [(f"{f:g}x", f * best) for f in fractions]
+        steps = sweep(systems, made, rates, seconds, w.objective_seconds)
+        crashed = [f"{f} exited ({s.name})" for s in systems if (f := s.supervisor.failed())]
+    table = report(steps)
     print(table)
-    print("every process stayed up" if crashed is None else f"{crashed} exited")
+    print("; ".join(crashed) if crashed else "every process stayed up")
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "overload.md").write_text(f"# Overload sweep ({name})\n\n{table}\n")
-    return 0 if crashed is None else 1
+    return 1 if crashed else 0
+
+
+def arguments(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m bench.overload", description=__doc__)
+    parser.add_argument("--config", type=Path, default=Path("configs/default.yaml"))
+    parser.add_argument("--quick", action="store_true", help="a smoke run, about a minute")
+    parser.add_argument("--out", type=Path, default=RESULTS, help="where results go")
+    parser.add_argument("--seconds", type=float, default=6.0, help="each step's length")
+    parser.add_argument(
+        "--against",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a gateway setting of a system to run as well and report beside (repeatable)",
+    )
+    return parser.parse_args(argv)
 
 
 if __name__ == "__main__":

@@ -7,9 +7,10 @@ from tests.support.bench import run_quick
 
 def test_the_overload_sweep_runs_and_reports_each_step(tmp_path: Path) -> None:
     out = run_quick("bench.overload", tmp_path)
-    assert "capacity (closed loop, 64 in flight)" in out
+    assert "capacity (the best of (64,) in flight)" in out
     assert "every process stayed up" in out
     table = (tmp_path / "overload.md").read_text()
     assert all(f"| {label} |" in table for label in ("0.8x", "2x", "4x"))
-    assert "| admin port |" in table
+    assert all(f"| {column} |" in table for column in ("admin port", "refusal P99 ms", "degraded"))
+    assert all(f"| {n} | 2x | as configured |" in table for n in (1, 8))
     assert "(admin port " in out

@@ -279,6 +279,10 @@ class Pipelines:
         runtime = self._runtime
         client = runtime.admission.admit(caller)
         pipeline = self.pipeline(request.model_name, request.model_version)
+        # Only a gRPC call's deadline dates from its arrival (REST's header is read here), and
+        # a stream's messages share the stream's.
+        if caller.protocol == "grpc" and not streamed:
+            runtime.ladder.signals.arrived(request.model_name, client, caller.time_remaining)
         if pipeline.decoupled is not None and not streamed:
             raise decoupled.unary_refused(request.model_name)
         wanted = codec.requested_outputs(request, [spec.name for spec in pipeline.outputs])

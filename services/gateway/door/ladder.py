@@ -6,15 +6,21 @@ RESOURCE_EXHAUSTED. Each signal is read against its threshold, its pressure 1 at
 threshold: each pipeline's queueing delay (from a request's arrival to its flight leaving,
 plus the event loop's lag: work queued before any handler starts) against a share of its
 latency objective; each pipeline's P95 latency against its objective; the upstream error
-share; the share of upstream queue rejections; the event loop's lag alone. The level steps up
+share; the share of upstream queue rejections; the event loop's lag alone; and each pipeline's
+wait before the door, as its clients see it: how much more of a client's deadline was already
+spent when its call reached a handler than the least it has lately spent (calls wait unseen in
+gRPC's own queue before any handler runs; a deadline, set when the call arrived, keeps the
+time), counted from the calls that came after the level last moved. The level steps up
 after `up_after` ticks at pressure >= 1 and down after `down_after` ticks below `down_below`.
 A step is taken only where it helps: level 3 gives up full answers, so it is entered only
-when the full pipeline cannot meet its objective (latency) or its upstreams fail (errors).
+when the full pipeline cannot meet its objective (latency, or the wait before the door, which
+no full answer can make up) or its upstreams fail (errors).
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -30,7 +36,8 @@ log = logging.getLogger(__name__)
 LEVELS = ("normal", "core_rules_only", "skip_batching", "cache_or_default", "shed")
 MIN_SAMPLES = 5
 # Signals for which giving up full answers (level 3 and beyond) can help.
-FULL_ANSWERS_FAIL = ("latency:", "errors")
+FULL_ANSWERS_FAIL = ("latency:", "door_wait:", "errors")
+MOST_CLIENTS = 4096  # deadline references kept; the least recently seen go first
 
 
 @dataclass(frozen=True)
@@ -63,21 +70,65 @@ class Slot:
     rejected: int = 0  # a full queue upstream
     answered: dict[str, list[float] | np.ndarray] = field(default_factory=dict)  # seconds
     waited: dict[str, list[float] | np.ndarray] = field(default_factory=dict)
+    before_door: dict[str, list[float] | np.ndarray] = field(default_factory=dict)
 
     def seal(self) -> None:
         """Its lists as arrays, once the slot is over: a window joins them many times."""
-        for kept in (self.answered, self.waited):
+        for kept in (self.answered, self.waited, self.before_door):
             for pipeline, values in kept.items():
                 kept[pipeline] = np.asarray(values)
 
 
-class Signals:
-    """What the ladder watches: outcomes, queueing delays and the event loop's lag."""
+class Deadlines:
+    """Each client's reference: the most time its calls lately had left on reaching a handler.
 
-    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+    gRPC sets a call's deadline when the call arrives, from the client's grpc-timeout, but
+    does not say what the timeout was; a client's calls usually carry the same one, so the
+    most any of them had left is what one had that did not wait, and another's shortfall from
+    it is how long that one waited before a handler ran. A reference not matched (to within
+    `MATCHED` seconds) for `memory` seconds gives way to the next call's time left, so that a
+    client that shortens its deadlines is believed again; a wait longer than that memory reads
+    as none.
+    """
+
+    MATCHED = 0.002
+
+    def __init__(self, memory: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self.memory = memory
+        self._clock = clock
+        self._longest: dict[str, tuple[float, float]] = {}  # client: (seconds left, when)
+
+    def waited(self, client: str, remaining: float) -> float:
+        """How long `client`'s call, with `remaining` seconds left, waited before a handler."""
+        now = self._clock()
+        longest, seen = self._longest.pop(client, (remaining, now))
+        if now - seen > self.memory:
+            longest = remaining
+        if remaining >= longest - self.MATCHED:
+            longest, seen = max(longest, remaining), now
+        self._longest[client] = (longest, seen)  # last, as the most recently seen
+        if len(self._longest) > MOST_CLIENTS:
+            del self._longest[next(iter(self._longest))]
+        return max(0.0, longest - remaining)
+
+
+class Signals:
+    """What the ladder watches: outcomes, queueing delays, waits before the door and the
+    event loop's lag."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic, memory: float = 60.0) -> None:
         self.loop_lag = 0.0  # seconds the event loop last fell behind its tick
         self._clock = clock
         self._slots: deque[tuple[int, Slot]] = deque()
+        self.deadlines = Deadlines(memory, clock)
+
+    def arrived(self, pipeline: str, client: str, remaining: float | None) -> None:
+        """A call of `pipeline` from `client` reached its handler with `remaining` seconds of
+        its deadline left (None: it set none, and says nothing of its wait)."""
+        if remaining is None or not math.isfinite(remaining):
+            return
+        waited = self.deadlines.waited(client, remaining)
+        self._slot().before_door.setdefault(pipeline, []).append(waited)
 
     def record(self, pipeline: str, seconds: float, kind: str) -> None:
         """One request's outcome: "ok", "error" (upstream unwell) or "rejected"."""
@@ -101,6 +152,14 @@ class Signals:
             self._slots.popleft()
         return [slot for _, slot in self._slots]
 
+    def latest(self, seconds: float, after: float = -math.inf) -> list[Slot]:
+        """The slots of the last `seconds` (to within a slot) that began after `after`,
+        forgetting none."""
+        first = int((self._clock() - seconds) // SLOT_SECONDS)
+        if math.isfinite(after):
+            first = max(first, int(after // SLOT_SECONDS) + 1)
+        return [slot for number, slot in self._slots if number >= first]
+
     def _slot(self) -> Slot:
         number = int(self._clock() // SLOT_SECONDS)
         if not self._slots or self._slots[-1][0] != number:
@@ -111,9 +170,13 @@ class Signals:
 
 
 def readings(
-    signals: Signals, settings: Ladder, objectives: Mapping[str, float]
+    signals: Signals,
+    settings: Ladder,
+    objectives: Mapping[str, float],
+    moved: float = -math.inf,
 ) -> dict[str, Reading]:
-    """Each signal's reading (pressure 1.0 = at its threshold)."""
+    """Each signal's reading (pressure 1.0 = at its threshold); the wait before the door only
+    from calls that came after the level last `moved`."""
     slots = signals.recent(settings.window_seconds)
     lag = signals.loop_lag
     parts = {"event_loop": Reading(lag * 1000, settings.loop_lag_limit_ms, " ms")}
@@ -131,6 +194,25 @@ def readings(
         if len(waits) >= MIN_SAMPLES:
             threshold = settings.queue_delay_share * objective
             parts[f"queue_delay:{pipeline}"] = Reading(_p95(waits) + lag, threshold, " s")
+    parts.update(_before_door(signals, settings, objectives, moved))
+    return parts
+
+
+def _before_door(
+    signals: Signals, settings: Ladder, objectives: Mapping[str, float], moved: float
+) -> dict[str, Reading]:
+    """Each pipeline's P95 wait before the door over the last `door_window_seconds`, from
+    calls that came after the level last moved: this wait answers a move within a second, so
+    the calls that waited before it are not held against the new level."""
+    if not settings.door_wait_share:
+        return {}
+    slots = signals.latest(settings.door_window_seconds, after=moved)
+    parts = {}
+    for pipeline, objective in objectives.items():
+        waits = _joined(slot.before_door.get(pipeline) for slot in slots)
+        if len(waits) >= MIN_SAMPLES:
+            threshold = settings.door_wait_share * objective
+            parts[f"door_wait:{pipeline}"] = Reading(_p95(waits), threshold, " s")
     return parts
 
 
@@ -155,7 +237,7 @@ class LadderController:
     ) -> None:
         self.settings = settings
         self.objectives = dict(objectives)
-        self.signals = Signals(clock)
+        self.signals = Signals(clock, settings.deadline_memory_seconds)
         self.level = 0
         self.forced: int | None = None
         self.readings: dict[str, Reading] = {}
@@ -163,11 +245,14 @@ class LadderController:
         self._on_change = on_change
         self._above = 0
         self._calm = 0
+        self._clock = clock
+        self._moved = -math.inf  # when the level last changed
 
     def configure(self, settings: Ladder, objectives: Mapping[str, float]) -> None:
         """New thresholds and latency objectives, live; the signals and level stay."""
         self.settings = settings
         self.objectives = dict(objectives)
+        self.signals.deadlines.memory = settings.deadline_memory_seconds
 
     def force(self, level: int | None) -> None:
         """Pin the ladder at `level`, or release it (None) to follow the signals again."""
@@ -180,7 +265,7 @@ class LadderController:
         return {name: reading.pressure for name, reading in self.readings.items()}
 
     def tick(self) -> int:
-        self.readings = readings(self.signals, self.settings, self.objectives)
+        self.readings = readings(self.signals, self.settings, self.objectives, self._moved)
         for name, reading in self.readings.items():
             LADDER_SIGNAL(name, "value").set(reading.value)
             LADDER_SIGNAL(name, "threshold").set(reading.threshold)
@@ -217,5 +302,6 @@ class LadderController:
         self._above = self._calm = 0
         self.reason = why
         if old != level:
+            self._moved = self._clock()
             log.warning("degradation level %d -> %d (%s): %s", old, level, LEVELS[level], why)
             self._on_change(old, level, why)

@@ -1,0 +1,61 @@
+"""The overload report: side by side per step, and no division by a peak goodput of 0."""
+
+import math
+
+import pytest
+
+from bench.overload import Step, overrides, report
+from strata.config import load_settings
+from tests.support.system import DEFAULT_CONFIG
+
+
+def step(system: str, label: str, goodput: float, connections: int = 8) -> Step:
+    return Step(
+        system=system,
+        connections=connections,
+        label=label,
+        offered=100.0,
+        goodput=goodput,
+        admitted_p99_ms=50.0,
+        refused=0.0,
+        refusal_p99_ms=math.nan,
+        degraded=0.25,
+        other_errors={"DeadlineExceeded": 3},
+        level=3,
+        health_ms=(5.0, 1.0, 2.0),
+        late_p99_ms=0.4,
+        busiest=0.2,
+    )
+
+
+def test_steps_sit_side_by_side_with_their_share_of_each_systems_peak() -> None:
+    before = [step("before", "0.8x", 80), step("before", "2x", 40)]
+    table = report([*before, step("after", "0.8x", 50), step("after", "2x", 100)])
+    rows = [line for line in table.splitlines() if line.startswith("| 8 |")]
+    assert [row.split(" | ")[1:3] for row in rows] == [
+        ["0.8x", "before"],
+        ["0.8x", "after"],
+        ["2x", "before"],
+        ["2x", "after"],
+    ]
+    assert "| 80 | 100% |" in rows[0] and "| 40 | 50% |" in rows[2]
+    assert "| 50 | 50% |" in rows[1]
+    assert "| DeadlineExceeded 3 | 3 |" in rows[0]
+    assert "| 0% | - | 25% |" in rows[0]  # no refusal: no refusal time
+
+
+def test_a_system_that_answered_nothing_in_time_is_reported_not_divided_by() -> None:
+    table = report([step("before", "2x", 0.0, connections=1), step("after", "2x", 10.0, 1)])
+    assert "| 2x | before | 100 | 0 | - |" in table
+    assert "| 2x | after | 100 | 10 | 100% |" in table
+    assert "No step of before from 1 connection(s) had a full answer within the objective" in table
+
+
+def test_against_changes_one_setting_and_keeps_the_rest_of_its_section() -> None:
+    settings = load_settings(DEFAULT_CONFIG)
+    changed = overrides(["ladder.door_wait_share=0", "ladder.max_level=2"], settings)
+    assert changed["ladder"]["door_wait_share"] == 0
+    assert changed["ladder"]["max_level"] == 2
+    assert changed["ladder"]["tick_seconds"] == settings.gateway.ladder.tick_seconds
+    with pytest.raises(SystemExit, match="expected KEY=VALUE"):
+        overrides(["ladder.door_wait_share"], settings)
