@@ -105,7 +105,7 @@ class Ladder(Strict):
         "before any handler runs show only as a loop that falls behind.",
     )
     door_wait_share: float = Field(
-        default=0.5,
+        default=1.0,
         ge=0,
         description="Share of a pipeline's latency objective its calls may spend (P95) waiting "
         "before the door, in gRPC's queue before any handler runs, before pressure is 1; "
