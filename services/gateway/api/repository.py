@@ -20,8 +20,8 @@ from pathlib import Path
 
 import grpc
 
-from services.gateway.door.caller import Caller
 from services.gateway.flow.model_stages import FALLBACK_SUFFIX, later_models
+from services.gateway.request import Caller
 from services.gateway.runtime import Runtime
 from services.gateway.upstream.router import Router
 from strata.config.pipelines import ModelRef, Pipeline
