@@ -20,7 +20,8 @@ from pathlib import Path
 
 import grpc
 
-from services.gateway.flow.model_stages import FALLBACK_SUFFIX, later_models
+from services.gateway.flow.fallback import SUFFIX as FALLBACK_SUFFIX
+from services.gateway.flow.model_stages import later_models
 from services.gateway.request import Caller
 from services.gateway.runtime import Runtime
 from services.gateway.upstream.router import Router

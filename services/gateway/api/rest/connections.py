@@ -58,9 +58,9 @@ def refusal(status: int, message: str) -> bytes:
 
 
 class LimitedProtocol(HttpToolsProtocol):
-    """A connection under these limits; `connections` is set per server (`protocol`)."""
+    """A connection under these limits; `bounds` is set per server (`protocol`)."""
 
-    connections: Connections
+    bounds: Connections  # not `connections`: uvicorn's protocol has its own of that name
     _address: str | None = None
     _principal: str | None = None
     _header_timer: asyncio.TimerHandle | None = None
@@ -68,8 +68,8 @@ class LimitedProtocol(HttpToolsProtocol):
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
         address = self.client[0] if self.client else "unknown"
-        if not self.connections.per_client.take(address):
-            limit = self.connections.per_client.limit
+        if not self.bounds.per_client.take(address):
+            limit = self.bounds.per_client.limit
             self._refuse(
                 "connections_per_client",
                 503,
@@ -83,7 +83,7 @@ class LimitedProtocol(HttpToolsProtocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
         if self._address is not None:
-            self.connections.per_client.give(self._address)
+            self.bounds.per_client.give(self._address)
             self._address = None
         super().connection_lost(exc)
 
@@ -105,7 +105,7 @@ class LimitedProtocol(HttpToolsProtocol):
 
     def _arm(self) -> None:
         self._disarm()
-        timeout = self.connections.header_timeout
+        timeout = self.bounds.header_timeout
         self._header_timer = self.loop.call_later(timeout, self._header_timed_out)
 
     def _disarm(self) -> None:
@@ -115,7 +115,7 @@ class LimitedProtocol(HttpToolsProtocol):
 
     def _header_timed_out(self) -> None:
         self._header_timer = None
-        timeout = self.connections.header_timeout
+        timeout = self.bounds.header_timeout
         self._refuse("header_timeout", 408, f"no whole request header within {timeout:g}s")
 
     def _refuse(self, reason: str, status: int, message: str) -> None:
@@ -127,6 +127,6 @@ class LimitedProtocol(HttpToolsProtocol):
         self.transport.close()
 
 
-def protocol(connections: Connections) -> type[LimitedProtocol]:
-    """The protocol class of one server, holding that server's `connections`."""
-    return type("LimitedProtocol", (LimitedProtocol,), {"connections": connections})
+def protocol(bounds: Connections) -> type[LimitedProtocol]:
+    """The protocol class of one server, holding that server's `bounds`."""
+    return type("LimitedProtocol", (LimitedProtocol,), {"bounds": bounds})
