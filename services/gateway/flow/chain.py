@@ -168,7 +168,7 @@ class Chain:
             elif self._covered(first, exc):
                 stranded.append(index)
             else:
-                _fail(member, exc)
+                member.fail(exc)
         left = leg.part(stranded)
         moves = [_answering(left.members, self._fallback(left))]
         for route, indices in by_arm.values():
@@ -305,7 +305,7 @@ class Chain:
         covered = [i for i, error in errors.items() if self._covered(leg.first, error)]
         for index, error in errors.items():
             if index not in covered:
-                _fail(leg.members[index], error)
+                leg.members[index].fail(error)
         return leg.part(kept), leg.part(covered)
 
     def _spare(self, leg: Leg) -> bool:
@@ -331,12 +331,7 @@ async def _answering(members: list[Member], work) -> None:
         await work
     except Exception as exc:
         for member in members:
-            _fail(member, exc)
-
-
-def _fail(member: Member, exc: BaseException) -> None:
-    if member.waiting:
-        member.future.set_exception(exc)
+            member.fail(exc)
 
 
 def _aboard(members: list[Member], tensors: WireTensors) -> tuple[list[Member], WireTensors]:
@@ -359,7 +354,7 @@ def _survivors(members: list[Member], result: v1.Result) -> list[Member]:
     """The members a layer answered; the others get their own error."""
     if not result.members:
         if result.HasField("error"):
-            _fail(members[0], from_code(result.error.code, result.error.message))
+            members[0].fail(from_code(result.error.code, result.error.message))
             return []
         return members
     if len(result.members) != len(members):
@@ -367,7 +362,7 @@ def _survivors(members: list[Member], result: v1.Result) -> list[Member]:
     kept = []
     for member, outcome in zip(members, result.members, strict=True):
         if outcome.HasField("error"):
-            _fail(member, from_code(outcome.error.code, outcome.error.message))
+            member.fail(from_code(outcome.error.code, outcome.error.message))
         else:
             member.rows = outcome.rows
             kept.append(member)

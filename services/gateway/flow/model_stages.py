@@ -247,7 +247,7 @@ class Stages:
             await self._by_arm(run.to_fallback(), indices)
             return
         for index in indices:
-            _fail(run.table.members[index], exc)
+            run.table.members[index].fail(exc)
 
     async def _call(self, run: StageRun, route: Route, indices: list[int]) -> None:
         """One ModelInfer on `route` for the chosen rows of members `indices`."""
@@ -321,18 +321,12 @@ def _too_short(table: Table, member: Member, stage: Stage, usual: float) -> None
     if stage.when is not None:
         table.degraded[member] = EARLY_EXIT
         return
-    _fail(
-        member,
+    member.fail(
         DeadlineExceeded(
             f"stage {stage.label!r} usually takes {usual * 1e3:.0f} ms, more than the "
             f"{max(member.deadline.left(), 0) * 1e3:.0f} ms left"
         ),
     )
-
-
-def _fail(member: Member, exc: BaseException) -> None:
-    if member.waiting:
-        member.future.set_exception(exc)
 
 
 @contextlib.contextmanager
