@@ -256,14 +256,21 @@ class Pipelines:
         """One inference through the door (arrival's policies here, boarding's in the
         orchestrator), validation, the ladder, routing and flights; a decoupled pipeline's
         only on a stream (`streamed`)."""
-        runtime = self._runtime
-        client = runtime.admission.identify(caller)
+        door = self._runtime.admission
         remaining = caller.time_remaining
-        default = runtime.settings.gateway.default_timeout_seconds
+        default = self._runtime.settings.gateway.default_timeout_seconds
         deadline = Deadline.after(default if remaining is None else remaining)
-        forced = _forced_arm(request)
-        entry = Entry(caller, request.model_name, client, forced, deadline)
-        await runtime.admission.admit(entry, Checkpoint.ARRIVAL)  # holds nothing to give back
+        client = door.identify(caller)
+        entry = Entry(caller, request.model_name, client, _forced_arm(request), deadline)
+        held = await door.admit(entry, Checkpoint.ARRIVAL)
+        try:
+            return await self._admitted(request, entry, streamed)
+        finally:  # not an asynccontextmanager: that costs several times more a request
+            door.leave(held, telling=False)
+
+    async def _admitted(self, request: v2.ModelInferRequest, entry: Entry, streamed: bool) -> Made:
+        """An inference the door admitted on arrival, from its pipeline to its outputs."""
+        runtime, client, forced = self._runtime, entry.client, entry.forced_arm
         pipeline = self.pipeline(request.model_name, request.model_version)
         if pipeline.decoupled is not None and not streamed:
             raise decoupled.unary_refused(request.model_name)
@@ -288,10 +295,10 @@ class Pipelines:
             request_id=request.id,
             client=client,
             forced_arm=forced,
-            deadline=deadline,
+            deadline=entry.deadline,
             parameters=_string_parameters(request),
             sequence=sequence,
-            caller=caller,
+            caller=entry.caller,
         )
         if sequence is None:
             answer = await runtime.orchestrator.infer(req)
