@@ -26,7 +26,7 @@ import grpc
 
 from strata.config.gateway import ApiKey
 from strata.config.tls import CA, CERT, GATEWAY, KEY, TlsSettings, public_identity
-from strata.door import Gate, around_methods
+from strata.occupancy import Gate, around_methods
 
 log = logging.getLogger(__name__)
 

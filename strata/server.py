@@ -1,7 +1,7 @@
 """Server start-up and shutdown, one routine for every service.
 
-Start: bind, add health, reflection (unless `server.reflection` is off) and the door's limits
-on what clients hold open (strata.door), add a plaintext probe port with health alone where
+Start: bind, add health, reflection (unless `server.reflection` is off) and the limits
+on what clients hold open (strata.occupancy), add a plaintext probe port with health alone where
 configured, mark SERVING. SIGTERM or SIGINT: mark NOT_SERVING, stop accepting calls, let
 in-flight calls finish within the grace period, then run the service's own clean-up and flush
 telemetry.
@@ -27,9 +27,9 @@ from opentelemetry import trace
 from strata.collector import Frozen
 from strata.config.server import ServerSettings
 from strata.config.tls import TlsSettings
-from strata.door import PROBE_RESERVE, Door
 from strata.exits import AddressUnusable, bind_problem
 from strata.metrics import set_ready
+from strata.occupancy import PROBE_RESERVE, Occupancy
 from strata.security import caller_guard, server_credentials
 from strata.streams import Drain
 from strata.telemetry import traced_servicer
@@ -128,19 +128,21 @@ async def start_server(
         options=_server_options(settings, public),
         maximum_concurrent_rpcs=settings.max_concurrent_rpcs + PROBE_RESERVE,
     )
-    door = Door(settings.max_concurrent_rpcs, settings.max_calls_per_client if public else None)
+    occupancy = Occupancy(
+        settings.max_concurrent_rpcs, settings.max_calls_per_client if public else None
+    )
     health = HealthServicer()
     health_name = health_pb2.DESCRIPTOR.services_by_name["Health"].full_name
-    health_pb2_grpc.add_HealthServicer_to_server(door.guard(health, health_name), server)
+    health_pb2_grpc.add_HealthServicer_to_server(occupancy.guard(health, health_name), server)
     names = [health_name]
     guard = caller_guard(tls, identity, public)
     for servicer, add, name in registrations:
-        add(door.guard(traced_servicer(guard(servicer, name), name), name), server)
+        add(occupancy.guard(traced_servicer(guard(servicer, name), name), name), server)
         names.append(name)
     if settings.reflection:
         reflected = ReflectionServicer([*names, reflection.SERVICE_NAME])
         reflection_pb2_grpc.add_ServerReflectionServicer_to_server(
-            door.guard(guard(reflected, reflection.SERVICE_NAME), reflection.SERVICE_NAME),
+            occupancy.guard(guard(reflected, reflection.SERVICE_NAME), reflection.SERVICE_NAME),
             server,
         )
     port = _bind(server, listen, "listen", server_credentials(tls, identity, public))

@@ -1,7 +1,9 @@
-"""A client request as the gateway carries it, with its deadline, and the answer it gets."""
+"""A client request as the gateway carries it, with its caller and deadline, and the answer
+it gets."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from strata.codec import Arrays
@@ -9,6 +11,17 @@ from strata.config.pipelines import Pipeline, Route
 from strata.deadline import Deadline
 from strata.sequences import Flags
 from strata.stack import Raw
+
+
+@dataclass(frozen=True)
+class Caller:
+    """A request's sender as admission, budgets and metrics see it."""
+
+    metadata: Mapping[str, str]  # gRPC metadata or HTTP headers, names in lower case
+    peer: str  # gRPC's form: ipv4:10.0.0.1:5123, ipv6:[::1]:5123
+    time_remaining: float | None  # seconds until the caller's deadline; None: none set
+    protocol: str = "grpc"
+    principal: str | None = None  # whom its verified client certificate names (security.py)
 
 
 @dataclass(eq=False)
@@ -30,6 +43,8 @@ class ClientRequest:
     route: Route | None = None
     version: str = ""
     level: int = 0
+    # Who sent it, for the policies asked as it boards (None where a test builds it bare).
+    caller: Caller | None = None
 
 
 @dataclass

@@ -19,9 +19,11 @@ from collections.abc import Callable
 from pydantic import BaseModel
 
 from services.gateway.door.admission import Admission
-from services.gateway.door.concurrency import Door
+from services.gateway.door.concurrency import AdaptiveLimits, ChainLimit, objectives
+from services.gateway.door.forced_arm import ForcedArm
+from services.gateway.door.identity import Identity
 from services.gateway.door.ladder import LEVELS, LadderController
-from services.gateway.door.limiter import RateLimiter
+from services.gateway.door.rate_limits import RateLimit
 from services.gateway.flow.cache import ResultCache
 from services.gateway.flow.model_stages import stage_routers
 from services.gateway.flow.orchestrator import Orchestrator
@@ -54,14 +56,11 @@ class Runtime:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self.upstreams = Upstreams(settings)
-        self.admission = Admission(
-            RateLimiter(settings.gateway.rate_limits), KeyRing(settings.gateway.api_keys)
-        )
         self.ladder = LadderController(
-            settings.gateway.ladder, _objectives(settings), _on_level_change
+            settings.gateway.ladder, objectives(settings), _on_level_change
         )
         self.cache = ResultCache(settings.gateway.cache)
-        self.door = Door(settings.gateway.concurrency, _objectives(settings))
+        self.limits = AdaptiveLimits(settings.gateway.concurrency, objectives(settings))
         self.routers = {
             name: Router(
                 name,
@@ -72,6 +71,14 @@ class Runtime:
             )
             for name, pipeline in settings.pipelines.items()
         }
+        gateway = settings.gateway
+        # The admission policies, asked in this order at their checkpoints (door/policy.py).
+        policies = [
+            RateLimit(settings),
+            ForcedArm(self.routers, KeyRing(gateway.api_keys), gateway.rate_limits.api_key_header),
+            ChainLimit(self.limits, self.ladder),
+        ]
+        self.admission = Admission(Identity(settings), policies)
         self.shadow = ShadowRunner(self.upstreams)
         self.arms = ArmBook()
         # Each later stage's and fallback's router, by (pipeline, label in strata.stages).
@@ -84,7 +91,7 @@ class Runtime:
             self.shadow,
             self.arms,
             settings.gateway.flights,
-            self.door,
+            self.admission,
             self.stage_routers,
         )
         self._ticker: asyncio.Task | None = None
@@ -192,9 +199,8 @@ class Runtime:
     def _apply_gateway(self, new: Settings) -> list[str]:
         old, gateway = self.settings.gateway, new.gateway
         changed = sorted(key for key in LIVE_GATEWAY if getattr(old, key) != getattr(gateway, key))
-        self.admission.configure(gateway.rate_limits, KeyRing(gateway.api_keys))
-        self.ladder.configure(gateway.ladder, _objectives(new))
-        self.door.configure(gateway.concurrency, _objectives(new))
+        self.admission.configure(new)
+        self.ladder.configure(gateway.ladder, objectives(new))
         self.cache.configure(gateway.cache)
         self.upstreams.configure(gateway)
         self.orchestrator.configure_flights(gateway.flights)
@@ -224,10 +230,6 @@ def _apply_telemetry(old: Settings, new: Settings) -> list[str]:
         return []
     telemetry.set_sample_ratio(ratio)
     return ["telemetry.sample_ratio"]
-
-
-def _objectives(settings: Settings) -> dict[str, float]:
-    return {name: p.latency_objective_ms / 1000 for name, p in settings.pipelines.items()}
 
 
 def _weights(settings: Settings, pipeline: str) -> dict[str, float]:

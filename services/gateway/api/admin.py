@@ -87,7 +87,7 @@ class AdminServicer(admin_pb2_grpc.AdminServicer):
 
     async def _status(self) -> admin_pb2.StatusResponse:
         runtime = self._runtime
-        ladder, limits = runtime.ladder, runtime.door.limits
+        ladder, limits = runtime.ladder, runtime.limits.limits
         return admin_pb2.StatusResponse(
             level=ladder.level,
             level_name=runtime.level_name(),

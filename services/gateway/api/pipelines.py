@@ -22,12 +22,12 @@ from services.gateway.api.shared_memory import (
     with_inputs,
     write_outputs,
 )
-from services.gateway.door.admission import ARM_PARAMETER
-from services.gateway.door.caller import Caller
+from services.gateway.door.forced_arm import ARM_PARAMETER
+from services.gateway.door.policy import Checkpoint, Entry
 from services.gateway.flow.classification import class_counts, classified
 from services.gateway.flow.statistics import STATISTICS
 from services.gateway.metrics import LATENCY, REQUESTS
-from services.gateway.request import Answer, ClientRequest
+from services.gateway.request import Answer, Caller, ClientRequest
 from services.gateway.runtime import Runtime
 from services.gateway.upstream.sequences import Sequences, request_flags
 from strata import __version__, codec
@@ -274,13 +274,28 @@ class Pipelines:
             return decoupled.flagged(request, head, responses, True)
 
     async def _made(self, request: v2.ModelInferRequest, caller: Caller, streamed: bool) -> Made:
-        """One inference through admission, validation, the ladder, routing and flights; a
-        decoupled pipeline's only on a stream (`streamed`)."""
-        runtime = self._runtime
-        client = runtime.admission.admit(caller)
+        """One inference through the door (arrival's policies here, boarding's in the
+        orchestrator), validation, the ladder, routing and flights; a decoupled pipeline's
+        only on a stream (`streamed`)."""
+        door = self._runtime.admission
+        remaining = caller.time_remaining
+        default = self._runtime.settings.gateway.default_timeout_seconds
+        deadline = Deadline.after(default if remaining is None else remaining)
+        client = door.identify(caller)
+        entry = Entry(caller, request.model_name, client, _forced_arm(request), deadline)
+        held = await door.admit(entry, Checkpoint.ARRIVAL)
+        try:
+            return await self._admitted(request, entry, streamed)
+        finally:  # not an asynccontextmanager: that costs several times more a request
+            door.leave(held, telling=False)
+
+    async def _admitted(self, request: v2.ModelInferRequest, entry: Entry, streamed: bool) -> Made:
+        """An inference the door admitted on arrival, from its pipeline to its outputs."""
+        runtime, client, forced = self._runtime, entry.client, entry.forced_arm
         pipeline = self.pipeline(request.model_name, request.model_version)
         # Only a gRPC call's deadline dates from its arrival (REST's header is read here), and
         # a stream's messages share the stream's.
+        caller = entry.caller
         if caller.protocol == "grpc" and not streamed:
             runtime.ladder.signals.arrived(request.model_name, client, caller.time_remaining)
         if pipeline.decoupled is not None and not streamed:
@@ -295,11 +310,6 @@ class Pipelines:
                 f"pipeline {shown(request.model_name)} is decoupled: its responses' outputs "
                 "cannot go to shared memory (each would overwrite the last)"
             )
-        remaining = caller.time_remaining
-        default = runtime.settings.gateway.default_timeout_seconds
-        forced = _forced_arm(request)
-        if forced:
-            runtime.admission.check_forced_arm(caller, runtime.router(request.model_name), forced)
         arrays = codec.request_inputs(request)
         if recording():
             annotate(pipeline=request.model_name, input_shapes=shapes(arrays))
@@ -311,9 +321,10 @@ class Pipelines:
             request_id=request.id,
             client=client,
             forced_arm=forced,
-            deadline=Deadline.after(default if remaining is None else remaining),
+            deadline=entry.deadline,
             parameters=_string_parameters(request),
             sequence=sequence,
+            caller=entry.caller,
         )
         if sequence is None:
             answer = await runtime.orchestrator.infer(req)

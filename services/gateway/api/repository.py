@@ -20,8 +20,9 @@ from pathlib import Path
 
 import grpc
 
-from services.gateway.door.caller import Caller
-from services.gateway.flow.model_stages import FALLBACK_SUFFIX, later_models
+from services.gateway.flow import fallback
+from services.gateway.flow.model_stages import later_models
+from services.gateway.request import Caller
 from services.gateway.runtime import Runtime
 from services.gateway.upstream.router import Router
 from strata.config.pipelines import ModelRef, Pipeline
@@ -214,10 +215,10 @@ def _served(role: str, model: ModelRef, router: Router) -> list[Behind]:
 
 def _role(pipeline: Pipeline, label: str) -> str:
     """What a later model does in the pipeline, from its label in strata.stages."""
-    if label == pipeline.model.name + FALLBACK_SUFFIX:
+    if label == pipeline.model.name + fallback.SUFFIX:
         return "fallback"
-    if label.endswith(FALLBACK_SUFFIX):
-        return f"stage {label.removesuffix(FALLBACK_SUFFIX)} fallback"
+    if label.endswith(fallback.SUFFIX):
+        return f"stage {label.removesuffix(fallback.SUFFIX)} fallback"
     return f"stage {label}"
 
 

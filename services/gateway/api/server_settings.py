@@ -25,7 +25,7 @@ import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
-from services.gateway.door.caller import Caller
+from services.gateway.request import Caller
 from services.gateway.runtime import Runtime
 from strata import telemetry
 from strata.errors import InvalidArgument, NotFound, NotReady, listed, shown

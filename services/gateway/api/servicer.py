@@ -12,9 +12,9 @@ from services.gateway.api.repository import Repository
 from services.gateway.api.server_settings import ServerSettings
 from services.gateway.api.shared_memory import CUDA_HINT, no_cuda_regions
 from services.gateway.door.caller import grpc_caller
-from strata.door import Shares, refuse
 from strata.errors import StrataError, status_of
 from strata.grpc_errors import answers_unimplemented, grpc_errors
+from strata.occupancy import Shares, refuse
 from strata.proto.inference import grpc_service_pb2 as v2
 from strata.proto.inference import grpc_service_pb2_grpc as v2_grpc
 from strata.streams import DEFAULT_MAX_IN_FLIGHT

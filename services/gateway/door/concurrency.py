@@ -38,9 +38,12 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
+from services.gateway.door.ladder import LadderController
+from services.gateway.door.policy import Checkpoint, Entry
 from services.gateway.door.refusals import Refusals
 from services.gateway.metrics import CONCURRENCY_LIMIT, SHED
 from strata.config.gateway import Concurrency, Ladder
+from strata.config.settings import Settings
 from strata.errors import Overloaded
 
 MIN_RETRY_SECONDS = 0.001
@@ -189,7 +192,7 @@ class Ticket:
     started: float
 
 
-class Door:
+class AdaptiveLimits:
     """The pipelines' adaptive limits; settings and objectives reload live."""
 
     def __init__(self, settings: Concurrency, objectives: Mapping[str, float]) -> None:
@@ -250,6 +253,33 @@ class Door:
             return
         limit.leave(ticket.client, time.monotonic() - ticket.started if counts else None)
         CONCURRENCY_LIMIT(ticket.pipeline).set(limit.limit)
+
+
+class ChainLimit:
+    """The adaptive limits as an admission policy, asked as a request boards: a place in the
+    chain, of the open part of the limit while the ladder sheds load (level 4)."""
+
+    checkpoint = Checkpoint.BOARDING
+
+    def __init__(self, limits: AdaptiveLimits, ladder: LadderController) -> None:
+        self.limits = limits
+        self._ladder = ladder
+
+    def configure(self, settings: Settings) -> None:
+        self.limits.configure(settings.gateway.concurrency, objectives(settings))
+
+    async def admit(self, entry: Entry) -> Ticket:
+        shedding = self._ladder.settings if entry.level >= 4 else None
+        budget = entry.deadline.left()
+        return await self.limits.admit(entry.pipeline, entry.client, shedding, budget)
+
+    def leave(self, ticket: Ticket, telling: bool) -> None:
+        self.limits.leave(ticket, telling)
+
+
+def objectives(settings: Settings) -> dict[str, float]:
+    """Each pipeline's latency objective, seconds."""
+    return {name: p.latency_objective_ms / 1000 for name, p in settings.pipelines.items()}
 
 
 def _refused(pipeline: str, client: str, reason: str, limit: AdaptiveLimit) -> str:

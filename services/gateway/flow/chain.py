@@ -7,7 +7,7 @@ leaves, and a member whose caller gave up or whose deadline passed is cut out of
 before the next hop. When an arm is unavailable, the flight moves to each member's
 fallback arm (A/B stickiness decides which), unless its arm was forced. Members the first
 model cannot answer at all (no arm left, or an error its fallback covers) go to the
-pipeline's fallback model where it has one (services/gateway/flow/model_stages.py), as do all of
+pipeline's fallback model where it has one (services/gateway/flow/fallback.py), as do all of
 them from that fallback's degradation level. Each answered flight's hop times go to the
 pipeline's statistics (services/gateway/flow/statistics.py).
 """
@@ -15,11 +15,14 @@ pipeline's statistics (services/gateway/flow/statistics.py).
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
-from itertools import accumulate
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 
+from services.gateway.flow.fallback import covers, stands_in
 from services.gateway.flow.flights import Member
-from services.gateway.flow.model_stages import Staged, Stages, covers, stands_in
+from services.gateway.flow.mirror import mirror_first
+from services.gateway.flow.model_stages import Staged, Stages
+from services.gateway.flow.rows import split
 from services.gateway.flow.shadow import ShadowRunner
 from services.gateway.flow.sizing import Sizes, arm_of, is_too_large, too_large
 from services.gateway.flow.statistics import STATISTICS, Hops
@@ -39,10 +42,43 @@ from strata.proto.v1 import tensor_pb2 as v1
 
 # A flight's tensors as the hops carry them (strata.v1 raw bytes), not decoded Arrays.
 WireTensors = list[v1.Tensor]
-# A flight's preprocess seconds, and when its inference began (time.monotonic()).
-HopStarts = tuple[float, float]
-# Members the first model failed with an error its fallback covers, and their features.
-Unanswered = tuple[list[Member], WireTensors]
+
+
+@dataclass(frozen=True)
+class Leg:
+    """Members that travel on together: their rows of preprocess's outputs (`features`), the
+    arm they are on, and the flight's times so far (preprocess's seconds, and when its
+    inference began, time.monotonic())."""
+
+    members: list[Member]
+    features: WireTensors
+    route: Route
+    preprocess_seconds: float
+    started: float = 0.0
+
+    @property
+    def first(self) -> ClientRequest:
+        return _request(self.members[0])
+
+    def part(self, indices: list[int], route: Route | None = None) -> Leg:
+        """Members `indices` of the leg with their rows, on `route` (else the leg's)."""
+        rows = [m.rows for m in self.members]
+        return replace(
+            self,
+            members=[self.members[i] for i in indices],
+            features=stack.take(self.features, rows, indices),
+            route=route or self.route,
+        )
+
+
+@dataclass(frozen=True)
+class Given:
+    """What the models gave a leg: their tensors, the first model's version ("" where its
+    fallback answered), and which stages answered each member (None without stages)."""
+
+    scores: WireTensors
+    version: str
+    staged: Staged | None = None
 
 
 class Chain:
@@ -67,7 +103,16 @@ class Chain:
         self._usable = usable
 
     async def fly(self, members: list[Member]) -> None:
-        """Answer every member of the flight (their futures), or raise for all of them."""
+        """Answer every member of the flight (their futures), or raise for all of them:
+        preprocess, then the model (failing over to another arm, or to its fallback), then
+        the later stages and postprocess."""
+        leg = await self._preprocess(members)
+        if leg is not None:
+            await self._model(leg, may_fail_over=True)
+
+    async def _preprocess(self, members: list[Member]) -> Leg | None:
+        """Preprocess over the flight: the leg it starts, None where no member is left or
+        the flight flew again as two (its answer too large)."""
         first = _request(members[0])
         tensors = stack.join([_request(m).inputs for m in members])
         started = time.monotonic()
@@ -79,11 +124,101 @@ class Chain:
             if not is_too_large(exc):
                 raise
             await self._split(members)
+            return None
+        if not members:
+            return None
+        self._saw(members, features)
+        return Leg(members, features, first.route, time.monotonic() - started)
+
+    async def _model(self, leg: Leg, may_fail_over: bool) -> None:
+        """The first model on the leg's arm, then onward: where that arm is unavailable, the
+        members fail over to their other arms; where the model cannot answer them, its
+        fallback answers in its place."""
+        leg = replace(leg, started=time.monotonic())
+        first = leg.first
+        if stands_in(first.pipeline, first.level) and not first.forced_arm:
+            await self._fallback(leg)
             return
+        try:
+            answered, given, unanswered = await self._infer(leg, may_fail_over and self._spare(leg))
+        except StrataError as exc:
+            if isinstance(exc, Unavailable) and may_fail_over and not first.forced_arm:
+                await self._fail_over(leg, exc)
+            elif self._covered(first, exc):
+                await self._fallback(leg)
+            else:
+                raise
+            return
+        moves = [_answering(answered.members, self._onward(answered, given))]
+        if unanswered.members:  # the usual case has no group for the fallback
+            moves.append(_answering(unanswered.members, self._fallback(unanswered)))
+        await gathering.gather(moves)  # each group's failure is its own
+
+    async def _fail_over(self, leg: Leg, exc: Unavailable) -> None:
+        """Each member on its fallback arm (one inference call per arm); where none is left,
+        on the pipeline's fallback model if it has one, else the error."""
+        first, failed = leg.first, leg.route
+        router = self._routers[first.pipeline_name]
+        by_arm: dict[str, tuple[Route, list[int]]] = {}
+        stranded = []
+        for index, member in enumerate(leg.members):
+            other = router.fallback(_request(member).client, failed, self._usable)
+            if other is not None:
+                by_arm.setdefault(other.arm, (other, []))[1].append(index)
+            elif self._covered(first, exc):
+                stranded.append(index)
+            else:
+                member.fail(exc)
+        left = leg.part(stranded)
+        moves = [_answering(left.members, self._fallback(left))]
+        for route, indices in by_arm.values():
+            FAILOVERS.labels(router.pipeline, failed.arm, route.arm).inc(len(indices))
+            moved = leg.part(indices, route)
+            moves.append(_answering(moved.members, self._model(moved, may_fail_over=False)))
+        await gathering.gather(moves)
+
+    async def _fallback(self, leg: Leg) -> None:
+        """Members answered by their pipeline's first model's fallback in that model's place
+        (their answers marked degraded, with no model version: the model did not answer),
+        then by the later stages and postprocess."""
+        if not leg.members:
+            return
+        staged = await self._stages.stand_in(leg.members, leg.features)
+        after = replace(leg, members=staged.members, features=staged.features)
+        await self._postprocess(after, Given(staged.given, "", staged))
+
+    async def _onward(self, leg: Leg, given: Given) -> None:
+        """From the first model's answers through the later stages and postprocess."""
+        if not leg.members:
+            return
+        first = leg.first
+        router = self._routers[first.pipeline_name]
+        mirror_first(self._shadow, router, leg.members, leg.features, given.scores)
+        if first.pipeline.stages:
+            model = first.pipeline.model.name
+            staged = await self._stages.run(leg.members, leg.features, given.scores, model)
+            leg = replace(leg, members=staged.members, features=staged.features)
+            given = Given(staged.given, given.version, staged)
+        await self._postprocess(leg, given)
+
+    async def _postprocess(self, leg: Leg, given: Given) -> None:
+        """Postprocess over what the models gave, then each member's answer."""
+        if not leg.members:
+            return
+        first = leg.first
+        inferred = time.monotonic()
+        flags = {**first.parameters, "core_only": "true" if first.level >= 1 else "false"}
+        tensors = [*given.scores, *_forwarded(first, leg.features)]
+        self._saw(leg.members, tensors)
+        post = self._up.postprocess
+        members, outputs, info = await self._layer(post, leg.members, tensors, flags)
         if members:
-            self._saw(members, features)
-            spent = time.monotonic() - started
-            await self._onward(first.route, members, features, True, spent)
+            self._saw(members, outputs)
+            skipped = info.get("skipped_rules", "")
+            answered = _answer(members, outputs, leg.route.arm, given, skipped)
+            inference_seconds = inferred - leg.started
+            hops = Hops(leg.preprocess_seconds, inference_seconds, time.monotonic() - inferred)
+            STATISTICS.flew(first.pipeline_name, answered, hops, given.version)
 
     async def _split(self, members: list[Member]) -> None:
         """A flight whose preprocess answer passed the message limit (its rows larger than
@@ -102,104 +237,10 @@ class Chain:
         size = sum(len(t.data) for t in tensors)
         self._sizes.saw(arm_of(_request(members[0])), sum(m.rows for m in members), size)
 
-    async def _onward(
-        self,
-        route: Route,
-        members: list[Member],
-        features: WireTensors,
-        may_fail_over: bool,
-        preprocess_seconds: float,
-    ) -> None:
-        """From inference on `route` (or the first model's fallback) to the answers."""
-        first = _request(members[0])
-        times = (preprocess_seconds, time.monotonic())
-        if stands_in(first.pipeline, first.level) and not first.forced_arm:
-            await self._stand_in(route, members, features, times)
-            return
-        try:
-            spare = may_fail_over and self._spare(first, route)
-            members, features, scores, version, unanswered = await self._infer(
-                route, members, features, spare
-            )
-        except StrataError as exc:
-            if isinstance(exc, Unavailable) and may_fail_over and not first.forced_arm:
-                await self._fail_over(route, members, features, exc, times)
-            elif self._covered(first, exc):
-                await self._stand_in(route, members, features, times)
-            else:
-                raise
-            return
-        moves = [
-            _answering(
-                members, self._onward_from_model(route, members, features, scores, version, times)
-            )
-        ]
-        if unanswered[0]:  # the usual case has no group for the fallback
-            moves.append(_answering(unanswered[0], self._stand_in(route, *unanswered, times)))
-        await gathering.gather(moves)  # each group's failure is its own
-
-    async def _onward_from_model(
-        self,
-        route: Route,
-        members: list[Member],
-        features: WireTensors,
-        scores: WireTensors,
-        version: str,
-        times: HopStarts,
-    ) -> None:
-        """From the first model's answers (`scores`) to the members' answers."""
-        if not members:
-            return
-        first = _request(members[0])
-        self._mirror(members, features, scores)
-        staged = None
-        if first.pipeline.stages:
-            staged = await self._stages.run(members, features, scores, first.pipeline.model.name)
-            members, features, scores = staged.members, staged.features, staged.given
-        await self._postprocess(route.arm, version, members, features, scores, staged, times)
-
-    async def _stand_in(
-        self, route: Route, members: list[Member], features: WireTensors, times: HopStarts
-    ) -> None:
-        """Members answered by their pipeline's first model's fallback in that model's place
-        (their answers marked degraded, with no model version: the model did not answer)."""
-        if not members:
-            return
-        staged = await self._stages.stand_in(members, features)
-        members, features, scores = staged.members, staged.features, staged.given
-        await self._postprocess(route.arm, "", members, features, scores, staged, times)
-
     def _covered(self, first: ClientRequest, exc: StrataError) -> bool:
         """Whether the first model's fallback answers in its place after `exc` (never for a
         request that forced its arm: it asked for that arm's answer)."""
         return covers(first.pipeline, exc) and not first.forced_arm
-
-    async def _postprocess(
-        self,
-        arm: str,
-        version: str,
-        members: list[Member],
-        features: WireTensors,
-        scores: WireTensors,
-        staged: Staged | None,
-        times: HopStarts,
-    ) -> None:
-        """Postprocess over what the models gave, then each member's answer."""
-        if not members:
-            return
-        first = _request(members[0])
-        preprocess_seconds, started = times
-        inferred = time.monotonic()
-        flags = {**first.parameters, "core_only": "true" if first.level >= 1 else "false"}
-        tensors = [*scores, *_forwarded(first, features)]
-        self._saw(members, tensors)
-        members, outputs, info = await self._layer(self._up.postprocess, members, tensors, flags)
-        if members:
-            self._saw(members, outputs)
-            skipped = info.get("skipped_rules", "")
-            answered = _answer(members, outputs, arm, version, skipped, staged)
-            hops = Hops(preprocess_seconds, inferred - started, time.monotonic() - inferred)
-            STATISTICS.flew(first.pipeline_name, answered, hops, version)
 
     async def _layer(
         self, hop: Hop, members: list[Member], tensors: WireTensors, flags: dict[str, str]
@@ -225,20 +266,18 @@ class Chain:
         result = reply.results[0]
         return _survivors(members, result), list(result.tensors), dict(result.info)
 
-    async def _infer(
-        self, route: Route, members: list[Member], features: WireTensors, spare: bool
-    ) -> tuple[list[Member], WireTensors, WireTensors, str, Unanswered]:
-        """One ModelInfer over the flight's rows on `route`'s deployment; `spare`: whether
-        another arm could take them, should this one hang. Also the members it failed with
-        an error the first model's fallback covers, with their features."""
-        members, features = _aboard(members, features)
+    async def _infer(self, leg: Leg, spare: bool) -> tuple[Leg, Given, Leg]:
+        """One ModelInfer over the leg's rows on its arm's deployment; `spare`: whether
+        another arm could take them, should this one hang. The members it answered and what
+        it gave them, and those it failed with an error the first model's fallback covers."""
+        members, features = _aboard(leg.members, leg.features)
+        leg = replace(leg, members=members, features=features)
         if not members:
-            return [], features, [], "", ([], [])
-        first = _request(members[0])
+            return leg, Given([], ""), leg
+        first, route = leg.first, leg.route
         model = first.pipeline.model
-        rows = [m.rows for m in members]
         version = route.version or model.version
-        request = model_request(model.name, version, members, rows, features)
+        request = model_request(model.name, version, members, [m.rows for m in members], features)
         hop = self._up.inference_hop(route.deployment, first.sequence)
         started = time.monotonic()
         try:
@@ -252,86 +291,34 @@ class Chain:
             self._record(members, route, exc.code.name, time.monotonic() - started)
             raise
         self._record(members, route, "OK", time.monotonic() - started)
-        errors = member_errors(reply.parameters, len(members))
-        unanswered: Unanswered = ([], [])
-        if errors:
-            rows = [m.rows for m in members]
-            kept = [i for i in range(len(members)) if i not in errors]
-            covered = [i for i, error in errors.items() if self._covered(first, error)]
-            unanswered = ([members[i] for i in covered], stack.take(features, rows, covered))
-            features = stack.take(features, rows, kept)
-            for index, error in errors.items():
-                if index not in covered:
-                    _fail(members[index], error)
-            members = [members[i] for i in kept]
-        if members:
-            self._saw(members, scores)
-        return members, features, scores, reply.model_version, unanswered
+        answered, unanswered = self._apart(leg, member_errors(reply.parameters, len(members)))
+        if answered.members:
+            self._saw(answered.members, scores)
+        return answered, Given(scores, reply.model_version), unanswered
 
-    def _spare(self, first: ClientRequest, route: Route) -> bool:
-        """Whether another arm could take the flight, should `route`'s hang."""
+    def _apart(self, leg: Leg, errors: dict[int, StrataError]) -> tuple[Leg, Leg]:
+        """The leg's members the model answered, and those it failed with an error its
+        fallback covers; the others fail with their error."""
+        if not errors:  # the usual call: no stack to cut
+            return leg, replace(leg, members=[], features=[])
+        kept = [i for i in range(len(leg.members)) if i not in errors]
+        covered = [i for i, error in errors.items() if self._covered(leg.first, error)]
+        for index, error in errors.items():
+            if index not in covered:
+                leg.members[index].fail(error)
+        return leg.part(kept), leg.part(covered)
+
+    def _spare(self, leg: Leg) -> bool:
+        """Whether another arm could take the leg, should its own hang."""
+        first = leg.first
         if first.forced_arm:
             return False
         router = self._routers[first.pipeline_name]
-        return router.fallback(first.client, route, self._usable) is not None
+        return router.fallback(first.client, leg.route, self._usable) is not None
 
     def _record(self, members: list[Member], route: Route, code: str, seconds: float) -> None:
         name = _request(members[0]).pipeline_name
         self._arms.record(name, route.arm, code, seconds, len(members))
-
-    async def _fail_over(
-        self,
-        failed: Route,
-        members: list[Member],
-        features: WireTensors,
-        exc: Unavailable,
-        times: HopStarts,
-    ) -> None:
-        """Each member on its fallback arm (one inference call per arm); where none is left,
-        on the pipeline's fallback model if it has one, else the error."""
-        first = _request(members[0])
-        router = self._routers[first.pipeline_name]
-        by_arm: dict[str, tuple[Route, list[int]]] = {}
-        stranded = []
-        for index, member in enumerate(members):
-            other = router.fallback(_request(member).client, failed, self._usable)
-            if other is not None:
-                by_arm.setdefault(other.arm, (other, []))[1].append(index)
-            elif self._covered(first, exc):
-                stranded.append(index)
-            else:
-                _fail(member, exc)
-        rows = [m.rows for m in members]
-        group = [members[i] for i in stranded]
-        standing = self._stand_in(failed, group, stack.take(features, rows, stranded), times)
-        moves = [_answering(group, standing)]
-        for route, indices in by_arm.values():
-            FAILOVERS.labels(router.pipeline, failed.arm, route.arm).inc(len(indices))
-            group = [members[i] for i in indices]
-            taken = stack.take(features, rows, indices)
-            moved = self._onward(route, group, taken, False, times[0])
-            moves.append(_answering(group, moved))
-        await gathering.gather(moves)
-
-    def _mirror(self, members: list[Member], features: WireTensors, scores: WireTensors) -> None:
-        """Submit the members the pipeline's shadow route mirrors (decoded: rare and off the
-        answer's path)."""
-        first = _request(members[0])
-        router = self._routers[first.pipeline_name]
-        mirrored = [
-            i
-            for i, m in enumerate(members)
-            if router.mirrors(_request(m).request_id or _request(m).client)
-        ]
-        if not mirrored:
-            return
-        inputs = _split(codec.tensors_to_arrays(features), [m.rows for m in members])
-        outputs = _split(codec.tensors_to_arrays(scores), [m.rows for m in members])
-        for i in mirrored:
-            request = _request(members[i])
-            self._shadow.submit(
-                first.pipeline_name, first.pipeline.model, inputs[i], outputs[i], request.deadline
-            )
 
 
 def _request(member: Member) -> ClientRequest:
@@ -344,12 +331,7 @@ async def _answering(members: list[Member], work) -> None:
         await work
     except Exception as exc:
         for member in members:
-            _fail(member, exc)
-
-
-def _fail(member: Member, exc: BaseException) -> None:
-    if member.waiting:
-        member.future.set_exception(exc)
+            member.fail(exc)
 
 
 def _aboard(members: list[Member], tensors: WireTensors) -> tuple[list[Member], WireTensors]:
@@ -372,7 +354,7 @@ def _survivors(members: list[Member], result: v1.Result) -> list[Member]:
     """The members a layer answered; the others get their own error."""
     if not result.members:
         if result.HasField("error"):
-            _fail(members[0], from_code(result.error.code, result.error.message))
+            members[0].fail(from_code(result.error.code, result.error.message))
             return []
         return members
     if len(result.members) != len(members):
@@ -380,7 +362,7 @@ def _survivors(members: list[Member], result: v1.Result) -> list[Member]:
     kept = []
     for member, outcome in zip(members, result.members, strict=True):
         if outcome.HasField("error"):
-            _fail(member, from_code(outcome.error.code, outcome.error.message))
+            member.fail(from_code(outcome.error.code, outcome.error.message))
         else:
             member.rows = outcome.rows
             kept.append(member)
@@ -424,41 +406,20 @@ def _forwarded(first: ClientRequest, features: WireTensors) -> WireTensors:
 
 
 def _answer(
-    members: list[Member],
-    outputs: WireTensors,
-    arm: str,
-    version: str,
-    skipped: str,
-    staged: Staged | None,
+    members: list[Member], outputs: WireTensors, arm: str, given: Given, skipped: str
 ) -> int:
     """Decode the flight's answer once and give each member its rows; how many got it."""
     level = _request(members[0]).level
+    staged = given.staged
     answered = 0
     for member, arrays in zip(
-        members, _split(codec.tensors_to_arrays(outputs), [m.rows for m in members]), strict=True
+        members, split(codec.tensors_to_arrays(outputs), [m.rows for m in members]), strict=True
     ):
         if member.waiting:
-            answer = Answer(arrays, arm, version, level, skipped_rules=skipped)
+            answer = Answer(arrays, arm, given.version, level, skipped_rules=skipped)
             if staged is not None:
                 answer.stages = ",".join(staged.answered[member])
                 answer.degraded = staged.degraded.get(member, "")
             member.future.set_result(answer)
             answered += 1
     return answered
-
-
-def _split(arrays: codec.Arrays, rows: Sequence[int]) -> list[codec.Arrays]:
-    """Each member's rows of stacked `arrays` (views, no copies)."""
-    if len(rows) == 1:
-        return [arrays]
-    bounds = [0, *accumulate(rows)]
-    for name, array in arrays.items():
-        if array.ndim == 0 or array.shape[0] != bounds[-1]:
-            raise RuntimeError(
-                f"output {name!r} of shape {list(array.shape)} is not stacked over "
-                f"{bounds[-1]} rows"
-            )
-    return [
-        {name: array[bounds[i] : bounds[i + 1]] for name, array in arrays.items()}
-        for i in range(len(rows))
-    ]

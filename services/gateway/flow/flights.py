@@ -67,6 +67,11 @@ class Member:
         """Whether its caller still waits for it (not cancelled, not past its deadline)."""
         return not self.future.done()
 
+    def fail(self, exc: BaseException) -> None:
+        """Its answer is `exc`, where its caller still waits for one."""
+        if self.waiting:
+            self.future.set_exception(exc)
+
 
 # Carries a flight through the chain, answering (or failing) each member's future.
 Fly = Callable[[list[Member]], Awaitable[None]]

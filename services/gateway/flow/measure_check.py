@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from services.gateway.flow.model_stages import _measure as measure
+from services.gateway.flow.rows import measure
 from strata import repository
 from strata.config.pipelines import Condition, ModelRef, Pipeline, Stage
 

@@ -13,8 +13,9 @@ import time
 
 import numpy as np
 
-from services.gateway.door.concurrency import Door
+from services.gateway.door.admission import Admission
 from services.gateway.door.ladder import LadderController
+from services.gateway.door.policy import Checkpoint, Entry
 from services.gateway.flow.cache import Cached, ResultCache, cache_key
 from services.gateway.flow.chain import Chain, model_request
 from services.gateway.flow.flights import Flights, Member
@@ -45,7 +46,7 @@ class Orchestrator:
         shadow: ShadowRunner,
         arms: ArmBook,
         flights: FlightSettings,
-        door: Door,
+        admission: Admission,
         stage_routers: dict[StageKey, Router],
     ) -> None:
         self._up = upstreams
@@ -53,7 +54,7 @@ class Orchestrator:
         self.ladder = ladder
         self.cache = cache
         self.routers = routers
-        self.door = door
+        self.admission = admission
         stages = Stages(upstreams, stage_routers, model_request, arms, shadow)
         self.sizes = Sizes(upstreams.message_limit, flights.message_margin, upstreams.batch_limit)
         chain = Chain(upstreams, routers, shadow, arms, self._usable, stages, self.sizes)
@@ -83,8 +84,7 @@ class Orchestrator:
             return early
         member = _member(req, rows)
         self.sizes.refuse_alone(arm_of(req), rows, member.size)
-        shedding = self.ladder.settings if level >= 4 else None
-        ticket = await self.door.admit(name, req.client, shedding, req.deadline.left())
+        held = await self.admission.admit(_entry(req), Checkpoint.BOARDING)
         signals = self.ladder.signals
         INFLIGHT.inc()
         started = time.monotonic()
@@ -99,7 +99,7 @@ class Orchestrator:
                 signals.record(name, time.monotonic() - started, kind)
             raise
         finally:
-            self.door.leave(ticket, telling)
+            self.admission.leave(held, telling)
             INFLIGHT.dec()
         signals.record(name, time.monotonic() - started, "ok")
         if answer.degraded:  # a model's fallback, or an early exit from a cascade
@@ -165,6 +165,10 @@ def _flight_key(req: ClientRequest) -> tuple:
         stack.signature(req.inputs),
         tuple(sorted(req.parameters.items())),
     )
+
+
+def _entry(req: ClientRequest) -> Entry:
+    return Entry(req.caller, req.pipeline_name, req.client, req.forced_arm, req.deadline, req.level)
 
 
 def _member(req: ClientRequest, rows: int) -> Member:

@@ -9,7 +9,7 @@ import time
 import pytest
 from prometheus_client import REGISTRY
 
-from services.gateway.door.concurrency import AdaptiveLimit, Door
+from services.gateway.door.concurrency import AdaptiveLimit, AdaptiveLimits
 from services.gateway.door.refusals import OTHER, Refusals
 from strata.config.gateway import Concurrency, Ladder
 from strata.errors import Overloaded
@@ -91,7 +91,7 @@ def test_a_lone_client_may_fill_the_limit_and_a_newcomer_still_gets_in() -> None
 
 
 def test_the_door_refuses_past_the_limit_with_a_retry_hint() -> None:
-    door = Door(Concurrency(initial=2, min_limit=1, contention=1.0), {"digits": 1.0})
+    door = AdaptiveLimits(Concurrency(initial=2, min_limit=1, contention=1.0), {"digits": 1.0})
     tickets = [door.enter("digits", "c") for _ in range(2)]
     with pytest.raises(Overloaded) as refused:
         door.enter("digits", "c")
@@ -110,9 +110,11 @@ def synchronously(test):
     return functools.wraps(test)(lambda: asyncio.run(test()))
 
 
-def full_door(**settings: float) -> tuple[Door, list]:
+def full_door(**settings: float) -> tuple[AdaptiveLimits, list]:
     """A door for `digits` (objective 1 s) with its one place taken."""
-    door = Door(Concurrency(initial=1, min_limit=1, contention=1.0, **settings), {"digits": 1.0})
+    door = AdaptiveLimits(
+        Concurrency(initial=1, min_limit=1, contention=1.0, **settings), {"digits": 1.0}
+    )
     return door, [door.enter("digits", "c")]
 
 
@@ -219,7 +221,7 @@ def test_a_client_below_its_share_floor_is_not_refused_when_the_limit_shrinks() 
 
 
 def door_message(limit: AdaptiveLimit) -> str:
-    door = Door(limit.settings, {"digits": 1.0})
+    door = AdaptiveLimits(limit.settings, {"digits": 1.0})
     door.limits["digits"] = limit
     with pytest.raises(Overloaded) as refused:
         door.enter("digits", "a")
@@ -229,7 +231,7 @@ def door_message(limit: AdaptiveLimit) -> str:
 @synchronously
 async def test_a_freed_place_goes_to_a_waiter_below_its_share_before_one_above() -> None:
     settings = Concurrency(initial=6, min_limit=1, contention=0.5, min_share=1, wait_share=0.5)
-    door = Door(settings, {"digits": 1.0})
+    door = AdaptiveLimits(settings, {"digits": 1.0})
     big = [door.enter("digits", "big") for _ in range(4)]
     small, kept = (door.enter("digits", "small") for _ in range(2))
     over = asyncio.create_task(door.admit("digits", "big", None, budget=10.0))
@@ -283,7 +285,7 @@ def test_refusals_are_logged_once_per_reason_per_interval_with_their_counts(
 
 
 def test_the_door_counts_its_refusals_by_client() -> None:
-    door = Door(Concurrency(initial=1, min_limit=1, contention=1.0), {"digits": 1.0})
+    door = AdaptiveLimits(Concurrency(initial=1, min_limit=1, contention=1.0), {"digits": 1.0})
     before = refused("concurrency", "counted")
     door.enter("digits", "counted")
     door.enter("digits", "counted-newcomer")  # its headroom

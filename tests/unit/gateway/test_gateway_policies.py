@@ -5,11 +5,11 @@ import numpy as np
 import pytest
 from prometheus_client import REGISTRY
 
-from services.gateway.door.admission import Admission
-from services.gateway.door.caller import Caller
+from services.gateway.door.forced_arm import ForcedArm
 from services.gateway.door.ladder import LadderController
 from services.gateway.door.limiter import RateLimiter
 from services.gateway.flow.cache import Cached, ResultCache, cache_key
+from services.gateway.request import Caller
 from services.gateway.upstream.breaker import CircuitBreaker
 from services.gateway.upstream.router import Router
 from strata import codec
@@ -87,10 +87,10 @@ def test_forced_arm_and_unknown_arm() -> None:
         router.choose("x", forced="zz")
 
 
-def forcing(*keys: tuple[str, list[str]]) -> Admission:
-    """An admission whose API keys are each (key, capabilities); none: the door is open."""
+def forcing(*keys: tuple[str, list[str]]) -> ForcedArm:
+    """The forced-arm policy with API keys each (key, capabilities); none: the door is open."""
     ring = KeyRing([ApiKey(client_id=k, sha256=key_hash(k), capabilities=c) for k, c in keys])
-    return Admission(RateLimiter(RateLimits()), ring)
+    return ForcedArm({}, ring)
 
 
 def sent(key: str | None = None) -> Caller:
@@ -100,18 +100,18 @@ def sent(key: str | None = None) -> Caller:
 def test_forcing_an_arm_is_a_capability_of_keys() -> None:
     router = Router("digits", routes(100, 0), None)
     keyed = forcing(("ops", ["force_arm"]), ("app", []))
-    keyed.check_forced_arm(sent("ops"), router, "a")
-    keyed.check_forced_arm(sent("ops"), router, "b")  # rolled back: the capability may
+    keyed.check(sent("ops"), router, "a")
+    keyed.check(sent("ops"), router, "b")  # rolled back: the capability may
     for who in ("app", None):
         with pytest.raises(PermissionDenied, match="granted the 'force_arm' capability"):
-            keyed.check_forced_arm(sent(who), router, "a")
+            keyed.check(sent(who), router, "a")
 
 
 def test_with_the_door_open_only_a_weighted_arm_may_be_forced() -> None:
     router = Router("digits", routes(100, 0), None)
-    forcing().check_forced_arm(sent(), router, "a")
+    forcing().check(sent(), router, "a")
     with pytest.raises(PermissionDenied, match="arm 'b' has weight 0 \\(rolled back\\)"):
-        forcing().check_forced_arm(sent(), router, "b")
+        forcing().check(sent(), router, "b")
 
 
 def test_weights_change_and_bad_weights_are_refused() -> None:

@@ -22,7 +22,8 @@ from services.gateway.api.rest.scan import check_json
 from services.gateway.api.rest.statuses import JSON, TooLarge, error_response, json_response
 from services.gateway.api.server_settings import ServerSettings
 from services.gateway.api.shared_memory import CUDA_HINT, no_cuda_regions
-from services.gateway.door.caller import PRINCIPAL, Caller
+from services.gateway.door.caller import PRINCIPAL
+from services.gateway.request import Caller
 from strata.config.gateway import Rest
 from strata.config.pipelines import TensorSpec
 from strata.errors import InvalidArgument, Unimplemented, shown

@@ -3,7 +3,7 @@
 uvicorn's `serve()` takes over SIGTERM and SIGINT; the gateway's shutdown is strata.server's
 (health NOT_SERVING first, then drain), so this runs uvicorn's start-up, tick loop and
 graceful shutdown itself and leaves the signals alone. Connections are uvicorn's httptools
-protocol under the door's limits (rest/door.py).
+protocol under the connection limits (rest/connections.py).
 """
 
 from __future__ import annotations
@@ -16,12 +16,12 @@ from typing import Any
 import uvicorn
 from starlette.types import ASGIApp
 
-from services.gateway.api.rest.door import Connections, protocol
+from services.gateway.api.rest.connections import Connections, protocol
 from strata.config.gateway import Rest
 from strata.config.server import ServerSettings
 from strata.config.tls import CA, CERT, KEY, TlsSettings, public_identity
-from strata.door import Shares
 from strata.exits import AddressUnusable
+from strata.occupancy import Shares
 from strata.workers import reuse_port_socket, sharing
 
 log = logging.getLogger(__name__)

@@ -1,4 +1,4 @@
-"""The REST port's door: uvicorn's httptools protocol with the limits uvicorn lacks.
+"""The REST port's connections: uvicorn's httptools protocol with the limits uvicorn lacks.
 
 uvicorn closes a connection only when it idles after a response: one that connects and never
 finishes a request header stays open for good, and its `limit_concurrency` counts idle
@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from services.gateway.door.caller import PRINCIPAL
-from strata.door import REFUSED, RETRY_AFTER_MS, Shares
 from strata.errors import RETRY_AFTER
+from strata.occupancy import REFUSED, RETRY_AFTER_MS, Shares
 from strata.security import principal
 
 PROBES = frozenset({b"/v2/health/live", b"/v2/health/ready"})
@@ -57,10 +57,10 @@ def refusal(status: int, message: str) -> bytes:
     return head.encode() + body
 
 
-class DoorProtocol(HttpToolsProtocol):
-    """A connection under the door's limits; `door` is set per server (`protocol`)."""
+class LimitedProtocol(HttpToolsProtocol):
+    """A connection under these limits; `bounds` is set per server (`protocol`)."""
 
-    door: Connections
+    bounds: Connections  # not `connections`: uvicorn's protocol has its own of that name
     _address: str | None = None
     _principal: str | None = None
     _header_timer: asyncio.TimerHandle | None = None
@@ -68,8 +68,8 @@ class DoorProtocol(HttpToolsProtocol):
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
         address = self.client[0] if self.client else "unknown"
-        if not self.door.per_client.take(address):
-            limit = self.door.per_client.limit
+        if not self.bounds.per_client.take(address):
+            limit = self.bounds.per_client.limit
             self._refuse(
                 "connections_per_client",
                 503,
@@ -83,7 +83,7 @@ class DoorProtocol(HttpToolsProtocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
         if self._address is not None:
-            self.door.per_client.give(self._address)
+            self.bounds.per_client.give(self._address)
             self._address = None
         super().connection_lost(exc)
 
@@ -105,7 +105,7 @@ class DoorProtocol(HttpToolsProtocol):
 
     def _arm(self) -> None:
         self._disarm()
-        timeout = self.door.header_timeout
+        timeout = self.bounds.header_timeout
         self._header_timer = self.loop.call_later(timeout, self._header_timed_out)
 
     def _disarm(self) -> None:
@@ -115,7 +115,7 @@ class DoorProtocol(HttpToolsProtocol):
 
     def _header_timed_out(self) -> None:
         self._header_timer = None
-        timeout = self.door.header_timeout
+        timeout = self.bounds.header_timeout
         self._refuse("header_timeout", 408, f"no whole request header within {timeout:g}s")
 
     def _refuse(self, reason: str, status: int, message: str) -> None:
@@ -127,6 +127,6 @@ class DoorProtocol(HttpToolsProtocol):
         self.transport.close()
 
 
-def protocol(door: Connections) -> type[DoorProtocol]:
-    """The protocol class of one server, holding that server's `door`."""
-    return type("DoorProtocol", (DoorProtocol,), {"door": door})
+def protocol(bounds: Connections) -> type[LimitedProtocol]:
+    """The protocol class of one server, holding that server's `bounds`."""
+    return type("LimitedProtocol", (LimitedProtocol,), {"bounds": bounds})

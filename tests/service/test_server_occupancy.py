@@ -14,7 +14,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from strata.config.server import ServerSettings
-from strata.door import REFUSED
+from strata.occupancy import REFUSED
 from strata.server import start_server
 
 CHECK = health_pb2.HealthCheckRequest()

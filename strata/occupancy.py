@@ -35,7 +35,7 @@ REFUSED = Counter(
 )
 # Calls gRPC admits beyond `total`: room for probes while clients hold every other slot.
 # Small, because gRPC refuses past its own limit before reading a message, while a call the
-# door refuses has been read: a flood past `total` makes at most this many messages read and
+# server refuses has been read: a flood past `total` makes at most this many messages read and
 # dropped at once. Probes come a few at a time.
 PROBE_RESERVE = 16
 # How long a refused caller should wait: a call in flight ends within about this long at
@@ -87,7 +87,7 @@ async def refuse(context: grpc.aio.ServicerContext, reason: str, message: str) -
     await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, message, trailing_metadata=HINT)
 
 
-class Door:
+class Occupancy:
     """Calls in flight at one server, in all and by caller address."""
 
     def __init__(self, total: int, per_client: int | None) -> None:
@@ -117,7 +117,7 @@ class Door:
         self._by_address.give(address)
 
     def guard(self, servicer: object, service: str) -> object:
-        """`servicer` with every method of `service` but the probes held at the door."""
+        """`servicer` with every method of `service` but the probes counted as they start."""
         return around_methods(servicer, service, Gate(self.enter, self.leave), PROBES)
 
 

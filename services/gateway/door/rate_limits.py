@@ -1,0 +1,39 @@
+"""The rate limits as an admission policy: each client's token buckets, and its peer's too
+where only the caller says who it is (identity.py)."""
+
+from __future__ import annotations
+
+from services.gateway.door.identity import peer_host
+from services.gateway.door.limiter import RateLimiter
+from services.gateway.door.policy import Checkpoint, Entry, Ticket
+from services.gateway.metrics import RATE_LIMITED
+from strata.config.settings import Settings
+from strata.errors import Overloaded
+from strata.security import KeyRing
+
+
+class RateLimit:
+    """Refuses a request its client's (or peer's) token bucket has no token for."""
+
+    checkpoint = Checkpoint.ARRIVAL
+
+    def __init__(self, settings: Settings) -> None:
+        self.limiter = RateLimiter(settings.gateway.rate_limits)
+        self.keys = KeyRing(settings.gateway.api_keys)
+
+    def configure(self, settings: Settings) -> None:
+        self.limiter.configure(settings.gateway.rate_limits)
+        self.keys = KeyRing(settings.gateway.api_keys)
+
+    async def admit(self, entry: Entry) -> Ticket:
+        caller = entry.caller
+        authenticated = self.keys or caller is None or caller.principal is not None
+        peer = None if authenticated else peer_host(caller.peer)
+        admitted, wait, scope = self.limiter.admit(entry.client, peer)
+        if not admitted:
+            RATE_LIMITED.labels(scope).inc()
+            raise Overloaded(f"rate limit ({scope}) exceeded; retry in {wait:.3f}s", wait)
+        return None
+
+    def leave(self, ticket: Ticket, telling: bool) -> None:
+        return None
