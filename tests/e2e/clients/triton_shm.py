@@ -9,6 +9,7 @@ shared memory root, a region larger than its object, CUDA shared memory.
 """
 
 import json
+import os
 import sys
 
 import numpy as np
@@ -93,8 +94,9 @@ def one_protocol(module, url, tag):
 
 def main(grpc_url, http_url):
     report = {
-        "grpc": one_protocol(grpcclient, grpc_url, "grpc"),
-        "http": one_protocol(httpclient, http_url, "http"),
+        # Names of this process's own: suites running at once share /dev/shm.
+        "grpc": one_protocol(grpcclient, grpc_url, f"grpc_{os.getpid()}"),
+        "http": one_protocol(httpclient, http_url, f"http_{os.getpid()}"),
     }
     print(json.dumps(report, default=str))
 
