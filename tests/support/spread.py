@@ -1,0 +1,43 @@
+"""The units of work pytest-xdist hands its workers (tests/conftest.py wires this in).
+
+A unit is a test module, so a module-scoped system starts once, on one worker; a package
+whose fixtures are package-scoped (tests/hostile: one system for the whole package) is one
+unit. Units go out heaviest first: those that start whole systems, then those that start
+single services, then the rest, so the last minutes are spent on short units on every
+worker rather than on one long one.
+
+xdist's own `--dist loadgroup` would group by marks, but it renames each test's node id to
+do it, which pytest 9 no longer lets a plugin do; a scheduler that reads the unit from the
+node id needs no renaming.
+"""
+
+from __future__ import annotations
+
+from xdist.scheduler import LoadScopeScheduling
+
+# Packages whose tests share package-scoped fixtures: one unit each.
+SHARED_PACKAGES = ("tests/hostile",)
+# By the folder under tests/: units that start whole systems first, then those that start
+# services, then the rest.
+WEIGHT = {"e2e": 0, "hostile": 0, "fuzz": 0, "service": 1}
+LAST = 2
+
+
+def unit(nodeid: str) -> str:
+    """The unit of the test `nodeid`: its package where that shares fixtures, else its file."""
+    path = nodeid.split("::", 1)[0]
+    return next((p for p in SHARED_PACKAGES if path.startswith(f"{p}/")), path)
+
+
+def weight(nodeid: str) -> int:
+    """0 for a test that starts whole systems, 1 for one that starts services, 2 for others."""
+    parts = nodeid.split("::", 1)[0].split("/")
+    return WEIGHT.get(parts[1], LAST) if len(parts) > 2 and parts[0] == "tests" else LAST
+
+
+class Units(LoadScopeScheduling):
+    """xdist's scope scheduling, with `unit` as the scope; units go out in collection order,
+    which the workers sort by `weight`."""
+
+    def _split_scope(self, nodeid: str) -> str:
+        return unit(nodeid)
