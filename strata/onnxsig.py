@@ -2,11 +2,12 @@
 
 The inference service serves them; preprocess and postprocess read them at start to check
 that a pipeline's steps and rules fit the model they surround (strata.wiring). Those two read
-them from the file's protobuf fields (`read`): an ONNX Runtime session per model version, and
-the import of onnxruntime, cost each of them about half its start only to learn what the file
-says. One difference remains: a dimension the file names (an exporter's `Divembedding_dim_1`)
-where ONNX Runtime infers a number (384) stays open here; the wiring check compares datatypes
-and ranks, which the file gives exactly.
+them from the file's protobuf fields (`read`): the import of onnxruntime and a session per
+model version cost each of them 0.14 s of CPU at start (the default config's four versions)
+only to learn what the file says; reading the file costs 0.005 s. One difference remains: a
+dimension the file names (an exporter's `Divembedding_dim_1`) where ONNX Runtime infers a
+number (384) stays open here; the wiring check compares datatypes and ranks, which the file
+gives exactly.
 """
 
 from __future__ import annotations
