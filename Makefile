@@ -60,9 +60,9 @@ test: $(STAMP_MODELS) $(STAMP_MODELS_TEXT) $(COMPOSE_SCHEMA) lint
 	$(PY) -m pytest -n $(TEST_WORKERS)
 
 # The fast tests alone: no demo models, no PyTorch, no processes started (tests/unit, not slow).
-UNIT_WORKERS ?= 2
+# One process: a worker's collection alone costs what these tests do, so workers cost time.
 test-unit: $(STAMP_PROTO) $(COMPOSE_SCHEMA)
-	$(PY) -m pytest tests/unit -m "not slow" -q -n $(UNIT_WORKERS)
+	$(PY) -m pytest tests/unit -m "not slow" -q
 
 lint: $(STAMP_PROTO)
 	$(PY) -m ruff check .
