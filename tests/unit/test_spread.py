@@ -1,0 +1,24 @@
+"""tests/support/spread.py: the units pytest-xdist hands its workers, and their order."""
+
+from __future__ import annotations
+
+from tests.support.spread import unit, weight
+
+
+def test_a_module_is_a_unit_and_a_package_sharing_fixtures_is_one() -> None:
+    assert unit("tests/e2e/test_rest.py::test_a[x]") == "tests/e2e/test_rest.py"
+    assert unit("tests/e2e/test_rest.py::TestA::test_b") == "tests/e2e/test_rest.py"
+    assert unit("tests/hostile/test_v2.py::test_a") == unit("tests/hostile/test_flights.py::t")
+    assert unit("tests/hostile/test_v2.py::test_a") == "tests/hostile"
+
+
+def test_units_that_start_systems_go_before_those_that_start_services_and_the_rest() -> None:
+    order = [
+        "tests/unit/test_codec.py::test_a",
+        "tests/service/test_servicers.py::test_a",
+        "tests/fuzz/test_fuzz_rest.py::test_a",
+        "tests/hostile/test_v2.py::test_a",
+        "tests/e2e/test_rest.py::test_a",
+    ]
+    assert [weight(nodeid) for nodeid in order] == [2, 1, 0, 0, 0]
+    assert weight("tests/test_top.py::test_a") == 2
