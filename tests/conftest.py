@@ -17,4 +17,7 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> spread.Un
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     if hasattr(config, "workerinput"):  # an xdist worker: heaviest units first
-        items.sort(key=lambda item: spread.weight(item.nodeid))  # stable: units stay whole
+        tests = ((item.nodeid, item.get_closest_marker("slow") is not None) for item in items)
+        weights = spread.unit_weights(tests)
+        # A stable sort: each unit's tests keep their order.
+        items.sort(key=lambda item: weights[spread.unit(item.nodeid)])

@@ -3,8 +3,8 @@
 A unit is a test module, so a module-scoped system starts once, on one worker; a package
 whose fixtures are package-scoped (tests/hostile: one system for the whole package) is one
 unit. Units go out heaviest first: those that start whole systems, then those that start
-single services, then the rest, so the last minutes are spent on short units on every
-worker rather than on one long one.
+single services or are marked slow, then the rest, so the last minutes are spent on short
+units on every worker rather than on one long one.
 
 xdist's own `--dist loadgroup` would group by marks, but it renames each test's node id to
 do it, which pytest 9 no longer lets a plugin do; a scheduler that reads the unit from the
@@ -13,13 +13,16 @@ node id needs no renaming.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from xdist.scheduler import LoadScopeScheduling
 
 # Packages whose tests share package-scoped fixtures: one unit each.
 SHARED_PACKAGES = ("tests/hostile",)
 # By the folder under tests/: units that start whole systems first, then those that start
-# services, then the rest.
+# services (or are marked slow: a model build takes two minutes), then the rest.
 WEIGHT = {"e2e": 0, "hostile": 0, "fuzz": 0, "service": 1}
+SLOW = 1
 LAST = 2
 
 
@@ -29,10 +32,21 @@ def unit(nodeid: str) -> str:
     return next((p for p in SHARED_PACKAGES if path.startswith(f"{p}/")), path)
 
 
-def weight(nodeid: str) -> int:
-    """0 for a test that starts whole systems, 1 for one that starts services, 2 for others."""
+def weight(nodeid: str, slow: bool = False) -> int:
+    """0 for a test that starts whole systems, 1 for one that starts services or is marked
+    slow, 2 for the others."""
     parts = nodeid.split("::", 1)[0].split("/")
-    return WEIGHT.get(parts[1], LAST) if len(parts) > 2 and parts[0] == "tests" else LAST
+    found = WEIGHT.get(parts[1], LAST) if len(parts) > 2 and parts[0] == "tests" else LAST
+    return min(found, SLOW) if slow else found
+
+
+def unit_weights(tests: Iterable[tuple[str, bool]]) -> dict[str, int]:
+    """Each unit's weight, its heaviest test's, from (node id, marked slow) of every test."""
+    weights: dict[str, int] = {}
+    for nodeid, slow in tests:
+        name = unit(nodeid)
+        weights[name] = min(weights.get(name, LAST), weight(nodeid, slow))
+    return weights
 
 
 class Units(LoadScopeScheduling):

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tests.support.spread import unit, weight
+from tests.support.spread import unit, unit_weights, weight
 
 
 def test_a_module_is_a_unit_and_a_package_sharing_fixtures_is_one() -> None:
@@ -22,3 +22,16 @@ def test_units_that_start_systems_go_before_those_that_start_services_and_the_re
     ]
     assert [weight(nodeid) for nodeid in order] == [2, 1, 0, 0, 0]
     assert weight("tests/test_top.py::test_a") == 2
+
+
+def test_a_unit_weighs_what_its_heaviest_test_does() -> None:
+    tests = [
+        ("tests/unit/models/test_models.py::test_a", False),
+        ("tests/unit/models/test_models.py::test_b", True),
+        ("tests/unit/test_codec.py::test_a", False),
+    ]
+    assert unit_weights(tests) == {
+        "tests/unit/models/test_models.py": 1,
+        "tests/unit/test_codec.py": 2,
+    }
+    assert weight("tests/e2e/test_rest.py::test_a", slow=True) == 0
