@@ -2,9 +2,9 @@
 
 A unit is a test module, so a module-scoped system starts once, on one worker; a package
 whose fixtures are package-scoped (tests/hostile: one system for the whole package) is one
-unit. Units go out heaviest first: those that start whole systems, then those that start
-single services or are marked slow, then the rest, so the last minutes are spent on short
-units on every worker rather than on one long one.
+unit. Units go out heaviest first: those with a test marked slow, then those that start
+whole systems, then those that start single services, then the rest, so the last minutes
+are spent on short units on every worker rather than on one long one.
 
 xdist's own `--dist loadgroup` would group by marks, but it renames each test's node id to
 do it, which pytest 9 no longer lets a plugin do; a scheduler that reads the unit from the
@@ -19,11 +19,12 @@ from xdist.scheduler import LoadScopeScheduling
 
 # Packages whose tests share package-scoped fixtures: one unit each.
 SHARED_PACKAGES = ("tests/hostile",)
-# By the folder under tests/: units that start whole systems first, then those that start
-# services (or are marked slow: a model build takes two minutes), then the rest.
-WEIGHT = {"e2e": 0, "hostile": 0, "fuzz": 0, "service": 1}
-SLOW = 1
-LAST = 2
+# Units with a test marked slow go first (a model build takes minutes); then, by the folder
+# under tests/, those that start whole systems (fuzz and hostile, a minute or more each,
+# before the e2e modules), then those that start services, then the rest.
+SLOW = 0
+WEIGHT = {"fuzz": 1, "hostile": 1, "e2e": 2, "service": 3}
+LAST = 4
 
 
 def unit(nodeid: str) -> str:
@@ -33,11 +34,12 @@ def unit(nodeid: str) -> str:
 
 
 def weight(nodeid: str, slow: bool = False) -> int:
-    """0 for a test that starts whole systems, 1 for one that starts services or is marked
-    slow, 2 for the others."""
+    """0 for a test marked slow, 1 or 2 for one that starts whole systems, 3 for one that
+    starts services, 4 for the others."""
+    if slow:
+        return SLOW
     parts = nodeid.split("::", 1)[0].split("/")
-    found = WEIGHT.get(parts[1], LAST) if len(parts) > 2 and parts[0] == "tests" else LAST
-    return min(found, SLOW) if slow else found
+    return WEIGHT.get(parts[1], LAST) if len(parts) > 2 and parts[0] == "tests" else LAST
 
 
 def unit_weights(tests: Iterable[tuple[str, bool]]) -> dict[str, int]:

@@ -12,7 +12,7 @@ def test_a_module_is_a_unit_and_a_package_sharing_fixtures_is_one() -> None:
     assert unit("tests/hostile/test_v2.py::test_a") == "tests/hostile"
 
 
-def test_units_that_start_systems_go_before_those_that_start_services_and_the_rest() -> None:
+def test_slow_units_go_first_then_those_that_start_systems_then_services_then_the_rest() -> None:
     order = [
         "tests/unit/test_codec.py::test_a",
         "tests/service/test_servicers.py::test_a",
@@ -20,8 +20,9 @@ def test_units_that_start_systems_go_before_those_that_start_services_and_the_re
         "tests/hostile/test_v2.py::test_a",
         "tests/e2e/test_rest.py::test_a",
     ]
-    assert [weight(nodeid) for nodeid in order] == [2, 1, 0, 0, 0]
-    assert weight("tests/test_top.py::test_a") == 2
+    assert [weight(nodeid) for nodeid in order] == [4, 3, 1, 1, 2]
+    assert weight("tests/test_top.py::test_a") == 4
+    assert weight("tests/unit/models/test_models.py::test_a", slow=True) == 0
 
 
 def test_a_unit_weighs_what_its_heaviest_test_does() -> None:
@@ -31,7 +32,6 @@ def test_a_unit_weighs_what_its_heaviest_test_does() -> None:
         ("tests/unit/test_codec.py::test_a", False),
     ]
     assert unit_weights(tests) == {
-        "tests/unit/models/test_models.py": 1,
-        "tests/unit/test_codec.py": 2,
+        "tests/unit/models/test_models.py": 0,
+        "tests/unit/test_codec.py": 4,
     }
-    assert weight("tests/e2e/test_rest.py::test_a", slow=True) == 0
