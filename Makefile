@@ -52,10 +52,15 @@ $(STAMP_MODELS_TEXT): $(STAMP_PROTO) $(STAMP_CONVERT) $(shell find strata/conver
 run: $(STAMP_MODELS)
 	$(PY) -m strata.launch --config $(CONFIG)
 
+# The suite in parallel (pytest-xdist): a module (a package, where its fixtures are shared) is
+# one worker's unit, heaviest first (tests/support/spread.py). The tests mostly wait on the
+# processes they start, so more workers than cores pay.
+TEST_WORKERS ?= 4
 test: $(STAMP_MODELS) $(STAMP_MODELS_TEXT) $(COMPOSE_SCHEMA) lint
-	$(PY) -m pytest
+	$(PY) -m pytest -n $(TEST_WORKERS)
 
 # The fast tests alone: no demo models, no PyTorch, no processes started (tests/unit, not slow).
+# One process: a worker's collection alone costs what these tests do, so workers cost time.
 test-unit: $(STAMP_PROTO) $(COMPOSE_SCHEMA)
 	$(PY) -m pytest tests/unit -m "not slow" -q
 

@@ -22,7 +22,9 @@ PEERS = {  # each peer, and the ratio of Strata's throughput to its
     "kserve": "throughput_pipeline_over_kserve",
 }
 
-pytestmark = pytest.mark.timeout(1800)  # the first run installs both peers' venvs
+# The first run installs both peers' venvs; a quick run still takes minutes (slow: it goes
+# out first to a worker of its own, tests/support/spread.py).
+pytestmark = [pytest.mark.timeout(1800), pytest.mark.slow]
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,10 @@ import sys
 
 import pytest
 
-pytestmark = pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="glibc's mallopt")
+pytestmark = [
+    pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="glibc's mallopt"),
+    pytest.mark.slow,  # each test starts a Python process that imports the services
+]
 
 # Applies the thresholds, or not, and says so.
 APPLY = """

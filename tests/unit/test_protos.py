@@ -7,7 +7,14 @@ import pytest
 from scripts import gen_protos
 from tests.support.system import ROOT
 
-GENERATED = sorted(p.relative_to(ROOT) for p in (ROOT / "strata" / "proto").rglob("*_pb2*.py*"))
+
+def stubs(folder: Path, root: Path) -> list[Path]:
+    """The generated stubs (.py, .pyi) under `folder`, relative to `root`: not their bytecode,
+    which an interpreter that writes it leaves beside them."""
+    return sorted(p.relative_to(root) for p in folder.rglob("*_pb2*.py*") if p.suffix != ".pyc")
+
+
+GENERATED = stubs(ROOT / "strata" / "proto", ROOT)
 
 
 def test_stubs_are_present_for_every_proto() -> None:
@@ -20,7 +27,7 @@ def test_stubs_are_present_for_every_proto() -> None:
 
 def test_stubs_match_a_fresh_generation(tmp_path: Path) -> None:
     gen_protos.generate(tmp_path)
-    fresh = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*_pb2*.py*"))
+    fresh = stubs(tmp_path, tmp_path)
     assert fresh == GENERATED
     for path in fresh:
         current = (ROOT / path).read_bytes()

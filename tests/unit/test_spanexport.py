@@ -6,6 +6,7 @@ import os
 import threading
 import time
 
+import pytest
 from opentelemetry import trace
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from opentelemetry.sdk.resources import Resource
@@ -122,6 +123,7 @@ def test_frames_within_the_export_interval_go_in_one_export() -> None:
         os.close(read)
 
 
+@pytest.mark.slow  # starts the exporter's process
 def test_the_child_process_exports_to_an_otlp_receiver() -> None:
     with Receiver() as receiver:
         exporter = ChildSpanExporter(RESOURCE, f"http://127.0.0.1:{receiver.port}")

@@ -12,6 +12,8 @@ import pytest
 
 from strata.transport import POLLING_TRANSPORT
 
+pytestmark = pytest.mark.slow  # each test starts a Python process
+
 # Imports a service's entry module and says what GRPC_EXPERIMENTS was when grpc was imported.
 ENTRY = """
 import importlib, importlib.abc, os, sys

@@ -11,6 +11,7 @@ Triton's shm examples begin, it unregisters every CUDA region and asks their sta
 
 import base64
 import json
+import os
 import sys
 
 import numpy as np
@@ -113,8 +114,9 @@ def one_protocol(module, url, tag):
 
 def main(grpc_url, http_url):
     report = {
-        "grpc": one_protocol(grpcclient, grpc_url, "grpc"),
-        "http": one_protocol(httpclient, http_url, "http"),
+        # Names of this process's own: suites running at once share /dev/shm.
+        "grpc": one_protocol(grpcclient, grpc_url, f"grpc_{os.getpid()}"),
+        "http": one_protocol(httpclient, http_url, f"http_{os.getpid()}"),
     }
     print(json.dumps(report, default=str))
 

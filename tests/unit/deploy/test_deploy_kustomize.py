@@ -253,6 +253,7 @@ def keyed_lists_sorted(value: Any, field: str = "") -> Any:
 
 
 @pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl is not installed")
+@pytest.mark.slow  # kubectl
 @pytest.mark.parametrize("overlay", ["dev", "prod"])
 def test_kubectl_kustomize_renders_what_build_renders(overlay: str) -> None:
     folder = OVERLAYS / overlay

@@ -89,6 +89,7 @@ def test_bad_data_is_refused_with_a_reason(tmp_path: Path, capsys, name, write, 
     assert not (tmp_path / "stats.json").exists()
 
 
+@pytest.mark.slow  # two Python processes
 def test_runs_as_a_module(tmp_path: Path) -> None:
     np.save(tmp_path / "train.npy", DATA)
     out = tmp_path / "deep" / "stats.json"

@@ -17,6 +17,8 @@ from strata.config import load_settings
 from strata.config.preprocess import ResizeStep
 from tests.support.system import DEFAULT_CONFIG
 
+pytestmark = pytest.mark.slow  # builds (trains) the digits and tabular models
+
 # Pipeline -> (client input, model input).
 NAMES = {"digits": ("images", "pixels"), "tabular": ("features", "features")}
 

@@ -66,6 +66,7 @@ def resolve(document: dict[str, Any], ref: str) -> Any:
     return node
 
 
+@pytest.mark.slow  # a schema validation
 def test_the_document_is_valid_openapi_3_1(document) -> None:
     assert document["openapi"] == "3.1.0"
     schemathesis.openapi.from_dict(document).validate()
