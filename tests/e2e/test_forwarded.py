@@ -18,7 +18,9 @@ BODY = {"inputs": [{"name": "images", "datatype": "UINT8", "shape": [1, 8, 8], "
 def statuses(tmp_path: Path, rest: dict) -> list[int]:
     """The gateway alone (no layers: admission answers first), asked twice from loopback
     as two clients forwarded for two addresses."""
-    changes = {"gateway": {"rate_limits": LIMITS, "rest": rest}}
+    # No layer is started, so a request the door lets through waits for preprocess to come up
+    # (wait-for-ready) until its deadline: keep that short, the test is about the door.
+    changes = {"gateway": {"rate_limits": LIMITS, "rest": rest, "default_timeout_seconds": 1}}
     config = make_config(tmp_path, changes)
     settings = load_settings(config)
     supervisor = Supervisor(config, settings, log_dir=tmp_path)
