@@ -4,7 +4,8 @@ The work of bench.image_chain, one 640x480 JPEG a request as v2 BYTES: decode ->
 (shorter side 256, bilinear) -> centre crop 224 -> normalise -> CHW, the stand-in classifier
 (bench.image_chain.vision_model, one ONNX Runtime thread), softmax and top 5, served by:
 
-1. Strata, the config's system with the `images` pipeline (bench.image_chain.image_config);
+1. Strata, the config's system with the `images` pipeline (bench.image_chain.image_config),
+   the pipeline's latency objective the config's unless `--objective-ms` sets one;
 2. MLServer 1.7.1 with a custom runtime doing the same steps with Pillow and numpy and the
    same model (bench/peers/mlserver_images.py), its adaptive batching on (16 rows, 5 ms),
    with 1 and with 2 parallel workers;
@@ -13,8 +14,8 @@ The work of bench.image_chain, one 640x480 JPEG a request as v2 BYTES: decode ->
 
 Each server is driven by the project's load tool, one gRPC connection, closed loop at 1, 16
 and 64 in flight (--quick: 1 and 8, 2 s each): throughput, P50, P99, CPU ms per answered
-request (its processes and their children) and the requests that failed. Results go to
-`--out` as peers_images.md.
+request (its processes and their children) and the requests that failed, with the commonest
+failure. Results go to `--out` as peers_images.md.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -65,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
         vision_model(folder / "vision")
         model = folder / "vision" / "1" / "model.onnx"
         ceiling = [in_process(model, processes, timing.seconds, size) for processes in (1, 2)]
-        for name, start in _servers(args.config, folder, model):
+        for name, start in _servers(args.config, folder, model, args.objective_ms):
             try:
                 with start() as target:
                     rows += measure(pool, _with(target, requests), timing, OBJECTIVE)
@@ -79,9 +81,11 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _servers(config: Path, folder: Path, model: Path) -> list[tuple[str, object]]:
+def _servers(
+    config: Path, folder: Path, model: Path, objective_ms: float | None
+) -> list[tuple[str, object]]:
     return [
-        ("strata", lambda: strata(config, folder)),
+        ("strata", lambda: strata(config, folder, objective_ms)),
         *((f"mlserver-{n}", lambda n=n: mlserver(folder, model, n)) for n in (1, 2)),
     ]
 
@@ -91,11 +95,12 @@ def _with(target: Target, requests: tuple[bytes, ...]) -> Target:
 
 
 @contextmanager
-def strata(config: Path, folder: Path) -> Iterator[Target]:
-    """The config's system serving the `images` pipeline."""
+def strata(config: Path, folder: Path, objective_ms: float | None) -> Iterator[Target]:
+    """The config's system serving the `images` pipeline, its latency objective
+    `objective_ms` where given."""
     work = folder / "strata"
     work.mkdir()
-    path = image_config(config, work)
+    path = image_config(config, work, objective_ms)
     (work / "run").mkdir()
     with running(path, work / "run") as (supervisor, _):
         pids = functools.partial(service_pids, supervisor)
@@ -190,6 +195,13 @@ def markdown(
         cells += [f"{c['p50_ms']:.1f} / {c['p99_ms']:.1f}", f"{c['images_per_second']:.1f}"]
         cells += ["-"] * (len(concurrencies) - 1) + [f"{c['cpu_ms']:.1f}", "0"]
         lines.append("| " + " | ".join(cells) + " |")
+    for title, points in by_server.items():
+        failures = Counter[str]()
+        for p in points:
+            failures.update(p.point.messages)
+        if failures:
+            message, count = failures.most_common(1)[0]
+            lines += ["", f"{title}: commonest failure ({count}): {message[:300]}"]
     lines += ["", *(f"Skipped {name}: {why}" for name, why in skipped.items())]
     return "\n".join(lines)
 
@@ -200,6 +212,12 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--quick", action="store_true", help="smoke run: c=1 and c=8, 2 s each")
     parser.add_argument("--photo-size", type=photo_size, default=(640, 480), help="WIDTHxHEIGHT")
     parser.add_argument("--out", type=Path, default=RESULTS, help="where results go")
+    parser.add_argument(
+        "--objective-ms",
+        type=float,
+        help="Strata's latency objective for the pipeline (default: the config's); a long one "
+        "keeps the ladder from shedding load where the machine's other work slows it",
+    )
     return parser
 
 
