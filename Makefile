@@ -92,9 +92,9 @@ bench-overload: $(STAMP_MODELS)
 	$(PY) -m bench.overload --config $(CONFIG)
 
 # Strata against MLServer, KServe and a bare v2 server on the digits, then against MLServer
-# and the in-process loop on the image workload (bench/peers; installs the peers' venvs under
-# build/peers/ once).
-bench-peers: $(STAMP_MODELS)
+# and the in-process loop on the image and text workloads (bench/peers; installs the peers'
+# venvs under build/peers/ once).
+bench-peers: $(STAMP_MODELS) $(STAMP_MODELS_TEXT)
 	$(PY) -m bench.peers --config $(CONFIG)
 	$(PY) -m bench.peers.images --config $(CONFIG)
 
