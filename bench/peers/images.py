@@ -2,8 +2,10 @@
 
 Two workloads, each served by Strata, by MLServer 1.7.1 with a custom runtime doing the same
 steps and model with its adaptive batching (16 rows, 5 ms), with 1 and with 2 parallel
-workers, and run by the in-process loop (bench/peers/inprocess.py: the steps and the model in
-one Python process with no server, then two such processes at once: the ceiling):
+workers, for images by KServe 0.21.0 as a transformer in front of a predictor
+(bench/peers/kserve_images.py), and run by the in-process loop (bench/peers/inprocess.py:
+the steps and the model in one Python process with no server, then two such processes at
+once: the ceiling):
 
 - images: the work of bench.image_chain, one 640x480 JPEG a request as v2 BYTES: decode ->
   resize (shorter side 256, bilinear) -> centre crop 224 -> normalise -> CHW (Pillow and
@@ -32,7 +34,7 @@ import sys
 import tempfile
 from collections import Counter
 from collections.abc import Callable, Iterator
-from contextlib import AbstractContextManager, contextmanager
+from contextlib import AbstractContextManager, ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -52,6 +54,7 @@ from bench.peers.servers import (
     Unavailable,
     await_ready,
     installed,
+    kserve_flags,
     loopback_address,
     port_of,
     server_process,
@@ -78,6 +81,7 @@ class Work:
     runtime: str  # the MLServer implementation
     parameters: dict[str, Any]  # its model-settings parameters
     loop: list[str]  # bench.peers.inprocess's arguments
+    kserve: str | None = None  # the KServe transformer + predictor script, where there is one
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -111,6 +115,7 @@ def images(args: argparse.Namespace, folder: Path) -> Work:
         runtime="mlserver_images.ImageModel",
         parameters={"uri": str(model)},
         loop=["images", "--model", str(model), "--photo-size", size],
+        kserve="kserve_images.py",
     )
 
 
@@ -153,6 +158,8 @@ def run(work: Work, pool: LoadPool, timing: Timing, folder: Path) -> str:
     rows, skipped = [], {}
     starts = {"strata": lambda: work.strata(folder / "strata")}
     starts |= {f"mlserver-{n}": functools.partial(mlserver, folder, work, n) for n in (1, 2)}
+    if work.kserve:
+        starts["kserve"] = functools.partial(kserve, folder, work)
     for name, start in starts.items():
         try:
             with start() as target:
@@ -215,6 +222,29 @@ def mlserver(folder: Path, work: Work, workers: int) -> Iterator[Target]:
         title = f"MLServer 1.7.1, {workers} worker{'s' * (workers > 1)} (batching 16 / 5 ms)"
         roots = {"mlserver": process.pid}
         yield Target(f"mlserver-{workers}", title, address, (), "", roots.copy)
+
+
+@contextmanager
+def kserve(folder: Path, work: Work) -> Iterator[Target]:
+    """KServe's model server as a transformer (the steps, softmax and top 5) in front of a
+    predictor (the model), over v2 gRPC: two processes."""
+    python = installed(venvs.KSERVE)
+    script = [str(python), str(HERE / str(work.kserve))]
+    predictor, front = loopback_address(), loopback_address()
+    env = {"KSERVE_LOGLEVEL": "WARNING", "PYTHONPATH": str(HERE)}
+    with ExitStack() as stack:
+        roots = {}
+        for role, address, extra in (
+            ("predictor", predictor, ["--model_path", work.parameters["uri"]]),
+            ("transformer", front, ["--predictor_host", predictor]),
+        ):
+            log = folder / f"kserve-{role}.log"
+            command = [*script, role, *extra, *kserve_flags(address)]
+            process = stack.enter_context(server_process(command, log, env))
+            await_ready(address, work.model, process, log)
+            roots[role] = process.pid
+        title = "KServe 0.21.0 (transformer + predictor)"
+        yield Target("kserve", title, front, (), "", roots.copy)
 
 
 def in_process(work: Work, processes: int, seconds: float) -> dict[str, float]:

@@ -222,7 +222,7 @@ def kserve(ctx: Context) -> Iterator[list[Target]]:
             ("predictor", predictor, ["--model_path", str(ctx.model_file)]),
             ("transformer", front, ["--predictor_host", predictor]),
         ):
-            command = [*script, role, *extra, *_kserve_flags(address)]
+            command = [*script, role, *extra, *kserve_flags(address)]
             log = ctx.folder / f"kserve-{role}.log"
             processes[role] = stack.enter_context(server_process(command, log, env))
             await_ready(address, "digits", processes[role], log)
@@ -232,7 +232,7 @@ def kserve(ctx: Context) -> Iterator[list[Target]]:
         yield [Target("kserve", title, front, requests, IMAGES, roots.copy)]
 
 
-def _kserve_flags(address: str) -> list[str]:
+def kserve_flags(address: str) -> list[str]:
     return [
         *("--grpc_port", str(port_of(address)), "--http_port", str(free_port())),
         *("--predictor_protocol", "grpc-v2", "--enable_latency_logging", "False"),
