@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import functools
 import json
+import signal
 import statistics
 import subprocess
 import sys
@@ -86,6 +87,7 @@ class Work:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # stop the servers on the way out
     timing = QUICK if args.quick else FULL
     args.out.mkdir(parents=True, exist_ok=True)
     with LoadPool(1) as pool:
