@@ -92,14 +92,16 @@ trace: $(STAMP_PROTO)
 bench: $(STAMP_MODELS) $(STAMP_MODELS_TEXT)
 	$(PY) -m bench --config $(CONFIG)
 
-# Strata against MLServer, KServe and a bare v2 server (bench/peers; installs the peers'
-# venvs under build/peers/ once).
 # Open-loop sweep from 0.1 to 4x capacity: goodput, admitted P99, refusals, health checks.
 bench-overload: $(STAMP_MODELS)
 	$(PY) -m bench.overload --config $(CONFIG)
 
-bench-peers: $(STAMP_MODELS)
+# Strata against MLServer, KServe and a bare v2 server on the digits, then against MLServer
+# and the in-process loop on the image and text workloads (bench/peers; installs the peers'
+# venvs under build/peers/ once).
+bench-peers: $(STAMP_MODELS) $(STAMP_MODELS_TEXT)
 	$(PY) -m bench.peers --config $(CONFIG)
+	$(PY) -m bench.peers.images --config $(CONFIG)
 
 # An hour of mixed load (steady gRPC, REST, connection churn, bad inputs) while every
 # service's RSS, descriptors and threads and the gateway's refusals are watched (bench/soak.py).

@@ -44,6 +44,8 @@ MAX_BATCH = 16
 CONCURRENCIES = (1, 16, 64)
 WARM_SECONDS = 2.0
 CLIENT = (("x-client-id", "strata-bench"),)
+PHOTO = (640, 480)
+Replicas = tuple[int, int] | None  # preprocess replicas and threads; None: the config's
 
 
 def vision_model(folder: Path) -> None:
@@ -71,10 +73,12 @@ def vision_model(folder: Path) -> None:
     (folder / "model.yaml").write_text(yaml.safe_dump(manifest))
 
 
-def image_config(config: Path, folder: Path, objective_ms: float | None = None) -> Path:
+def image_config(
+    config: Path, folder: Path, objective_ms: float | None = None, preprocess: Replicas = None
+) -> Path:
     """`config` with the `images` pipeline, over a repository that also holds the stand-in
     model (the demo models linked in); `objective_ms`: its latency objective, where not the
-    default."""
+    default; `preprocess`: (replicas, preprocess.threads), where not the config's."""
     base = bench_config(config, folder, "x" * 32)
     raw = yaml.safe_load(base.read_text())
     built = (base.parent / raw["repository"]).resolve()
@@ -109,22 +113,35 @@ def image_config(config: Path, folder: Path, objective_ms: float | None = None) 
     }
     if objective_ms is not None:
         raw["pipelines"][PIPELINE]["latency_objective_ms"] = objective_ms
+    if preprocess is not None:
+        raw["services"]["preprocess"]["replicas"], threads = preprocess
+        raw.setdefault("preprocess", {})["threads"] = threads
     config = folder / "images.yaml"
     config.write_text(yaml.safe_dump(raw))
     return config
 
 
-def measure(
-    config: Path, seconds: float, objective_ms: float | None = None, portraits: int = 0
-) -> str:
-    """The table; `portraits`: of every 10 requests, how many send the photo upright
-    (480x640), so that flights carry photos of both sizes."""
-    requests = tuple(
+def photo_requests(portraits: int = 0, size: tuple[int, int] = PHOTO) -> tuple[bytes, ...]:
+    """Ten v2 requests of one `size` (width, height) JPEG each, `portraits` of them upright."""
+    width, height = size
+    return tuple(
         codec.build_request(
-            PIPELINE, {"image": np.array([photo_jpeg(*size)], dtype=object)}
+            PIPELINE, {"image": np.array([photo_jpeg(*shape)], dtype=object)}
         ).SerializeToString()
-        for size in [(480, 640)] * portraits + [(640, 480)] * (10 - portraits)
+        for shape in [(height, width)] * portraits + [(width, height)] * (10 - portraits)
     )
+
+
+def measure(
+    config: Path,
+    seconds: float,
+    objective_ms: float | None = None,
+    portraits: int = 0,
+    size: tuple[int, int] = PHOTO,
+) -> str:
+    """The table; `portraits`: of every 10 requests, how many send the photo upright, so that
+    flights carry photos of both sizes; `size`: the photo's width and height."""
+    requests = photo_requests(portraits, size)
     lines = [
         "| in flight | images/s (full answers) | P50 ms | P99 ms "
         "| preprocess CPU ms per image | failed | degraded |",
@@ -178,7 +195,24 @@ def _cpu(processes: list[psutil.Process]) -> float:
     return sum(sum(p.cpu_times()[:2]) for p in processes)
 
 
-def main(argv: list[str] | None = None) -> int:
+def _counts(text: str) -> list[int]:
+    try:
+        counts = [int(part) for part in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: give counts such as 1,2") from None
+    if not counts or min(counts) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: every count must be 1 or more")
+    return counts
+
+
+def photo_size(text: str) -> tuple[int, int]:
+    width, _, height = text.partition("x")
+    if not (width.isdigit() and height.isdigit() and int(width) > 0 and int(height) > 0):
+        raise argparse.ArgumentTypeError(f"{text!r}: give WIDTHxHEIGHT, e.g. 1280x960")
+    return int(width), int(height)
+
+
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m bench.image_chain", description=__doc__)
     parser.add_argument("--config", type=Path, default=ROOT / "configs" / "default.yaml")
     parser.add_argument("--seconds", type=float, default=8.0, help="seconds a point")
@@ -195,14 +229,50 @@ def main(argv: list[str] | None = None) -> int:
         type=int,
         default=0,
         choices=range(11),
-        help="of every 10 requests, how many send an upright photo (480x640)",
+        help="of every 10 requests, how many send the photo upright",
     )
-    args = parser.parse_args(argv)
+    parser.add_argument(
+        "--photo-size", type=photo_size, default=PHOTO, help="the photo's WIDTHxHEIGHT (640x480)"
+    )
+    parser.add_argument(
+        "--replicas",
+        type=_counts,
+        help="compare counts of preprocess replicas instead (e.g. 1,2): the system started "
+        "for each, in alternating rounds, at --concurrency (bench/image_replicas.py)",
+    )
+    parser.add_argument(
+        "--threads",
+        type=_counts,
+        default=[1],
+        help="with --replicas: preprocess.threads to compare too (e.g. 1,4)",
+    )
+    parser.add_argument("--rounds", type=int, default=3, help="with --replicas: rounds")
+    parser.add_argument(
+        "--concurrency", type=int, default=16, help="with --replicas: requests in flight"
+    )
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
     seconds = 1.0 if args.quick else args.seconds
-    table = measure(args.config, seconds, args.objective_ms, args.portraits)
+    if args.replicas:
+        # Imported here: bench.image_replicas builds on this module's config and constants.
+        from bench.image_replicas import compare
+
+        variants = [(r, t) for r in args.replicas for t in args.threads]
+        requests = photo_requests(args.portraits, args.photo_size)
+        timing = (1 if args.quick else args.rounds, seconds, args.concurrency)
+        size = "x".join(map(str, args.photo_size))
+        title = f"Preprocess replicas, {size} JPEGs"
+        table = compare(args.config, variants, requests, timing, args.objective_ms)
+        name = "image_replicas.md"
+    else:
+        title, name = "An image pipeline through the chain", "image_chain.md"
+        table = measure(args.config, seconds, args.objective_ms, args.portraits, args.photo_size)
     print(table)
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "image_chain.md").write_text(f"# An image pipeline through the chain\n\n{table}\n")
+    (args.out / name).write_text(f"# {title}\n\n{table}\n")
     return 0
 
 

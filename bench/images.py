@@ -30,6 +30,7 @@ import yaml
 from PIL import Image
 
 from bench.deployment import bench_config
+from bench.peers.photo import MEAN, STD, reference
 from services.preprocess.pipeline import PreprocessPipeline
 from services.preprocess.steps import build_step_options
 from strata import codec
@@ -37,8 +38,6 @@ from strata.config import load_settings
 from strata.launch import ROOT, Supervisor
 from strata.proto.v1 import preprocess_pb2_grpc, tensor_pb2
 
-MEAN = (0.485, 0.456, 0.406)
-STD = (0.229, 0.224, 0.225)
 STEPS = [
     ("decode", {"input": "image", "mode": "RGB"}),
     ("resize", {"input": "image", "shorter": 256, "interpolation": "bilinear"}),
@@ -65,21 +64,6 @@ def photo_jpeg(width: int = 640, height: int = 480) -> bytes:
 def service_pipeline() -> PreprocessPipeline:
     steps = [(kind, build_step_options(kind, options, Path("."))) for kind, options in STEPS]
     return PreprocessPipeline(name="images", steps=steps)
-
-
-def reference(data: bytes) -> np.ndarray:
-    """Pillow and numpy: what torchvision's Resize, CenterCrop, ToTensor, Normalize do."""
-    image = Image.open(io.BytesIO(data)).convert("RGB")
-    width, height = image.size
-    short, long = (height, width) if height <= width else (width, height)
-    new_long = int(256 * long / short)
-    size = (new_long, 256) if height <= width else (256, new_long)
-    image = image.resize(size, Image.Resampling.BILINEAR)
-    left, top = round((size[0] - 224) / 2.0), round((size[1] - 224) / 2.0)
-    image = image.crop((left, top, left + 224, top + 224))
-    pixels = np.asarray(image, dtype=np.float32) / 255
-    normalised = (pixels - np.array(MEAN, np.float32)) / np.array(STD, np.float32)
-    return np.ascontiguousarray(normalised.transpose(2, 0, 1))
 
 
 def torchvision_reference() -> Callable[[bytes], np.ndarray] | None:

@@ -148,11 +148,11 @@ def strata(ctx: Context) -> Iterator[list[Target]]:
 @contextmanager
 def bare(ctx: Context) -> Iterator[list[Target]]:
     """bench/bare.py in the project's venv: one process, no batching."""
-    address = _address()
+    address = loopback_address()
     command = [sys.executable, "-m", "bench.bare", "--model", str(ctx.model_file)]
     command += ["--name", ctx.workload.model, "--listen", address]
-    with _process(command, ctx.folder / "bare.log") as process:
-        _await_ready(address, ctx.workload.model, process, ctx.folder / "bare.log")
+    with server_process(command, ctx.folder / "bare.log") as process:
+        await_ready(address, ctx.workload.model, process, ctx.folder / "bare.log")
         requests, roots = model_requests(ctx.workload), {"bare": process.pid}
         title = "bare grpc.aio + ONNX Runtime"
         yield [Target("bare", title, address, requests, PIXELS, roots.copy)]
@@ -161,14 +161,14 @@ def bare(ctx: Context) -> Iterator[list[Target]]:
 @contextmanager
 def mlserver(ctx: Context) -> Iterator[list[Target]]:
     """MLServer with the custom ONNX runtime and adaptive batching (32 rows, 5 ms)."""
-    python = _installed(venvs.MLSERVER)
-    address, http, folder = _address(), _address(), ctx.folder / "mlserver"
-    _mlserver_settings(folder, ctx, _port(address), _port(http))
+    python = installed(venvs.MLSERVER)
+    address, http, folder = loopback_address(), loopback_address(), ctx.folder / "mlserver"
+    _mlserver_settings(folder, ctx, port_of(address), port_of(http))
     log = ctx.folder / "mlserver.log"
     env = {"PYTHONPATH": str(HERE)}
     command = [str(python.parent / "mlserver"), "start", str(folder)]  # its console script
-    with _process(command, log, env) as process:
-        _await_ready(address, ctx.workload.model, process, log)
+    with server_process(command, log, env) as process:
+        await_ready(address, ctx.workload.model, process, log)
         batching = "(adaptive batching 32 / 5 ms)"
         roots = {"mlserver": process.pid}
         requests = model_requests(ctx.workload)
@@ -212,9 +212,9 @@ def _mlserver_settings(folder: Path, ctx: Context, grpc_port: int, http_port: in
 @contextmanager
 def kserve(ctx: Context) -> Iterator[list[Target]]:
     """KServe's model server as a transformer in front of a predictor, over v2 gRPC."""
-    python = _installed(venvs.KSERVE)
+    python = installed(venvs.KSERVE)
     script = [str(python), str(HERE / "kserve_digits.py")]
-    predictor, front = _address(), _address()
+    predictor, front = loopback_address(), loopback_address()
     env = {"KSERVE_LOGLEVEL": "WARNING"}  # no log line per request, as Strata's WARNING
     with ExitStack() as stack:
         processes = {}
@@ -222,19 +222,19 @@ def kserve(ctx: Context) -> Iterator[list[Target]]:
             ("predictor", predictor, ["--model_path", str(ctx.model_file)]),
             ("transformer", front, ["--predictor_host", predictor]),
         ):
-            command = [*script, role, *extra, *_kserve_flags(address)]
+            command = [*script, role, *extra, *kserve_flags(address)]
             log = ctx.folder / f"kserve-{role}.log"
-            processes[role] = stack.enter_context(_process(command, log, env))
-            _await_ready(address, "digits", processes[role], log)
+            processes[role] = stack.enter_context(server_process(command, log, env))
+            await_ready(address, "digits", processes[role], log)
         roots = {role: p.pid for role, p in processes.items()}
         title = "KServe 0.21.0 (transformer + predictor)"
         requests = pipeline_requests(ctx.workload)
         yield [Target("kserve", title, front, requests, IMAGES, roots.copy)]
 
 
-def _kserve_flags(address: str) -> list[str]:
+def kserve_flags(address: str) -> list[str]:
     return [
-        *("--grpc_port", str(_port(address)), "--http_port", str(free_port())),
+        *("--grpc_port", str(port_of(address)), "--http_port", str(free_port())),
         *("--predictor_protocol", "grpc-v2", "--enable_latency_logging", "False"),
     ]
 
@@ -265,23 +265,23 @@ def _rewrite(
     return tuple(out)
 
 
-def _installed(env: venvs.Environment) -> Path:
+def installed(env: venvs.Environment) -> Path:
     try:
         return venvs.ensure(env)
     except venvs.InstallFailed as exc:
         raise Unavailable(str(exc)) from exc
 
 
-def _address() -> str:
+def loopback_address() -> str:
     return f"127.0.0.1:{free_port()}"
 
 
-def _port(address: str) -> int:
+def port_of(address: str) -> int:
     return int(address.rsplit(":", 1)[1])
 
 
 @contextmanager
-def _process(
+def server_process(
     command: list[str], log: Path, env: dict[str, str] | None = None
 ) -> Iterator[subprocess.Popen]:
     """`command` in a session of its own (so its workers stop with it), output to `log`."""
@@ -312,7 +312,7 @@ def _stop(process: subprocess.Popen) -> None:
             continue
 
 
-def _await_ready(address: str, model: str, process: subprocess.Popen, log: Path) -> None:
+def await_ready(address: str, model: str, process: subprocess.Popen, log: Path) -> None:
     """Until the server says `model` is ready; Unavailable if it exits or takes too long."""
     end = time.monotonic() + START_SECONDS
     with grpc.insecure_channel(address) as channel:

@@ -56,7 +56,7 @@ class Environment:
         return self.stamp.is_file() and self.stamp.read_text().strip() == self.fingerprint()
 
 
-MLSERVER = Environment("mlserver", ("mlserver", "onnxruntime"))
+MLSERVER = Environment("mlserver", ("mlserver", "onnxruntime", "pillow", "tokenizers"))
 KSERVE = Environment("kserve", ("kserve", "onnxruntime"))
 
 

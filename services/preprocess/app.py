@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
+
 from services.preprocess.metrics import StepTimings
 from services.preprocess.pipeline import PreprocessPipelines, Versions, build_pipeline
 from services.preprocess.servicer import PreprocessServicer
+from services.preprocess.threads import step_pool
 from services.preprocess.versions import VersionedPipeline
 from strata import limits
 from strata.cli import Service
@@ -31,8 +34,10 @@ def build_pipelines(settings: Settings, timings: StepTimings) -> PreprocessPipel
 async def build(settings: Settings) -> Service:
     limits.install(settings.limits.plain())
     timings = StepTimings()
+    steps = step_pool(settings.preprocess.threads)  # before any step starts a native pool
     servicer = PreprocessServicer(
         build_pipelines(settings, timings),
+        steps,
         settings.preprocess.inline_max_bytes,
         settings.server.max_stream_in_flight,
     )
@@ -40,4 +45,5 @@ async def build(settings: Settings) -> Service:
     return Service(
         registrations=[(servicer, preprocess_pb2_grpc.add_PreprocessServicer_to_server, name)],
         endpoint=settings.services.preprocess,
+        on_stop=lambda: asyncio.to_thread(steps.shutdown),
     )

@@ -1,9 +1,10 @@
 """strata.v1.Preprocess: decode, run each request's (or flight's) pipeline, encode.
 
-A call with more than `preprocess.inline_max_bytes` of tensors runs on a worker thread, one
-hand-off per call: decoding a large image or tokenising a long batch must not hold up the
-event loop, and with it every other call and the health checks. A smaller call runs on the
-loop, since the hand-off would cost more than its steps. A flight's steps run once over its
+A call with more than `preprocess.inline_max_bytes` of tensors runs on one of the replica's
+`preprocess.threads` step threads, one hand-off per call: decoding a large image or
+tokenising a long batch must not hold up the event loop, and with it every other call and the
+health checks. A smaller call runs on the loop, since the hand-off would cost more than its
+steps. A flight's steps run once over its
 stacked rows (strata.v1process has the mechanism). The request's `model_version` parameter
 (the version its arm calls) picks the pipeline's build for pipelines fed per version.
 """
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Mapping
+from concurrent.futures import Executor
 
 from services.preprocess.pipeline import PreprocessPipelines
 from services.preprocess.versions import MODEL_VERSION
@@ -27,18 +29,21 @@ class PreprocessServicer(ProcessService, preprocess_pb2_grpc.PreprocessServicer)
     def __init__(
         self,
         pipelines: PreprocessPipelines,
+        steps: Executor | None = None,
         inline_max_bytes: int = 0,
         max_stream_in_flight: int = DEFAULT_MAX_IN_FLIGHT,
     ) -> None:
         super().__init__(max_stream_in_flight)
         self._pipelines = pipelines
+        self._steps = steps  # None: asyncio's default pool
         self._inline_max_bytes = inline_max_bytes
 
     async def _process(self, request: tensor_pb2.ProcessRequest) -> tensor_pb2.ProcessResponse:
         size = sum(len(t.data) for item in request.requests for t in item.tensors)
         if size <= self._inline_max_bytes:
             return process_all(request, self._run)
-        return await asyncio.to_thread(process_all, request, self._run)
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._steps, process_all, request, self._run)
 
     def _run(
         self, pipeline: str, tensors: Arrays, parameters: Mapping[str, str]

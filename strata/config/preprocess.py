@@ -74,6 +74,15 @@ class PreprocessSettings(Strict):
         "event loop (a thread hand-off costs more than the steps of a small input); larger "
         "calls, e.g. big images or long texts, run on a worker thread so the loop stays free.",
     )
+    threads: int = Field(
+        default=1,
+        ge=1,
+        description="Calls whose steps run at once in one replica (the worker threads of calls "
+        "over inline_max_bytes), and the threads the steps' native libraries may use (the "
+        "tokenizer's pool, OpenBLAS/OpenMP). 1: a replica works on one core, so replicas scale "
+        "as processes (docs/preprocess-postprocess.md#replicas); more lets one replica use "
+        "more cores, contending with the other replicas on the same ones.",
+    )
     version_check_seconds: float = Field(
         default=1.0,
         ge=0,

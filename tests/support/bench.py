@@ -9,10 +9,11 @@ from pathlib import Path
 from tests.support.system import DEFAULT_CONFIG, ROOT
 
 
-def run_quick(module: str, out: Path, timeout: float = 180) -> str:
-    """`python -m <module> --config <default> --quick --out <out>`: its standard output; the
-    test fails with the end of its output if it does."""
+def run_quick(module: str, out: Path, timeout: float = 180, *options: str) -> str:
+    """`python -m <module> --config <default> --quick --out <out> [options]`: its standard
+    output; the test fails with the end of its output if it does."""
     command = ["-m", module, "--config", str(DEFAULT_CONFIG), "--quick", "--out", str(out)]
+    command += options
     done = subprocess.run(
         [sys.executable, *command],
         cwd=ROOT,
