@@ -8,24 +8,17 @@ file is the settings' `parameters.uri`. Its adaptive batcher hands `predict` who
 from __future__ import annotations
 
 import numpy as np
-import onnxruntime
 from mlserver import MLModel
 from mlserver.codecs import NumpyCodec
 from mlserver.types import InferenceRequest, InferenceResponse
-from mlserver.utils import get_model_uri
+from one_session import one_thread_session
 
 
 class OnnxModel(MLModel):
     """One CPU session with one thread, as one Strata inference worker has."""
 
     async def load(self) -> bool:
-        options = onnxruntime.SessionOptions()
-        options.intra_op_num_threads = 1
-        options.inter_op_num_threads = 1
-        path = await get_model_uri(self._settings)
-        self._session = onnxruntime.InferenceSession(
-            path, options, providers=["CPUExecutionProvider"]
-        )
+        self._session = await one_thread_session(self._settings)
         self._inputs = {i.name for i in self._session.get_inputs()}
         self._outputs = [o.name for o in self._session.get_outputs()]
         return True

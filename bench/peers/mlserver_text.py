@@ -9,11 +9,10 @@ batch ([N] BYTES) are tokenised together and run in one session call, answered a
 
 from __future__ import annotations
 
-import onnxruntime
 from mlserver import MLModel
 from mlserver.codecs import NumpyCodec
 from mlserver.types import InferenceRequest, InferenceResponse
-from mlserver.utils import get_model_uri
+from one_session import one_thread_session
 from sentences import features, tokenizer
 
 
@@ -21,13 +20,7 @@ class TextModel(MLModel):
     """One CPU session with one thread, as one Strata inference worker has."""
 
     async def load(self) -> bool:
-        options = onnxruntime.SessionOptions()
-        options.intra_op_num_threads = 1
-        options.inter_op_num_threads = 1
-        path = await get_model_uri(self._settings)
-        self._session = onnxruntime.InferenceSession(
-            path, options, providers=["CPUExecutionProvider"]
-        )
+        self._session = await one_thread_session(self._settings)
         self._tokenizer = tokenizer(self._settings.parameters.extra["tokenizer"])
         return True
 
