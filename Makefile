@@ -57,7 +57,8 @@ run: $(STAMP_MODELS)
 # processes they start, so more workers than cores pay.
 TEST_WORKERS ?= 4
 test: $(STAMP_MODELS) $(STAMP_MODELS_TEXT) $(COMPOSE_SCHEMA) lint
-	$(PY) -m pytest -n $(TEST_WORKERS)
+	$(PY) -m pytest -n $(TEST_WORKERS) -m "not timing"
+	$(PY) -m pytest -m timing
 
 # The fast tests alone: no demo models, no PyTorch, no processes started (tests/unit, not slow).
 # One process: a worker's collection alone costs what these tests do, so workers cost time.

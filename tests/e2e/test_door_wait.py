@@ -12,6 +12,9 @@ from strata.proto.inference import grpc_service_pb2_grpc as v2_grpc
 from strata.proto.v1 import admin_pb2, admin_pb2_grpc
 from tests.support.system import running_system
 
+# The wait it reads is the machine's: run alone.
+pytestmark = pytest.mark.timing
+
 TOKEN = "door-wait-admin-token-of-at-least-32-chars"
 AUTH = (("authorization", f"Bearer {TOKEN}"),)
 SIGNAL = "door_wait:digits"

@@ -135,6 +135,7 @@ def assert_routed_around(seen: Hang) -> None:
     assert seen.load.tally.worst() < 1.0
 
 
+@pytest.mark.timing
 def test_a_hung_arm_is_routed_around_and_keeps_most_of_the_answer_rate(tmp_path: Path) -> None:
     changes = {**CHANGES, "pipelines": {"digits": {"model": {"name": "digits", "routes": [
         {"arm": "control", "deployment": "a", "version": "1", "weight": 50},
@@ -153,6 +154,7 @@ def test_a_hung_arm_is_routed_around_and_keeps_most_of_the_answer_rate(tmp_path:
     assert tail and {o.arm for o in tail if not o.cached} == {"control"}, "traffic moved"
 
 
+@pytest.mark.timing
 def test_a_hung_preprocess_replica_is_ejected_and_costs_no_request(tmp_path: Path) -> None:
     with running_system(tmp_path, CHANGES) as system:
         seen = hang(system, "preprocess-0")

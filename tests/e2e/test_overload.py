@@ -129,6 +129,7 @@ def admin_system(tmp_path: Path):
         yield system
 
 
+@pytest.mark.timing
 def test_the_ladder_climbs_on_queueing_delay_says_why_and_comes_back_down(admin_system) -> None:
     address = admin_system.address("gateway")
     admin = admin_pb2_grpc.AdminStub(grpc.insecure_channel(address))

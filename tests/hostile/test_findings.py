@@ -33,6 +33,9 @@ from tests.support.hostile import (
 from tests.support.ports import INPUTS, good_item, kind, named, ports, stub_for, watched
 from tests.support.results import raise_for_result
 
+# Every attack is judged by how late an honest request meanwhile is: run alone.
+pytestmark = pytest.mark.timing
+
 READS = {
     "gateway": ["ModelInfer", "ModelReady", "ModelMetadata", "ModelConfig"],
     "inference": ["ModelInfer", "ModelReady", "ModelMetadata", "ModelConfig", "ModelStatistics"],

@@ -31,6 +31,9 @@ from tests.support.ports import INPUTS, assert_serving, kind, ports, stub_for
 from tests.support.results import raise_for_result
 from tests.support.system import ROOT
 
+# Every attack is judged by how late an honest request meanwhile is: run alone.
+pytestmark = pytest.mark.timing
+
 CLIENT_ID = (("x-client-id", "hostile-flights"),)  # one client: one A/B arm, one flight key
 
 

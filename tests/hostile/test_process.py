@@ -15,6 +15,9 @@ from strata.proto.v1 import tensor_pb2 as v1
 from tests.support.hostile import S, answer, item_outcomes, process_requests, share
 from tests.support.ports import good_item, kind, ports, stub_for, watched
 
+# Every attack is judged by how late an honest request meanwhile is: run alone.
+pytestmark = pytest.mark.timing
+
 TENSORS = {
     "preprocess": ["images", "features", "text"],
     "postprocess": ["logits", "probabilities"],

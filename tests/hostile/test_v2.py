@@ -27,6 +27,9 @@ from tests.support.hostile import (
 )
 from tests.support.ports import kind, named, ports, watched
 
+# Every attack is judged by how late an honest request meanwhile is: run alone.
+pytestmark = pytest.mark.timing
+
 V2_PORTS = ports("gateway", "inference")
 MODELS = {
     "gateway": (["digits", "tabular", "nope", ""], ["images", "features", "text"]),

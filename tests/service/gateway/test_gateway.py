@@ -281,6 +281,7 @@ def test_concurrent_requests_share_flights_and_each_gets_its_own_answer(
         assert together[i].raw_output_contents == answer.raw_output_contents
 
 
+@pytest.mark.timing
 def test_slow_inference_drives_the_ladder_up_and_back_down(world, gateway, admin) -> None:
     assert set_objective(world, admin, 150) == ["pipelines.digits.latency_objective_ms"]
     for proxy in world.proxies.values():
