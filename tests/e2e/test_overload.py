@@ -81,6 +81,7 @@ def test_beyond_its_concurrency_limit_the_gateway_refuses_at_once_with_a_hint(
     assert refusal < float(np.median(served)), "a refusal costs less than an answer"
 
 
+@pytest.mark.timing
 def test_requests_beyond_the_limit_wait_for_a_place_instead_of_being_refused(
     tmp_path: Path,
 ) -> None:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import itertools
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -21,26 +23,38 @@ DEFAULT_CONFIG = ROOT / "configs" / "default.yaml"
 CLIENTS = ROOT / "tests" / "e2e" / "clients"
 
 
+# Ports are drawn below the kernel's ephemeral range (32768 and up by default), so no client
+# connection's local port can take one between its choice and the service's bind, and each
+# pytest-xdist worker draws from its own slice, so two workers never choose the same one.
+_SLICE = 2000
+_FIRST = 12000 + _SLICE * int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw"))
+_next_port = itertools.count(_FIRST)
+
+
 def free_port(count: int = 1) -> int:
-    """The first of `count` consecutive loopback ports that are free now."""
+    """The first of `count` consecutive loopback ports that are free now, from this worker's
+    slice (wrapping round within it)."""
     while True:
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            base = probe.getsockname()[1]
-        if base + count > 65535:
-            continue
-        sockets = []
-        try:
-            for port in range(base, base + count):
-                sock = socket.socket()
-                sockets.append(sock)
-                sock.bind(("127.0.0.1", port))
+        base = _FIRST + (next(_next_port) - _FIRST) % (_SLICE - count)
+        if _bindable(range(base, base + count)):
+            for _ in range(count - 1):  # the rest of the block is taken too
+                next(_next_port)
             return base
-        except OSError:
-            continue
-        finally:
-            for sock in sockets:
-                sock.close()
+
+
+def _bindable(ports: range) -> bool:
+    sockets = []
+    try:
+        for port in ports:
+            sock = socket.socket()
+            sockets.append(sock)
+            sock.bind(("127.0.0.1", port))
+        return True
+    except OSError:
+        return False
+    finally:
+        for sock in sockets:
+            sock.close()
 
 
 def endpoint(replicas: int = 1) -> dict[str, Any]:
