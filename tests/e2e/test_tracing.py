@@ -232,6 +232,7 @@ def test_the_log_of_a_failing_request_carries_its_trace_id(traced) -> None:
     assert ours and ours[0]["error_kind"] == "client" and "rank" in ours[0]["msg"]
 
 
+@pytest.mark.timing
 def test_a_rest_request_joins_the_trace_of_its_traceparent_header(traced) -> None:
     system, receiver = traced
     trace_id, parent = secrets.token_hex(16), secrets.token_hex(8)
