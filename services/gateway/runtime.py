@@ -77,7 +77,7 @@ class Runtime:
         gateway = settings.gateway
         # The admission policies, asked in this order at their checkpoints (door/policy.py).
         policies = [
-            RateLimit(settings),
+            RateLimit(settings, self.limits.refusals),
             ForcedArm(self.routers, KeyRing(gateway.api_keys), gateway.rate_limits.api_key_header),
             ChainLimit(self.limits, self.ladder),
         ]
