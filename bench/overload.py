@@ -1,7 +1,9 @@
 """Overload: `python -m bench.overload --config configs/default.yaml [--quick] [--against K=V]`.
 
 What a user past capacity sees. The system from the config on free ports, the ladder free; the
-first pipeline with a demo data set, 1 s client deadline. Capacity is the best rate of full
+first pipeline with a demo data set. Every call carries the same deadline (`--deadline`, 1 s),
+in the capacity search and the open loop alike, so that the sweep measures the server and no
+change of deadline between its phases. Capacity is the best rate of full
 answers (within the objective or not) over closed loops of 16, 64 and 256 in flight from 8
 connections; then an open loop (no coordinated omission) at 0.8, 1, 1.5, 2 and 4x that rate,
 from one connection (one load worker) and from 8 (two workers, four each), each step once the
@@ -353,7 +355,15 @@ def main(argv: list[str] | None = None) -> int:
     wanted: list[tuple[str, dict | None]] = [("as configured", None)]
     if args.against:
         wanted.insert(0, (f"with {', '.join(args.against)}", overrides(args.against, settings)))
-    plan = Plan(target="", method=INFER, requests=w.pipeline_requests, metadata=CLIENT, timeout=1.0)
+    plan = Plan(
+        target="",
+        method=INFER,
+        requests=w.pipeline_requests,
+        metadata=CLIENT,
+        timeout=args.deadline,
+    )
+    deadline = f"every call's deadline: {args.deadline:g} s, capacity search and open loop alike"
+    print(deadline, flush=True)
     with pools(CONNECTIONS) as made, ExitStack() as stack:
         systems = [stack.enter_context(started(n, args.config, g, plan)) for n, g in wanted]
         widest = made[max(made)]
@@ -369,7 +379,7 @@ def main(argv: list[str] | None = None) -> int:
     print(table)
     print("; ".join(crashed) if crashed else "every process stayed up")
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "overload.md").write_text(f"# Overload sweep ({name})\n\n{table}\n")
+    (args.out / "overload.md").write_text(f"# Overload sweep ({name})\n\n{deadline}.\n\n{table}\n")
     return 1 if crashed else 0
 
 
@@ -379,6 +389,12 @@ def arguments(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--quick", action="store_true", help="a smoke run, about a minute")
     parser.add_argument("--out", type=Path, default=RESULTS, help="where results go")
     parser.add_argument("--seconds", type=float, default=6.0, help="each step's length")
+    parser.add_argument(
+        "--deadline",
+        type=float,
+        default=1.0,
+        help="every call's deadline in seconds, in the capacity search and the open loop",
+    )
     parser.add_argument(
         "--against",
         action="append",

@@ -43,6 +43,9 @@ class Service:
     public: bool = False
     # Servers beside the gRPC one, in the same loop (the gateway's REST API).
     companions: list[Companion] = field(default_factory=list)
+    # A Unix socket the server also listens on, for the service's own calls only (the
+    # gateway's door probe): insecure, so it must be one no one else can open.
+    private: str | None = None
 
 
 Builder = Callable[[Settings], Awaitable[Service]]
@@ -129,6 +132,7 @@ async def _main(name: str, build: Builder, settings: Settings, listen: str | Non
         service.on_start,
         identity=name,
         companions=service.companions,
+        private=service.private,
     )
 
 

@@ -113,6 +113,7 @@ async def start_server(
     public: bool = False,
     identity: str | None = None,
     serving: bool = True,
+    private: str | None = None,
 ) -> Running:
     """Bind and start a server with health (and reflection, unless off), and mark it SERVING
     (or, not `serving`, NOT_SERVING until its caller says otherwise).
@@ -120,6 +121,8 @@ async def start_server(
     With TLS on, the server presents the certificate of `identity` (the layer's name): a public
     server (the gateway) its public one; any other requires callers to present one signed by
     the deployment's CA, and admits to its services only those `tls.allowed_clients` lists.
+    `private`, a Unix socket only the process's own user can open, is bound as well, without
+    TLS: its calls queue with the others (the gateway's door probe).
     """
     tls = tls or TlsSettings()
     if tls.enabled and not identity:
@@ -146,6 +149,8 @@ async def start_server(
             server,
         )
     port = _bind(server, listen, "listen", server_credentials(tls, identity, public))
+    if private is not None and server.add_insecure_port(private) == 0:
+        raise AddressUnusable(private, "private")
     await server.start()
     try:
         probe = await _probe(health, tls, settings)
@@ -235,12 +240,20 @@ async def serve(
     on_start: Callable[[Running], Awaitable[None]] | None = None,
     identity: str | None = None,
     companions: Sequence[Companion] = (),
+    private: str | None = None,
 ) -> None:
     """Run a gRPC server on `listen` (and its companions) until SIGTERM or SIGINT, then
     drain them all at once and return."""
     # A worker says SERVING once all its siblings listen too (strata.workers).
     running = await start_server(
-        registrations, listen, settings, tls, public, identity, serving=not sharing()
+        registrations,
+        listen,
+        settings,
+        tls,
+        public,
+        identity,
+        serving=not sharing(),
+        private=private,
     )
     try:
         for companion in companions:

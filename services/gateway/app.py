@@ -127,6 +127,7 @@ async def build(settings: Settings) -> Service:
         on_stop=runtime.close,
         public=True,
         companions=companions,
+        private=runtime.door_probe.address,
     )
 
 

@@ -23,6 +23,7 @@ from services.gateway.door.concurrency import AdaptiveLimits, ChainLimit, object
 from services.gateway.door.forced_arm import ForcedArm
 from services.gateway.door.identity import Identity
 from services.gateway.door.ladder import LEVELS, LadderController
+from services.gateway.door.probe import DoorProbe
 from services.gateway.door.rate_limits import RateLimit
 from services.gateway.flow.cache import ResultCache
 from services.gateway.flow.model_stages import stage_routers
@@ -59,6 +60,8 @@ class Runtime:
         self.ladder = LadderController(
             settings.gateway.ladder, objectives(settings), _on_level_change
         )
+        ladder = self.ladder
+        self.door_probe = DoorProbe(ladder.signals, lambda: ladder.settings.tick_seconds)
         self.cache = ResultCache(settings.gateway.cache)
         self.limits = AdaptiveLimits(settings.gateway.concurrency, objectives(settings))
         self.routers = {
@@ -74,7 +77,7 @@ class Runtime:
         gateway = settings.gateway
         # The admission policies, asked in this order at their checkpoints (door/policy.py).
         policies = [
-            RateLimit(settings),
+            RateLimit(settings, self.limits.refusals),
             ForcedArm(self.routers, KeyRing(gateway.api_keys), gateway.rate_limits.api_key_header),
             ChainLimit(self.limits, self.ladder),
         ]
@@ -121,9 +124,11 @@ class Runtime:
             ) from None
 
     def start(self) -> None:
-        """Start deciding the degradation level once per tick; in one of several gateway
-        processes, re-read the config file on SIGHUP (strata.workers)."""
+        """Start deciding the degradation level once per tick, and probing the door for it;
+        in one of several gateway processes, re-read the config file on SIGHUP
+        (strata.workers)."""
         self._ticker = asyncio.create_task(self._tick_forever())
+        self.door_probe.start()
         if sharing():
             asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, self._reread)
 
@@ -147,6 +152,7 @@ class Runtime:
             self._ticker.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._ticker
+        await self.door_probe.close()
         await self.orchestrator.close()
         await self.shadow.close()
         await self.upstreams.close()

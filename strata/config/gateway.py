@@ -107,22 +107,16 @@ class Ladder(Strict):
     door_wait_share: float = Field(
         default=1.0,
         ge=0,
-        description="Share of a pipeline's latency objective its calls may spend (P95) waiting "
-        "before the door, in gRPC's queue before any handler runs, before pressure is 1; "
-        "judged from each client's deadline already spent on arrival. 0 turns the signal off.",
+        description="Share of a pipeline's latency objective calls may spend waiting before the "
+        "door, in gRPC's queue before any handler runs, before pressure is 1; measured by the "
+        "gateway's own probe through the door each tick (the median of the window's probes). "
+        "0 turns the signal off.",
     )
     door_window_seconds: float = Field(
         default=1.0,
         gt=0,
         description="Look-back window of the wait before the door (at most `window_seconds`): "
         "short, as that wait ends soon after answers get cheaper.",
-    )
-    deadline_memory_seconds: float = Field(
-        default=60.0,
-        gt=0,
-        description="How long the most time a client's calls had left on arrival stays its "
-        "reference for the wait before the door, unless matched again; a wait that lasts "
-        "longer reads as none.",
     )
     window_seconds: float = Field(default=5.0, gt=0, description="Signals' look-back window.")
     tick_seconds: float = Field(default=0.25, gt=0, description="How often levels are decided.")

@@ -293,11 +293,7 @@ class Pipelines:
         """An inference the door admitted on arrival, from its pipeline to its outputs."""
         runtime, client, forced = self._runtime, entry.client, entry.forced_arm
         pipeline = self.pipeline(request.model_name, request.model_version)
-        # Only a gRPC call's deadline dates from its arrival (REST's header is read here), and
-        # a stream's messages share the stream's.
-        caller = entry.caller
-        if caller.protocol == "grpc" and not streamed:
-            runtime.ladder.signals.arrived(request.model_name, client, caller.time_remaining)
+        runtime.ladder.signals.arrived(request.model_name)
         if pipeline.decoupled is not None and not streamed:
             raise decoupled.unary_refused(request.model_name)
         wanted = codec.requested_outputs(request, [spec.name for spec in pipeline.outputs])

@@ -6,11 +6,11 @@ RESOURCE_EXHAUSTED. Each signal is read against its threshold, its pressure 1 at
 threshold: each pipeline's queueing delay (from a request's arrival to its flight leaving,
 plus the event loop's lag: work queued before any handler starts) against a share of its
 latency objective; each pipeline's P95 latency against its objective; the upstream error
-share; the share of upstream queue rejections; the event loop's lag alone; and each pipeline's
-wait before the door, as its clients see it: how much more of a client's deadline was already
-spent when its call reached a handler than the least it has lately spent (calls wait unseen in
-gRPC's own queue before any handler runs; a deadline, set when the call arrived, keeps the
-time), counted from the calls that came after the level last moved. The level steps up
+share; the share of upstream queue rejections; the event loop's lag alone; and the wait
+before the door, for each pipeline that has calls: how long the gateway's own probe, a health
+check through the public server's door, took to be answered (calls wait unseen in gRPC's own
+queue before any handler runs; services/gateway/door/probe.py), counted from the probes
+answered after the level last moved. The level steps up
 after `up_after` ticks at pressure >= 1 and down after `down_after` ticks below `down_below`.
 A step is taken only where it helps: level 3 gives up full answers, so it is entered only
 when the full pipeline cannot meet its objective (latency, or the wait before the door, which
@@ -37,7 +37,6 @@ LEVELS = ("normal", "core_rules_only", "skip_batching", "cache_or_default", "she
 MIN_SAMPLES = 5
 # Signals for which giving up full answers (level 3 and beyond) can help.
 FULL_ANSWERS_FAIL = ("latency:", "door_wait:", "errors")
-MOST_CLIENTS = 4096  # deadline references kept; the least recently seen go first
 
 
 @dataclass(frozen=True)
@@ -70,65 +69,33 @@ class Slot:
     rejected: int = 0  # a full queue upstream
     answered: dict[str, list[float] | np.ndarray] = field(default_factory=dict)  # seconds
     waited: dict[str, list[float] | np.ndarray] = field(default_factory=dict)
-    before_door: dict[str, list[float] | np.ndarray] = field(default_factory=dict)
+    arrivals: dict[str, int] = field(default_factory=dict)  # calls reaching a handler
+    door_probes: list[float] = field(default_factory=list)  # seconds each probe took
 
     def seal(self) -> None:
         """Its lists as arrays, once the slot is over: a window joins them many times."""
-        for kept in (self.answered, self.waited, self.before_door):
+        for kept in (self.answered, self.waited):
             for pipeline, values in kept.items():
                 kept[pipeline] = np.asarray(values)
-
-
-class Deadlines:
-    """Each client's reference: the most time its calls lately had left on reaching a handler.
-
-    gRPC sets a call's deadline when the call arrives, from the client's grpc-timeout, but
-    does not say what the timeout was; a client's calls usually carry the same one, so the
-    most any of them had left is what one had that did not wait, and another's shortfall from
-    it is how long that one waited before a handler ran. A reference not matched (to within
-    `MATCHED` seconds) for `memory` seconds gives way to the next call's time left, so that a
-    client that shortens its deadlines is believed again; a wait longer than that memory reads
-    as none.
-    """
-
-    MATCHED = 0.002
-
-    def __init__(self, memory: float, clock: Callable[[], float] = time.monotonic) -> None:
-        self.memory = memory
-        self._clock = clock
-        self._longest: dict[str, tuple[float, float]] = {}  # client: (seconds left, when)
-
-    def waited(self, client: str, remaining: float) -> float:
-        """How long `client`'s call, with `remaining` seconds left, waited before a handler."""
-        now = self._clock()
-        longest, seen = self._longest.pop(client, (remaining, now))
-        if now - seen > self.memory:
-            longest = remaining
-        if remaining >= longest - self.MATCHED:
-            longest, seen = max(longest, remaining), now
-        self._longest[client] = (longest, seen)  # last, as the most recently seen
-        if len(self._longest) > MOST_CLIENTS:
-            del self._longest[next(iter(self._longest))]
-        return max(0.0, longest - remaining)
 
 
 class Signals:
     """What the ladder watches: outcomes, queueing delays, waits before the door and the
     event loop's lag."""
 
-    def __init__(self, clock: Callable[[], float] = time.monotonic, memory: float = 60.0) -> None:
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self.loop_lag = 0.0  # seconds the event loop last fell behind its tick
         self._clock = clock
         self._slots: deque[tuple[int, Slot]] = deque()
-        self.deadlines = Deadlines(memory, clock)
 
-    def arrived(self, pipeline: str, client: str, remaining: float | None) -> None:
-        """A call of `pipeline` from `client` reached its handler with `remaining` seconds of
-        its deadline left (None: it set none, and says nothing of its wait)."""
-        if remaining is None or not math.isfinite(remaining):
-            return
-        waited = self.deadlines.waited(client, remaining)
-        self._slot().before_door.setdefault(pipeline, []).append(waited)
+    def arrived(self, pipeline: str) -> None:
+        """A call of `pipeline` reached its handler: the wait before the door is its too."""
+        arrivals = self._slot().arrivals
+        arrivals[pipeline] = arrivals.get(pipeline, 0) + 1
+
+    def probed(self, seconds: float) -> None:
+        """The gateway's own probe through the door was answered after `seconds`."""
+        self._slot().door_probes.append(seconds)
 
     def record(self, pipeline: str, seconds: float, kind: str) -> None:
         """One request's outcome: "ok", "error" (upstream unwell) or "rejected"."""
@@ -201,19 +168,24 @@ def readings(
 def _before_door(
     signals: Signals, settings: Ladder, objectives: Mapping[str, float], moved: float
 ) -> dict[str, Reading]:
-    """Each pipeline's P95 wait before the door over the last `door_window_seconds`, from
-    calls that came after the level last moved: this wait answers a move within a second, so
-    the calls that waited before it are not held against the new level."""
+    """The wait before the door, for each pipeline with calls in the last
+    `door_window_seconds`: the median of the probes answered in that window after the level
+    last moved (this wait answers a move within a second, so the probes that waited before it
+    are not held against the new level). The median, as a probe is one sample of a queue every
+    call shares: one late probe (a collection, a stall of the machine) does not move a level."""
     if not settings.door_wait_share:
         return {}
     slots = signals.latest(settings.door_window_seconds, after=moved)
-    parts = {}
-    for pipeline, objective in objectives.items():
-        waits = _joined(slot.before_door.get(pipeline) for slot in slots)
-        if len(waits) >= MIN_SAMPLES:
-            threshold = settings.door_wait_share * objective
-            parts[f"door_wait:{pipeline}"] = Reading(_p95(waits), threshold, " s")
-    return parts
+    probes = [seconds for slot in slots for seconds in slot.door_probes]
+    if not probes:
+        return {}
+    wait = float(np.median(probes))
+    called = {pipeline for slot in slots for pipeline in slot.arrivals}
+    return {
+        f"door_wait:{pipeline}": Reading(wait, settings.door_wait_share * objective, " s")
+        for pipeline, objective in objectives.items()
+        if pipeline in called
+    }
 
 
 def _joined(parts: Iterable[Sequence[float] | None]) -> np.ndarray:
@@ -237,7 +209,7 @@ class LadderController:
     ) -> None:
         self.settings = settings
         self.objectives = dict(objectives)
-        self.signals = Signals(clock, settings.deadline_memory_seconds)
+        self.signals = Signals(clock)
         self.level = 0
         self.forced: int | None = None
         self.readings: dict[str, Reading] = {}
@@ -252,7 +224,6 @@ class LadderController:
         """New thresholds and latency objectives, live; the signals and level stay."""
         self.settings = settings
         self.objectives = dict(objectives)
-        self.signals.deadlines.memory = settings.deadline_memory_seconds
 
     def force(self, level: int | None) -> None:
         """Pin the ladder at `level`, or release it (None) to follow the signals again."""

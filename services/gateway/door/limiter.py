@@ -14,6 +14,10 @@ from collections.abc import Callable
 
 from strata.config.gateway import RateLimits, TokenBucket
 
+# The shortest retry hint: a bucket a hair short of its next token would say "retry in 0 s",
+# and the clients it refused (eight sharing a key, say) would come back at once, together.
+RETRY_FLOOR_SECONDS = 0.01
+
 
 class Bucket:
     """Tokens refill at `rate` per second up to `burst`."""
@@ -78,8 +82,9 @@ class RateLimiter:
         self._peers.configure(_scaled(limits.per_client, limits.peer_clients), limits.max_clients)
 
     def admit(self, client: str, peer: str | None = None) -> tuple[bool, float, str]:
-        """(admitted, seconds to wait before retrying, which limit refused); `peer` is the
-        caller's address when it has no registered API key."""
+        """(admitted, seconds to wait before retrying: until the refusing bucket's next token,
+        and at least RETRY_FLOOR_SECONDS; which limit refused); `peer` is the caller's
+        address when it has no registered API key."""
         now = self._clock()
         buckets = []
         if self._clients.spec is not None:
@@ -91,7 +96,7 @@ class RateLimiter:
         for scope, bucket in buckets:
             bucket.refill(now)
             if bucket.tokens < 1.0:
-                return False, bucket.wait(), scope
+                return False, max(RETRY_FLOOR_SECONDS, bucket.wait()), scope
         for _, bucket in buckets:
             bucket.tokens -= 1.0
         return True, 0.0, ""

@@ -7,7 +7,7 @@ from prometheus_client import REGISTRY
 
 from services.gateway.door.forced_arm import ForcedArm
 from services.gateway.door.ladder import LadderController
-from services.gateway.door.limiter import RateLimiter
+from services.gateway.door.limiter import RETRY_FLOOR_SECONDS, RateLimiter
 from services.gateway.flow.cache import Cached, ResultCache, cache_key
 from services.gateway.request import Caller
 from services.gateway.upstream.breaker import CircuitBreaker
@@ -37,6 +37,15 @@ def test_bucket_admits_burst_then_rate() -> None:
     clock.now += 0.1
     assert limiter.admit("a")[0] and not limiter.admit("a")[0]
     assert limiter.admit("b")[0], "another client has its own bucket"
+
+
+def test_a_bucket_a_hair_short_of_its_next_token_still_hints_a_real_wait() -> None:
+    clock = Clock()
+    limiter = RateLimiter(RateLimits(per_client=TokenBucket(rate=10, burst=1)), clock)
+    assert limiter.admit("a")[0]
+    clock.now += 0.1 - 1e-7  # the next token is 0.1 us away: "retry in 0.000s" before
+    assert limiter.admit("a") == (False, RETRY_FLOOR_SECONDS, "client")
+    assert RETRY_FLOOR_SECONDS >= 0.001  # a whole millisecond at least, in retry-after-ms
 
 
 def test_admitted_rate_matches_configured_rate() -> None:
