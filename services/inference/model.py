@@ -16,7 +16,7 @@ import onnxruntime as ort
 from onnxruntime.capi import onnxruntime_pybind11_state as ort_errors
 from opentelemetry.trace import SpanContext
 
-from services.inference import assemble, validation
+from services.inference import assemble, buckets, validation
 from services.inference.batcher import Batcher
 from services.inference.jobs import Request
 from services.inference.manifest import ModelSpec
@@ -106,6 +106,7 @@ class ModelVersion:
             spec.padding,
         )
         self.providers = session.get_providers()
+        self._buckets: buckets.Buckets | None = None
         self.stats = VersionStats(name, str(version))
         max_rows = spec.max_batch_size if self.signature.batchable else 1
         self.batcher = Batcher(
@@ -158,11 +159,21 @@ class ModelVersion:
         return Unavailable(f"{label} failed while running: {_first_line(exc)}")
 
     def run_requests(self, requests: Sequence[Arrays]) -> list[Arrays]:
-        """Run requests as one batch and split the answers (blocking)."""
-        if len(requests) == 1:
+        """Run requests as one batch, in buckets of like length where the model pads
+        (buckets.py), and split the answers (blocking)."""
+        if len(requests) == 1 and self._buckets is None:
             return [self.run(requests[0])]
         batch, slots = assemble.merge(self.signature, requests)
-        return assemble.split(self.signature, self.run(batch), slots)
+        outputs = self.run(batch) if self._buckets is None else self._buckets.run(batch, self.run)
+        return assemble.split(self.signature, outputs, slots)
+
+    def bucket(self) -> None:
+        """Run batches in buckets of like length from now on, where the model pads along a
+        dimension its answers do not have; the cost of a call timed here (blocking)."""
+        pads = buckets.buckets_of(self.signature)
+        if pads is not None:
+            call_cells = buckets.calibrate(self.signature, pads, self.run)
+            self._buckets = buckets.Buckets(pads, call_cells)
 
     async def retire(self) -> None:
         """Stop taking requests, finish the queued and running ones, release the session."""
@@ -182,6 +193,7 @@ def load_version(
         check_model(model.signature, spec.sequence)
     except InvalidArgument as exc:
         raise NotReady(str(exc)) from None
+    model.bucket()
     cases = validation.read_cases(folder / "validation")
     validation.validate(model.signature, model.run_requests, cases)
     for rows, seconds in validation.warm(model.signature, model.run_requests, cases):
