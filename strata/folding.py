@@ -4,7 +4,7 @@ An image pipeline ends, after its crop, with `normalize` ((x * scale - mean) / s
 channel, to FP32) and usually `layout` (HWC -> CHW). Run in preprocess, they turn a 150 KB
 UINT8 crop into 602 KB of FP32 that then crosses two hops (preprocess -> gateway ->
 inference). Folded, preprocess stops before them and sends the UINT8 crop, and the inference
-service runs them inside the model: it prepends Cast, Mul, Add (and Transpose) to its ONNX
+service runs them inside the model: it prepends (Transpose,) Cast, Mul and Add to its ONNX
 graph at load (services/inference/fold.py), where ONNX Runtime runs them in C over the batch.
 
 The fold is automatic, decided from the config alone, the same in every service: a pipeline
