@@ -9,7 +9,7 @@ from services.inference import metrics
 from services.inference.manager import ModelManager
 from services.inference.rewiring import Rewiring
 from services.inference.servicer import InferenceServicer
-from strata import limits
+from strata import folding, limits
 from strata.cli import Service
 from strata.config import Settings
 from strata.errors import StrataError
@@ -24,7 +24,8 @@ async def build(settings: Settings) -> Service:
     inference = settings.inference.model_copy(update={"models": settings.models_of(deployment)})
     executor = ThreadPoolExecutor(max_workers=inference.workers, thread_name_prefix="onnxruntime")
     rewiring = Rewiring(settings.pipelines)
-    models = ModelManager(settings.repository, inference, executor, rewiring)
+    folds = folding.model_folds(settings.pipelines)
+    models = ModelManager(settings.repository, inference, executor, rewiring, folds)
     try:
         await models.start()
     except BaseException as exc:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import defaultdict
+from collections.abc import Mapping
 from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,6 +28,7 @@ from services.inference.statistics import VersionStats
 from strata import repository
 from strata.config.inference import InferenceSettings
 from strata.errors import InvalidArgument, NotFound, NotReady, StrataError, shown
+from strata.folding import Fold
 
 log = logging.getLogger(__name__)
 
@@ -54,8 +56,10 @@ class ModelManager:
         settings: InferenceSettings,
         executor: Executor,
         rewiring: Rewiring | None = None,
+        folds: Mapping[str, Fold] | None = None,
     ) -> None:
         self._root = root
+        self._folds = dict(folds or {})  # model -> the pipelines' tail it runs (folding.py)
         self._rewiring = rewiring or Rewiring({})
         self._settings = settings
         self._executor = executor
@@ -199,6 +203,7 @@ class ModelManager:
                     spec,
                     self._executor,
                     prints[v],
+                    self._folds.get(name),
                 )
                 self._rewiring.check(loaded[v])
             except Exception as exc:

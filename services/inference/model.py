@@ -16,7 +16,7 @@ import onnxruntime as ort
 from onnxruntime.capi import onnxruntime_pybind11_state as ort_errors
 from opentelemetry.trace import SpanContext
 
-from services.inference import assemble, validation
+from services.inference import assemble, buckets, fold, validation
 from services.inference.batcher import Batcher
 from services.inference.jobs import Request
 from services.inference.manifest import ModelSpec
@@ -26,6 +26,7 @@ from services.inference.statistics import VersionStats
 from strata.codec import Arrays
 from strata.config.inference import InferenceSettings
 from strata.errors import InvalidArgument, NotReady, StrataError, Unavailable
+from strata.folding import Fold
 from strata.normalisation import STATS_FILE, load_stats
 from strata.onnxsig import TensorInfo
 
@@ -64,15 +65,19 @@ def session_options(settings: InferenceSettings.Session) -> ort.SessionOptions:
     return options
 
 
-def open_session(path: Path, settings: InferenceSettings.Session) -> ort.InferenceSession:
-    """An ONNX Runtime session on `path`; NotReady says why when the file cannot be used."""
+def open_session(
+    path: Path, settings: InferenceSettings.Session, tail: Fold | None = None
+) -> ort.InferenceSession:
+    """An ONNX Runtime session on `path`, with a pipeline's folded `tail` in front where
+    given (fold.py); NotReady says why when the file cannot be used."""
     # The repository's own path, model/version/file: never the server's path to it.
     where = f"{path.parent.parent.name}/{path.parent.name}"
     if not path.is_file():
         raise NotReady(f"{path.name} is missing from {where}")
+    model = str(path) if tail is None else fold.folded(path, tail)
     try:
         return ort.InferenceSession(
-            str(path),
+            model,
             sess_options=session_options(settings),
             providers=providers(settings.execution_providers),
         )
@@ -106,6 +111,7 @@ class ModelVersion:
             spec.padding,
         )
         self.providers = session.get_providers()
+        self._buckets: buckets.Buckets | None = None
         self.stats = VersionStats(name, str(version))
         max_rows = spec.max_batch_size if self.signature.batchable else 1
         self.batcher = Batcher(
@@ -158,11 +164,21 @@ class ModelVersion:
         return Unavailable(f"{label} failed while running: {_first_line(exc)}")
 
     def run_requests(self, requests: Sequence[Arrays]) -> list[Arrays]:
-        """Run requests as one batch and split the answers (blocking)."""
-        if len(requests) == 1:
+        """Run requests as one batch, in buckets of like length where the model pads
+        (buckets.py), and split the answers (blocking)."""
+        if len(requests) == 1 and self._buckets is None:
             return [self.run(requests[0])]
         batch, slots = assemble.merge(self.signature, requests)
-        return assemble.split(self.signature, self.run(batch), slots)
+        outputs = self.run(batch) if self._buckets is None else self._buckets.run(batch, self.run)
+        return assemble.split(self.signature, outputs, slots)
+
+    def bucket(self) -> None:
+        """Run batches in buckets of like length from now on, where the model pads along a
+        dimension its answers do not have; the cost of a call timed here (blocking)."""
+        pads = buckets.buckets_of(self.signature)
+        if pads is not None:
+            call_cells = buckets.calibrate(self.signature, pads, self.run)
+            self._buckets = buckets.Buckets(pads, call_cells)
 
     async def retire(self) -> None:
         """Stop taking requests, finish the queued and running ones, release the session."""
@@ -172,28 +188,58 @@ class ModelVersion:
 
 
 def load_version(
-    folder: Path, name: str, version: int, spec: ModelSpec, executor: Executor, fingerprint: str
+    folder: Path,
+    name: str,
+    version: int,
+    spec: ModelSpec,
+    executor: Executor,
+    fingerprint: str,
+    tail: Fold | None = None,
 ) -> ModelVersion:
-    """Open, validate and warm one version folder (blocking). NotReady if it must not serve."""
+    """Open, validate and warm one version folder (blocking). NotReady if it must not serve.
+    `tail`: the normalize (and layout) steps of the pipelines feeding it, which it runs in
+    front of its graph (strata/folding.py)."""
     check_statistics(folder, spec.trained_stats(version))
-    session = open_session(folder / "model.onnx", spec.session)
+    path = folder / "model.onnx"
+    model = _opened(path, name, version, spec, executor, fingerprint)
+    cases = validation.read_cases(folder / "validation")
+    validation.validate(model.signature, model.run_requests, cases)
+    checked = len(cases)
+    if tail is not None:
+        # The golden cases take the file's own inputs; the folded model takes the pipeline's.
+        model = _opened(path, name, version, spec, executor, fingerprint, tail=tail)
+        cases = []
+    for rows, seconds in validation.warm(model.signature, model.run_requests, cases):
+        model.batcher.execution.observe(rows, seconds)
+        model.batcher.compute.observe(rows, seconds)
+    log.info(
+        "model %s version %s ready on %s (%d validation cases%s)",
+        name,
+        version,
+        model.providers[0],
+        checked,
+        "" if tail is None else f", folded: takes UINT8 {tail.source!r}",
+    )
+    return model
+
+
+def _opened(
+    path: Path,
+    name: str,
+    version: int,
+    spec: ModelSpec,
+    executor: Executor,
+    fingerprint: str,
+    *,
+    tail: Fold | None = None,
+) -> ModelVersion:
+    session = open_session(path, spec.session, tail)
     try:
         model = ModelVersion(name, version, spec, session, executor, fingerprint)
         check_model(model.signature, spec.sequence)
     except InvalidArgument as exc:
         raise NotReady(str(exc)) from None
-    cases = validation.read_cases(folder / "validation")
-    validation.validate(model.signature, model.run_requests, cases)
-    for rows, seconds in validation.warm(model.signature, model.run_requests, cases):
-        model.batcher.execution.observe(rows, seconds)
-        model.batcher.compute.observe(rows, seconds)
-    log.info(
-        "model %s version %s ready on %s (%d validation cases)",
-        name,
-        version,
-        model.providers[0],
-        len(cases),
-    )
+    model.bucket()
     return model
 
 

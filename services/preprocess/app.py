@@ -9,7 +9,7 @@ from services.preprocess.pipeline import PreprocessPipelines, Versions, build_pi
 from services.preprocess.servicer import PreprocessServicer
 from services.preprocess.threads import step_pool
 from services.preprocess.versions import VersionedPipeline
-from strata import limits
+from strata import folding, limits
 from strata.cli import Service
 from strata.config import Settings
 from strata.config.preprocess import per_version
@@ -18,11 +18,15 @@ from strata.proto.v1 import preprocess_pb2, preprocess_pb2_grpc
 
 def build_pipelines(settings: Settings, timings: StepTimings) -> PreprocessPipelines:
     """Every pipeline's steps, built once (per model version its routes call, for those fed
-    per version); a config mistake raises ValueError naming it."""
+    per version), less the tail a folding pipeline leaves to its model; a config mistake
+    raises ValueError naming it."""
     built: dict[str, Versions] = {}
+    folds = folding.folds(settings.pipelines)
     for name, spec in settings.pipelines.items():
         if not per_version(spec.preprocess):
-            built[name] = build_pipeline(name, spec, settings.repository, timings)
+            fold = folds.get(name)
+            steps = fold.steps if fold is not None else 0
+            built[name] = build_pipeline(name, spec, settings.repository, timings, steps)
             continue
         check = settings.preprocess.version_check_seconds
         versioned = VersionedPipeline(name, spec, settings.repository, timings, check)

@@ -72,9 +72,15 @@ def _check_ragged(label: str, step: Step, tensors: Arrays) -> None:
 
 
 def build_pipeline(
-    name: str, spec: Pipeline, repository: Path, timings: StepTimings | None = None
+    name: str,
+    spec: Pipeline,
+    repository: Path,
+    timings: StepTimings | None = None,
+    folded: int = 0,
 ) -> PreprocessPipeline:
-    """Build every step once; stateful steps load their files here, not per request."""
+    """Build every step once; stateful steps load their files here, not per request. The
+    last `folded` steps are the model's to run (strata/folding.py): checked with the others
+    against the model file, never run here."""
     steps: list[tuple[str, Step]] = [("validate", Validate(spec.inputs, spec.max_batch_size))]
     for stage in spec.preprocess:
         where = f"pipeline {name!r}: preprocess step {stage.label!r}"
@@ -86,7 +92,8 @@ def build_pipeline(
             raise ValueError(f"{where}: {exc}") from exc
     built = [step for _, step in steps[1:]]
     wiring.check(name, spec, list(zip(spec.preprocess, built, strict=True)), repository)
-    return PreprocessPipeline(name=name, steps=steps, timings=timings or StepTimings())
+    run = steps[: len(steps) - folded]
+    return PreprocessPipeline(name=name, steps=run, timings=timings or StepTimings())
 
 
 class Versions(Protocol):

@@ -22,7 +22,6 @@ _REPLACING: dict[type, tuple[str | None, int | None]] = {
 }
 # Steps that change their input in place: the same.
 _IN_PLACE: dict[type, tuple[str | None, int | None]] = {
-    c.ResizeStep: ("FP32", None),
     c.ScaleStep: ("FP32", None),
     c.ClipStep: (None, None),
     c.StandardizeStep: ("FP32", 2),
@@ -68,6 +67,9 @@ def _makes(stage: c.StepSpec, step: Step, flow: Flow) -> tuple[dict[str, Made] |
         datatype = getattr(stage, "datatype", datatype)
         made = Made(datatype or before.datatype, rank or before.rank)
         return {stage.target: made}, [source]
+    if isinstance(stage, c.ResizeStep):  # UINT8 stays UINT8 (steps/image.py)
+        kept = before.datatype if before.datatype in ("UINT8", None) else "FP32"
+        return {source: Made(kept, before.rank)}, []
     if kind in _IN_PLACE:
         datatype, rank = _IN_PLACE[kind]
         return {source: Made(datatype or before.datatype, rank or before.rank)}, []

@@ -237,7 +237,8 @@ class ColorStep(StepSpec, WritesOutput):
 
 
 class ResizeStep(StepSpec):
-    """Resize [batch, H, W] or [batch, H, W, C] images (any numeric type) to FP32."""
+    """Resize [batch, H, W] or [batch, H, W, C] images: UINT8 stays UINT8, other types to
+    FP32."""
 
     kind: Literal["resize"] = Field(description=KIND)
     input: str = Field(description="Images, resized in place.")

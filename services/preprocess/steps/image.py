@@ -5,6 +5,8 @@ Layouts are [batch, H, W] or [batch, H, W, C], or a ragged batch of images of di
 resampler image by image (the loop is per row, the pixels never pass through Python): UINT8
 grayscale and RGB go through Pillow's 8-bit path, rounded as Pillow and torchvision round;
 other types and channel counts are resized channel by channel in 32-bit float, unrounded.
+UINT8 images stay UINT8 (other channel counts rounded back), so that a crop of them crosses
+the hops at a quarter of FP32's size (strata/folding.py); other types become FP32.
 """
 
 from __future__ import annotations
@@ -51,20 +53,25 @@ def shorter_side_size(height: int, width: int, shorter: int) -> tuple[int, int]:
 
 
 def resize_images(images: np.ndarray, height: int, width: int, interpolation: str) -> np.ndarray:
-    """Resize [batch, H, W] or [batch, H, W, C] images to float32 [batch, height, width(, C)]."""
-    out = np.empty((images.shape[0], height, width, *images.shape[3:]), dtype=np.float32)
+    """Resize [batch, H, W] or [batch, H, W, C] images to [batch, height, width(, C)]: UINT8
+    for UINT8 images, float32 for the others."""
+    size = (images.shape[0], height, width, *images.shape[3:])
     channels = images.shape[3] if images.ndim == 4 else None
     if images.dtype == np.uint8 and channels in _EIGHT_BIT:
         mode = _EIGHT_BIT[channels]
-        for row, image in zip(out, images, strict=True):
+        eight = np.empty(size, dtype=np.uint8)
+        for row, image in zip(eight, images, strict=True):
             row[...] = _resize(Image.fromarray(image, mode), height, width, interpolation)
-        return out
+        return eight
+    out = np.empty(size, dtype=np.float32)
     planes = images if channels is not None else images[..., None]
     target = out if channels is not None else out[..., None]
     for row, image in zip(target, planes, strict=True):
         for channel in range(image.shape[2]):
             plane = Image.fromarray(image[..., channel].astype(np.float32), "F")
             row[..., channel] = _resize(plane, height, width, interpolation)
+    if images.dtype == np.uint8:
+        return np.clip(np.rint(out), 0, 255).astype(np.uint8)
     return out
 
 
@@ -75,7 +82,8 @@ def _resize(image: Image.Image, height: int, width: int, interpolation: str) -> 
 @STEPS.register("resize")
 @dataclass
 class Resize:
-    """Resize images to a fixed size, or their shorter side to `shorter`; FP32 out."""
+    """Resize images to a fixed size, or their shorter side to `shorter`; UINT8 stays UINT8,
+    other types become FP32."""
 
     options: ResizeStep
     takes_ragged: ClassVar[bool] = True
@@ -90,7 +98,7 @@ class Resize:
         check_images(images, self.options.input, "resize")
         height, width = self._size(*images.shape[1:3])
         if images.shape[1:3] == (height, width):
-            return images.astype(np.float32)
+            return images if images.dtype == np.uint8 else images.astype(np.float32)
         return resize_images(images, height, width, self.options.interpolation)
 
     def _size(self, height: int, width: int) -> tuple[int, int]:

@@ -49,7 +49,7 @@ def test_rows_stay_apart_while_they_differ_and_are_stacked_once_they_agree() -> 
     tensors = photos(LANDSCAPE, photo_jpeg(320, 240))  # of one size once resized
     for kind, options in STEPS[:2]:
         tensors = build_step_options(kind, options, Path(".")).process(tensors)
-    assert tensors["image"].shape == (2, 256, 341, 3) and tensors["image"].dtype == np.float32
+    assert tensors["image"].shape == (2, 256, 341, 3) and tensors["image"].dtype == np.uint8
 
 
 def test_a_step_that_takes_one_size_refuses_a_mixed_batch_naming_what_would_fix_it() -> None:

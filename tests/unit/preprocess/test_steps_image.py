@@ -251,17 +251,21 @@ def test_resize_matches_pillow_antialiased_filters() -> None:
             Path("."),
         )
         out = step.process({"x": pixels[None]})["x"]
-        assert out.dtype == np.float32
+        assert out.dtype == np.uint8  # UINT8 stays UINT8: a crop of it crosses hops small
         np.testing.assert_array_equal(out[0], np.asarray(image.resize((7, 9), resample)))
 
 
-def test_resize_floats_and_other_channel_counts_unrounded() -> None:
+def test_resize_floats_unrounded_and_other_channel_counts_of_uint8_rounded() -> None:
     step = build("resize", {"input": "x", "height": 1, "width": 1}, Path("."))
     floats = np.array([[[0.0, 1.0], [2.0, 4.5]]], np.float32)
     assert step.process({"x": floats})["x"].tolist() == [[[1.875]]]
     rgba = np.zeros((1, 2, 2, 4), np.uint8)
-    rgba[0, 0, 0] = [1, 2, 3, 4]
-    np.testing.assert_allclose(step.process({"x": rgba})["x"], [[[[0.25, 0.5, 0.75, 1.0]]]])
+    rgba[0, 0, 0] = [1, 2, 3, 6]
+    np.testing.assert_allclose(
+        step.process({"x": rgba.astype(np.float32)})["x"], [[[[0.25, 0.5, 0.75, 1.5]]]]
+    )
+    rounded = step.process({"x": rgba})["x"]
+    assert rounded.dtype == np.uint8 and rounded.tolist() == [[[[0, 0, 1, 2]]]]
 
 
 def test_resize_shorter_side_keeps_the_aspect_as_torchvision() -> None:
