@@ -1,15 +1,16 @@
 """Flights of photos through the real chain: they fit what the hops carry, and a step in load
 fails nothing (issue 42).
 
-The image pipeline of bench.image_chain (640x480 JPEGs in; 602 KB of FP32 pixels per photo
-out of preprocess; a model taking 16 a batch). Its latency objective is long here, so that
-the ladder never sheds load on a busy test machine: what is counted is the chain's own
-failures.
+The image pipeline of bench.image_chain (640x480 JPEGs in, about 150 KB each; a 150 KB UINT8
+crop per photo out of preprocess, normalised inside the model; a model taking 16 a batch).
+Its latency objective is long here, so that the ladder never sheds load on a busy test
+machine: what is counted is the chain's own failures.
 """
 
 from __future__ import annotations
 
 import contextlib
+import io
 import urllib.request
 from collections import Counter
 from collections.abc import Iterator
@@ -19,6 +20,7 @@ import grpc
 import numpy as np
 import pytest
 import yaml
+from PIL import Image
 
 from bench.deployment import running
 from bench.image_chain import image_config
@@ -31,7 +33,7 @@ from strata.launch import Supervisor
 from strata.proto.inference import grpc_service_pb2_grpc as v2_grpc
 from tests.support.system import DEFAULT_CONFIG
 
-SMALL_LIMIT = 2 * 1024 * 1024  # three photos' pixels, not four
+SMALL_LIMIT = 512 * 1024  # three photos (a JPEG or its UINT8 crop: ~150 KB each), not four
 OBJECTIVE_MS = 60_000
 
 
@@ -65,9 +67,16 @@ def flights_within(supervisor: Supervisor, requests: int) -> tuple[int, int, int
     return bucket("+Inf"), bucket("1.0"), bucket(f"{requests:.1f}")
 
 
-def photos(count: int) -> bytes:
-    images = np.array([photo_jpeg()] * count, dtype=object)
+def photos(count: int, jpeg: bytes | None = None) -> bytes:
+    images = np.array([jpeg or photo_jpeg()] * count, dtype=object)
     return codec.build_request(PIPELINE, {"image": images}).SerializeToString()
+
+
+def flat_jpeg() -> bytes:
+    """A photo of one colour: a few KB at the door, a whole 150 KB crop after preprocess."""
+    buffer = io.BytesIO()
+    Image.new("RGB", (640, 480), (90, 140, 200)).save(buffer, "JPEG", quality=90)
+    return buffer.getvalue()
 
 
 def failures(supervisor: Supervisor, steps: list[tuple[int, float]]) -> tuple[int, Counter]:
@@ -110,9 +119,9 @@ def infer(supervisor: Supervisor, request: bytes) -> grpc.RpcError | None:
 def test_a_request_too_large_for_one_message_is_refused_naming_the_limit(
     small_limit: Supervisor,
 ) -> None:
-    assert infer(small_limit, photos(1)) is None
+    assert infer(small_limit, photos(1, flat_jpeg())) is None
     for _ in range(2):  # at the hop that could not carry it, then before any hop
-        error = infer(small_limit, photos(4))
+        error = infer(small_limit, photos(4, flat_jpeg()))
         assert error is not None and error.code() == grpc.StatusCode.INVALID_ARGUMENT
         assert str(SMALL_LIMIT) in error.details() and "max_message_bytes" in error.details()
 
