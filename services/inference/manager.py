@@ -22,6 +22,7 @@ from pathlib import Path
 
 from services.inference.index import IndexEntry, RepositoryIndex
 from services.inference.manifest import ModelSpec, read_spec
+from services.inference.metrics import LOAD_FAILURES
 from services.inference.model import ModelVersion, load_version
 from services.inference.rewiring import Rewiring
 from services.inference.statistics import VersionStats
@@ -193,6 +194,7 @@ class ModelManager:
         loaded: dict[int, ModelVersion] = {}
         for v in fresh:
             self._index.loading(name, v)
+            LOAD_FAILURES.labels(name, str(v)).inc(0)  # the series exists before any failure
             try:
                 loaded[v] = await loop.run_in_executor(
                     self._loader,
@@ -219,6 +221,7 @@ class ModelManager:
         # An unexpected error's text may name server paths: the log has it, callers do not.
         reason = str(exc) if isinstance(exc, StrataError) else f"{type(exc).__name__} (see the log)"
         self._bad[name].add(print_)
+        LOAD_FAILURES.labels(name, str(version)).inc()
         self._index.refused(name, version, reason)
         self._index.ready(name, current.versions if current else {})
         keeps = f"; version {current.latest.version} keeps serving" if current else ""

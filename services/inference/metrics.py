@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 
+from prometheus_client import Counter
 from prometheus_client.core import (
     CounterMetricFamily,
     GaugeMetricFamily,
@@ -76,6 +77,11 @@ class BatcherCollector:
         queued = GaugeMetricFamily(
             "strata_inference_queue_rows", "Rows waiting in the queue now.", labels=LABELS
         )
+        capacity = GaugeMetricFamily(
+            "strata_inference_queue_capacity_rows",
+            "The most rows the queue holds (batching.max_queue_rows); past it, refusals.",
+            labels=LABELS,
+        )
         answered = CounterMetricFamily(
             "strata_inference_requests",
             "Requests that ran, by outcome.",
@@ -88,12 +94,20 @@ class BatcherCollector:
         )
         for labels, s in rows:
             queued.add_metric(labels, s.queued_rows)
+            capacity.add_metric(labels, s.queue_capacity_rows)
             answered.add_metric([*labels, "ok"], s.success.count)
             answered.add_metric([*labels, "error"], s.fail.count)
             for reason in REASONS:
                 rejected.add_metric([*labels, reason], s.rejected[reason])
-        yield from (queued, answered, rejected)
+        yield from (queued, capacity, answered, rejected)
 
+
+LOAD_FAILURES = Counter(
+    "strata_inference_load_failures",
+    "Model versions refused at load (they failed to open, validate, warm or fit their "
+    "pipelines), by model and version; 0 for each version tried, so alerts see it.",
+    ["model", "version"],
+)
 
 COLLECTOR = BatcherCollector()
 REGISTRY.register(COLLECTOR)

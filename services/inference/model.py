@@ -112,7 +112,9 @@ class ModelVersion:
         )
         self.providers = session.get_providers()
         self._buckets: buckets.Buckets | None = None
-        self.stats = VersionStats(name, str(version))
+        self.stats = VersionStats(
+            name, str(version), queue_capacity_rows=spec.batching.max_queue_rows
+        )
         max_rows = spec.max_batch_size if self.signature.batchable else 1
         self.batcher = Batcher(
             f"model {name!r} version {version}",

@@ -90,6 +90,7 @@ class VersionStats:
     last_inference_ms: int = 0
     queued_requests: int = 0  # gauges, kept current by the batcher
     queued_rows: int = 0
+    queue_capacity_rows: int = 0  # the most rows its queue holds (batching.max_queue_rows)
 
     def record_batch(self, rows: int, seconds: float) -> None:
         """A batch of `rows` rows ran for `seconds` in ONNX Runtime."""

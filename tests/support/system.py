@@ -8,7 +8,7 @@ import os
 import socket
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -92,16 +92,19 @@ def make_config(folder: Path, changes: dict[str, Any] | None = None) -> Path:
 
 @contextmanager
 def running_system(
-    folder: Path, changes: dict[str, Any] | None = None, env: dict[str, str] | None = None
+    folder: Path,
+    changes: dict[str, Any] | Callable[[], dict[str, Any]] | None = None,
+    env: dict[str, str] | None = None,
 ) -> Iterator[Supervisor]:
     """All four services as processes; stopped (SIGTERM) when the block ends.
 
     The ports are chosen free, then bound by the services a moment later: another process
     (this machine runs many suites) may take one in between. A start that fails for a port
-    in use is tried again on new ports; any other failure is the test's."""
+    in use is tried again on new ports (`changes`, where it is a function, is asked again:
+    its ports are new too); any other failure is the test's."""
 
     def build() -> Supervisor:
-        config = make_config(folder, changes)
+        config = make_config(folder, changes() if callable(changes) else changes)
         return Supervisor(config, load_settings(config), log_dir=folder, env=env)
 
     supervisor = start_on_fresh_ports(build)
