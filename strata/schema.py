@@ -39,7 +39,8 @@ def validate_inputs(
     batch = batches.pop()
     if batch > max_batch_size:
         raise InvalidArgument(
-            f"batch of {batch} exceeds the pipeline's limit of {max_batch_size} (its max_batch_size)"
+            f"batch of {batch} exceeds the pipeline's limit of {max_batch_size} "
+            "(its max_batch_size)"
         )
     return batch
 

@@ -12,7 +12,6 @@ from strata.config.postprocess import Rule
 from strata.config.preprocess import DecodeStep, Step
 from strata.sequences import PipelineSequence
 
-
 DEFAULT_ELEMENT_BYTES = 1 << 20
 
 
