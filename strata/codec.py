@@ -138,21 +138,31 @@ def _split_bytes(name: str, raw: bytes, count: int) -> np.ndarray:
     return np.fromiter(elements, dtype=object, count=count)
 
 
+# Said with every malformed BYTES encoding: the usual cause is a file sent unframed.
+FRAMING = (
+    "; each BYTES element is framed as Triton frames it: its length as 4 bytes, little "
+    "endian, then its bytes (a file sent as it is, e.g. a JPEG, lacks the length: "
+    "docs/gateway.md#images-over-rest)"
+)
+
+
 def _bytes_error(name: str, raw: bytes, count: int) -> InvalidArgument:
     """What is wrong with a BYTES encoding that does not split into `count` elements."""
     offset = 0
     for i in range(count):
         if offset + 4 > len(raw):
             return InvalidArgument(
-                f"input {shown(name)}: BYTES data ends after {i} of {count} elements"
+                f"input {shown(name)}: BYTES data ends after {i} of {count} elements{FRAMING}"
             )
         (length,) = _LENGTH.unpack_from(raw, offset)
         offset += 4
         if offset + length > len(raw):
-            return InvalidArgument(f"input {shown(name)}: BYTES element {i} runs past the data")
+            return InvalidArgument(
+                f"input {shown(name)}: BYTES element {i} runs past the data{FRAMING}"
+            )
         offset += length
     return InvalidArgument(
-        f"input {shown(name)}: {len(raw) - offset} bytes left after {count} BYTES elements"
+        f"input {shown(name)}: {len(raw) - offset} bytes left after {count} BYTES elements{FRAMING}"
     )
 
 

@@ -83,6 +83,13 @@ class NotReady(StrataError):
     code = grpc.StatusCode.FAILED_PRECONDITION
 
 
+class Miswired(NotReady):
+    """A model refused tensors the server made for it (a pipeline's preprocess, an earlier
+    model), not the client: the deployment's to mend. REST answers it 500."""
+
+    http_status = 500
+
+
 class Overloaded(StrataError):
     """A rate limit or a full queue; the caller should back off for `retry_after` seconds."""
 

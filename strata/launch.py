@@ -35,6 +35,7 @@ import grpc
 from strata.codec import DTYPES
 from strata.config import ConfigError, Settings, load_settings
 from strata.config.pipelines import TensorSpec
+from strata.config.preprocess import DecodeStep
 from strata.config.tls import TlsSettings
 from strata.exits import PERMANENT, AddressUnusable, ConfigInvalid, one_line
 from strata.healthcheck import check
@@ -296,7 +297,10 @@ def banner(settings: Settings) -> str:
     """How to call what this config serves: its first pipeline, with inputs of its shapes."""
     gateway = settings.services.gateway.listen
     name, pipeline = next(iter(settings.pipelines.items()))
-    inputs = [_example_input(i, spec) for i, spec in enumerate(pipeline.inputs)]
+    decoded = {s.input for s in pipeline.preprocess[:1] if isinstance(s, DecodeStep)}
+    inputs = [
+        _example_input(i, spec, spec.name in decoded) for i, spec in enumerate(pipeline.inputs)
+    ]
     sent = ", ".join(f"x{i}" for i in range(len(inputs)))
     outputs = tuple(spec.name for spec in pipeline.outputs)
     return f"""
@@ -305,7 +309,7 @@ Strata is up. Gateway (KServe v2 gRPC): {gateway}   pipelines: {", ".join(settin
   grpcurl -plaintext {gateway} inference.GRPCInferenceService/ServerReady
 
   python - <<'PY'
-  import numpy as np, tritonclient.grpc as tc
+  import base64, numpy as np, tritonclient.grpc as tc
   client = tc.InferenceServerClient("{gateway}")
 {"".join(inputs)}  result = client.infer("{name}", [{sent}])
   print({{name: result.as_numpy(name) for name in {outputs!r}}})
@@ -316,12 +320,20 @@ Ctrl-C stops every service.
 
 
 EXAMPLE_SIZE = 8  # each variable dimension after the batch, in the banner's example
+# A real image for a pipeline that decodes one: a 64x64 gray PNG, 134 bytes.
+EXAMPLE_PNG = (
+    "iVBORw0KGgoAAAANSUhEUgAAAEAAAABACAIAAAAlC+aJAAAATUlEQVR42u3PQQ0AAAgEIDX5RTeFDzdoQCepz6aeE"
+    "xAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQELi3oiwCAJt186UAAAAASUVORK5CYII="
+)
 
 
-def _example_input(index: int, spec: TensorSpec) -> str:
-    """Lines of the banner's client making input `index`: one row of zeros (or of text)."""
+def _example_input(index: int, spec: TensorSpec, image: bool = False) -> str:
+    """Lines of the banner's client making input `index`: one row of zeros, of text, or
+    (`image`: a decode step reads it) of a tiny PNG."""
     shape = [1] + [EXAMPLE_SIZE if size < 0 else size for size in spec.shape[1:]]
-    if spec.datatype == "BYTES":
+    if spec.datatype == "BYTES" and image:
+        data = f'np.full({shape}, base64.b64decode("{EXAMPLE_PNG}"), dtype=object)'
+    elif spec.datatype == "BYTES":
         data = f'np.full({shape}, b"an example", dtype=object)'
     else:
         data = f"np.zeros({shape}, np.{DTYPES[spec.datatype].name})"

@@ -90,7 +90,7 @@ def _count(name: str, shape: Sequence[int], limits: Limits) -> int:
     if len(shape) > limits.max_rank:
         raise InvalidArgument(
             f"input {shown(name)}: shape {_shown(shape)} has rank {len(shape)}, more than the "
-            f"limit of {limits.max_rank}"
+            f"limit of {limits.max_rank} (limits.max_rank)"
         )
     count = cells = 1
     for size in shape:
@@ -101,7 +101,7 @@ def _count(name: str, shape: Sequence[int], limits: Limits) -> int:
     if cells > limits.max_elements:
         raise InvalidArgument(
             f"input {shown(name)}: shape {_shown(shape)} spans {cells} elements, more than the "
-            f"limit of {limits.max_elements}"
+            f"limit of {limits.max_elements} (limits.max_elements)"
         )
     return count
 
@@ -113,7 +113,8 @@ def _dimensionInvalidArgument(name: str, shape: Sequence[int], largest: int) -> 
             f"input {shown(name)}: shape {_shown(shape)} has a negative dimension"
         )
     return InvalidArgument(
-        f"input {shown(name)}: dimension {axis} is {size}, more than the limit of {largest}"
+        f"input {shown(name)}: dimension {axis} is {size}, more than the limit of {largest} "
+        "(limits.max_dimension)"
     )
 
 
@@ -128,7 +129,7 @@ def _check_fixed(
     if needed > limits.max_bytes:
         raise InvalidArgument(
             f"input {shown(name)}: shape {_shown(shape)} of {datatype} takes {needed} bytes, more "
-            f"than the limit of {limits.max_bytes}"
+            f"than the limit of {limits.max_bytes} (limits.max_bytes)"
         )
     if sent is not None and sent != needed:
         raise InvalidArgument(
@@ -143,14 +144,14 @@ def _check_strings(
     if count > limits.max_strings:
         raise InvalidArgument(
             f"input {shown(name)}: BYTES shape {_shown(shape)} holds {count} elements, more than "
-            f"the limit of {limits.max_strings}"
+            f"the limit of {limits.max_strings} (limits.max_strings)"
         )
     if sent is None:
         return
     if sent > limits.max_bytes:
         raise InvalidArgument(
             f"input {shown(name)}: {sent} bytes of BYTES data, more than the limit of "
-            f"{limits.max_bytes}"
+            f"{limits.max_bytes} (limits.max_bytes)"
         )
     least = count * WIDTHS["BYTES"]
     if least > sent:

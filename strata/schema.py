@@ -38,7 +38,10 @@ def validate_inputs(
         raise InvalidArgument(f"inputs disagree on the batch size: {sorted(batches)}")
     batch = batches.pop()
     if batch > max_batch_size:
-        raise InvalidArgument(f"batch of {batch} exceeds the pipeline's limit of {max_batch_size}")
+        raise InvalidArgument(
+            f"batch of {batch} exceeds the pipeline's limit of {max_batch_size} "
+            "(its max_batch_size)"
+        )
     return batch
 
 
@@ -67,6 +70,7 @@ def check_tensor(spec: TensorSpec, array: np.ndarray) -> None:
             raise InvalidArgument(
                 f"input {spec.name!r}: dimension {axis} is {size}, "
                 f"allowed {least}..{spec.limit(axis)}"
+                + (" (its max_shape)" if spec.max_shape else "")
             )
     if array.dtype.kind == "f" and not spec.allow_nonfinite and not np.isfinite(array).all():
         raise InvalidArgument(f"input {spec.name!r}: contains NaN or infinite values")
@@ -94,7 +98,8 @@ def _check_sizes(spec: TensorSpec, array: np.ndarray) -> None:
         if len(item) > spec.max_element_bytes:
             raise InvalidArgument(
                 f"input {spec.name!r}: element {index} has {len(item)} bytes, "
-                f"more than the limit of {spec.max_element_bytes}"
+                f"more than the limit of {spec.max_element_bytes} (the input's max_element_bytes "
+                "in the pipeline's config)"
             )
 
 

@@ -157,6 +157,7 @@ def check_model_inputs(flow: Flow, version: Version) -> None:
     """Raise unless preprocess ends with exactly the model's inputs, of its datatypes and
     ranks (as far as they are known)."""
     where = f"pipeline {flow.pipeline!r}"
+    taken = {info.name for info in version.inputs}
     for info in version.inputs:
         known = flow.tensors.get(info.name)
         if known is None:
@@ -164,16 +165,21 @@ def check_model_inputs(flow: Flow, version: Version) -> None:
                 continue
             raise ValueError(
                 f"{where}: {version.label} takes input {info.name!r}, which no preprocess step "
-                f"makes (preprocess ends with {sorted(flow.tensors)})"
+                f"makes (preprocess ends with {sorted(flow.tensors)})" + _instead(flow, taken)
             )
         _fits(where, known, info, version.label)
-    taken = {info.name for info in version.inputs}
     for name, known in flow.tensors.items():
         if name not in taken and not flow.open:  # an unknown stage may have dropped it
             raise ValueError(
                 f"{where}: {known.stage} gives {name!r}, which {version.label} "
                 f"does not take (its inputs: {sorted(taken)})"
             )
+
+
+def _instead(flow: Flow, taken: set[str]) -> str:
+    """What preprocess gives that the model does not take, by the stage that made it."""
+    extra = sorted(set(flow.tensors) - taken)
+    return "".join(f"; {flow.tensors[name].stage} gives {name!r} instead" for name in extra)
 
 
 def _fits(where: str, known: Known, info: TensorInfo, model: str) -> None:

@@ -9,7 +9,7 @@ from typing import Protocol
 
 from opentelemetry import trace
 
-from services.preprocess import wiring
+from services.preprocess import dry_run, wiring
 from services.preprocess.metrics import StepTimings
 from services.preprocess.steps import Step, build_step
 from services.preprocess.steps.ragged import is_ragged, refuse
@@ -92,6 +92,7 @@ def build_pipeline(
             raise ValueError(f"{where}: {exc}") from exc
     built = [step for _, step in steps[1:]]
     wiring.check(name, spec, list(zip(spec.preprocess, built, strict=True)), repository)
+    dry_run.check(name, spec, steps, repository)
     run = steps[: len(steps) - folded]
     return PreprocessPipeline(name=name, steps=run, timings=timings or StepTimings())
 

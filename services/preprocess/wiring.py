@@ -19,6 +19,11 @@ _REPLACING: dict[type, tuple[str | None, int | None]] = {
     c.VocabularyStep: ("INT64", None),
     c.CastStep: (None, None),
     c.FlattenStep: (None, 2),
+    c.CropStep: (None, None),
+    c.PadStep: (None, None),
+    c.NormalizeStep: ("FP32", None),
+    # Grayscale [batch, H, W] gains its channel axis.
+    c.LayoutStep: (None, 4),
 }
 # Steps that change their input in place: the same.
 _IN_PLACE: dict[type, tuple[str | None, int | None]] = {
@@ -26,6 +31,10 @@ _IN_PLACE: dict[type, tuple[str | None, int | None]] = {
     c.ClipStep: (None, None),
     c.StandardizeStep: ("FP32", 2),
 }
+# Every built-in step's outputs are known: the check follows the tensors through all of them.
+KNOWN_STEPS = frozenset(
+    {*_REPLACING, *_IN_PLACE, c.TokenizeStep, c.DecodeStep, c.ColorStep, c.NormalizeTextStep}
+)
 
 
 def check(name: str, spec: Pipeline, steps: list[tuple[c.StepSpec, Step]], root: Path) -> None:

@@ -9,8 +9,10 @@ from pydantic import Field, field_validator, model_validator
 
 from strata.config.base import LIVE, Datatype, Strict
 from strata.config.postprocess import Rule
-from strata.config.preprocess import Step
+from strata.config.preprocess import DecodeStep, Step
 from strata.sequences import PipelineSequence
+
+DEFAULT_ELEMENT_BYTES = 1 << 20
 
 
 class TensorSpec(Strict):
@@ -30,7 +32,11 @@ class TensorSpec(Strict):
     )
     utf8: bool = Field(default=False, description="BYTES elements must be valid UTF-8 text.")
     max_element_bytes: int = Field(
-        default=1 << 20, gt=0, description="Largest BYTES element (a string or an image)."
+        default=DEFAULT_ELEMENT_BYTES,
+        gt=0,
+        description="Largest BYTES element (a string or an image), checked at the gateway. "
+        "Unset: 1 MiB, or for an input a `decode` step reads first, that step's max_bytes "
+        "(16 MiB unless set), so that a photo decode takes passes the gateway too.",
     )
     format: Literal["NHWC", "NCHW"] | None = Field(
         default=None,
@@ -401,6 +407,17 @@ class Pipeline(Strict):
         stage's and its fallback's."""
         stages = [[s.model, *([s.fallback.model] if s.fallback else [])] for s in self.stages]
         return [*self.first_models(), *(model for models in stages for model in models)]
+
+    @model_validator(mode="after")
+    def _element_limit_of_the_first_step(self) -> Pipeline:
+        """An input's unset max_element_bytes is the limit of the decode step reading it."""
+        for spec in self.inputs:
+            reader = next(
+                (s for s in self.preprocess if getattr(s, "input", None) == spec.name), None
+            )
+            if isinstance(reader, DecodeStep) and "max_element_bytes" not in spec.model_fields_set:
+                spec.max_element_bytes = reader.max_bytes
+        return self
 
     @model_validator(mode="after")
     def _image_rank_fits_the_batch(self) -> Pipeline:

@@ -55,7 +55,9 @@ class Settings(BaseSettings):
     )
     repository: Path = Field(description="Model repository folder (relative to the config file).")
     gateway: GatewaySettings = Field(default_factory=GatewaySettings, description="Policies.")
-    inference: InferenceSettings = Field(description="Models the inference service serves.")
+    inference: InferenceSettings = Field(
+        default_factory=InferenceSettings, description="Models the inference service serves."
+    )
     preprocess: PreprocessSettings = Field(
         default_factory=PreprocessSettings, description="Where the steps run."
     )

@@ -2,11 +2,15 @@
 digits are cropped back to the digit by its step, and a top score below 0.6 is answered
 "uncertain" by its rule; a plugin's bug is UNAVAILABLE naming it, for its own request only."""
 
+import json
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
 
 import grpc
 import numpy as np
 import onnxruntime as ort
+import orjson
 import pytest
 import yaml
 
@@ -28,12 +32,22 @@ FRAGILE = {
         *PIPELINE["preprocess"],
     ],
 }
+DIGITS = yaml.safe_load((ROOT / "configs" / "default.yaml").read_text())["pipelines"]["digits"]
+# Digits whose pixels start white lose their last pixel in preprocess: a pipeline that
+# passes the check at start, whose model refuses what preprocess made for some requests.
+SHRINK = {
+    "kind": "tests.support.plugins:Shrink",
+    "name": "shrink",
+    "input": "pixels",
+    "poison": 1.0,
+}
+SHRUNK = {**DIGITS, "preprocess": [*DIGITS["preprocess"], SHRINK]}
 SCALE, BORDER = 5, 5  # each digit pixel becomes 5x5; a 5-pixel frame: 40 of 50 is the centre
 
 
 @pytest.fixture(scope="module")
 def system(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Supervisor]:
-    changes = {"pipelines": {"digits-cropped": PIPELINE, "fragile": FRAGILE}}
+    changes = {"pipelines": {"digits-cropped": PIPELINE, "fragile": FRAGILE, "shrunk": SHRUNK}}
     with running_system(tmp_path_factory.mktemp("plugins"), changes) as supervisor:
         yield supervisor
 
@@ -87,3 +101,33 @@ def test_a_plugins_bug_is_unavailable_naming_it_and_fails_only_its_request(syste
     )
     images[0, 0, 0] = 0
     assert infer(system, "fragile", images)["label"].shape == (1, 1)
+
+
+def test_a_model_refusing_what_preprocess_made_is_the_servers_fault(system) -> None:
+    """Issue 51: FAILED_PRECONDITION (HTTP 500), logged at WARNING naming pipeline and stage;
+    never INVALID_ARGUMENT, for the client sent what the pipeline declares."""
+    images = np.zeros((1, 8, 8), np.uint8)
+    assert infer(system, "shrunk", images)["labels"].shape == (1, 3)
+    with pytest.raises(grpc.RpcError) as failed:
+        infer(system, "shrunk", images + 255)
+    assert failed.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    message = (
+        "pipeline 'shrunk': model 'digits' refused the tensors preprocess steps 'resize', "
+        "'scale', 'flatten', 'shrink' made, not the client's: "
+    )
+    assert failed.value.details().startswith(message), failed.value.details()
+    body = {
+        "inputs": [{"name": "images", "datatype": "UINT8", "shape": [1, 8, 8], "data": [255] * 64}]
+    }
+    url = f"http://{system.settings.services.gateway.rest}/v2/models/shrunk/infer"
+    request = urllib.request.Request(url, orjson.dumps(body), {"content-type": "application/json"})
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(request, timeout=30)
+    assert refused.value.code == 500
+    assert orjson.loads(refused.value.read())["error"].startswith(message)
+    logged = [
+        json.loads(line)
+        for line in (system.log_dir / "gateway.log").read_text().splitlines()
+        if line.startswith("{") and message in line
+    ]
+    assert logged and {entry["level"] for entry in logged} >= {"WARNING"}

@@ -9,16 +9,19 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
+import yaml
 
+from bench.image_chain import image_config
+from bench.images import PIPELINE as IMAGES
 from strata.config import load_settings
 from strata.config.tls import TlsSettings
 from strata.launch import StartFailed, Supervisor, wait_serving
-from tests.support.system import ROOT, free_port, make_config, running_system
+from tests.support.system import DEFAULT_CONFIG, ROOT, free_port, make_config, running_system
 
 REPOSITORY = ROOT / "build" / "repository"
 
@@ -219,3 +222,50 @@ def test_a_second_launcher_on_ports_another_deployment_holds_is_not_up(tmp_path:
         assert failed.value.code == 69, str(failed.value)
         assert not second.processes, "every other process was stopped"
         assert first.failed() is None, "the first deployment keeps serving"
+
+
+def miswired_images(folder: Path, change: Callable[[list[dict]], list[dict]]) -> Path:
+    """bench.image_chain's image config (a JPEG through decode, resize, crop, normalize and
+    layout to a model taking `image` FP32 [N, 3, 224, 224]) with its steps changed."""
+    config = image_config(DEFAULT_CONFIG, folder)
+    raw = yaml.safe_load(config.read_text())
+    pipeline = raw["pipelines"][IMAGES]
+    pipeline["preprocess"] = change(pipeline["preprocess"])
+    config.write_text(yaml.safe_dump(raw))
+    return config
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (
+            lambda steps: [*steps[:-1], {**steps[-1], "output": "images"}],
+            "model 'vision' version 1 takes input 'image', which no preprocess step makes "
+            "(preprocess ends with ['images']); preprocess step 'layout' gives 'images' instead",
+        ),
+        (
+            lambda steps: steps[:-1],
+            "preprocess step 'normalize' gives 'image' of shape [1, 224, 224, 3] from a "
+            "synthetic request, but model 'vision' version 1 takes [-1, 3, 224, 224] (it "
+            "takes channels first: a `layout` step with to: CHW turns them)",
+        ),
+    ],
+    ids=["layout-writes-another-name", "layout-left-out"],
+)
+def test_a_miswired_image_pipeline_stops_the_system_at_start(
+    tmp_path: Path, change: Callable[[list[dict]], list[dict]], message: str
+) -> None:
+    """Issue 51: both started, and every request then failed as the client's fault."""
+    config = miswired_images(tmp_path, change)
+    assert start("preprocess", config) == (65, f"preprocess: pipeline {IMAGES!r}: {message}")
+    done = subprocess.run(
+        [sys.executable, "-m", "strata.launch", "--config", str(config)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert "Traceback" not in done.stderr, done.stderr
+    assert done.returncode == 65
+    assert f"preprocess: pipeline {IMAGES!r}: {message}" in done.stderr.splitlines()
+    assert "exited with 65 (a model, pipeline, step or rule cannot be loaded)" in done.stderr

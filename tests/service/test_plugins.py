@@ -34,6 +34,7 @@ PIPELINE = {
     "preprocess": [
         {"kind": FRAGILE, "name": "fragile_step", "input": "images"},
         {"kind": "flatten", "input": "images", "output": "pixels"},
+        {"kind": "cast", "input": "pixels", "datatype": "FP32"},  # what the model takes
     ],
     "model": {"name": "digits"},
     "postprocess": [

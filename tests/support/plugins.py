@@ -84,15 +84,28 @@ class Copy:
 
 
 class Shrink:
-    """A rule that cuts the last column off `input` and does not say what it makes: only a
-    request shows that the pipeline then answers less than it declares."""
+    """A step and a rule that cuts the last column off `input` and does not say what it
+    makes: only a request shows that the model or the declared outputs then get less. With
+    `poison`, only a flight with a row that starts with it is cut (the rest pass as they
+    came), so that a check at start on other values finds nothing wrong."""
 
     class Options(plugins.Options):
         input: str
+        poison: float | None = None
 
     def __init__(self, options: Shrink.Options) -> None:
         self.inputs = (options.input,)
+        self.poison = options.poison
+
+    def process(self, tensors: Arrays) -> Arrays:
+        (name,) = self.inputs
+        values = take(tensors, name, "shrink")
+        if (
+            self.poison is not None
+            and not (values.reshape(len(values), -1)[:, 0] == self.poison).any()
+        ):
+            return tensors
+        return {**tensors, name: values[..., :-1]}
 
     def apply(self, tensors: Arrays, context: RuleContext) -> Arrays:
-        (name,) = self.inputs
-        return {**tensors, name: take(tensors, name, "shrink")[..., :-1]}
+        return self.process(tensors)

@@ -1,14 +1,19 @@
 """Config loading: the default file is valid, and mistakes fail with messages that say where."""
 
+import re
 from pathlib import Path
 
 import pytest
 import yaml
 
+from services.postprocess.rule_chain import build_chain
+from services.preprocess.app import build_pipelines
+from services.preprocess.metrics import StepTimings
 from strata.config import ConfigError, load_settings
+from strata.config.pipelines import Pipeline
 from strata.config.preprocess import ResizeStep
 from strata.v2meta import model_config
-from tests.support.system import DEFAULT_CONFIG, merge
+from tests.support.system import DEFAULT_CONFIG, ROOT, merge
 
 
 def write(tmp_path: Path, changes: dict) -> Path:
@@ -150,3 +155,41 @@ def test_a_rank_3_image_without_a_batch_dimension_is_described_as_triton_does(
     (described,) = config.input
     assert config.max_batch_size == 0 and list(described.dims) == [3, 224, 224]
     assert described.format == described.Format.FORMAT_NCHW
+
+
+def readme_config() -> str:
+    """README's smallest complete config."""
+    text = (ROOT / "README.md").read_text().split("The smallest complete config", 1)[1]
+    return re.search(r"^```yaml\n(.*?)^```", text, re.S | re.M).group(1)
+
+
+def test_the_readmes_smallest_config_is_complete(tmp_path: Path) -> None:
+    """Issue 51: `inference:` was required although each of its keys has a default."""
+    raw = yaml.safe_load(readme_config())
+    assert "inference" not in raw
+    raw["repository"] = str(ROOT / raw["repository"])
+    path = tmp_path / "small.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    settings = load_settings(path)
+    build_pipelines(settings, StepTimings())  # the wiring checked against the model
+    build_chain("tabular", settings.pipelines["tabular"], settings.repository, settings.postprocess)
+
+
+def test_an_image_inputs_element_limit_follows_its_decode_step() -> None:
+    """Issue 51: a phone photo (2-9 MB) passes the gateway where decode takes it."""
+    base = {
+        "outputs": [{"name": "y", "datatype": "FP32", "shape": [-1, 3]}],
+        "model": {"name": "m"},
+    }
+    image = {"name": "image", "datatype": "BYTES", "shape": [-1]}
+    decode = {"kind": "decode", "input": "image"}
+
+    def limit(spec: dict, step: dict) -> int:
+        pipeline = Pipeline.model_validate({**base, "inputs": [spec], "preprocess": [step]})
+        return pipeline.inputs[0].max_element_bytes
+
+    assert limit(image, decode) == 16 * 1024 * 1024
+    assert limit(image, {**decode, "max_bytes": 1000}) == 1000
+    assert limit({**image, "max_element_bytes": 5}, decode) == 5  # set: kept
+    text = {"kind": "normalize_text", "input": "image"}
+    assert limit(image, text) == 1 << 20

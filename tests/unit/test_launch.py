@@ -1,13 +1,16 @@
 """The launcher: its restart backoff (doubling while an instance keeps failing, reset once it
 has run long enough), how it names an exit, and the banner `make run` prints."""
 
+import base64
 from pathlib import Path
 
+import numpy as np
 import pytest
 import yaml
 
+from services.preprocess.steps import build_step_options
 from strata.config import Settings, load_settings
-from strata.launch import Backoff, banner, exit_reason
+from strata.launch import EXAMPLE_PNG, Backoff, banner, exit_reason
 from tests.support.system import ROOT
 
 
@@ -60,3 +63,27 @@ def test_the_banner_calls_the_configs_own_pipeline(
     assert f'client.infer("{pipeline}", [x0])' in text and says in text
     assert "digits" not in text
     compile(client_code(text), "banner", "exec")
+
+
+def test_the_banner_sends_a_real_image_to_a_pipeline_that_decodes_one(tmp_path: Path) -> None:
+    """Issue 51: b"an example" sent to an image pipeline failed as printed."""
+    config = ROOT / "configs" / "default.yaml"
+    raw = yaml.safe_load(config.read_text())
+    steps = [
+        {"kind": "decode", "input": "image"},
+        {"kind": "resize", "input": "image", "height": 8, "width": 8},
+    ]
+    photos = {
+        **raw["pipelines"]["digits"],
+        "inputs": [{"name": "image", "datatype": "BYTES", "shape": [-1]}],
+    }
+    raw["pipelines"] = {"photos": {**photos, "preprocess": steps}}
+    raw["repository"] = str(config.parent / raw["repository"])
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    text = banner(load_settings(path))
+    assert f'np.full([1], base64.b64decode("{EXAMPLE_PNG}"), dtype=object)' in text
+    compile(client_code(text), "banner", "exec")
+    decode = build_step_options("decode", steps[0], tmp_path)
+    image = decode.process({"image": np.array([base64.b64decode(EXAMPLE_PNG)], dtype=object)})
+    assert image["image"].shape == (1, 64, 64, 3)

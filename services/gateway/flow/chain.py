@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
+from services.gateway.flow import blame
 from services.gateway.flow.fallback import covers, stands_in
 from services.gateway.flow.flights import Member
 from services.gateway.flow.mirror import mirror_first
@@ -284,14 +285,18 @@ class Chain:
             reply = await hop.call("ModelInfer", request, _deadline(members), spare=spare)
         except StrataError as exc:
             self._record(members, route, exc.code.name, 0.0)
-            raise
+            raise blame.first_model(first.pipeline_name, first.pipeline, exc) from None
         try:
             scores = codec.response_tensors(reply, f"inference deployment {route.deployment!r}")
         except StrataError as exc:
             self._record(members, route, exc.code.name, time.monotonic() - started)
             raise
         self._record(members, route, "OK", time.monotonic() - started)
-        answered, unanswered = self._apart(leg, member_errors(reply.parameters, len(members)))
+        errors = member_errors(reply.parameters, len(members))
+        errors = {
+            i: blame.first_model(first.pipeline_name, first.pipeline, e) for i, e in errors.items()
+        }
+        answered, unanswered = self._apart(leg, errors)
         if answered.members:
             self._saw(answered.members, scores)
         return answered, Given(scores, reply.model_version), unanswered

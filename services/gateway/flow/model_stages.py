@@ -27,6 +27,7 @@ import numpy as np
 from opentelemetry import trace
 from opentelemetry.trace import Link
 
+from services.gateway.flow import blame
 from services.gateway.flow import fallback as fallbacks
 from services.gateway.flow.flights import Member
 from services.gateway.flow.mirror import mirror_stage
@@ -267,12 +268,15 @@ class Stages:
                 reply = await hop.call("ModelInfer", request, deadline, spare=False)
             except StrataError as exc:
                 self._arms.record(*arm, exc.code.name, 0.0, len(members))
-                await self._failed(run, indices, exc)
+                await self._failed(run, indices, blame.later_stage(run.pipeline, run.label, exc))
                 return
         self._arms.record(*arm, "OK", time.monotonic() - started, len(members))
         if not run.fallback:
             self._learn((run.pipeline, stage.label), time.monotonic() - started)
-        errors = member_errors(reply.parameters, len(members))
+        errors = {
+            i: blame.later_stage(run.pipeline, run.label, e)
+            for i, e in member_errors(reply.parameters, len(members)).items()
+        }
         answered = [i for i in range(len(members)) if i not in errors]
         if answered:
             if errors:

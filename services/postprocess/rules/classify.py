@@ -159,8 +159,8 @@ class Labels(OneInput):
             self.source = "the inline labels"
         if options.classes is not None and len(labels) < options.classes:
             raise ValueError(
-                f"{self.source} has {len(labels)} labels, fewer than the model's "
-                f"{options.classes} classes"
+                f"{self.source} has {len(labels)} labels, fewer than the {options.classes} "
+                "classes the rule's `classes` says the model has"
             )
         self._table = np.array([label.encode() for label in labels], dtype=object)
 

@@ -75,7 +75,7 @@ class Decode:
             if total > self.options.max_batch_pixels:
                 raise StepError(
                     f"{where} brings the request to {total} pixels, more than the "
-                    f"{self.options.max_batch_pixels} allowed in all"
+                    f"{self.options.max_batch_pixels} allowed in all (decode's max_batch_pixels)"
                 )
             images.append(self._fit(self._pixels(image, where)[None]))
         if not images:
@@ -88,7 +88,10 @@ class Decode:
         """An encoded image with only its header read, checked against the limits."""
         data = bytes(item)  # type: ignore[call-overload]
         if len(data) > self.options.max_bytes:
-            raise StepError(f"{where} is {len(data)} bytes, more than {self.options.max_bytes}")
+            raise StepError(
+                f"{where} is {len(data)} bytes, more than {self.options.max_bytes} (decode's "
+                "max_bytes)"
+            )
         try:
             image = Image.open(io.BytesIO(data), formats=FORMATS)
         except UnidentifiedImageError:
@@ -96,7 +99,9 @@ class Decode:
         except Image.DecompressionBombError as exc:
             # Pillow's own guard fires first for the most extreme sizes.
             limit = self.options.max_pixels
-            raise StepError(f"{where}: {exc}; at most {limit} are allowed") from None
+            raise StepError(
+                f"{where}: {exc}; at most {limit} are allowed (decode's max_pixels)"
+            ) from None
         except Exception as exc:  # Pillow's parsers raise many types on hostile headers
             raise StepError(f"{where} has a corrupt header ({exc})") from None
         self._check_pixels(image.height, image.width, where)
@@ -117,7 +122,7 @@ class Decode:
         if height * width > self.options.max_pixels:
             raise StepError(
                 f"{where}: {width}x{height} is {height * width} pixels, more than the "
-                f"{self.options.max_pixels} allowed"
+                f"{self.options.max_pixels} allowed (decode's max_pixels)"
             )
 
     def _fit(self, pixels: np.ndarray) -> np.ndarray:

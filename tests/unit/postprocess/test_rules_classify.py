@@ -161,7 +161,8 @@ def test_a_labels_file_shorter_than_the_outputs_is_refused_at_start_up(tmp_path:
     (tmp_path / "labels.txt").write_text("cat\ndog\n")
     options = {"input": "c", "output": "l", "file": "labels.txt", "classes": 3}
     with pytest.raises(
-        ValueError, match=re.escape("'labels.txt' has 2 labels, fewer than the model's 3")
+        ValueError,
+        match=re.escape("'labels.txt' has 2 labels, fewer than the 3 classes the rule's `classes`"),
     ):
         build("labels", options, tmp_path)
 

@@ -37,6 +37,7 @@ VERSION = MODEL + "/versions/{version}"
 REPOSITORY = "/v2/repository"
 SHM = "/v2/systemsharedmemory"
 CUDA = "/v2/cudasharedmemory"
+MAX_BODY = "gateway.rest.max_body_bytes"  # the setting that raises the body limit
 Handler = Callable[[Request], Awaitable[Response]]
 
 
@@ -347,12 +348,12 @@ async def _body(request: Request, limit: int) -> bytes:
     """The body, refused (413) once it passes `limit` bytes, before any more is read."""
     declared = request.headers.get("content-length")
     if declared is not None and declared.isascii() and declared.isdigit() and int(declared) > limit:
-        raise TooLarge(f"the body is {declared} bytes, more than the limit of {limit}")
+        raise TooLarge(f"the body is {declared} bytes, more than the limit of {limit} ({MAX_BODY})")
     chunks, size = [], 0
     async for chunk in request.stream():
         size += len(chunk)
         if size > limit:
-            raise TooLarge(f"the body is more than the limit of {limit} bytes")
+            raise TooLarge(f"the body is more than the limit of {limit} bytes ({MAX_BODY})")
         chunks.append(chunk)
     return b"".join(chunks)
 
