@@ -33,7 +33,15 @@ _IN_PLACE: dict[type, tuple[str | None, int | None]] = {
 }
 # Every built-in step's outputs are known: the check follows the tensors through all of them.
 KNOWN_STEPS = frozenset(
-    {*_REPLACING, *_IN_PLACE, c.TokenizeStep, c.DecodeStep, c.ColorStep, c.NormalizeTextStep}
+    {
+        *_REPLACING,
+        *_IN_PLACE,
+        c.ResizeStep,
+        c.TokenizeStep,
+        c.DecodeStep,
+        c.ColorStep,
+        c.NormalizeTextStep,
+    }
 )
 
 
