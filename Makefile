@@ -104,6 +104,14 @@ bench-peers: $(STAMP_MODELS) $(STAMP_MODELS_TEXT)
 	$(PY) -m bench.peers --config $(CONFIG)
 	$(PY) -m bench.peers.images --config $(CONFIG)
 
+# py-spy on every Strata process while 16 requests are in flight: each one's share of samples
+# in the work, (de)serialising, gRPC, the loop and its own logic (bench/profile.py);
+# PROFILE_WORKLOAD=text for MiniLM, PROFILE_FLAGS=--native for gRPC's core and uvloop too.
+.PHONY: profile
+PROFILE_WORKLOAD ?= images
+profile: $(STAMP_MODELS) $(STAMP_MODELS_TEXT)
+	$(PY) -m bench.profile --config $(CONFIG) --workload $(PROFILE_WORKLOAD) $(PROFILE_FLAGS)
+
 # An hour of mixed load (steady gRPC, REST, connection churn, bad inputs) while every
 # service's RSS, descriptors and threads and the gateway's refusals are watched (bench/soak.py).
 SOAK_MINUTES ?= 60

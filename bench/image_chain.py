@@ -9,9 +9,11 @@ in 10 upright (480x640), so that flights mix both sizes. One client on one conne
 loop, stepping from 1 to 16 to 64 in flight: throughput, P50 and P99 at each, the preprocess
 processes' CPU per image meanwhile, the requests that failed, counted from the moment of the
 step (each point's warm-up included: a step in load must fail nothing), and those answered
-degraded. The result cache is off (the same few photos again and again would be answered
-from it), and `--objective-ms` sets the pipeline's latency objective where the ladder should
-not shed load. Results go to `--out` (bench/results/image_chain.md).
+degraded; then every process's CPU per answered request at each step (the gateway, each
+preprocess replica, each inference deployment, postprocess: bench/peers/per_process.py).
+The result cache is off (the same few photos again and again would be answered from it),
+and `--objective-ms` sets the pipeline's latency objective where the ladder should not shed
+load. Results go to `--out` (bench/results/image_chain.md).
 """
 
 from __future__ import annotations
@@ -25,15 +27,16 @@ from pathlib import Path
 
 import numpy as np
 import onnx
-import psutil
 import yaml
 from onnx import TensorProto, helper, numpy_helper
 
-from bench.deployment import bench_config, running
+from bench.deployment import bench_config, running, service_pids
 from bench.images import PIPELINE, STEPS, photo_jpeg
 from bench.load import LoadPool, Plan
 from bench.load.worker import INFER
 from bench.measure import closed
+from bench.peers import cpu
+from bench.peers.per_process import cpu_table
 from strata import codec
 from strata.launch import ROOT, Supervisor
 
@@ -159,9 +162,9 @@ def _points(
     supervisor: Supervisor, pool: LoadPool, requests: tuple[bytes, ...], seconds: float
 ) -> list[str]:
     """A table row per concurrency: throughput, P50, P99, preprocess CPU per image, and the
-    requests that failed from the step on (their most common error below the table)."""
-    processes = supervisor.processes.items()
-    preprocess = [psutil.Process(p.pid) for n, p in processes if n.startswith("preprocess")]
+    requests that failed from the step on (their most common error below the table); then
+    each process's CPU per answered request at each concurrency."""
+    processes = cpu.processes(service_pids(supervisor))
     plan = Plan(
         target=supervisor.address("gateway"),
         method=INFER,
@@ -171,12 +174,17 @@ def _points(
         connections=1,
     )
     rows, errors = [], Counter[str]()
+    by_process: dict[int, dict[str, float]] = {}
     for concurrency in CONCURRENCIES:
         warm = closed(pool, plan, concurrency, WARM_SECONDS)
-        before = _cpu(preprocess)
+        before = cpu.snapshot(processes)
         results = closed(pool, plan, concurrency, seconds)
+        used = cpu.spent(before, cpu.snapshot(processes))
+        answered = max(int(results.ok.sum()), 1)
+        by_process[concurrency] = {name: s * 1000 / answered for name, s in used.items()}
         full = results.goodput(math.inf)  # answered by the chain, not from the cache
-        per_image = (_cpu(preprocess) - before) * 1000 / max(full * seconds, 1)
+        preprocess = sum(s for name, s in used.items() if name.startswith("preprocess"))
+        per_image = preprocess * 1000 / max(full * seconds, 1)
         failed = warm.error_counts() + results.error_counts()
         errors += failed
         rows.append(
@@ -188,11 +196,15 @@ def _points(
     if errors:
         message, count = errors.most_common(1)[0]
         rows += ["", f"Most common failure ({count} of {errors.total()}): {message[:300]}"]
-    return rows
-
-
-def _cpu(processes: list[psutil.Process]) -> float:
-    return sum(sum(p.cpu_times()[:2]) for p in processes)
+    table = cpu_table({"Strata": by_process})
+    print("\n".join(table), flush=True)
+    return [
+        *rows,
+        "",
+        "CPU ms per answered request, by process (utime + stime, /proc):",
+        "",
+        *table,
+    ]
 
 
 def _counts(text: str) -> list[int]:

@@ -19,8 +19,10 @@ once: the ceiling):
 Every model runs on one ONNX Runtime thread. Each server is driven by the project's load
 tool, one gRPC connection, closed loop at 1, 16 and 64 in flight (--quick: 1 and 8, 2 s
 each): throughput, P50, P99, CPU ms per answered request (its processes and their children)
-and the requests that failed, with the commonest failure. Results go to `--out` as
-peers_images.md and peers_text.md.
+and the requests that failed, with the commonest failure; then the CPU per answered request
+of each process (bench/peers/per_process.py): Strata's gateway, each preprocess replica,
+each inference deployment and postprocess beside MLServer's workers and the loop's. Results
+go to `--out` as peers_images.md and peers_text.md.
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ from bench.deployment import free_port, running, service_pids
 from bench.image_chain import PIPELINE, image_config, photo_requests, photo_size, vision_model
 from bench.load import LoadPool
 from bench.peers import venvs
+from bench.peers.per_process import cpu_table
 from bench.peers.rows import QUICK, Row, Timing
 from bench.peers.run import RESULTS, measure
 from bench.peers.servers import (
@@ -290,11 +293,15 @@ def markdown(
         cells += [" / ".join(str(sum(p.point.errors.values())) for p in points)]
         lines.append("| " + " | ".join(cells) + " |")
     for c in ceiling:  # a loop, not a server: its requests/s stand in the c=1 column
-        n = int(c["processes"])
-        cells = [f"in-process loop, {n} process{'es' * (n > 1)} at once (no server)"]
+        cells = [_loop_title(c)]
         cells += [f"{c['p50_ms']:.1f} / {c['p99_ms']:.1f}", f"{c['per_second']:.1f}"]
         cells += ["-"] * (len(concurrencies) - 1) + [f"{c['cpu_ms']:.1f}", "0"]
         lines.append("| " + " | ".join(cells) + " |")
+    lines += ["", "CPU ms per answered request, by process (utime + stime, /proc):", ""]
+    lines += cpu_table(
+        {title: {p.concurrency: p.cpu_ms for p in points} for title, points in by_server.items()},
+        {_loop_title(c): c["cpu_ms"] for c in ceiling},
+    )
     for title, points in by_server.items():
         failures = Counter[str]()
         for p in points:
@@ -304,6 +311,11 @@ def markdown(
             lines += ["", f"{title}: commonest failure ({count}): {message[:300]}"]
     lines += ["", *(f"Skipped {name}: {why}" for name, why in skipped.items())]
     return "\n".join(lines)
+
+
+def _loop_title(ceiling: dict[str, float]) -> str:
+    n = int(ceiling["processes"])
+    return f"in-process loop, {n} process{'es' * (n > 1)} at once (no server)"
 
 
 def _workloads(text: str) -> list[str]:

@@ -12,6 +12,7 @@ import matplotlib
 matplotlib.use("Agg")  # no display: write files only
 import matplotlib.pyplot as plt
 
+from bench.peers.per_process import cpu_table
 from bench.report import machine
 from bench.suite_report import clean
 
@@ -136,13 +137,11 @@ def markdown(result: dict[str, Any]) -> str:
 
 
 def _processes(result: dict[str, Any]) -> list[str]:
-    lines = ["CPU ms per answered request, by process:", ""]
-    lines += ["| server | c | processes |", "|---|---:|---|"]
-    for name, entry in result["servers"].items():
-        for r in entry["rows"]:
-            parts = ", ".join(f"{p} {ms:.2f}" for p, ms in r["cpu_ms_per_request"].items())
-            lines.append(f"| {name} | {r['concurrency']} | {parts} |")
-    return lines
+    measured = {
+        name: {r["concurrency"]: r["cpu_ms_per_request"] for r in entry["rows"]}
+        for name, entry in result["servers"].items()
+    }
+    return ["CPU ms per answered request, by process:", "", *cpu_table(measured)]
 
 
 def _ratio_lines(r: dict[str, Any]) -> list[str]:

@@ -386,9 +386,10 @@ class GatewaySettings(Strict):
     stream_lanes: int = Field(
         default=2,
         ge=0,
-        description="Streams the gateway keeps open to each layer (each inference deployment, "
-        "the preprocess replicas, postprocess); a flight's call to the layer is one message "
-        "on the least busy one, at about half a unary call's cost. 0: a unary call each.",
+        description="Streams the gateway keeps open to each replica of each layer (each "
+        "inference deployment, each preprocess replica, postprocess; the replicas behind one "
+        "`target` share them); a flight's call to the layer is one message on the least busy "
+        "replica's least busy one, at about half a unary call's cost. 0: a unary call each.",
     )
     rate_limits: RateLimits = Field(
         default_factory=RateLimits, description="Token buckets.", json_schema_extra=LIVE

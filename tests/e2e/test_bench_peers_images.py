@@ -27,6 +27,10 @@ def test_every_server_is_measured_or_skipped_with_the_reason(results: Path, work
     assert "| Strata pipeline (gateway) |" in table, table
     assert "| in-process loop, 1 process at once (no server) |" in table
     assert "| in-process loop, 2 processes at once (no server) |" in table
+    by_process = table.split("by process")[1]
+    for process in ("gateway", "preprocess-0", "inference-a", "postprocess", "**all**"):
+        assert f"| Strata pipeline (gateway) | {process} |" in by_process, by_process
+    assert "| in-process loop, 1 process at once (no server) | the loop |" in by_process
     for workers in ("1 worker", "2 workers"):
         measured = f"| MLServer 1.7.1, {workers} (batching 16 / 5 ms) |" in table
         assert measured or f"Skipped mlserver-{workers[0]}:" in table, table

@@ -3,20 +3,24 @@
 A unary gRPC call costs about twice what a message on an open stream costs, on both sides
 (2-core VM: 0.25 against 0.16 ms of the caller's CPU, 0.32 against 0.19 ms of the server's,
 0.49 against 0.29 ms round trip), and the gateway pays it on every hop of every flight. So
-each hop keeps a few streams open on its channel and sends a call as a message on the lane
-owing the fewest answers; the answer comes back with the message's tag. The channel's
-round-robin balancing spreads lanes over the replicas as they open, and its outlier
-detection keeps new lanes off a replica whose calls keep failing.
+each hop keeps a few streams open to each replica and sends a call as a message on a lane
+of the replica owing the fewest rows (`Spread`), and there on its lane owing the fewest
+answers; the answer comes back with the message's tag. Where the replicas are known (local
+replicas, each on its own address) each has a channel and lanes of its own, so neither idles
+while the other holds a queue; behind one target that resolves to many (dns:///...) the
+lanes share its channel, whose round-robin spreads them over the replicas as they open.
 
 What a unary call had from gRPC, a lane does for itself:
 - a message's deadline: its caller waits at most its timeout; a lane that misses a hop's
-  own timeout (a hung replica) is cancelled and its slot rests for REST_SECONDS (as
-  outlier detection ejects a replica), the other lanes and unary calls carrying on;
+  own timeout (a hung replica) is cancelled and its replica takes no new messages for
+  REST_SECONDS (as outlier detection ejects a replica), the other replicas' lanes and unary
+  calls carrying on;
 - a lane that breaks (its replica died or drained, the connection was cut) fails the
   messages it owes with `LaneBroken`: the hop sends them again as unary calls, which gRPC
   retries on another replica, and the next message opens a new lane;
-- the first lanes open once the channel is ready (until then calls go unary, connecting it),
-  so that round-robin can spread them over the replicas;
+- lanes open only on a channel that is ready (until then calls go unary, connecting it): a
+  replica that is down or still starting gets no messages, and on a shared channel
+  round-robin can spread the lanes over the replicas;
 - a lane takes new messages for `lifetime` seconds (less a random part, so that lanes do
   not all turn over at once), then half-closes once its answers are in: well before the
   server's `max_connection_age` cuts its connection;
@@ -79,16 +83,20 @@ class Lane:
         self.expires = expires
         self.accepting = True
         self.owed: dict[int, asyncio.Future] = {}
+        self.rows = 0  # the rows of the messages it owes answers to
         self._writing = asyncio.Lock()
         self._call = method.open()
         self._reader = asyncio.get_running_loop().create_task(self._read())
         self._closing: asyncio.Task | None = None
 
-    async def send(self, request: Any, timeout: float, metadata: Sequence = ()) -> Any:
-        """The reply to `request`, within `timeout` seconds."""
+    async def send(
+        self, request: Any, timeout: float, metadata: Sequence = (), rows: int = 1
+    ) -> Any:
+        """The reply to `request` (carrying `rows`), within `timeout` seconds."""
         tag = next(_TAGS)
         answer = asyncio.get_running_loop().create_future()
         self.owed[tag] = answer
+        self.rows += rows
         try:
             async with asyncio.timeout(timeout):
                 await self._write(self._method.tag(request, tag, timeout, metadata))
@@ -97,6 +105,7 @@ class Lane:
             raise rpc_error(grpc.StatusCode.DEADLINE_EXCEEDED, "no answer in time") from None
         finally:
             self.owed.pop(tag, None)
+            self.rows -= rows
             _settle(answer)
             self._close_if_done()
         return self._method.result(reply)
@@ -159,7 +168,8 @@ def _settle(answer: asyncio.Future) -> None:
 
 
 class Lanes:
-    """A hop's lanes for one method; `count` of them at most, each open `lifetime` seconds."""
+    """One replica's lanes for one method (or, behind a shared channel, every replica's);
+    `count` of them at most, each open `lifetime` seconds."""
 
     def __init__(
         self,
@@ -169,26 +179,44 @@ class Lanes:
         lifetime: float,
         ready: Callable[[], bool] = lambda: True,
     ) -> None:
+        """Lanes opened by `method` while `ready()` says their channel is connected."""
         self.name = name
         self._method = method
         self._lifetime = lifetime
         self._ready = ready
         self._lanes: list[Lane | None] = [None] * count
-        self._resting = [0.0] * count  # time.monotonic() until which a condemned slot rests
-        self._turn = 0
+        self._rests_until = 0.0  # time.monotonic() until which a condemned replica rests
         self.usable = count > 0
 
+    @property
+    def rows(self) -> int:
+        """The rows of every message its lanes owe answers to."""
+        return sum(lane.rows for lane in self._lanes if lane is not None)
+
+    def open(self) -> bool:
+        """Whether it takes messages now: it has the stream method, has not missed a hop
+        timeout lately, and its channel is connected (lanes opened while it connects would
+        fail, or, on a shared channel, all go to the first replica up)."""
+        return self.usable and self._rests_until <= time.monotonic() and self._ready()
+
     async def call(
-        self, request: Any, timeout: float, cancel_on_timeout: bool, metadata: Sequence = ()
+        self,
+        request: Any,
+        timeout: float,
+        cancel_on_timeout: bool,
+        metadata: Sequence = (),
+        rows: int = 1,
     ) -> Any:
-        """The reply to `request` over a lane. LaneBroken: send it some other way;
-        `cancel_on_timeout`: a missed timeout condemns the lane (the hop's own timeout)."""
-        if not any(self._lanes) and not self._ready():
-            # Lanes opened while the channel connects would all go to the first replica up.
-            raise LaneBroken(grpc.StatusCode.UNAVAILABLE, "the channel is still connecting")
+        """The reply to `request` (carrying `rows`) over a lane. LaneBroken: send it some
+        other way; `cancel_on_timeout`: a missed timeout condemns the lane (the hop's own
+        timeout)."""
+        if self._rests_until > time.monotonic():
+            raise LaneBroken(grpc.StatusCode.UNAVAILABLE, f"{self.name} rests after a timeout")
+        if not self._ready():
+            raise LaneBroken(grpc.StatusCode.UNAVAILABLE, f"{self.name} is still connecting")
         lane = self._pick()
         try:
-            return await lane.send(request, timeout, metadata)
+            return await lane.send(request, timeout, metadata, rows)
         except LaneBroken as exc:
             if exc.code == grpc.StatusCode.UNIMPLEMENTED and self.usable:
                 self.usable = False
@@ -206,29 +234,60 @@ class Lanes:
 
     def _condemn(self, lane: Lane) -> None:
         """Cancel a lane that missed the hop's own timeout (its replica hangs, or is far
-        slower than the others); its slot rests a while, as outlier detection would eject
-        the replica, so that the next lane does not go straight back to it."""
+        slower than the others) and rest a while, as outlier detection would eject the
+        replica, so that the next messages do not go straight back to it."""
         lane.cancel()
-        index = self._lanes.index(lane) if lane in self._lanes else -1
-        if index >= 0:
-            self._lanes[index] = None
-            self._resting[index] = time.monotonic() + REST_SECONDS
+        if lane in self._lanes:
+            self._lanes[self._lanes.index(lane)] = None
+        self._rests_until = time.monotonic() + REST_SECONDS
 
     def _pick(self) -> Lane:
-        """The lane owing the fewest answers, the lanes taking turns among equals (so that
-        light load reaches every replica too), after replacing any that ended or expired;
-        LaneBroken while every slot rests."""
+        """The lane owing the fewest answers (the first among equals), after replacing any
+        that ended or expired."""
         now = time.monotonic()
         for index, lane in enumerate(self._lanes):
-            if self._resting[index] > now:
-                continue
             if lane is None or not lane.accepting or lane.expires <= now:
                 if lane is not None:
                     lane.retire()
                 expires = now + self._lifetime * random.uniform(0.5, 1.0)
                 self._lanes[index] = Lane(self._method, expires)
-        self._turn = (self._turn + 1) % len(self._lanes)
-        order = [lane for lane in self._lanes[self._turn :] + self._lanes[: self._turn] if lane]
-        if not order:
-            raise LaneBroken(grpc.StatusCode.UNAVAILABLE, "every lane rests after a timeout")
-        return min(order, key=lambda lane: len(lane.owed))
+        return min((lane for lane in self._lanes if lane), key=lambda lane: len(lane.owed))
+
+
+class Spread:
+    """A hop's lanes for one method over its replicas: each call to the replica owing the
+    fewest rows, the replicas taking turns among equals (so that light load reaches every
+    replica too)."""
+
+    def __init__(self, replicas: Sequence[Lanes]) -> None:
+        self.replicas = list(replicas)
+        self._turn = 0
+
+    @property
+    def usable(self) -> bool:
+        """Whether any replica serves the stream method."""
+        return any(replica.usable for replica in self.replicas)
+
+    async def call(
+        self,
+        request: Any,
+        timeout: float,
+        cancel_on_timeout: bool,
+        metadata: Sequence = (),
+        rows: int = 1,
+    ) -> Any:
+        """The reply to `request` from the least loaded replica that takes messages;
+        LaneBroken where none does (the hop then calls unary)."""
+        return await self._pick().call(request, timeout, cancel_on_timeout, metadata, rows)
+
+    def close(self) -> None:
+        for replica in self.replicas:
+            replica.close()
+
+    def _pick(self) -> Lanes:
+        self._turn = (self._turn + 1) % len(self.replicas)
+        order = self.replicas[self._turn :] + self.replicas[: self._turn]
+        taking = [replica for replica in order if replica.open()]
+        if not taking:
+            raise LaneBroken(grpc.StatusCode.UNAVAILABLE, "no replica's lanes take messages")
+        return min(taking, key=lambda replica: replica.rows)

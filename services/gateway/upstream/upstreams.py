@@ -14,6 +14,7 @@ once while the upstream is still starting. Trace context goes in each call's met
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -24,7 +25,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from services.gateway.metrics import BREAKER_OPEN, UPSTREAM_CALLS
 from services.gateway.upstream.breaker import Breakers, CircuitBreaker
 from services.gateway.upstream.hoptime import HopTimer, Load, Timing
-from services.gateway.upstream.lanes import LaneBroken, Lanes, StreamMethod
+from services.gateway.upstream.lanes import LaneBroken, Lanes, Spread, StreamMethod
 from services.gateway.upstream.sequences import replica
 from services.gateway.upstream.stream_methods import infer_stream, process_stream
 from strata.channels import open_channel
@@ -69,16 +70,30 @@ class Hop:
         replicated: bool,
         streams: Mapping[str, Callable[[Any], StreamMethod]] | None = None,
         lane_lifetime: float = LANE_SECONDS,
+        replicas: Sequence[grpc.aio.Channel] = (),
     ) -> None:
         """A hop over `channel`; `replicated`: whether another replica may answer behind it
-        (a retry or a refused message may then go there)."""
+        (a retry or a refused message may then go there); `replicas`: a channel to each
+        replica where they are known, each then given lanes of its own (else the lanes
+        share `channel`, whose round-robin places each as it opens)."""
         self.name = name
         self._timed_as = f"hop.{name}_ms"  # strata.hop.<hop>_ms on the caller's span
         self.channel = channel
         self.stub = stub(channel)
-        count = gateway.stream_lanes
+        self._replicas = list(replicas)
         self.lanes = {
-            method: Lanes(f"{name} {method}", make(self.stub), count, lane_lifetime, self._ready)
+            method: Spread(
+                [
+                    Lanes(
+                        f"{name} {method}" + (f" (replica {i})" if self._replicas else ""),
+                        make(stub(lane_channel)),
+                        gateway.stream_lanes,
+                        lane_lifetime,
+                        functools.partial(_ready, lane_channel),
+                    )
+                    for i, lane_channel in enumerate(self._replicas or [channel])
+                ]
+            )
             for method, make in (streams or {}).items()
         }
         self.breaker = Breakers(name, gateway.breaker)
@@ -154,7 +169,7 @@ class Hop:
         started = time.monotonic()
         waited = self._waits()
         try:
-            reply = await self._send(method, request, budget, timeout, metadata, hop_bound, first)
+            reply = await self._send(method, request, budget, timing, metadata, hop_bound, first)
             code = grpc.StatusCode.OK
             if not waited:  # a wait for the upstream to start is not the hop's latency
                 self.timer.observe(time.monotonic() - started, load)
@@ -189,22 +204,26 @@ class Hop:
         method: str,
         request: Any,
         budget: float,
-        window: float,
+        timing: Timing,
         metadata: Sequence,
         hop_bound: bool,
         first: bool,
     ) -> Any:
-        """The reply within `budget` and the attempt's own `window`: as a message on a lane
-        where the hop has them for `method`; as a unary call otherwise, when the lane broke
-        (a fresh window: the lane's wait was the broken lane's, not this replica's), or when
-        a replica answered UNAVAILABLE (gRPC's retry policy then sends it to another one). A
-        retry after a missed hop timeout goes unary too: round-robin takes it to the next
-        replica, where a new lane might meet the hung one again."""
+        """The reply within `budget` and the attempt's own window (`timing.timeout`): as a
+        message on a lane of the least loaded replica where the hop has lanes for `method`;
+        as a unary call otherwise, when the lane broke (a fresh window: the lane's wait was
+        the broken lane's, not this replica's), or when a replica answered UNAVAILABLE (gRPC's
+        retry policy then sends it to another one). A retry after a missed hop timeout goes
+        unary too: round-robin takes it to the next replica, where a new lane might meet the
+        hung one again."""
+        window = timing.timeout
         lanes = self.lanes.get(method)
         if first and lanes is not None and lanes.usable:
             started = time.monotonic()
             try:
-                return await lanes.call(request, min(budget, window), hop_bound, metadata)
+                return await lanes.call(
+                    request, min(budget, window), hop_bound, metadata, timing.load.rows
+                )
             except LaneBroken:
                 pass
             except grpc.aio.AioRpcError as exc:
@@ -216,9 +235,6 @@ class Hop:
         return await call(
             request, timeout=timeout, metadata=metadata, wait_for_ready=not self._reached
         )
-
-    def _ready(self) -> bool:
-        return self.channel.get_state(try_to_connect=True) == grpc.ChannelConnectivity.READY
 
     def _waits(self) -> bool:
         """Whether a call waits for the channel to connect (wait_for_ready) rather than fail
@@ -256,6 +272,17 @@ class Hop:
             UPSTREAM_CALLS(self.name, code.name).inc()
         return reply.ready
 
+    async def close(self) -> None:
+        """End its lanes and close its channels."""
+        for lanes in self.lanes.values():
+            lanes.close()
+        for channel in [self.channel, *self._replicas]:
+            await channel.close()
+
+
+def _ready(channel: grpc.aio.Channel) -> bool:
+    return channel.get_state(try_to_connect=True) == grpc.ChannelConnectivity.READY
+
 
 def open_hop(
     name: str,
@@ -265,20 +292,32 @@ def open_hop(
     settings: Settings,
     streams: Mapping[str, Callable[[Any], StreamMethod]] | None = None,
 ) -> Hop:
-    """A hop to `endpoint`, over a channel with the deployment's server and TLS settings."""
-    channel = open_channel(
-        endpoint.address,
-        settings.server,
-        [service],
-        settings.tls,
-        settings.gateway.reconnect_seconds,
-    )
+    """A hop to `endpoint`, over a channel with the deployment's server and TLS settings
+    that balances over its replicas (unary calls, retries), and where it lists several local
+    replicas, a channel to each for its lanes."""
+
+    def dial(address: str) -> grpc.aio.Channel:
+        return open_channel(
+            address, settings.server, [service], settings.tls, settings.gateway.reconnect_seconds
+        )
+
     # Lanes turn over well before the server ages their connection out, and often enough
     # that round-robin soon spreads them over replicas that were not ready at the start.
     lifetime = min(settings.server.max_connection_age_seconds / 2, LANE_SECONDS)
     # A dns: target may resolve to several replicas; a single local address is one.
     replicated = endpoint.replicas > 1 or endpoint.target is not None
-    return Hop(name, channel, stub, settings.gateway, replicated, streams, lifetime)
+    known = endpoint.listens if endpoint.replicas > 1 and endpoint.target is None else []
+    replicas = [dial(listen) for listen in known] if streams else []
+    return Hop(
+        name,
+        dial(endpoint.address),
+        stub,
+        settings.gateway,
+        replicated,
+        streams,
+        lifetime,
+        replicas,
+    )
 
 
 class Upstreams:
@@ -368,6 +407,4 @@ class Upstreams:
 
     async def close(self) -> None:
         for hop in [*self.hops, *self._replicas.values()]:
-            for lanes in hop.lanes.values():
-                lanes.close()
-            await hop.channel.close()
+            await hop.close()

@@ -1,0 +1,158 @@
+"""The gateway's hop spreads flights over a layer's replicas (upstream/lanes.py `Spread`):
+two real aio gRPC servers on consecutive loopback ports, the hop open_hop builds for an
+endpoint of two replicas, and concurrent calls counted by the replica that answered them.
+Each replica gets lanes of its own and each call goes to the one owing the fewest rows, so
+neither idles while the other holds a queue: not even when one replica came up late, which
+round-robin lanes on one shared channel never noticed until they turned over."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from pathlib import Path
+
+import grpc
+import pytest
+
+from services.gateway.upstream.stream_methods import process_stream
+from services.gateway.upstream.upstreams import Hop, open_hop
+from strata.config import load_settings
+from strata.config.endpoints import ServiceEndpoint
+from strata.deadline import Deadline
+from strata.proto.v1 import preprocess_pb2_grpc
+from strata.proto.v1 import tensor_pb2 as v1
+from tests.service.gateway.test_lanes import Layer, echo
+from tests.support.system import free_port, make_config
+
+CALLS = 120
+IN_FLIGHT = 8
+LEAST_SHARE = 0.35
+
+
+async def busy(request: v1.ProcessRequest) -> v1.ProcessResponse:
+    """Answers after 2 ms a row, as a step thread busy with the flight would."""
+    rows = sum(item.tensors[0].shape[0] for item in request.requests)
+    await asyncio.sleep(0.002 * rows)
+    return await echo(request)
+
+
+def flight(number: int, rows: int = 4) -> v1.ProcessRequest:
+    tensor = v1.Tensor(name="x", datatype="UINT8", shape=[rows], data=bytes(rows))
+    return v1.ProcessRequest(requests=[v1.Request(id=f"f{number}", pipeline="p", tensors=[tensor])])
+
+
+async def start(layer: Layer, address: str) -> grpc.aio.Server:
+    server = grpc.aio.server()
+    preprocess_pb2_grpc.add_PreprocessServicer_to_server(layer, server)
+    server.add_insecure_port(address)
+    await server.start()
+    return server
+
+
+def hop_to(settings, listen: str) -> Hop:
+    endpoint = ServiceEndpoint(listen=listen, replicas=2)
+    stub, service = preprocess_pb2_grpc.PreprocessStub, "strata.v1.Preprocess"
+    return open_hop("preprocess", endpoint, stub, service, settings, {"Process": process_stream})
+
+
+async def load(hop: Hop) -> None:
+    """CALLS flights, IN_FLIGHT at a time, each as the gateway sends a flight's call."""
+    numbers = itertools.count()
+
+    async def client() -> None:
+        while (number := next(numbers)) < CALLS:
+            reply = await hop.call("Process", flight(number), Deadline.after(10))
+            assert reply.results[0].id == f"f{number}"
+
+    await asyncio.gather(*(client() for _ in range(IN_FLIGHT)))
+
+
+def shares(layers: list[Layer]) -> list[float]:
+    served = [layer.streamed + layer.unary for layer in layers]
+    return [count / sum(served) for count in served]
+
+
+@pytest.fixture
+def settings(tmp_path: Path):
+    return load_settings(make_config(tmp_path))
+
+
+def test_concurrent_flights_are_spread_over_both_replicas(settings) -> None:
+    async def go() -> list[Layer]:
+        base = free_port(2)
+        layers = [Layer(busy), Layer(busy)]
+        servers = [await start(layer, f"127.0.0.1:{base + i}") for i, layer in enumerate(layers)]
+        hop = hop_to(settings, f"127.0.0.1:{base}")
+        await hop.channel.channel_ready()
+        await load(hop)
+        await hop.close()
+        for server in servers:
+            await server.stop(0)
+        return layers
+
+    layers = asyncio.run(go())
+    print("shares", shares(layers), "streamed", [layer.streamed for layer in layers])
+    assert min(shares(layers)) >= LEAST_SHARE
+    assert sum(layer.streamed for layer in layers) >= CALLS * 0.9  # lanes, not unary calls
+
+
+def test_a_replica_that_comes_up_late_gets_its_share_at_once(settings) -> None:
+    """The first replica alone takes the first calls (and its lanes stay open); the second
+    starts, and once the gateway's channel to it connects, it takes its share."""
+
+    async def go() -> list[Layer]:
+        base = free_port(2)
+        layers = [Layer(busy), Layer(busy)]
+        first = await start(layers[0], f"127.0.0.1:{base}")
+        hop = hop_to(settings, f"127.0.0.1:{base}")
+        await hop.channel.channel_ready()
+        for number in range(4):
+            await hop.call("Process", flight(number), Deadline.after(10))
+        second = await start(layers[1], f"127.0.0.1:{base + 1}")
+        await connected(hop)
+        before = [layer.streamed + layer.unary for layer in layers]
+        await load(hop)
+        await hop.close()
+        await first.stop(0)
+        await second.stop(0)
+        for layer, count in zip(layers, before, strict=True):
+            layer.streamed -= count  # the calls before the second replica was up
+        return layers
+
+    layers = asyncio.run(go())
+    print("shares after the late start", shares(layers))
+    assert min(shares(layers)) >= LEAST_SHARE
+
+
+async def connected(hop: Hop, within: float = 15.0) -> None:
+    """Until the hop's lanes to every replica take messages (the channel to a replica that
+    was down tries again after its reconnect backoff)."""
+    spread = hop.lanes["Process"]
+    async with asyncio.timeout(within):
+        while not all(replica.open() for replica in spread.replicas):
+            await asyncio.sleep(0.05)
+
+
+def test_a_slower_replica_gets_fewer_flights_than_a_faster_one(settings) -> None:
+    """Each call goes to the replica owing the fewest rows, not to each in turn: one that
+    answers in a fifth of the time gets most of the flights."""
+
+    async def slow(request: v1.ProcessRequest) -> v1.ProcessResponse:
+        await asyncio.sleep(0.02)
+        return await busy(request)
+
+    async def go() -> list[Layer]:
+        base = free_port(2)
+        layers = [Layer(slow), Layer(busy)]
+        servers = [await start(layer, f"127.0.0.1:{base + i}") for i, layer in enumerate(layers)]
+        hop = hop_to(settings, f"127.0.0.1:{base}")
+        await connected(hop)
+        await load(hop)
+        await hop.close()
+        for server in servers:
+            await server.stop(0)
+        return layers
+
+    slower, faster = shares(asyncio.run(go()))
+    print(f"slower {slower:.2f}, faster {faster:.2f}")
+    assert faster > 0.6
