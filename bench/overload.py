@@ -30,6 +30,7 @@ the machine's load falls on both alike, and the table has them side by side. Res
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import tempfile
 import threading
@@ -395,7 +396,8 @@ def main(argv: list[str] | None = None) -> int:
         rates = [(f"{f:g}x", f * best) for f in fractions]
         steps = sweep(systems, made, rates, seconds, w.objective_seconds)
         crashed = [f"{f} exited ({s.name})" for s in systems if (f := s.supervisor.failed())]
-    table = report(steps)
+    load = ", ".join(f"{n:.1f}" for n in os.getloadavg())
+    table = f"{report(steps)}\n\nThe machine's load average at the end: {load}."
     print(table)
     print("; ".join(crashed) if crashed else "every process stayed up")
     args.out.mkdir(parents=True, exist_ok=True)
