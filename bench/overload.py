@@ -15,6 +15,11 @@ degraded share, other errors, the highest level the ladder reached, the slowest 
 the admin port; GET /readyz on the metrics port) and how late the load tool's sends were (P99;
 it shares the machine's cores).
 
+`--front` (haproxy on PATH) also sends every step through HAProxy before the same gateway
+(deploy/front/haproxy.cfg: `--front-places` requests in the gateway at once, the rest queued for
+at most `--front-queue-ms`, then refused RESOURCE_EXHAUSTED in C), in turn with the direct
+runs, so that the two are compared under the same machine load.
+
 `--against gateway.KEY=VALUE` (repeatable, e.g. `ladder.door_wait_share=0`) runs a second
 system with those gateway settings changed beside the configured one, both up at once: the same
 rates (from the first system's capacity), the systems in turn at each step, so that a change in
@@ -25,6 +30,7 @@ the machine's load falls on both alike, and the table has them side by side. Res
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import tempfile
 import threading
@@ -43,6 +49,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from bench.admin import Admin, LevelWatch
 from bench.deployment import running
+from bench.front import FrontSettings, front, haproxy
 from bench.load import LoadPool, Plan, Results
 from bench.load.worker import INFER
 from bench.measure import closed, opened
@@ -222,6 +229,15 @@ class System:
 
 
 @contextmanager
+def fronted(system: System, settings: FrontSettings) -> Iterator[System]:
+    """The same running system reached through HAProxy (deploy/front) instead of directly."""
+    _, metrics = system.probes
+    with front(system.plan.target, metrics, settings) as address:
+        name = f"{system.name}, behind the front ({settings.places} places, {settings.queue_ms} ms)"
+        yield replace(system, name=name, plan=replace(system.plan, target=address))
+
+
+@contextmanager
 def started(name: str, config: Path, gateway: dict | None, plan: Plan) -> Iterator[System]:
     """`config` running on free ports, `gateway` settings changed, watched from its admin port."""
     with (
@@ -345,6 +361,8 @@ def pools(connections: tuple[int, ...]) -> Iterator[dict[int, LoadPool]]:
 
 def main(argv: list[str] | None = None) -> int:
     args = arguments(argv)
+    if args.front and haproxy() is None:
+        raise SystemExit("--front needs haproxy on PATH (Debian: apt-get install haproxy)")
     settings = load_settings(args.config)
     name = next((p for p in settings.pipelines if has_dataset(p)), None)
     if name is None:
@@ -366,6 +384,9 @@ def main(argv: list[str] | None = None) -> int:
     print(deadline, flush=True)
     with pools(CONNECTIONS) as made, ExitStack() as stack:
         systems = [stack.enter_context(started(n, args.config, g, plan)) for n, g in wanted]
+        if args.front:
+            settings = FrontSettings(args.front_places, args.front_queue_ms)
+            systems += [stack.enter_context(fronted(s, settings)) for s in list(systems)]
         widest = made[max(made)]
         best = capacity(widest, replace(systems[0].plan, connections=max(made)), seconds, in_flight)
         print(f"capacity (the best of {in_flight} in flight): {best:.0f}/s", flush=True)
@@ -375,7 +396,8 @@ def main(argv: list[str] | None = None) -> int:
         rates = [(f"{f:g}x", f * best) for f in fractions]
         steps = sweep(systems, made, rates, seconds, w.objective_seconds)
         crashed = [f"{f} exited ({s.name})" for s in systems if (f := s.supervisor.failed())]
-    table = report(steps)
+    load = ", ".join(f"{n:.1f}" for n in os.getloadavg())
+    table = f"{report(steps)}\n\nThe machine's load average at the end: {load}."
     print(table)
     print("; ".join(crashed) if crashed else "every process stayed up")
     args.out.mkdir(parents=True, exist_ok=True)
@@ -401,6 +423,20 @@ def arguments(argv: list[str] | None) -> argparse.Namespace:
         default=[],
         metavar="KEY=VALUE",
         help="a gateway setting of a system to run as well and report beside (repeatable)",
+    )
+    parser.add_argument(
+        "--front",
+        action="store_true",
+        help="run each system also behind HAProxy (deploy/front), in turn with it direct",
+    )
+    parser.add_argument(
+        "--front-places", type=int, default=FrontSettings.places, help="the front's maxconn"
+    )
+    parser.add_argument(
+        "--front-queue-ms",
+        type=int,
+        default=FrontSettings.queue_ms,
+        help="the longest a call waits in the front's queue",
     )
     return parser.parse_args(argv)
 

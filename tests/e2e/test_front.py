@@ -1,0 +1,85 @@
+"""The HAProxy front (deploy/front/haproxy.cfg) before a real gateway: an ordinary client
+passes through it unrefused, and what the front refuses reaches a gRPC client as
+RESOURCE_EXHAUSTED with a retry hint, not as HTTP's 503. Skipped without haproxy."""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+from collections.abc import Iterator
+
+import grpc
+import numpy as np
+import pytest
+
+from bench.front import FrontSettings, front, haproxy
+from strata import codec
+from strata.errors import RETRY_AFTER
+from strata.launch import Supervisor
+from strata.proto.inference import grpc_service_pb2_grpc as v2_grpc
+from tests.support.system import free_port, run_client, running_system
+
+pytestmark = pytest.mark.skipif(haproxy() is None, reason="haproxy is not installed")
+
+# Long enough that 256 calls in flight wait in the front and at the door on a busy machine
+# (about 500 answers/s: half a second), so that nothing is refused for its wait here; the
+# refusal's shape is the other test's.
+PATIENT = FrontSettings(places=64, queue_ms=5000)
+# One place and a wait shorter than any answer: calls sent at once are refused by the front.
+NARROW = FrontSettings(places=1, queue_ms=1)
+
+
+@pytest.fixture(scope="module")
+def system(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Supervisor]:
+    def changes() -> dict:
+        return {
+            "pipelines": {"digits": {"latency_objective_ms": 5000}},
+            "services": {"gateway": {"metrics": f"127.0.0.1:{free_port()}"}},
+        }
+
+    with running_system(tmp_path_factory.mktemp("front"), changes) as supervisor:
+        yield supervisor
+
+
+def readyz(supervisor: Supervisor) -> str:
+    return supervisor.settings.services.gateway.metrics
+
+
+@pytest.mark.parametrize("in_flight", [64, 256])
+def test_tritonclient_through_the_front_sees_no_error(system: Supervisor, in_flight: int) -> None:
+    calls = 3
+    with front(system.address("gateway"), readyz(system), PATIENT) as address:
+        codes = run_client("triton_concurrent", address, "digits", str(in_flight), str(calls))
+    assert codes == {"OK": calls * in_flight}
+
+
+async def at_once(address: str, calls: int) -> collections.Counter:
+    """`calls` digits requests at once on one connection: answers, and each refusal by its
+    code and retry hint."""
+    codes: collections.Counter = collections.Counter()
+    async with grpc.aio.insecure_channel(address) as channel:
+        stub = v2_grpc.GRPCInferenceServiceStub(channel)
+        request = codec.build_request("digits", {"images": np.zeros((1, 8, 8), np.uint8)})
+
+        async def call() -> None:
+            try:
+                await stub.ModelInfer(request, timeout=30)
+                codes["OK"] += 1
+            except grpc.aio.AioRpcError as exc:
+                hint = dict(exc.trailing_metadata() or ()).get(RETRY_AFTER)
+                codes[(exc.code(), hint)] += 1
+
+        await asyncio.gather(*(call() for _ in range(calls)))
+    return codes
+
+
+def test_a_refusal_by_the_front_is_resource_exhausted_with_a_retry_hint(
+    system: Supervisor,
+) -> None:
+    calls = 64
+    with front(system.address("gateway"), readyz(system), NARROW) as address:
+        codes = asyncio.run(at_once(address, calls))
+    refused = codes.pop((grpc.StatusCode.RESOURCE_EXHAUSTED, "100"), 0)
+    assert refused > 0, f"the front refused nothing: {dict(codes)}"
+    assert set(codes) <= {"OK"}, f"other answers than refusals with a hint: {dict(codes)}"
+    assert codes["OK"] >= 1, "the front's one place answered nothing"
