@@ -227,6 +227,7 @@ def test_built_entries_record_their_conversion(model: str) -> None:
     assert len(list((folder / "validation").glob("case_*.npz"))) == 4
 
 
+@pytest.mark.bench
 def test_the_text_benchmark_runs_against_the_chain(system: Supervisor) -> None:
     from bench import text as bench
 
