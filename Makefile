@@ -9,7 +9,7 @@ STAMP_PROTO := strata/proto/.generated
 STAMP_MODELS := build/.models
 STAMP_MODELS_TEXT := build/.models-text
 
-.PHONY: venv proto models models-text run test test-unit lint fmt bench trace fuzz certs clean config-docs
+.PHONY: venv proto models models-text run test test-unit test-bench lint fmt bench trace fuzz certs clean config-docs
 .PHONY: compose-up compose-down soak bench-peers bench-overload
 
 # The Compose specification's JSON schema, as the docker-compose package on PyPI ships it.
@@ -57,8 +57,14 @@ run: $(STAMP_MODELS)
 # processes they start, so more workers than cores pay.
 TEST_WORKERS ?= 4
 test: $(STAMP_MODELS) $(STAMP_MODELS_TEXT) $(COMPOSE_SCHEMA) lint
-	$(PY) -m pytest -n $(TEST_WORKERS) -m "not timing"
-	$(PY) -m pytest -m timing
+	$(PY) -m pytest -n $(TEST_WORKERS) -m "not timing and not bench"
+	$(PY) -m pytest -m "timing and not bench"
+
+# The benchmarks' smoke runs (marked bench): each benchmark runs end to end and writes its
+# report; none asserts speed. The peers' (MLServer, KServe) venvs are installed from the
+# package index on the first run, under build/peers/.
+test-bench: $(STAMP_MODELS) $(STAMP_MODELS_TEXT)
+	$(PY) -m pytest -n $(TEST_WORKERS) -m bench
 
 # The fast tests alone: no demo models, no PyTorch, no processes started (tests/unit, not slow).
 # One process: a worker's collection alone costs what these tests do, so workers cost time.

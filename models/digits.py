@@ -5,9 +5,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
-from sklearn.datasets import load_digits
-from sklearn.model_selection import train_test_split
-from sklearn.neural_network import MLPClassifier
 
 from models.common import SEED, TEST_SIZE, BuiltModel, StepSpec, run_steps
 from models.onnx_export import dense_model
@@ -24,6 +21,10 @@ STEPS: list[StepSpec] = [
 
 def client_images() -> tuple[np.ndarray, np.ndarray]:
     """The dataset as clients send it: UINT8 [N, 8, 8] in 0..255, with int64 labels."""
+    # scikit-learn only here and in train: importing the module (its STEPS) should not cost
+    # seconds, as it did in every process that collects the tests.
+    from sklearn.datasets import load_digits
+
     data = load_digits()
     images = np.round(data.data.reshape(-1, 8, 8) * 255 / 16).astype(np.uint8)
     return images, data.target.astype(np.int64)
@@ -49,6 +50,9 @@ def train(
     repository: Path, version: str, hidden: tuple[int, ...], seed: int, name: str = NAME
 ) -> BuiltModel:
     """Train on the serving steps' features and export the MLP's raw logits."""
+    from sklearn.model_selection import train_test_split
+    from sklearn.neural_network import MLPClassifier
+
     images, labels = client_images()
     train_x, test_x, train_y, test_y = train_test_split(
         images, labels, test_size=TEST_SIZE, stratify=labels, random_state=SEED

@@ -5,9 +5,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
-from sklearn.datasets import load_breast_cancer
-from sklearn.linear_model import LogisticRegression
-from sklearn.model_selection import train_test_split
 
 from models.common import SEED, TEST_SIZE, BuiltModel, StepSpec, run_steps
 from models.onnx_export import dense_model
@@ -32,6 +29,11 @@ def logit_layer(coef: np.ndarray, intercept: np.ndarray) -> tuple[np.ndarray, np
 
 def build(repository: Path) -> BuiltModel:
     """Fit statistics on the train split, save them, and train on the standardised features."""
+    # scikit-learn only here: importing the module (its steps) should not cost seconds.
+    from sklearn.datasets import load_breast_cancer
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.model_selection import train_test_split
+
     data = load_breast_cancer()
     features = data.data.astype(np.float32)
     labels = data.target.astype(np.int64)

@@ -5,7 +5,11 @@ Nothing here asserts speed: the machine is shared, so only the shape of the resu
 
 import json
 
+import pytest
+
 from tests.support.bench import run_quick
+
+pytestmark = pytest.mark.bench
 
 
 def test_the_quick_run_measures_both_sides_of_every_pipeline(tmp_path) -> None:

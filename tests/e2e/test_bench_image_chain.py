@@ -3,7 +3,11 @@
 
 from pathlib import Path
 
+import pytest
+
 from tests.support.bench import run_quick
+
+pytestmark = pytest.mark.bench
 
 
 def test_the_image_chain_benchmark_runs_and_reports_each_point(tmp_path: Path) -> None:

@@ -24,7 +24,7 @@ PEERS = {  # each peer, and the ratio of Strata's throughput to its
 
 # The first run installs both peers' venvs; a quick run still takes minutes (slow: it goes
 # out first to a worker of its own, tests/support/spread.py).
-pytestmark = [pytest.mark.timeout(1800), pytest.mark.slow]
+pytestmark = [pytest.mark.bench, pytest.mark.timeout(1800), pytest.mark.slow]
 
 
 @pytest.fixture(scope="module")

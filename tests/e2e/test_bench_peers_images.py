@@ -9,7 +9,7 @@ import pytest
 
 from tests.support.bench import run_quick
 
-pytestmark = pytest.mark.timeout(1500)
+pytestmark = [pytest.mark.bench, pytest.mark.timeout(1500)]
 
 
 @pytest.fixture(scope="module")

@@ -3,7 +3,11 @@ more processes buy)."""
 
 from pathlib import Path
 
+import pytest
+
 from tests.support.bench import run_quick
+
+pytestmark = pytest.mark.bench
 
 
 def test_the_processes_benchmark_runs_and_reports_each_count(tmp_path: Path) -> None:

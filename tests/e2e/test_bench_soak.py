@@ -11,7 +11,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.support.system import DEFAULT_CONFIG, ROOT
+
+pytestmark = pytest.mark.bench
 
 KINDS = ("grpc", "rest", "churn", "bad")
 SECTIONS = (

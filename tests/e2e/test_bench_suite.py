@@ -10,6 +10,8 @@ import pytest
 
 from tests.support.bench import run_quick
 
+pytestmark = pytest.mark.bench
+
 PNG = b"\x89PNG\r\n\x1a\n"
 
 

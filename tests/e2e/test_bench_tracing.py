@@ -2,7 +2,11 @@
 
 from pathlib import Path
 
+import pytest
+
 from tests.support.bench import run_quick
+
+pytestmark = pytest.mark.bench
 
 
 def test_the_tracing_benchmark_runs_and_reports_on_against_off(tmp_path: Path) -> None:

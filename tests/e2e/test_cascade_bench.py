@@ -6,7 +6,11 @@ Nothing here asserts speed: the machine is shared, so only the shape of the resu
 
 import json
 
+import pytest
+
 from tests.support.bench import run_quick
+
+pytestmark = pytest.mark.bench
 
 PIPELINES = {"digits-cascade", "digits-large-only", "digits-then-large"}
 

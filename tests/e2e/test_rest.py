@@ -495,7 +495,9 @@ def test_api_keys_are_required_once_configured(system: Supervisor) -> None:
 
 
 def test_over_its_rate_limit_a_client_gets_429_with_retry_after(system: Supervisor) -> None:
-    limits = {"per_client": {"rate": 1, "burst": 2}}
+    # A token a minute: six requests take seconds on a busy machine, and at 1 per second the
+    # bucket would refill under them.
+    limits = {"per_client": {"rate": 1 / 60, "burst": 2}}
     headers = {"x-client-id": "flood"}
     with reloaded(system, lambda raw: raw["gateway"].update(rate_limits=limits)):
         responses = [

@@ -21,7 +21,7 @@ from strata.config.pipelines import Route
 from strata.launch import Supervisor
 from strata.proto.inference import grpc_service_pb2 as v2
 from strata.proto.v1 import admin_pb2, admin_pb2_grpc
-from tests.e2e.test_stages import BUILD, cascade, logits
+from tests.e2e.default_system.test_stages import BUILD, cascade, logits
 from tests.support.system import DEFAULT_CONFIG, running_system
 
 WINDOW_MS = 300  # every model call waits this long for a fuller batch

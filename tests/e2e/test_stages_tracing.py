@@ -14,7 +14,7 @@ from strata import codec
 from strata.launch import Supervisor
 from strata.proto.inference import grpc_service_pb2_grpc as v2_grpc
 from strata.traces import Receiver, Span, roots
-from tests.e2e.test_stages import BUILD, cascade
+from tests.e2e.default_system.test_stages import BUILD, cascade
 from tests.support.system import running_system
 
 LAYERS = {f"strata-{name}" for name in ("gateway", "preprocess", "inference", "postprocess")}

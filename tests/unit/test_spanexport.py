@@ -99,6 +99,7 @@ def test_frames_written_together_are_read_together_and_a_partial_one_waits() -> 
         os.close(read)
 
 
+@pytest.mark.timing
 def test_frames_within_the_export_interval_go_in_one_export() -> None:
     spans = finished_spans()
     frame = encode(spans)

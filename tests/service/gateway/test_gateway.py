@@ -163,6 +163,7 @@ def test_each_validation_rule_refuses_without_any_upstream_call(gateway, admin, 
     assert upstream_calls(admin) == before
 
 
+@pytest.mark.timing
 def test_a_flooding_client_is_limited_and_a_polite_one_is_not(gateway) -> None:
     results = {"flood": [], "polite": []}
     stop = threading.Event()

@@ -9,7 +9,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.support.system import DEFAULT_CONFIG, ROOT
+
+pytestmark = pytest.mark.bench
 
 
 def test_the_batching_benchmark_runs_in_smoke_mode(tmp_path: Path) -> None:

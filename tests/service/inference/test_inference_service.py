@@ -185,6 +185,7 @@ def test_a_poisoned_request_in_a_batch_fails_alone(tmp_path: Path) -> None:
     assert max(sizes) >= 2 and after - before < len(requests)
 
 
+@pytest.mark.timing
 def test_skip_batching_does_not_wait_for_the_window(tmp_path: Path) -> None:
     manifest = {"batching": {"policy": "fixed", "max_queue_delay_ms": 400}}
     write_version(tmp_path / "repo", "toy", 1, dense(1), [X], manifest)
@@ -416,6 +417,7 @@ def test_a_flight_whose_rows_do_not_add_up_is_refused(tmp_path: Path) -> None:
     assert flight.ROWS in raised.value.details()
 
 
+@pytest.mark.timing
 def test_a_flight_that_skips_batching_runs_as_one_batch_at_once(tmp_path: Path) -> None:
     manifest = {"batching": {"policy": "fixed", "max_queue_delay_ms": 400}}
     write_version(tmp_path / "repo", "toy", 1, dense(1), [X], manifest)

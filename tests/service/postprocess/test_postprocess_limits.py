@@ -164,6 +164,7 @@ def item(rid: str, pipeline: str = "p", **parameters: str) -> v1.Request:
     return v1.Request(id=rid, pipeline=pipeline, tensors=tensors, parameters=parameters)
 
 
+@pytest.mark.timing
 def test_one_call_mixing_slow_fast_and_bad_requests() -> None:
     broken = v1.Request(id="broken", pipeline="p")
     broken.tensors.add(name="logits", datatype="FP32", shape=[1, 3], data=b"\x00")
@@ -187,6 +188,7 @@ def test_one_call_mixing_slow_fast_and_bad_requests() -> None:
     assert "'logits'" in bad.error.message
 
 
+@pytest.mark.timing
 def test_sleeping_rules_do_not_hold_up_other_calls() -> None:
     async def timed(stub, request: v1.Request) -> tuple[float, v1.Result]:
         started = time.monotonic()
@@ -252,6 +254,7 @@ def logits(*first: float) -> dict[str, dict[str, np.ndarray]]:
     }
 
 
+@pytest.mark.timing
 def test_a_rule_overrunning_in_a_flight_is_skipped_once_for_the_flight() -> None:
     engine = new_engine()
     _, (result, elapsed) = calls(engine, item("warm"), flight("p", logits(0, 0, 0), slow="1"))

@@ -191,6 +191,7 @@ def test_images_and_text_over_the_wire_with_bad_requests_failing_alone(repositor
     assert timings.snapshot()[("images", "validate")].count == 3
 
 
+@pytest.mark.timing
 def test_a_slow_request_blocks_neither_other_calls_nor_health(repository: Path) -> None:
     async def timed(coroutine) -> float:
         started = time.monotonic()

@@ -147,6 +147,7 @@ async def test_places_go_oldest_first_until_the_oldest_has_waited_half_its_patie
     second.cancel()
 
 
+@pytest.mark.timing
 @synchronously
 async def test_a_request_waits_no_longer_than_its_share_of_the_objective_or_its_budget() -> None:
     door, _ = full_door(wait_share=0.05)

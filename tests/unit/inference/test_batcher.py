@@ -197,6 +197,7 @@ def test_a_passed_deadline_is_refused_without_running() -> None:
     assert b._stats.rejected["deadline"] == 1
 
 
+@pytest.mark.timing
 def test_a_deadline_the_queue_cannot_meet_is_refused_at_once() -> None:
     gate = threading.Event()
     runner = Doubler(gate=gate)

@@ -224,6 +224,7 @@ def test_bad_conditions_and_names_fail_at_start_up() -> None:
 # time limits
 
 
+@pytest.mark.timing
 def test_an_overrunning_rule_is_skipped_within_its_limit(caplog: pytest.LogCaptureFixture) -> None:
     engine = engine_for(SOFTMAX, sleep(2), TOPK, LABELS)
     tracer = TracerProvider().get_tracer("test")
@@ -259,6 +260,7 @@ def test_an_abandoned_rule_never_changes_the_answer_and_frees_its_thread() -> No
     assert engine.metrics.snapshot()[("p", "test_sleep")].max_seconds >= 0.5
 
 
+@pytest.mark.timing
 def test_a_rule_limit_overrides_the_default() -> None:
     engine = engine_for(sleep(0.3, timeout_seconds=1.0), SOFTMAX, outputs=("slept",))
     outputs, info = run(engine)
@@ -281,6 +283,7 @@ def test_a_rule_waiting_for_a_thread_is_not_timed_until_it_starts() -> None:
     assert all(info == {} for _, info in results)  # each waited its turn, none overran
 
 
+@pytest.mark.timing
 def test_a_sleeping_rule_does_not_hold_up_concurrent_requests() -> None:
     engine = engine_for(SOFTMAX, sleep(1.0, when={"parameter": "slow"}), TOPK, LABELS)
 
@@ -302,6 +305,7 @@ def test_a_sleeping_rule_does_not_hold_up_concurrent_requests() -> None:
     assert max(seconds for seconds, _ in fast) < 0.1
 
 
+@pytest.mark.timing
 def test_with_every_worker_in_an_overrun_a_request_waits_at_most_one_limit() -> None:
     engine = engine_for(
         sleep(1.0, when={"parameter": "slow"}), SOFTMAX, outputs=("probabilities",), workers=1
@@ -321,6 +325,7 @@ def test_with_every_worker_in_an_overrun_a_request_waits_at_most_one_limit() -> 
     assert info == {"skipped_rules": "test_sleep"} and waited < LIMIT + MARGIN  # not asked
 
 
+@pytest.mark.timing
 def test_a_catastrophic_regex_is_skipped_and_stalls_nothing() -> None:
     regex = {
         "kind": "regex_filter",

@@ -119,6 +119,7 @@ def test_filters_handle_empty_batches_and_refuse_non_utf8() -> None:
         apply("regex_filter", {"t": np.zeros(2)}, input="t", output="f", pattern="a")
 
 
+@pytest.mark.timing
 def test_a_catastrophic_regex_stops_at_the_rule_limit_without_holding_the_gil() -> None:
     text = strings("a" * 5000)
     ticks = []

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from models import digits, tabular
-from models.build import write_model
+from models.build import train, write_model
 from models.common import BuiltModel
 from services.preprocess.app import build_pipelines
 from services.preprocess.metrics import StepTimings
@@ -28,7 +28,7 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Bui
     out = tmp_path_factory.mktemp("parity")
     models = {}
     for module in (digits, tabular):
-        model = module.build(out / "repository")
+        model = train(module.build, out / "repository")
         write_model(model, out)
         models[model.name] = model
     return out / "repository", models

@@ -2,26 +2,16 @@
 or infinity; out-of-range values are refused at the door, and every layer behind it refuses
 what would overflow or is not a number, naming it."""
 
-from collections.abc import Iterator
-
 import grpc
 import numpy as np
 import pytest
 
 from strata import codec
-from strata.launch import Supervisor
 from strata.proto.inference import grpc_service_pb2_grpc as v2_grpc
 from strata.proto.v1 import postprocess_pb2_grpc, preprocess_pb2_grpc
 from strata.proto.v1 import tensor_pb2 as v1
-from tests.support.system import running_system
 
 HUGE = np.full((1, 30), 3.4e38, np.float32)  # finite, and far past any standardising
-
-
-@pytest.fixture(scope="module")
-def system(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Supervisor]:
-    with running_system(tmp_path_factory.mktemp("numbers")) as supervisor:
-        yield supervisor
 
 
 def refused(call) -> grpc.RpcError:
