@@ -276,6 +276,8 @@ def _decode_all(tensors: Sequence, raw: Sequence[bytes]) -> dict[str, np.ndarray
 
 def requested_outputs(request: v2.ModelInferRequest, available: Sequence[str]) -> list[str]:
     """The outputs a request asks for (all when it names none); unknown names are refused."""
+    if not request.outputs:
+        return list(available)
     asked = [output.name for output in request.outputs]
     unknown = sorted(set(asked) - set(available))
     if unknown:
@@ -283,7 +285,7 @@ def requested_outputs(request: v2.ModelInferRequest, available: Sequence[str]) -
             f"model {shown(request.model_name)} has no output {shown(unknown[0])}; "
             f"outputs: {list(available)}"
         )
-    return asked or list(available)
+    return asked
 
 
 def build_request(
