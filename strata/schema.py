@@ -20,15 +20,10 @@ def validate_inputs(
 ) -> int:
     """Raise InvalidArgument unless `arrays` match `specs`; return the batch size (1 where
     `max_batch_size` is 0: the inputs have no batch dimension)."""
-    names = {spec.name for spec in specs}
-    unknown = sorted(set(arrays) - names)
-    if unknown:
-        raise InvalidArgument(
-            f"unknown input {shown(unknown[0])}; expected inputs: {sorted(names)}"
-        )
-    missing = sorted(names - set(arrays))
-    if missing:
-        raise InvalidArgument(f"missing input {missing[0]!r}; expected inputs: {sorted(names)}")
+    # Names are unique on each side (the config checks the specs'): equal counts, each spec's
+    # name present, means the same names, and a request pays for no sets.
+    if len(arrays) != len(specs) or not all(spec.name in arrays for spec in specs):
+        _refuse_names(arrays, specs)
     for spec in specs:
         check_tensor(spec, arrays[spec.name])
     if max_batch_size == 0:
@@ -43,6 +38,17 @@ def validate_inputs(
             "(its max_batch_size)"
         )
     return batch
+
+
+def _refuse_names(arrays: Mapping[str, np.ndarray], specs: Sequence[TensorSpec]) -> None:
+    names = {spec.name for spec in specs}
+    unknown = sorted(set(arrays) - names)
+    if unknown:
+        raise InvalidArgument(
+            f"unknown input {shown(unknown[0])}; expected inputs: {sorted(names)}"
+        )
+    missing = sorted(names - set(arrays))
+    raise InvalidArgument(f"missing input {missing[0]!r}; expected inputs: {sorted(names)}")
 
 
 def check_datatype(spec: TensorSpec, datatype: str) -> None:

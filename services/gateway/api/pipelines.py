@@ -307,7 +307,8 @@ class Pipelines:
                 "cannot go to shared memory (each would overwrite the last)"
             )
         arrays = codec.request_inputs(request)
-        if recording():
+        tracing = recording()
+        if tracing:
             annotate(pipeline=request.model_name, input_shapes=shapes(arrays))
         req = ClientRequest(
             pipeline_name=request.model_name,
@@ -326,7 +327,7 @@ class Pipelines:
             answer = await runtime.orchestrator.infer(req)
         else:
             answer = await self.sequences.infer(req, sequence, runtime.orchestrator.infer)
-        if recording():
+        if tracing:
             annotate(
                 arm=answer.arm,
                 model_version=answer.model_version,
@@ -373,6 +374,8 @@ def _produced(name: str, pipeline: Pipeline, answer: Answer, wanted: list[str]) 
     """The wanted outputs the answer has. An optional one a skipped rule did not make is
     left out (strata.skipped_rules names the rule); a required one fails the request."""
     missing = [name for name in wanted if name not in answer.outputs]
+    if not missing:
+        return {name: answer.outputs[name] for name in wanted}
     optional = {spec.name for spec in pipeline.outputs if spec.optional}
     required = [name for name in missing if name not in optional]
     if required:

@@ -232,9 +232,9 @@ def with_inputs(
     """`request` with the bytes of each input it placed in shared memory read into
     raw_input_contents beside the others (which tritonclient sends raw, without an entry
     for the placed ones); the request itself when it placed none."""
+    if not any(REGION in t.parameters for t in request.inputs):
+        return request  # the usual request, which pays for no names in messages unsent
     places = [placement(t.parameters, f"input {shown(t.name)}") for t in request.inputs]
-    if not any(places):
-        return request
     raw = list(request.raw_input_contents)
     if len(raw) != places.count(None):
         raise InvalidArgument(

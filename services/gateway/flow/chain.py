@@ -256,11 +256,12 @@ class Chain:
         )
         if len(members) > 1:
             for member in members:
-                item.members.add(
-                    id=_request(member).request_id,
-                    rows=member.rows,
-                    trace_context=member.carrier(),
-                )
+                # Field by field: add()'s keywords, a map among them, cost 2.4 times as much.
+                entry = item.members.add()
+                entry.id = _request(member).request_id
+                entry.rows = member.rows
+                for key, value in member.carrier().items():
+                    entry.trace_context[key] = value
         reply = await hop.call("Process", v1.ProcessRequest(requests=[item]), _deadline(members))
         if len(reply.results) != 1:
             raise RuntimeError(f"{hop.name} answered {len(reply.results)} results for 1 request")

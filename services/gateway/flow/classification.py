@@ -18,8 +18,10 @@ SCORES = ("FP16", "FP32", "FP64")
 def class_counts(request: v2.ModelInferRequest, pipeline: Pipeline) -> dict[str, int]:
     """The outputs the request asks classes of, and how many; a count that is not a positive
     integer, or an output that is not of a floating-point datatype, is INVALID_ARGUMENT."""
+    counts: dict[str, int] = {}
+    if not request.outputs:  # the usual request: every output, none classified
+        return counts
     specs = {spec.name: spec for spec in pipeline.outputs}
-    counts = {}
     for output in request.outputs:
         parameter = output.parameters.get(PARAMETER)
         if parameter is None:
@@ -43,6 +45,8 @@ def class_counts(request: v2.ModelInferRequest, pipeline: Pipeline) -> dict[str,
 def classified(outputs: codec.Arrays, counts: dict[str, int], pipeline: Pipeline) -> codec.Arrays:
     """`outputs` with each output of `counts` replaced by its top classes: [rows, count] for
     a batched pipeline (each row's elements ranked), else [count] over the whole tensor."""
+    if not counts:
+        return outputs
     specs = {spec.name: spec for spec in pipeline.outputs}
     out = dict(outputs)
     for name, count in counts.items():

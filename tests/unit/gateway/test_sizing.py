@@ -2,10 +2,11 @@
 weigh per row, the message limit less its margin, and the model's batch limit."""
 
 import asyncio
+import random
 
 import pytest
 
-from services.gateway.flow.sizing import Arm, Room, Sizes, is_too_large
+from services.gateway.flow.sizing import RECENT, Arm, Heaviest, Room, Sizes, is_too_large
 from strata.errors import InvalidArgument, Overloaded, Unavailable
 
 ARM = Arm("images", "a", "vision", "1")
@@ -105,3 +106,16 @@ def test_an_overflow_sizes_flights_but_refuses_no_request_it_did_not_measure() -
     sizes.saw(ARM, 1, 1_000)
     sizes.overflowed(ARM, 4)  # one heavy row among four, perhaps
     sizes.refuse_alone(ARM, 16, 16 * 1_000)
+
+
+def test_the_heaviest_row_is_that_of_the_last_messages_only_measured_ones_apart() -> None:
+    heaviest, seen = Heaviest(), []
+    assert (heaviest.largest, heaviest.measured) == (None, 0.0)
+    draw = random.Random(46)
+    for _ in range(4 * RECENT):  # each window's maximum comes, stays a while, and expires
+        weight, measured = draw.random(), draw.random() < 0.8
+        heaviest.add(weight, measured)
+        seen.append((weight, measured))
+        recent = seen[-RECENT:]
+        assert heaviest.largest == max(w for w, _ in recent)
+        assert heaviest.measured == max((w for w, m in recent if m), default=0.0)
