@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 from strata.config import preprocess as c
 from strata.config.pipelines import Pipeline
+from strata.wiring import Sized as Made
 
 ANY = -1
 _CHANNELS = {"L": 1, "RGB": 3, "RGBA": 4, "BGR": 3}
@@ -29,14 +29,6 @@ _KEEPING = (
     c.CastStep,
     c.StandardizeStep,
 )
-
-
-@dataclass(frozen=True)
-class Made:
-    """A tensor at the end of preprocess: its sizes (ANY where not known) and who made it."""
-
-    sizes: tuple[int, ...]
-    stage: str
 
 
 def made(spec: Pipeline) -> dict[str, Made] | None:

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
-from strata import onnxsig, repository, sizes
+from strata import onnxsig, repository
 from strata.onnxsig import TensorInfo
 from strata.plugins import Made
 from strata.sequences import model_sequence
@@ -79,6 +79,15 @@ class Flow:
 
 
 @dataclass(frozen=True)
+class Sized:
+    """A tensor preprocess ends with, as the pipeline's config says (strata.sizes): its
+    sizes, -1 where not known, and the stage that made it."""
+
+    sizes: tuple[int, ...]
+    stage: str
+
+
+@dataclass(frozen=True)
 class Version:
     """One model version a pipeline may call, as its ONNX graph declares it."""
 
@@ -112,7 +121,7 @@ def check_same(
     pipeline: str,
     wired: Sequence[Version],
     new: Version,
-    made: Mapping[str, sizes.Made] | None = None,
+    made: Mapping[str, Sized] | None = None,
 ) -> None:
     """Raise unless `new` takes and gives what one of `wired` does (the versions a
     pipeline's stages were checked against): the names, datatypes and ranks the wiring
@@ -129,7 +138,7 @@ def check_same(
         )
 
 
-def _difference(old: Version, new: Version, made: Mapping[str, sizes.Made]) -> str:
+def _difference(old: Version, new: Version, made: Mapping[str, Sized]) -> str:
     """How `new`'s inputs and outputs differ from `old`'s, as the wiring reads them ("": they
     do not)."""
     for side, before, after in (
@@ -162,12 +171,12 @@ def _kind(info: TensorInfo) -> tuple[str, int]:
     return info.datatype, len(info.shape)
 
 
-def _misfit(name: str, wired: Sequence[int], now: Sequence[int], made: sizes.Made | None) -> str:
+def _misfit(name: str, wired: Sequence[int], now: Sequence[int], made: Sized | None) -> str:
     """Where input `name` of sizes `now` may not take what preprocess makes: each size is
     known from the config (`made`) or, failing that, is the one the version checked at start
     took (the dry run held preprocess's output against it)."""
     static = made.sizes if made is not None and len(made.sizes) == len(now) else ()
-    known = [s if s != sizes.ANY else w for s, w in zip(static or wired, wired, strict=True)]
+    known = [s if s != -1 else w for s, w in zip(static or wired, wired, strict=True)]
     if all(n in (-1, k) for n, k in zip(now, known, strict=True)):
         return ""
     stage = made.stage if static and made is not None else "preprocess"

@@ -35,7 +35,7 @@ class Call:
 
     pipeline: str
     versions: frozenset[str]
-    made: Mapping[str, sizes.Made] | None = None
+    made: Mapping[str, wiring.Sized] | None = None
 
     def reaches(self, version: int) -> bool:
         return bool({"", str(version)} & self.versions)

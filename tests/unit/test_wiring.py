@@ -22,7 +22,7 @@ from strata.config.pipelines import Pipeline
 from strata.config.postprocess import PostprocessSettings
 from strata.errors import NotReady
 from strata.onnxsig import TensorInfo
-from strata.wiring import Version, check_same
+from strata.wiring import Sized, Version, check_same
 from tests.unit.inference.test_inference_toymodels import _finish, dense, pooling_model
 
 DECLARED = {"name": "probabilities", "datatype": "FP32", "shape": [-1, 3]}
@@ -287,7 +287,7 @@ CHW = Version("model 'm' version 1", [shaped("images", -1, 3, 224, 224)], [shape
 
 def test_the_sizes_preprocess_makes_are_read_from_the_built_in_steps_config() -> None:
     made = sizes.made(IMAGE)
-    assert made == {"images": sizes.Made((-1, 3, 224, 224), "preprocess step 'layout'")}
+    assert made == {"images": Sized((-1, 3, 224, 224), "preprocess step 'layout'")}
     without_crop = IMAGE.model_copy(update={"preprocess": IMAGE.preprocess[:2]})
     assert sizes.made(without_crop)["images"].sizes == (-1, -1, -1, 3)  # a photo's varies
     plugin = {"kind": "tests.support.plugins:Shrink", "input": "images", "poison": 1.0}
