@@ -78,14 +78,17 @@ class NotFound(StrataError):
 
 
 class NotReady(StrataError):
-    """The model exists but cannot serve yet (loading, or failed validation)."""
+    """The server cannot do this as it stands: a model not loaded or not ready, a pipeline
+    that does not make what it declares, a setting the deployment lacks. Never the
+    caller's mistake: REST answers it 503, as Triton and KServe answer a model not ready."""
 
     code = grpc.StatusCode.FAILED_PRECONDITION
 
 
 class Miswired(NotReady):
     """A model refused tensors the server made for it (a pipeline's preprocess, an earlier
-    model), not the client: the deployment's to mend. REST answers it 500."""
+    model), not the client: the deployment's to mend, which no retry can; REST answers it
+    500."""
 
     http_status = 500
 

@@ -11,12 +11,12 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 from strata.codec import datatype_of, utf8
-from strata.config.pipelines import TensorSpec
+from strata.config.pipelines import InputSpec, TensorSpec
 from strata.errors import InvalidArgument, shown
 
 
 def validate_inputs(
-    arrays: Mapping[str, np.ndarray], specs: Sequence[TensorSpec], max_batch_size: int
+    arrays: Mapping[str, np.ndarray], specs: Sequence[InputSpec], max_batch_size: int
 ) -> int:
     """Raise InvalidArgument unless `arrays` match `specs`; return the batch size (1 where
     `max_batch_size` is 0: the inputs have no batch dimension)."""
@@ -57,7 +57,7 @@ def check_datatype(spec: TensorSpec, datatype: str) -> None:
         raise InvalidArgument(f"input {spec.name!r}: datatype {datatype}, expected {spec.datatype}")
 
 
-def check_tensor(spec: TensorSpec, array: np.ndarray) -> None:
+def check_tensor(spec: InputSpec, array: np.ndarray) -> None:
     """Datatype, rank, each dimension, and the values themselves where the spec asks."""
     check_datatype(spec, datatype_of(array))
     if array.ndim != len(spec.shape):
@@ -88,7 +88,7 @@ def check_tensor(spec: TensorSpec, array: np.ndarray) -> None:
         _check_utf8(spec.name, array)
 
 
-def _check_range(spec: TensorSpec, array: np.ndarray) -> None:
+def _check_range(spec: InputSpec, array: np.ndarray) -> None:
     low, high = spec.range
     outside = ~((array >= low) & (array <= high))  # NaN is outside too
     if outside.any():
@@ -99,7 +99,7 @@ def _check_range(spec: TensorSpec, array: np.ndarray) -> None:
         )
 
 
-def _check_sizes(spec: TensorSpec, array: np.ndarray) -> None:
+def _check_sizes(spec: InputSpec, array: np.ndarray) -> None:
     for index, item in enumerate(array.reshape(-1)):
         if len(item) > spec.max_element_bytes:
             raise InvalidArgument(

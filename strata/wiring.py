@@ -79,6 +79,15 @@ class Flow:
 
 
 @dataclass(frozen=True)
+class Sized:
+    """A tensor preprocess ends with, as the pipeline's config says (strata.sizes): its
+    sizes, -1 where not known, and the stage that made it."""
+
+    sizes: tuple[int, ...]
+    stage: str
+
+
+@dataclass(frozen=True)
 class Version:
     """One model version a pipeline may call, as its ONNX graph declares it."""
 
@@ -108,11 +117,18 @@ def versions(root: Path, model: str, wanted: Iterable[str]) -> list[Version]:
     return found
 
 
-def check_same(pipeline: str, wired: Sequence[Version], new: Version) -> None:
+def check_same(
+    pipeline: str,
+    wired: Sequence[Version],
+    new: Version,
+    made: Mapping[str, Sized] | None = None,
+) -> None:
     """Raise unless `new` takes and gives what one of `wired` does (the versions a
     pipeline's stages were checked against): the names, datatypes and ranks the wiring
-    reads, so that `new` fits the pipeline exactly as that one did."""
-    differences = [_difference(version, new) for version in wired]
+    reads, so that `new` fits the pipeline exactly as that one did; and each size it fixes
+    is one preprocess is known to make (`made`, its sizes from the config, or the size the
+    version checked at start took), or for an output, the one that version gave."""
+    differences = [_difference(version, new, made or {}) for version in wired]
     if wired and all(differences):
         raise ValueError(
             f"pipeline {pipeline!r}: its steps and rules were checked at start against "
@@ -122,27 +138,59 @@ def check_same(pipeline: str, wired: Sequence[Version], new: Version) -> None:
         )
 
 
-def _difference(old: Version, new: Version) -> str:
+def _difference(old: Version, new: Version, made: Mapping[str, Sized]) -> str:
     """How `new`'s inputs and outputs differ from `old`'s, as the wiring reads them ("": they
     do not)."""
     for side, before, after in (
         ("input", old.inputs, new.inputs),
         ("output", old.outputs, new.outputs),
     ):
-        was = {t.name: (t.datatype, len(t.shape)) for t in before}
-        now = {t.name: (t.datatype, len(t.shape)) for t in after}
+        was = {t.name: t for t in before}
+        now = {t.name: t for t in after}
         for name in sorted(was.keys() | now.keys()):
             if name not in now:
                 return f"{new.label} has no {side} {name!r} (its {side}s: {sorted(now)})"
             if name not in was:
                 return f"{new.label} has {side} {name!r}, which {old.label} has not"
-            if was[name] != now[name]:
-                (datatype, rank), (wired, wired_rank) = now[name], was[name]
+            kind, wired = _kind(now[name]), _kind(was[name])
+            if kind != wired:
                 return (
-                    f"{new.label}'s {side} {name!r} is {datatype} of rank {rank}, not "
-                    f"{wired} of rank {wired_rank}"
+                    f"{new.label}'s {side} {name!r} is {kind[0]} of rank {kind[1]}, not "
+                    f"{wired[0]} of rank {wired[1]}"
                 )
+            if side == "input":
+                misfit = _misfit(name, was[name].shape, now[name].shape, made.get(name))
+            else:
+                misfit = _other_sizes(name, was[name].shape, now[name].shape, old.label)
+            if misfit:
+                return f"{new.label} {misfit}"
     return ""
+
+
+def _kind(info: TensorInfo) -> tuple[str, int]:
+    return info.datatype, len(info.shape)
+
+
+def _misfit(name: str, wired: Sequence[int], now: Sequence[int], made: Sized | None) -> str:
+    """Where input `name` of sizes `now` may not take what preprocess makes: each size is
+    known from the config (`made`) or, failing that, is the one the version checked at start
+    took (the dry run held preprocess's output against it)."""
+    static = made.sizes if made is not None and len(made.sizes) == len(now) else ()
+    known = [s if s != -1 else w for s, w in zip(static or wired, wired, strict=True)]
+    if all(n in (-1, k) for n, k in zip(now, known, strict=True)):
+        return ""
+    stage = made.stage if static and made is not None else "preprocess"
+    return (
+        f"takes input {name!r} as {list(now)}, but {stage} gives it as {known} (-1: a size "
+        "not known to be fixed)"
+    )
+
+
+def _other_sizes(name: str, wired: Sequence[int], now: Sequence[int], label: str) -> str:
+    """Where output `name` has a fixed size other than the one the rules were checked with."""
+    if all(-1 in (w, n) or w == n for w, n in zip(wired, now, strict=True)):
+        return ""
+    return f"gives output {name!r} as {list(now)}, but {label} gave it as {list(wired)}"
 
 
 def from_model(pipeline: str, version: Version) -> Flow:

@@ -1,12 +1,16 @@
 """A model version loaded after start, re-checked against the pipelines that call it.
 
 At start, preprocess and postprocess check each pipeline's steps, rules and model stages
-against every model version its routes may call (strata.wiring); the steps run only there (a
-plugin is imported nowhere else). That check reads a version's inputs and outputs alone
-(names, datatypes, ranks), so a version hot-swapped in later (a load, a poll) fits a pipeline
-exactly as a version checked at start did when it takes and gives what that one does. One
-that differs is refused, naming the pipeline and the tensor, and the versions serving keep
-serving; those services check their steps against it when they restart.
+against every model version its routes may call (strata.wiring), and preprocess runs its
+steps once on a synthetic request to hold what they make against each version's sizes; the
+steps run only there (a plugin is imported nowhere else). So a version hot-swapped in later
+(a load, a poll) fits a pipeline as a version checked at start did when it takes and gives
+the names, datatypes and ranks that one does, and each size it fixes is one preprocess is
+known to make: from the config of the built-in steps (strata.sizes: a crop's size, a
+layout's order), or the size the version checked at start took. One that does not (images
+channels last where CHW was taken, a renamed input) is refused, naming the pipeline, the
+stage and the tensor, and the versions serving keep serving; those services check their
+steps against it when they restart.
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from services.inference.model import ModelVersion
-from strata import wiring
+from strata import sizes, wiring
 from strata.config.pipelines import Pipeline
 from strata.errors import NotReady
 
@@ -26,10 +30,12 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class Call:
-    """A pipeline's call of a model: the versions its routes name ("": any it serves)."""
+    """A pipeline's call of a model: the versions its routes name ("": any it serves), and
+    the sizes of what preprocess makes where the model is the first (None: not known)."""
 
     pipeline: str
     versions: frozenset[str]
+    made: Mapping[str, wiring.Sized] | None = None
 
     def reaches(self, version: int) -> bool:
         return bool({"", str(version)} & self.versions)
@@ -48,8 +54,11 @@ class Rewiring:
     def __init__(self, pipelines: Mapping[str, Pipeline]) -> None:
         self._calls: dict[str, list[Call]] = defaultdict(list)
         for name, spec in pipelines.items():
+            made = sizes.made(spec)
+            first = {model.name for model in spec.first_models()}
             for model in spec.model_refs():
-                self._calls[model.name].append(Call(name, frozenset(model.versions_called())))
+                fed = made if model.name in first else None
+                self._calls[model.name].append(Call(name, frozenset(model.versions_called()), fed))
         self._checked: dict[str, dict[int, wiring.Version]] | None = None
 
     def started(self, serving: Mapping[str, Iterable[ModelVersion]]) -> None:
@@ -77,7 +86,7 @@ class Rewiring:
         new = _as_wired(model, " (loaded now)")
         for call in calls:
             try:
-                wiring.check_same(call.pipeline, call.wired(checked, model.version), new)
+                wiring.check_same(call.pipeline, call.wired(checked, model.version), new, call.made)
             except ValueError as exc:
                 raise NotReady(str(exc)) from None
 

@@ -26,7 +26,7 @@ import numpy as np
 from services.postprocess import wiring
 from services.postprocess.rules import Rule, build_rule, is_bounded
 from strata.codec import Arrays, datatype_of
-from strata.config.pipelines import Pipeline, TensorSpec
+from strata.config.pipelines import OutputSpec, Pipeline
 from strata.config.postprocess import PostprocessSettings, RuleSpec
 from strata.errors import NotReady
 
@@ -80,7 +80,7 @@ class ChainRule:
 class RuleChain:
     name: str
     rules: list[ChainRule]
-    outputs: list[TensorSpec]
+    outputs: list[OutputSpec]
 
     def __post_init__(self) -> None:
         # Shortest limit from each position on: the soonest any later rule can overrun.
@@ -261,7 +261,7 @@ class Pass:
         return {"skipped_rules": ",".join(self.skipped)} if self.skipped else {}
 
 
-def conform(pipeline: str, spec: TensorSpec, array: np.ndarray) -> np.ndarray:
+def conform(pipeline: str, spec: OutputSpec, array: np.ndarray) -> np.ndarray:
     """`array` if it has the datatype and shape the pipeline declares for it, else NotReady
     (FAILED_PRECONDITION) naming both: the pipeline does not make what it promises."""
     datatype = datatype_of(array)

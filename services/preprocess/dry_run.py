@@ -31,7 +31,7 @@ from PIL import Image
 from strata import wiring
 from strata.codec import DTYPES, Arrays, datatype_of
 from strata.config import preprocess as c
-from strata.config.pipelines import Pipeline, TensorSpec
+from strata.config.pipelines import InputSpec, Pipeline
 from strata.onnxsig import TensorInfo
 from strata.plugins import Step
 
@@ -72,7 +72,7 @@ def synthetic(spec: Pipeline) -> Arrays:
     return {t.name: _tensor(t, t.name in decoded, spec.max_batch_size > 0) for t in spec.inputs}
 
 
-def _tensor(spec: TensorSpec, image: bool, batched: bool) -> np.ndarray:
+def _tensor(spec: InputSpec, image: bool, batched: bool) -> np.ndarray:
     variable = sum(d == -1 for d in spec.shape[int(batched) :])
     size = SIZE if variable <= FEW_DIMENSIONS else SMALL_SIZE
     shape = [

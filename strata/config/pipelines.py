@@ -16,59 +16,64 @@ DEFAULT_ELEMENT_BYTES = 1 << 20
 
 
 class TensorSpec(Strict):
-    """A tensor a pipeline takes or returns."""
+    """What every tensor a pipeline takes or returns declares."""
 
     name: str = Field(description="Tensor name on the wire.")
     datatype: Datatype = Field(description="KServe v2 datatype.")
-    shape: list[int] = Field(description="Dimensions; -1 marks a variable one (batch first).")
-    max_shape: list[int] | None = Field(
-        default=None, description="Upper bound of each dimension, for variable ones."
+    shape: list[int] = Field(description="Dimensions, batch first; -1 marks a variable one.")
+
+    @model_validator(mode="after")
+    def _dimensions_are_sizes(self) -> TensorSpec:
+        if any(d < -1 or d == 0 for d in self.shape):
+            raise ValueError(f"{self.name}: dimensions must be positive or -1, got {self.shape}")
+        return self
+
+
+class InputSpec(TensorSpec):
+    """A tensor clients send, checked at the gateway before any upstream call."""
+
+    shape: list[int] = Field(
+        description="Dimensions a request's tensor must have, batch first (none where "
+        "max_batch_size is 0); -1: any size, up to max_shape."
     )
-    allow_nonfinite: bool = Field(default=False, description="Accept NaN and infinities.")
+    max_shape: list[int] | None = Field(
+        default=None,
+        description="Largest size of each variable (-1) dimension, one entry per dimension "
+        "(those of fixed ones are not read); unset: no bound but the message size.",
+    )
+    allow_nonfinite: bool = Field(
+        default=False, description="Accept NaN and infinities in a floating-point input."
+    )
     range: tuple[float, float] | None = Field(
         default=None,
-        description="Inputs of a numeric datatype: the lowest and highest value accepted "
-        "(inclusive), checked at the gateway before any upstream call; NaN is outside it.",
+        description="Numeric datatypes: the lowest and highest value accepted (inclusive), "
+        "checked at the gateway; NaN is outside it.",
     )
     utf8: bool = Field(default=False, description="BYTES elements must be valid UTF-8 text.")
     max_element_bytes: int = Field(
         default=DEFAULT_ELEMENT_BYTES,
         gt=0,
-        description="Largest BYTES element (a string or an image), checked at the gateway. "
-        "Unset: 1 MiB, or for an input a `decode` step reads first, that step's max_bytes "
-        "(16 MiB unless set), so that a photo decode takes passes the gateway too.",
+        description="Largest BYTES element (a string or an encoded image), checked at the "
+        "gateway. Unset: 1 MiB, or "
+        "for an input a `decode` step reads first, that step's max_bytes (16 MiB unless set), "
+        "so that a photo decode takes passes the gateway too.",
     )
     format: Literal["NHWC", "NCHW"] | None = Field(
         default=None,
-        description="Inputs that are images (rank 4, batch first; or rank 3 in a pipeline "
-        "with max_batch_size 0, which has no batch dimension, as Triton's densenet_onnx): the "
-        "order of the three image dimensions, height, width and channels (NHWC) or channels "
-        "first (NCHW). The "
-        "model config says it (FORMAT_NHWC, FORMAT_NCHW), and image clients such as Triton's "
-        "shape what they send by it.",
-    )
-    labels: list[str] | None = Field(
-        default=None,
-        description="Outputs only: the name of each class by its index, which the "
-        "classification extension adds to its answers (score:index:label).",
+        description="An image input (rank 4, batch first; or rank 3 in a pipeline with "
+        "max_batch_size 0, which has no batch dimension, as Triton's densenet_onnx): the "
+        "order of its three image dimensions, height, width and channels (NHWC) or channels "
+        "first (NCHW). The model config says it (FORMAT_NHWC, FORMAT_NCHW), and image clients "
+        "such as Triton's shape what they send by it.",
     )
     allow_empty: bool = Field(
         default=False,
-        description="Inputs only: a variable (-1) dimension may be 0, an empty tensor (as a "
-        "decoupled pipeline's request for no responses is).",
-    )
-    optional: bool = Field(
-        default=False,
-        description="Outputs only: an answer may lack it when the rule making it was skipped "
-        "(its time limit, level 1 for a rule that is not core, a `when:` that did not hold); "
-        "the answer names the skipped rules in strata.skipped_rules. A required output that "
-        "cannot be made fails the request with UNAVAILABLE naming it.",
+        description="A variable (-1) dimension may be 0, an empty tensor (as a decoupled "
+        "pipeline's request for no responses is).",
     )
 
     @model_validator(mode="after")
-    def _shapes_agree(self) -> TensorSpec:
-        if any(d < -1 or d == 0 for d in self.shape):
-            raise ValueError(f"{self.name}: dimensions must be positive or -1, got {self.shape}")
+    def _options_agree(self) -> InputSpec:
         if self.max_shape is not None and len(self.max_shape) != len(self.shape):
             raise ValueError(f"{self.name}: max_shape must have {len(self.shape)} dimensions")
         if self.range is not None and not self.range[0] <= self.range[1]:
@@ -89,6 +94,28 @@ class TensorSpec(Strict):
         if self.shape[axis] != -1:
             return self.shape[axis]
         return self.max_shape[axis] if self.max_shape else math.inf
+
+
+class OutputSpec(TensorSpec):
+    """A tensor clients receive, made by the model and the postprocess rules."""
+
+    shape: list[int] = Field(
+        description="Dimensions of the answer's tensor, batch first (none where "
+        "max_batch_size is 0); -1: any size. What the rules make must fit them, else the "
+        "request fails FAILED_PRECONDITION: the pipeline does not make what it declares."
+    )
+    labels: list[str] | None = Field(
+        default=None,
+        description="The name of each class by its index, which the classification "
+        "extension adds to its answers (score:index:label).",
+    )
+    optional: bool = Field(
+        default=False,
+        description="An answer may lack it when the rule making it was skipped (its time "
+        "limit, level 1 for a rule that is not core, a `when:` that did not hold); the "
+        "answer names the skipped rules in strata.skipped_rules. A required output that "
+        "cannot be made fails the request with UNAVAILABLE naming it.",
+    )
 
 
 class Route(Strict):
@@ -248,8 +275,8 @@ class Decoupled(Strict):
 class Pipeline(Strict):
     """A pipeline: what clients see as one model."""
 
-    inputs: list[TensorSpec] = Field(min_length=1, description="Inputs clients send.")
-    outputs: list[TensorSpec] = Field(min_length=1, description="Outputs clients receive.")
+    inputs: list[InputSpec] = Field(min_length=1, description="Inputs clients send.")
+    outputs: list[OutputSpec] = Field(min_length=1, description="Outputs clients receive.")
     max_batch_size: int = Field(
         default=64,
         ge=0,
@@ -367,21 +394,12 @@ class Pipeline(Strict):
             raise ValueError("stages carry rows of a batch: they need max_batch_size > 0")
         return self
 
-    def answer_outputs(self) -> list[TensorSpec]:
+    def answer_outputs(self) -> list[OutputSpec]:
         """The outputs as the pipeline's answer to one request has them: a decoupled
         pipeline's each with a leading response dimension before the declared ones."""
         if self.decoupled is None:
             return self.outputs
-        limit = self.decoupled.max_responses
-        return [
-            spec.model_copy(
-                update={
-                    "shape": [-1, *spec.shape],
-                    "max_shape": None if spec.max_shape is None else [limit, *spec.max_shape],
-                }
-            )
-            for spec in self.outputs
-        ]
+        return [spec.model_copy(update={"shape": [-1, *spec.shape]}) for spec in self.outputs]
 
     def stage_names(self) -> list[str]:
         """The first model's name, then each later stage's."""
@@ -455,22 +473,6 @@ class Pipeline(Strict):
         names = [s.name for s in specs]
         if len(set(names)) != len(names):
             raise ValueError(f"tensor names repeat: {names}")
-        return specs
-
-    @field_validator("outputs")
-    @classmethod
-    def _outputs_have_no_format(cls, specs: list[TensorSpec]) -> list[TensorSpec]:
-        for spec in specs:
-            if spec.format is not None:
-                raise ValueError(f"output {spec.name}: format applies to inputs only")
-        return specs
-
-    @field_validator("inputs")
-    @classmethod
-    def _inputs_have_no_labels(cls, specs: list[TensorSpec]) -> list[TensorSpec]:
-        for spec in specs:
-            if spec.labels is not None:
-                raise ValueError(f"input {spec.name}: labels apply to outputs only")
         return specs
 
     @property

@@ -28,12 +28,23 @@ from strata.stages import Family
 Level = Annotated[int, Field(strict=True, ge=0, le=255)]
 
 
-def _gray_as_rgb(value: object) -> object:
-    return [value] * 3 if isinstance(value, int) and not isinstance(value, bool) else value
+def _level(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= 255
 
 
-# An opaque colour, [r, g, b]; a gray level stands for all three.
-Colour = Annotated[tuple[Level, Level, Level], BeforeValidator(_gray_as_rgb)]
+def _colour(value: object) -> object:
+    """A gray level or an [r, g, b] triple as it is, else one error that says both forms
+    (pydantic's own for the union would be one per form, each of several lines)."""
+    if _level(value):
+        return value
+    if isinstance(value, list | tuple) and len(value) == 3 and all(map(_level, value)):
+        return tuple(value)
+    raise ValueError(f"must be a gray level 0-255 or [r, g, b] of three 0-255, got {value!r}")
+
+
+# An opaque colour: a gray level (all three channels) or [r, g, b]; checked whole before the
+# union sees it.
+Colour = Annotated[Level | tuple[Level, Level, Level], BeforeValidator(_colour)]
 
 Mode = Literal["L", "RGB", "RGBA", "BGR"]
 Interpolation = Literal["area", "bilinear", "bicubic", "lanczos", "nearest"]

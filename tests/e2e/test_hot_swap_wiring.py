@@ -1,17 +1,22 @@
 """A model version hot-swapped in after start, re-checked against the pipeline that calls it,
 with real processes: deployment b's digits version 2 replaced on disk by a model that takes
-other inputs is refused on load, naming the pipeline and the tensor, and the canary arm goes
-on answering with the version it had."""
+other inputs, or its input of another size than preprocess makes, is refused on load, naming
+the pipeline, the stage and the tensor, and the canary arm goes on answering with the version
+it had."""
 
 from __future__ import annotations
 
 import shutil
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import grpc
 import numpy as np
+import onnx
 import pytest
 
+from models.onnx_export import dense_model
 from strata import codec
 from strata.proto.inference import grpc_service_pb2 as v2
 from strata.proto.inference import grpc_service_pb2_grpc as v2_grpc
@@ -20,20 +25,17 @@ from tests.support.system import ROOT, running_system
 TOKEN = "inference-admin-token-for-the-rewiring-test-0123"
 
 
-def test_a_hot_swapped_version_that_misfits_its_pipeline_is_refused(tmp_path: Path) -> None:
-    repository = tmp_path / "repository"
-    for model in ("digits", "tabular", "digits-large"):
-        shutil.copytree(ROOT / "build" / "repository" / model, repository / model)
+def refused_load(repository: Path, swap: Callable[[Path], None]) -> tuple[grpc.RpcError, Any]:
+    """Version 2 of digits swapped on disk by `swap` and loaded on deployment b: the refusal,
+    and then the canary's answer."""
     changes = {"repository": str(repository), "inference": {"admin_token": TOKEN}}
-    with running_system(tmp_path, changes) as system:
+    with running_system(repository.parent, changes) as system:
         canary = v2_grpc.GRPCInferenceServiceStub(
             grpc.insecure_channel(system.address("inference-b"))
         )
-        swapped = repository / "digits" / "2"  # tabular's model and cases: features, not pixels
+        swapped = repository / "digits" / "2"
         shutil.rmtree(swapped)
-        shutil.copytree(
-            repository / "tabular" / "1", swapped, ignore=shutil.ignore_patterns("stats.json")
-        )
+        swap(swapped)
         with pytest.raises(grpc.RpcError) as refused:
             canary.RepositoryModelLoad(
                 v2.RepositoryModelLoadRequest(model_name="digits"),
@@ -41,13 +43,49 @@ def test_a_hot_swapped_version_that_misfits_its_pipeline_is_refused(tmp_path: Pa
                 timeout=60,
             )
         request = codec.build_request("digits", {"pixels": np.zeros((1, 64), np.float32)}, "2")
-        answer = canary.ModelInfer(request, timeout=10)
-    assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION
-    assert refused.value.details() == (
+        return refused.value, canary.ModelInfer(request, timeout=10)
+
+
+@pytest.fixture
+def repository(tmp_path: Path) -> Path:
+    for model in ("digits", "tabular", "digits-large"):
+        shutil.copytree(ROOT / "build" / "repository" / model, tmp_path / "repository" / model)
+    return tmp_path / "repository"
+
+
+def test_a_hot_swapped_version_that_misfits_its_pipeline_is_refused(repository: Path) -> None:
+    def tabular(swapped: Path) -> None:  # tabular's model and cases: features, not pixels
+        shutil.copytree(
+            repository / "tabular" / "1", swapped, ignore=shutil.ignore_patterns("stats.json")
+        )
+
+    refused, answer = refused_load(repository, tabular)
+    assert refused.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert refused.details() == (
         "model 'digits' version 2 refused: pipeline 'digits': its steps and rules were checked "
         "at start against model 'digits' version 2, and model 'digits' version 2 (loaded now) "
         "has input 'features', which model 'digits' version 2 has not; a version loaded later "
         "must take and give what they were checked against (restart preprocess and "
         "postprocess to check them against another); version 2 keeps serving"
     )
+    assert answer.model_version == "2" and answer.outputs[0].name == "logits"
+
+
+def test_a_hot_swapped_version_of_another_input_size_is_refused(repository: Path) -> None:
+    """Same name, datatype and rank; 32 pixels where the pipeline's flatten step makes 64."""
+
+    def smaller(swapped: Path) -> None:
+        rng = np.random.default_rng(0)
+        layer = (rng.normal(size=(32, 10)).astype(np.float32), np.zeros(10, np.float32))
+        swapped.mkdir()
+        onnx.save(dense_model([layer], "pixels", "logits"), swapped / "model.onnx")
+
+    refused, answer = refused_load(repository, smaller)
+    assert refused.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert (
+        "pipeline 'digits': its steps and rules were checked at start against model 'digits' "
+        "version 2, and model 'digits' version 2 (loaded now) takes input 'pixels' as "
+        "[-1, 32], but preprocess step 'flatten' gives it as [-1, 64]"
+    ) in refused.details()
+    assert refused.details().endswith("version 2 keeps serving")
     assert answer.model_version == "2" and answer.outputs[0].name == "logits"

@@ -42,12 +42,25 @@ SHRINK = {
     "poison": 1.0,
 }
 SHRUNK = {**DIGITS, "preprocess": [*DIGITS["preprocess"], SHRINK]}
+# Declares four scores where its rules make three: a rank the check at start finds right, a
+# size only an answer shows.
+MISDECLARED = {
+    **DIGITS,
+    "outputs": [{**spec, "shape": [-1, 4]} if spec["name"] == "scores" else spec
+                for spec in DIGITS["outputs"]],
+}  # fmt: skip
 SCALE, BORDER = 5, 5  # each digit pixel becomes 5x5; a 5-pixel frame: 40 of 50 is the centre
 
 
 @pytest.fixture(scope="module")
 def system(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Supervisor]:
-    changes = {"pipelines": {"digits-cropped": PIPELINE, "fragile": FRAGILE, "shrunk": SHRUNK}}
+    pipelines = {
+        "digits-cropped": PIPELINE,
+        "fragile": FRAGILE,
+        "shrunk": SHRUNK,
+        "misdeclared": MISDECLARED,
+    }
+    changes = {"pipelines": pipelines}
     with running_system(tmp_path_factory.mktemp("plugins"), changes) as supervisor:
         yield supervisor
 
@@ -56,6 +69,25 @@ def infer(system: Supervisor, pipeline: str, images: np.ndarray) -> dict[str, np
     stub = v2_grpc.GRPCInferenceServiceStub(grpc.insecure_channel(system.address("gateway")))
     request = codec.build_request(pipeline, {"images": images})
     return codec.response_outputs(stub.ModelInfer(request, timeout=30))
+
+
+def rest_infer(system: Supervisor, pipeline: str, images: np.ndarray) -> urllib.error.HTTPError:
+    """The HTTP error REST infer answers for `images`."""
+    body = {
+        "inputs": [
+            {
+                "name": "images",
+                "datatype": "UINT8",
+                "shape": list(images.shape),
+                "data": images.ravel().tolist(),
+            }
+        ]
+    }
+    url = f"http://{system.settings.services.gateway.rest}/v2/models/{pipeline}/infer"
+    request = urllib.request.Request(url, orjson.dumps(body), {"content-type": "application/json"})
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(request, timeout=30)
+    return refused.value
 
 
 def framed(digits: np.ndarray) -> np.ndarray:
@@ -116,18 +148,29 @@ def test_a_model_refusing_what_preprocess_made_is_the_servers_fault(system) -> N
         "'scale', 'flatten', 'shrink' made, not the client's: "
     )
     assert failed.value.details().startswith(message), failed.value.details()
-    body = {
-        "inputs": [{"name": "images", "datatype": "UINT8", "shape": [1, 8, 8], "data": [255] * 64}]
-    }
-    url = f"http://{system.settings.services.gateway.rest}/v2/models/shrunk/infer"
-    request = urllib.request.Request(url, orjson.dumps(body), {"content-type": "application/json"})
-    with pytest.raises(urllib.error.HTTPError) as refused:
-        urllib.request.urlopen(request, timeout=30)
-    assert refused.value.code == 500
-    assert orjson.loads(refused.value.read())["error"].startswith(message)
+    refused = rest_infer(system, "shrunk", images + 255)
+    assert refused.code == 500
+    assert orjson.loads(refused.read())["error"].startswith(message)
     logged = [
         json.loads(line)
         for line in (system.log_dir / "gateway.log").read_text().splitlines()
         if line.startswith("{") and message in line
     ]
     assert logged and {entry["level"] for entry in logged} >= {"WARNING"}
+
+
+def test_an_output_the_rules_do_not_make_as_declared_is_the_servers_fault(system) -> None:
+    """Postprocess's check of what it answers: FAILED_PRECONDITION naming pipeline and output,
+    over REST a server's status (503), never 400: the client sent what the pipeline takes."""
+    images = np.zeros((1, 8, 8), np.uint8)
+    message = (
+        "pipeline 'misdeclared': output 'scores' is FP32 [1, 3], but the pipeline declares "
+        "FP32 [-1, 4]"
+    )
+    with pytest.raises(grpc.RpcError) as failed:
+        infer(system, "misdeclared", images)
+    assert failed.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert message in failed.value.details()
+    refused = rest_infer(system, "misdeclared", images)
+    assert refused.code == 503
+    assert message in orjson.loads(refused.read())["error"]

@@ -174,7 +174,7 @@ def test_trace_settings_are_read_and_say_why_they_cannot_change_here(
     assert settings["model_trace"]["trace_rate"] == "1"
     assert settings["trace_no_token"]["status"] == "401"
     refused = settings["trace_change"]
-    assert refused["status"] == "400" and "no OTLP endpoint" in refused["message"]
+    assert refused["status"] == "503" and "no OTLP endpoint" in refused["message"]
     one_model = settings["trace_of_a_model"]
     assert one_model["status"] == "StatusCode.INVALID_ARGUMENT"
     assert "trace settings are the server's" in one_model["message"]

@@ -78,7 +78,7 @@ def test_default_config_loads_with_paths_resolved() -> None:
         ),
         (
             {"pipelines": {"digits": {"inputs": [{**IMAGES, "labels": ["a"]}]}}},
-            ["input images: labels apply to outputs only"],
+            ["pipelines.digits.inputs.0.labels", "Extra inputs are not permitted"],
         ),
     ],
 )

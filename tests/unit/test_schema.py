@@ -3,11 +3,11 @@
 import numpy as np
 import pytest
 
-from strata.config.pipelines import TensorSpec
+from strata.config.pipelines import InputSpec
 from strata.errors import InvalidArgument
 from strata.schema import check_tensor
 
-SPEC = TensorSpec(name="x", datatype="FP32", shape=[-1, 2], range=(-10, 10), allow_nonfinite=True)
+SPEC = InputSpec(name="x", datatype="FP32", shape=[-1, 2], range=(-10, 10), allow_nonfinite=True)
 
 
 def test_values_within_the_range_pass_and_others_are_named() -> None:
@@ -20,13 +20,13 @@ def test_values_within_the_range_pass_and_others_are_named() -> None:
 
 def test_a_range_must_be_ordered_and_numeric() -> None:
     with pytest.raises(ValueError, match=r"must be \[low, high\]"):
-        TensorSpec(name="x", datatype="FP32", shape=[-1], range=(1, 0))
+        InputSpec(name="x", datatype="FP32", shape=[-1], range=(1, 0))
     with pytest.raises(ValueError, match="numeric datatypes only"):
-        TensorSpec(name="x", datatype="BYTES", shape=[-1], range=(0, 1))
+        InputSpec(name="x", datatype="BYTES", shape=[-1], range=(0, 1))
 
 
 def test_an_empty_tensor_passes_only_where_the_input_allows_it() -> None:
     empty = np.zeros(0, np.int32)
-    check_tensor(TensorSpec(name="IN", datatype="INT32", shape=[-1], allow_empty=True), empty)
+    check_tensor(InputSpec(name="IN", datatype="INT32", shape=[-1], allow_empty=True), empty)
     with pytest.raises(InvalidArgument, match=r"input 'IN': dimension 0 is 0, allowed 1\.\."):
-        check_tensor(TensorSpec(name="IN", datatype="INT32", shape=[-1]), empty)
+        check_tensor(InputSpec(name="IN", datatype="INT32", shape=[-1]), empty)

@@ -17,11 +17,12 @@ from onnx import TensorProto, helper
 from services.postprocess.engine import RuleEngine
 from services.postprocess.rule_chain import build_chain
 from services.preprocess.pipeline import build_pipeline
+from strata import sizes
 from strata.config.pipelines import Pipeline
 from strata.config.postprocess import PostprocessSettings
 from strata.errors import NotReady
 from strata.onnxsig import TensorInfo
-from strata.wiring import Version, check_same
+from strata.wiring import Sized, Version, check_same
 from tests.unit.inference.test_inference_toymodels import _finish, dense, pooling_model
 
 DECLARED = {"name": "probabilities", "datatype": "FP32", "shape": [-1, 3]}
@@ -261,3 +262,80 @@ def test_a_later_version_fits_when_it_matches_any_version_wired() -> None:
     other = Version("model 'm' version 0", [tensor("a")], [tensor("b")])
     check_same("p", [other, WIRED], Version("model 'm' version 2", [tensor("x")], [tensor("y")]))
     check_same("p", [], Version("model 'm' version 2", [tensor("q")], []))  # nothing wired
+
+
+def shaped(name: str, *shape: int) -> TensorInfo:
+    return TensorInfo(name, "FP32", shape, (None,) * len(shape))
+
+
+IMAGE = Pipeline.model_validate(
+    {
+        "inputs": [{"name": "photo", "datatype": "BYTES", "shape": [-1]}],
+        "outputs": [{"name": "y", "datatype": "FP32", "shape": [-1, 10]}],
+        "preprocess": [
+            {"kind": "decode", "input": "photo", "output": "images"},
+            {"kind": "resize", "input": "images", "shorter": 256},
+            {"kind": "crop", "input": "images", "height": 224, "width": 224},
+            {"kind": "normalize", "input": "images", "mean": [0.5], "std": [0.2]},
+            {"kind": "layout", "input": "images", "to": "CHW"},
+        ],
+        "model": {"name": "m"},
+    }
+)
+CHW = Version("model 'm' version 1", [shaped("images", -1, 3, 224, 224)], [shaped("y", -1, 10)])
+
+
+def test_the_sizes_preprocess_makes_are_read_from_the_built_in_steps_config() -> None:
+    made = sizes.made(IMAGE)
+    assert made == {"images": Sized((-1, 3, 224, 224), "preprocess step 'layout'")}
+    without_crop = IMAGE.model_copy(update={"preprocess": IMAGE.preprocess[:2]})
+    assert sizes.made(without_crop)["images"].sizes == (-1, -1, -1, 3)  # a photo's varies
+    plugin = {"kind": "tests.support.plugins:Shrink", "input": "images", "poison": 1.0}
+    assert (
+        sizes.made(Pipeline.model_validate({**IMAGE.model_dump(), "preprocess": [plugin]})) is None
+    )
+
+
+@pytest.mark.parametrize(
+    ("inputs", "outputs", "words"),
+    [
+        (  # channels last where the pipeline's layout step makes them first
+            [shaped("images", -1, 224, 224, 3)],
+            [shaped("y", -1, 10)],
+            "version 2 takes input 'images' as [-1, 224, 224, 3], but preprocess step 'layout' "
+            "gives it as [-1, 3, 224, 224]",
+        ),
+        (
+            [shaped("pixels", -1, 3, 224, 224)],
+            [shaped("y", -1, 10)],
+            "has no input 'images' (its inputs: ['pixels'])",
+        ),
+        (
+            [shaped("images", -1, 3, 224, 224)],
+            [shaped("y", -1, 12)],
+            "gives output 'y' as [-1, 12], but model 'm' version 1 gave it as [-1, 10]",
+        ),
+    ],
+)
+def test_a_later_version_must_take_the_sizes_preprocess_makes(
+    inputs: list, outputs: list, words: str
+) -> None:
+    new = Version("model 'm' version 2", inputs, outputs)
+    with pytest.raises(ValueError, match="pipeline 'p': its steps and rules were checked") as info:
+        check_same("p", [CHW], new, sizes.made(IMAGE))
+    assert words in str(info.value)
+
+
+def test_a_size_a_later_version_fixes_must_be_known_to_be_made() -> None:
+    loose = Version("model 'm' version 1", [shaped("images", -1, 3, -1, -1)], [shaped("y", -1, 10)])
+    fixed = Version(
+        "model 'm' version 2", [shaped("images", -1, 3, 224, 224)], [shaped("y", -1, 10)]
+    )
+    check_same("p", [loose], fixed, sizes.made(IMAGE))  # the crop makes 224 x 224
+    check_same("p", [CHW], fixed)  # the version checked at start took 224 x 224
+    with pytest.raises(ValueError, match=r"but preprocess gives it as \[-1, 3, -1, -1\]"):
+        check_same("p", [loose], fixed)  # neither the config nor start shows 224 x 224
+    open_sizes = Version(
+        "model 'm' version 3", [shaped("images", -1, 3, -1, -1)], [shaped("y", -1, -1)]
+    )
+    check_same("p", [CHW], open_sizes, sizes.made(IMAGE))  # takes any size: fits

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 
 from strata import codec
-from strata.config.pipelines import Pipeline, TensorSpec
+from strata.config.pipelines import OutputSpec, Pipeline
 from strata.errors import InvalidArgument, shown
 from strata.proto.inference import grpc_service_pb2 as v2
 
@@ -58,7 +58,7 @@ def classified(outputs: codec.Arrays, counts: dict[str, int], pipeline: Pipeline
     return out
 
 
-def _top(rows: np.ndarray, count: int, spec: TensorSpec) -> np.ndarray:
+def _top(rows: np.ndarray, count: int, spec: OutputSpec) -> np.ndarray:
     """Each row's `count` highest scores (fewer if the row has fewer) as Triton's strings."""
     count = min(count, rows.shape[1])
     order = np.argsort(-rows, axis=1, kind="stable")[:, :count]

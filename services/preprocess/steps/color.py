@@ -36,7 +36,7 @@ def mode_of(images: np.ndarray, name: str) -> str:
 
 
 def convert_pixels(
-    images: np.ndarray, mode: str, name: str, background: Sequence[int] | None = None
+    images: np.ndarray, mode: str, name: str, background: int | Sequence[int] | None = None
 ) -> np.ndarray:
     """UINT8 images in any of the three modes, converted to `mode` (or to BGR)."""
     if mode == "BGR":
@@ -74,8 +74,9 @@ def _with_alpha(rgb: np.ndarray) -> np.ndarray:
     return np.concatenate([rgb, opaque], axis=3)
 
 
-def _composite(rgba: np.ndarray, background: Sequence[int]) -> np.ndarray:
-    """RGBA over an opaque background colour, rounded to the nearest integer."""
+def _composite(rgba: np.ndarray, background: int | Sequence[int]) -> np.ndarray:
+    """RGBA over an opaque background colour (a gray level is all three channels), rounded
+    to the nearest integer."""
     alpha = rgba[..., 3:].astype(np.uint32)
     colour = rgba[..., :3].astype(np.uint32)
     under = np.asarray(background, dtype=np.uint32)

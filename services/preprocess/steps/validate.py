@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from strata.codec import Arrays
-from strata.config.pipelines import TensorSpec
+from strata.config.pipelines import InputSpec
 from strata.schema import validate_inputs
 
 
@@ -14,7 +14,7 @@ from strata.schema import validate_inputs
 class Validate:
     """Refuse tensors that do not match the pipeline's schema (raises InvalidArgument)."""
 
-    inputs: Sequence[TensorSpec]
+    inputs: Sequence[InputSpec]
     max_batch_size: int
     name: str = "validate"
 

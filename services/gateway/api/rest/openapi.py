@@ -22,9 +22,11 @@ _ERRORS = {
     "409": "A shared memory region of that name is registered already.",
     "413": "The body is larger than gateway.rest.max_body_bytes.",
     "429": "Rate limit or overload: retry after Retry-After seconds (retry-after-ms).",
-    "500": "A bug: the server log has the details.",
+    "500": "A bug, or a pipeline that does not fit its model (the deployment's to mend): the "
+    "server log has the details.",
     "501": "Not offered by this server; the message names the alternative.",
-    "503": "No healthy upstream can answer now; retry.",
+    "503": "No healthy upstream can answer now, or a model is not loaded or ready; or what "
+    "was asked needs what this deployment lacks (FAILED_PRECONDITION: the message says).",
     "504": "The deadline (x-strata-timeout-ms) passed.",
 }
 _MODEL_ERRORS = ("401", "404")
@@ -238,7 +240,9 @@ def _settings_paths(pipelines: list[str]) -> dict[str, Any]:
     """Triton's logging and trace extensions (changes need the admin token)."""
     changes = {"type": "object"}
     logging = _answers("LogSettings", "The log settings.", "400", "401", "403", "429")
-    trace = _answers("TraceSettings", "The trace settings.", "400", "401", "403", "404", "429")
+    trace = _answers(
+        "TraceSettings", "The trace settings.", "400", "401", "403", "404", "429", "503"
+    )
     name = _parameters(pipelines, versioned=False)
     paths = {"/v2/logging": {**_get("The gateway's log settings.", logging)}}
     paths["/v2/logging"].update(_post("Change the log level (admin token).", changes, logging))

@@ -1,6 +1,13 @@
 """Failures as the v2 REST protocol reports them: `{"error": "..."}` with the HTTP status of
 the gRPC code, as google.rpc maps them (400, 401, 403, 404, 429, 499, 501, 503, 504; 500
 only for a bug), and a retry hint as `Retry-After` (whole seconds) and `retry-after-ms`.
+
+One departure: FAILED_PRECONDITION is 503, not google.rpc's 400. Here it never means the
+client erred: it is a model not loaded or not ready (Triton answers that 503 over HTTP, its
+UNAVAILABLE; KServe's ModelNotReady is 503 too), a pipeline whose rules do not make what it
+declares, a setting this deployment lacks. It crosses a hop as a bare code, so which of
+these it was is not known here; an error that knows it is a lasting mistake of the
+deployment says so with its own `http_status` (strata.errors.Miswired: 500).
 """
 
 from __future__ import annotations
@@ -27,7 +34,7 @@ _HTTP = {
     grpc.StatusCode.PERMISSION_DENIED: 403,
     grpc.StatusCode.UNAUTHENTICATED: 401,
     grpc.StatusCode.RESOURCE_EXHAUSTED: 429,
-    grpc.StatusCode.FAILED_PRECONDITION: 400,
+    grpc.StatusCode.FAILED_PRECONDITION: 503,  # see the module's docstring
     grpc.StatusCode.ABORTED: 409,
     grpc.StatusCode.OUT_OF_RANGE: 400,
     grpc.StatusCode.UNIMPLEMENTED: 501,

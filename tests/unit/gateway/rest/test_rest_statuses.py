@@ -13,6 +13,7 @@ from services.gateway.api.rest.statuses import TooLarge, error_response, http_st
 from strata.errors import (
     DeadlineExceeded,
     InvalidArgument,
+    Miswired,
     NotFound,
     NotReady,
     Overloaded,
@@ -21,7 +22,8 @@ from strata.errors import (
     Upstream,
 )
 
-# google/rpc/code.proto, each code's "HTTP Mapping".
+# google/rpc/code.proto, each code's "HTTP Mapping", but FAILED_PRECONDITION: never the client's
+# mistake here, 503 as Triton and KServe answer a model not ready (rest/statuses.py).
 GOOGLE_RPC = {
     "OK": 200,
     "CANCELLED": 499,
@@ -33,7 +35,7 @@ GOOGLE_RPC = {
     "PERMISSION_DENIED": 403,
     "UNAUTHENTICATED": 401,
     "RESOURCE_EXHAUSTED": 429,
-    "FAILED_PRECONDITION": 400,
+    "FAILED_PRECONDITION": 503,
     "ABORTED": 409,
     "OUT_OF_RANGE": 400,
     "UNIMPLEMENTED": 501,
@@ -63,7 +65,8 @@ def error_of(exc: BaseException) -> tuple[int, dict, dict[str, str]]:
     [
         (InvalidArgument("input 'x': bad"), 400),
         (NotFound("unknown model 'nope'"), 404),
-        (NotReady("model 'm' is loading"), 400),
+        (NotReady("model 'm' is loading"), 503),
+        (Miswired("pipeline 'p': model 'm' refused the tensors preprocess made"), 500),
         (Unauthenticated("no valid API key"), 401),
         (Unavailable("no replica"), 503),
         (DeadlineExceeded("the budget ran out"), 504),
