@@ -75,6 +75,7 @@ lint: $(STAMP_PROTO)
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
 	$(VENV)/bin/lint-imports
+	$(PY) -m mypy
 
 fmt: $(STAMP_VENV)
 	$(PY) -m ruff check --fix .

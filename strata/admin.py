@@ -18,6 +18,7 @@ import sys
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import grpc
 from google.protobuf.json_format import MessageToDict
@@ -27,6 +28,8 @@ from strata.channels import blocking_channel
 from strata.config import ConfigError, Settings, load_settings
 from strata.config.base import admin_token_from
 from strata.config.endpoints import ServiceEndpoint
+from strata.config.gateway import GatewaySettings
+from strata.config.inference import InferenceSettings
 from strata.proto.inference import grpc_service_pb2 as v2
 from strata.proto.inference import grpc_service_pb2_grpc as v2_grpc
 from strata.proto.v1 import admin_pb2, admin_pb2_grpc
@@ -92,7 +95,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"{PROG}: {exc}", file=sys.stderr)
         return EXIT_USAGE
     except grpc.RpcError as exc:
-        print(f"{PROG}: {exc.code().name}: {exc.details()}", file=sys.stderr)  # type: ignore[attr-defined]
+        print(f"{PROG}: {exc.code().name}: {exc.details()}", file=sys.stderr)
         return EXIT_FAILED
     print(json.dumps(output.data, indent=2) if args.json else output.text)
     return 0
@@ -122,12 +125,13 @@ def _settings(path: Path) -> Settings:
 
 def _token(settings: Settings, section: str) -> str:
     """A section's admin token: inline or from the environment, else from its file."""
-    config = getattr(settings, section)
+    config: GatewaySettings | InferenceSettings = getattr(settings, section)
     token = config.admin_token
     if token is None and config.admin_token_file is not None:
         setting = f"{section}.admin_token_file"
         try:
-            token = admin_token_from(config.admin_token_file, settings.source.parent, setting)
+            base = settings.source.parent if settings.source is not None else Path.cwd()
+            token = admin_token_from(config.admin_token_file, base, setting)
         except ValueError as exc:
             raise UsageError(str(exc)) from None
     if token is None:
@@ -196,7 +200,7 @@ def _inference(target: Target) -> v2_grpc.GRPCInferenceServiceStub:
     return _Authorised(stub, target.metadata)  # type: ignore[return-value]
 
 
-def _as_dict(message: Message) -> dict:
+def _as_dict(message: Message) -> dict[str, Any]:
     return MessageToDict(message, preserving_proto_field_name=True)
 
 
@@ -270,7 +274,10 @@ def unload(settings: Settings, args: argparse.Namespace) -> Output:
 
 
 def _on_each(
-    settings: Settings, args: argparse.Namespace, done: str, call: Callable[[object], object]
+    settings: Settings,
+    args: argparse.Namespace,
+    done: str,
+    call: Callable[[v2_grpc.GRPCInferenceServiceStub], object],
 ) -> Output:
     """One repository call on each chosen deployment, in turn; the first refusal stops."""
     names = []
@@ -363,7 +370,9 @@ def _arms_text(pipelines: dict[str, admin_pb2.PipelineStatus]) -> str:
     return _table(header, rows)
 
 
-def _all_arms(pipelines: dict[str, admin_pb2.PipelineStatus]) -> list[tuple[str, list]]:
+def _all_arms(
+    pipelines: dict[str, admin_pb2.PipelineStatus],
+) -> list[tuple[str, list[admin_pb2.ArmStatus]]]:
     """Each pipeline's arms, then its later stages' as `<pipeline>/<stage>`."""
     arms = []
     for name, pipeline in sorted(pipelines.items()):

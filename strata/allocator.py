@@ -19,6 +19,7 @@ import ctypes
 import ctypes.util
 import logging
 import os
+from collections.abc import Callable
 
 log = logging.getLogger(__name__)
 
@@ -44,7 +45,7 @@ def keep_tensor_memory() -> bool:
     return applied
 
 
-def _mallopt():
+def _mallopt() -> Callable[[int, int], int] | None:
     name = ctypes.util.find_library("c")
     if name is None:
         return None

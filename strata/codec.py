@@ -199,7 +199,7 @@ def from_contents(
         )
     if datatype == "BYTES":
         return np.array(list(values) or [], dtype=object).reshape(shape)
-    wide = np.array(values, dtype=_FIELD_DTYPE[field])
+    wide: np.ndarray = np.array(values, dtype=_FIELD_DTYPE[field])
     if dtype.kind in "iu" and wide.size:
         info = np.iinfo(dtype)
         if wide.min() < info.min or wide.max() > info.max:
@@ -260,7 +260,12 @@ def _check_raw_output(output: v2.ModelInferResponse.InferOutputTensor, size: int
         )
 
 
-def _decode_all(tensors: Sequence, raw: Sequence[bytes]) -> dict[str, np.ndarray]:
+def _decode_all(
+    tensors: Sequence[
+        v2.ModelInferRequest.InferInputTensor | v2.ModelInferResponse.InferOutputTensor
+    ],
+    raw: Sequence[bytes],
+) -> dict[str, np.ndarray]:
     if raw and len(raw) != len(tensors):
         raise InvalidArgument(
             f"raw contents has {len(raw)} entries for {len(tensors)} tensors; "

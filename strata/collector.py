@@ -31,7 +31,7 @@ class Frozen:
 
     def __init__(self, refreeze_seconds: float = REFREEZE_SECONDS) -> None:
         self._every = refreeze_seconds
-        self._task: asyncio.Task | None = None
+        self._task: asyncio.Task[None] | None = None
 
     def __enter__(self) -> Frozen:
         freeze()

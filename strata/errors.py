@@ -179,7 +179,7 @@ def retry_after_of(exc: BaseException) -> float:
     return exc.retry_after if isinstance(exc, Overloaded) else 0.0
 
 
-def hinted_retry(metadata: object) -> float:
+def hinted_retry(metadata: Iterable[tuple[str, str | bytes]] | None) -> float:
     """The `retry-after-ms` hint in a call's trailing metadata, in seconds (0: none)."""
     for key, value in metadata or ():
         if key == RETRY_AFTER:

@@ -24,6 +24,8 @@ import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from google.protobuf.internal.containers import MessageMap
+
 from strata.deadline import Deadline
 from strata.errors import (
     InvalidArgument,
@@ -42,6 +44,7 @@ TRACE_CONTEXT = "strata.trace_context"
 ERRORS = "strata.errors"
 
 Parameters = Mapping[str, v2.InferParameter]
+Writable = MessageMap[str, v2.InferParameter]  # a message's parameters, written in place
 
 
 @dataclass(frozen=True)
@@ -55,7 +58,7 @@ def is_flight(parameters: Parameters) -> bool:
     return ROWS in parameters
 
 
-def set_members(parameters, members: Sequence[FlightMember]) -> None:
+def set_members(parameters: Writable, members: Sequence[FlightMember]) -> None:
     """Write a flight's members into a request's parameters (what `members` reads)."""
     parameters[ROWS].string_param = ",".join(str(m.rows) for m in members)
     parameters[TRACE_CONTEXTS].string_param = ",".join(m.traceparent for m in members)
@@ -89,14 +92,14 @@ def _us(deadline: Deadline | None) -> str:
     return str(deadline.to_us()) if deadline is not None else "0"
 
 
-def set_errors(parameters, errors: Mapping[int, BaseException]) -> None:
+def set_errors(parameters: Writable, errors: Mapping[int, BaseException]) -> None:
     """Write members' errors into a response's parameters."""
     if errors:
         payload = {str(index): _entry(exc) for index, exc in errors.items()}
         parameters[ERRORS].string_param = json.dumps(payload)
 
 
-def _entry(exc: BaseException) -> list:
+def _entry(exc: BaseException) -> list[int | str]:
     code, message = status_of(exc)
     return [code.value[0], message, round(retry_after_of(exc) * 1000)]
 
@@ -119,7 +122,7 @@ def _error(code: int, message: str, retry_ms: float = 0) -> StrataError:
     return from_code(int(code), str(message), float(retry_ms) / 1000)
 
 
-def set_call_traceparent(parameters, traceparent: str) -> None:
+def set_call_traceparent(parameters: Writable, traceparent: str) -> None:
     """Write the traceparent of the call a request on a stream stands for."""
     parameters[TRACE_CONTEXT].string_param = traceparent
 

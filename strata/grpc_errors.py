@@ -51,7 +51,7 @@ def grpc_errors(method: Handler[T]) -> Handler[T]:
     """Wrap a unary aio servicer method: exceptions become the mapped gRPC status."""
 
     @functools.wraps(method)
-    async def wrapper(self: Any, request: Any, context: grpc.aio.ServicerContext) -> T:
+    async def wrapper(self: Any, request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> T:
         try:
             return await method(self, request, context)
         except grpc.aio.AbortError:
@@ -78,7 +78,9 @@ def answers_unimplemented(
         hint = next((h for prefix, h in (hints or {}).items() if name.startswith(prefix)), None)
         message = f"{name} is not implemented by {server}" + (f"; {hint}" if hint else "")
 
-        async def method(self: Any, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        async def method(
+            self: Any, request: Any, context: grpc.aio.ServicerContext[Any, Any]
+        ) -> Any:
             log_failure(name, Unimplemented.code, message)
             await context.abort(Unimplemented.code, message)
 

@@ -36,7 +36,9 @@ def check(
     """
     with blocking_channel(address, tls or TlsSettings(), identity) as channel:
         stub = health_pb2_grpc.HealthStub(channel)
-        reply = stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=timeout)
+        request = health_pb2.HealthCheckRequest(service=service)
+        # The health stubs declare HealthStub without its methods (sync and aio differ).
+        reply = stub.Check(request, timeout=timeout)  # type: ignore[attr-defined]
     return health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)
 
 

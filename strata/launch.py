@@ -155,7 +155,7 @@ class Supervisor:
         self.env = env
         self.backoff = backoff
         self.instances = {i.name: i for i in instances(settings)}
-        self.processes: dict[str, subprocess.Popen] = {}
+        self.processes: dict[str, subprocess.Popen[bytes]] = {}
         self.restarts: dict[str, int] = {}
         # Instances that exited for a reason no restart fixes, with their exit codes.
         self.left_down: dict[str, int] = {}
@@ -169,7 +169,7 @@ class Supervisor:
     def address(self, name: str) -> str:
         return self.instances[name].listen
 
-    def spawn(self, name: str) -> subprocess.Popen:
+    def spawn(self, name: str) -> subprocess.Popen[bytes]:
         """Start one instance's process without waiting for it."""
         instance = self.instances[name]
         command = [
@@ -207,7 +207,7 @@ class Supervisor:
         self.stop_all()
         raise StartFailed(name, code, self.config)
 
-    def start(self, name: str, timeout: float = 60.0) -> subprocess.Popen:
+    def start(self, name: str, timeout: float = 60.0) -> subprocess.Popen[bytes]:
         """Start one instance and wait until it is SERVING."""
         process = self.spawn(name)
         self.await_serving(name, timeout=timeout)

@@ -15,8 +15,9 @@ import socket
 import threading
 from collections.abc import Callable, Iterable
 from socketserver import ThreadingMixIn
-from typing import Any
+from typing import Generic, TypeVar
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
+from wsgiref.types import StartResponse, WSGIApplication, WSGIEnvironment
 
 from prometheus_client import (
     CollectorRegistry,
@@ -58,14 +59,10 @@ def set_ready(serving: bool) -> None:
     READY.set(1 if serving else 0)
 
 
-Respond = Callable[[str, list[tuple[str, str]]], Any]
-App = Callable[[dict, Respond], Iterable[bytes]]
-
-
-def _probes(metrics: App, ready: Callable[[], bool]) -> App:
+def _probes(metrics: WSGIApplication, ready: Callable[[], bool]) -> WSGIApplication:
     """/livez and /readyz answered from `ready`; every other path is metrics."""
 
-    def app(environ: dict, respond: Respond) -> Iterable[bytes]:
+    def app(environ: WSGIEnvironment, respond: StartResponse) -> Iterable[bytes]:
         path = environ.get("PATH_INFO", "")
         if path not in ("/livez", "/readyz"):
             return metrics(environ, respond)
@@ -111,12 +108,12 @@ def serve_workers_metrics(address: str, folder: str) -> None:
     _serve(address, make_wsgi_app(registry), ready)
 
 
-def _serve(address: str, metrics: App, ready: Callable[[], bool]) -> None:
+def _serve(address: str, metrics: WSGIApplication, ready: Callable[[], bool]) -> None:
     host, _, port = address.rpartition(":")
     host = host.strip("[]")
     family = {"address_family": socket.AF_INET6 if ":" in host else socket.AF_INET}
     kind = type("Server", (_Server,), family)
-    server = make_server(host, int(port), _probes(metrics, ready), kind, _Quiet)
+    server: WSGIServer = make_server(host, int(port), _probes(metrics, ready), kind, _Quiet)
     threading.Thread(target=server.serve_forever, name="metrics", daemon=True).start()
     log.info("metrics on http://%s/metrics, probes on /livez and /readyz", address)
 
@@ -134,15 +131,18 @@ RPC_DURATION = Histogram(
 )
 
 
-class Children:
+_Metric = TypeVar("_Metric", Counter, Gauge, Histogram)
+
+
+class Children(Generic[_Metric]):
     """A labelled metric's children, each resolved once: `labels()` takes a lock and builds
     its key on every call, which the hot path pays per request."""
 
-    def __init__(self, metric: Counter | Gauge | Histogram) -> None:
-        self.metric = metric
-        self._children: dict[tuple[str, ...], Any] = {}
+    def __init__(self, metric: _Metric) -> None:
+        self.metric: _Metric = metric
+        self._children: dict[tuple[str, ...], _Metric] = {}
 
-    def __call__(self, *values: str) -> Any:
+    def __call__(self, *values: str) -> _Metric:
         child = self._children.get(values)
         if child is None:
             child = self._children[values] = self.metric.labels(*values)

@@ -15,7 +15,7 @@ from __future__ import annotations
 import inspect
 import types
 from collections import Counter as Tally
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -57,7 +57,7 @@ class Gate:
     returns what `leave` is given once it ends. Plain calls, not a context manager: entering
     and leaving `asynccontextmanager` cost 12 us a call here, these 2 us."""
 
-    enter: Callable[[grpc.aio.ServicerContext], Awaitable[Any]]
+    enter: Callable[[grpc.aio.ServicerContext[Any, Any]], Awaitable[Any]]
     leave: Callable[[Any], None] = lambda _entered: None
 
 
@@ -81,7 +81,7 @@ class Shares:
             del self._held[key]
 
 
-async def refuse(context: grpc.aio.ServicerContext, reason: str, message: str) -> None:
+async def refuse(context: grpc.aio.ServicerContext[Any, Any], reason: str, message: str) -> None:
     """RESOURCE_EXHAUSTED with `message` and a retry hint, counted by `reason`."""
     REFUSED.labels(reason).inc()
     await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, message, trailing_metadata=HINT)
@@ -94,7 +94,7 @@ class Occupancy:
         self._all = Shares(total)
         self._by_address = Shares(per_client)
 
-    async def enter(self, context: grpc.aio.ServicerContext) -> str:
+    async def enter(self, context: grpc.aio.ServicerContext[Any, Any]) -> str:
         """Count a starting call as in flight (RESOURCE_EXHAUSTED instead when its address, or
         the server, holds its limit); its address, for `leave`."""
         address = source_address(context.peer() or "unknown")
@@ -140,11 +140,13 @@ def around_methods(
     )
 
 
-def _gated(handler: Callable, gate: Gate) -> Callable:
+def _gated(handler: Callable[..., Any], gate: Gate) -> Callable[..., Any]:
     enter, leave = gate.enter, gate.leave
     if inspect.isasyncgenfunction(handler):
 
-        async def stream(request, context):
+        async def stream(
+            request: object, context: grpc.aio.ServicerContext[Any, Any]
+        ) -> AsyncIterator[object]:
             entered = await enter(context)
             try:
                 async for reply in handler(request, context):
@@ -154,7 +156,7 @@ def _gated(handler: Callable, gate: Gate) -> Callable:
 
         return stream
 
-    async def call(request, context):
+    async def call(request: object, context: grpc.aio.ServicerContext[Any, Any]) -> object:
         entered = await enter(context)
         try:
             return await handler(request, context)

@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import NamedTuple, Protocol
+from typing import NamedTuple, Protocol, cast
 
 ORT_TYPES = {
     "tensor(bool)": "BOOL",
@@ -75,7 +75,10 @@ def read(path: Path) -> tuple[list[TensorInfo], list[TensorInfo]]:
         raise ValueError(f"cannot read {path.parent.name}/{path.name}: {why}") from None
     if any(arg.shape is None or arg.type == _UNDEFINED for arg in (*inputs, *outputs)):
         return _inferred(path)
-    return [TensorInfo.of(arg) for arg in inputs], [TensorInfo.of(arg) for arg in outputs]
+    # every shape is known past the check above
+    return [TensorInfo.of(cast(Arg, arg)) for arg in inputs], [
+        TensorInfo.of(cast(Arg, arg)) for arg in outputs
+    ]
 
 
 def _inferred(path: Path) -> tuple[list[TensorInfo], list[TensorInfo]]:
@@ -117,6 +120,11 @@ class _Malformed(Exception):
     """The bytes are not a protobuf message of the shape onnx.proto gives them."""
 
 
+# A message's fields by number: a varint or fixed-width field's values as ints, a
+# length-delimited one's as memoryviews.
+_Fields = dict[int, list[int | memoryview]]
+
+
 class _Read(NamedTuple):
     """A graph input or output read from the file, shaped as ONNX Runtime's NodeArg (shape
     None: a tensor whose shape the file leaves to be inferred)."""
@@ -126,19 +134,19 @@ class _Read(NamedTuple):
     shape: list[int | str | None] | None
 
 
-def _graph(model: bytes) -> dict[int, list]:
+def _graph(model: bytes) -> _Fields:
     graphs = _fields(memoryview(model)).get(_GRAPH)
     if not graphs:
         raise _Malformed("not an ONNX model (no graph)")
     return _fields(graphs[-1])
 
 
-def _name(message: memoryview, number: int = _TENSOR_NAME) -> str:
+def _name(message: int | memoryview, number: int = _TENSOR_NAME) -> str:
     """A TensorProto's name (or, by `number`, another message's)."""
     return _text(_fields(message), number)
 
 
-def _arg(value: memoryview) -> _Read:
+def _arg(value: int | memoryview) -> _Read:
     """A ValueInfoProto (name 1, type 2) as a NodeArg shows it."""
     fields = _fields(value)
     kinds = _fields(fields[2][-1]) if 2 in fields else {}
@@ -150,7 +158,7 @@ def _arg(value: memoryview) -> _Read:
     return _Read(_text(fields, 1), _type(kinds), shape)
 
 
-def _dim(dim: memoryview) -> int | str | None:
+def _dim(dim: int | memoryview) -> int | str | None:
     """A TensorShapeProto.Dimension: its value (1), else its symbolic name (2), else None."""
     fields = _fields(dim)
     if 1 in fields:
@@ -159,7 +167,7 @@ def _dim(dim: memoryview) -> int | str | None:
     return _text(fields, 2) or None
 
 
-def _type(kinds: dict[int, list]) -> str:
+def _type(kinds: _Fields) -> str:
     """A TypeProto as ONNX Runtime writes it: tensor(float), seq(tensor(int64)), ..."""
     if _TENSOR in kinds:
         return f"tensor({_element(_fields(kinds[_TENSOR][-1]), 1)})"
@@ -175,25 +183,25 @@ def _type(kinds: dict[int, list]) -> str:
     return _UNDEFINED
 
 
-def _element(fields: dict[int, list], number: int) -> str:
+def _element(fields: _Fields, number: int) -> str:
     """A TensorProto.DataType field's name."""
     value = _number(fields, number)
     return _ELEMENTS[value] if value < len(_ELEMENTS) else f"unknown({value})"
 
 
-def _inner(fields: dict[int, list], number: int) -> str:
+def _inner(fields: _Fields, number: int) -> str:
     """A TypeProto field's type."""
     return _type(_fields(fields[number][-1])) if number in fields else _UNDEFINED
 
 
-def _number(fields: dict[int, list], number: int) -> int:
+def _number(fields: _Fields, number: int) -> int:
     value = fields.get(number, [0])[-1]
     if not isinstance(value, int):
         raise _Malformed(f"field {number} is not a number")
     return value
 
 
-def _text(fields: dict[int, list], number: int) -> str:
+def _text(fields: _Fields, number: int) -> str:
     value = fields.get(number, [b""])[-1]
     if not isinstance(value, int):
         try:
@@ -203,12 +211,12 @@ def _text(fields: dict[int, list], number: int) -> str:
     raise _Malformed(f"field {number} is not text")
 
 
-def _fields(message: memoryview | int) -> dict[int, list]:
+def _fields(message: memoryview | int) -> _Fields:
     """A message's fields by number, each a list of its values in order: an int for a
     varint or fixed-width field, a memoryview (no copy) for a length-delimited one."""
     if not isinstance(message, memoryview):
         raise _Malformed("a message field holds a number")
-    out: dict[int, list] = {}
+    out: _Fields = {}
     for number, value in _wire(message):
         out.setdefault(number, []).append(value)
     return out
@@ -221,6 +229,7 @@ def _wire(data: memoryview) -> Iterator[tuple[int, int | memoryview]]:
         number, kind = key >> 3, key & 7
         if number == 0:
             raise _Malformed("field number 0")
+        value: int | memoryview
         if kind == 0:
             value, at = _varint(data, at)
         elif kind in (1, 2, 5):

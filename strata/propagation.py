@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Mapping, MutableMapping
+from collections.abc import Iterable, Mapping, MutableMapping
 
 from opentelemetry import baggage, propagate, trace
 from opentelemetry import context as otel_context
@@ -24,6 +24,12 @@ _TRACEPARENT = re.compile(r"00-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})")
 _DEFAULT_PROPAGATORS = ("tracecontext,baggage", "tracecontext")
 _W3C = os.environ.get("OTEL_PROPAGATORS", "tracecontext,baggage").replace(" ", "")
 _CONFIGURED = propagate.get_global_textmap()  # as the environment set it up
+
+
+def text_metadata(metadata: Iterable[tuple[str, str | bytes]] | None) -> dict[str, str]:
+    """A call's metadata by name, its binary (`-bin`) entries left out: every header read
+    from it (trace context, tokens, client ids) is text."""
+    return {key: value for key, value in metadata or () if isinstance(value, str)}
 
 
 def _plain_w3c() -> bool:

@@ -28,7 +28,7 @@ def validate_inputs(
         check_tensor(spec, arrays[spec.name])
     if max_batch_size == 0:
         return 1  # no batch dimension: the request is one whole input
-    batches = {arrays[spec.name].shape[0] for spec in specs}
+    batches: set[int] = {arrays[spec.name].shape[0] for spec in specs}
     if len(batches) > 1:
         raise InvalidArgument(f"inputs disagree on the batch size: {sorted(batches)}")
     batch = batches.pop()
@@ -81,20 +81,20 @@ def check_tensor(spec: InputSpec, array: np.ndarray) -> None:
     if array.dtype.kind == "f" and not spec.allow_nonfinite and not np.isfinite(array).all():
         raise InvalidArgument(f"input {spec.name!r}: contains NaN or infinite values")
     if spec.range is not None and array.size:
-        _check_range(spec, array)
+        _check_range(spec.name, spec.range, array)
     if array.dtype == object:
         _check_sizes(spec, array)
     if spec.utf8:
         _check_utf8(spec.name, array)
 
 
-def _check_range(spec: InputSpec, array: np.ndarray) -> None:
-    low, high = spec.range
+def _check_range(name: str, bounds: tuple[float, float], array: np.ndarray) -> None:
+    low, high = bounds
     outside = ~((array >= low) & (array <= high))  # NaN is outside too
     if outside.any():
         at = tuple(int(i) for i in np.argwhere(outside)[0])
         raise InvalidArgument(
-            f"input {spec.name!r}: value {array[at].item():.6g} at {list(at)} is outside its "
+            f"input {name!r}: value {array[at].item():.6g} at {list(at)} is outside its "
             f"declared range [{low:g}, {high:g}]"
         )
 

@@ -21,6 +21,7 @@ import logging
 import secrets
 import sys
 from collections.abc import Callable, Iterable
+from typing import Any
 
 import grpc
 
@@ -58,7 +59,8 @@ def principal(names: Iterable[str]) -> str | None:
     """Whom a verified certificate names: its SPIFFE ID, else its first name; None without."""
     names = list(names)
     spiffe = [name for name in names if name.startswith("spiffe://")]
-    return (spiffe or names or [None])[0]
+    chosen = spiffe or names
+    return chosen[0] if chosen else None
 
 
 def channel_credentials(
@@ -95,7 +97,7 @@ def caller_guard(tls: TlsSettings, identity: str, public: bool) -> Guard:
     allowed = frozenset(spiffe_id(name).encode() for name in names)
     refusal = f"{identity} admits only callers {names}; this caller's certificate is "
 
-    async def check(context: grpc.aio.ServicerContext) -> None:
+    async def check(context: grpc.aio.ServicerContext[Any, Any]) -> None:
         ids = context.peer_identities() or ()
         if allowed.isdisjoint(ids):
             mine = [i.decode() for i in ids if i.startswith(b"spiffe:")]

@@ -78,7 +78,7 @@ def sequence_flags(parameters: Mapping[str, v2.InferParameter]) -> Flags | None:
 
 def _id(value: v2.InferParameter | None) -> SequenceId | None:
     choice = value.WhichOneof("parameter_choice") if value is not None else None
-    if choice is None:
+    if value is None or choice is None:
         return None
     if choice == "string_param":
         text = value.string_param

@@ -26,7 +26,7 @@ import sys
 import threading
 import time
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import IO, Any, cast
 
 import orjson
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
@@ -103,6 +103,7 @@ class ChildSpanExporter(SpanExporter):
         attributes = orjson.dumps(dict(resource.attributes)).decode()
         command = ("-m", "strata.spanexport", "--resource", attributes, "--endpoint", endpoint)
         self._child = subprocess.Popen([sys.executable, *command], stdin=subprocess.PIPE)
+        self._pipe = cast(IO[bytes], self._child.stdin)  # a pipe: stdin=PIPE above
         self._lock = threading.Lock()  # export and shutdown may come from two threads
         self._failed = False
 
@@ -110,8 +111,8 @@ class ChildSpanExporter(SpanExporter):
         frame = encode(spans)
         with self._lock:
             try:
-                self._child.stdin.write(frame)
-                self._child.stdin.flush()
+                self._pipe.write(frame)
+                self._pipe.flush()
             except (OSError, ValueError):  # the child is gone, or shut down
                 if not self._failed:
                     log.warning("the span exporter process has exited: spans are dropped")
@@ -121,7 +122,7 @@ class ChildSpanExporter(SpanExporter):
 
     def shutdown(self) -> None:
         with self._lock, contextlib.suppress(OSError):
-            self._child.stdin.close()
+            self._pipe.close()
         try:
             self._child.wait(CHILD_EXIT_SECONDS)
         except subprocess.TimeoutExpired:
@@ -276,17 +277,20 @@ def run(resource: Resource, endpoint: str, fd: int) -> None:
     class FramesExporter(OTLPSpanExporter):
         """The SDK's OTLP/gRPC exporter, given frames of records instead of SDK spans."""
 
-        def _translate_data(self, data: Sequence[bytes]) -> ExportTraceServiceRequest:
+        # Frames in place of the SDK's spans: the overrides take what `export` is given.
+        def _translate_data(  # type: ignore[override]
+            self, data: Sequence[bytes]
+        ) -> ExportTraceServiceRequest:
             return translate(data, resource)
 
-        def _count_data(self, data: Sequence[bytes]) -> int:
+        def _count_data(self, data: Sequence[bytes]) -> int:  # type: ignore[override]
             return len(data)  # frames, for the exporter's own metrics
 
     exporter = FramesExporter(endpoint=endpoint)
     try:
         batch = Batch(FrameReader(fd))
         while (frames := batch.next()) is not None:
-            exporter.export(frames)
+            exporter.export(frames)  # type: ignore[arg-type]
     finally:
         exporter.shutdown()
 

@@ -30,7 +30,7 @@ class Raw:
     data: bytes
 
 
-def signature(tensors: Sequence[Raw]) -> tuple:
+def signature(tensors: Sequence[Raw]) -> tuple[tuple[str, str, tuple[int, ...]], ...]:
     """What requests must share to be stacked: each tensor's name, datatype and row shape."""
     return tuple((t.name, t.datatype, t.shape[1:]) for t in tensors)
 

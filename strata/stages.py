@@ -238,10 +238,11 @@ class Registry(Generic[S, T]):
         cls = self.classes.get(spec.kind)
         if cls is not None:
             return cls(spec, base_dir) if spec.kind in self._reading else cls(spec)
-        if not isinstance(spec, PluginSpec):
+        given: Spec = spec  # mypy cannot narrow the class's type variable by a protocol
+        if not isinstance(given, PluginSpec):
             known = ", ".join(sorted(self.classes))
             raise ValueError(f"unknown {self.what} {spec.kind!r} (known: {known})")
-        stage = spec.plugin(base_dir).instance()
+        stage = given.plugin(base_dir).instance()
         if not isinstance(stage, self._protocol):
             raise ValueError(f"{spec.kind!r} does not implement {self._protocol.__name__}")
         return self._guard(stage, spec.label)

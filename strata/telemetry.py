@@ -15,10 +15,10 @@ import random
 import sys
 import time
 import types
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from contextvars import ContextVar
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import grpc
 from google.protobuf import descriptor_pool
@@ -36,11 +36,17 @@ from opentelemetry.sdk.trace.sampling import (
     TraceIdRatioBased,
 )
 from opentelemetry.trace import NonRecordingSpan, SpanContext, SpanKind, Status, StatusCode
+from opentelemetry.util.types import AttributeValue
 
 from strata import propagation
 from strata.errors import bounded
 from strata.metrics import RPC_DURATION, RPCS, Children
 from strata.spanexport import ChildSpanExporter
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    _Call = grpc.aio.ServicerContext[Any, Any]
 
 log = logging.getLogger(__name__)
 LOG_MESSAGE_BYTES = 8192  # of one log line's message
@@ -57,14 +63,14 @@ class JsonFormatter(logging.Formatter):
     The message and any traceback are cut (strata.errors.bounded), so that whatever a client
     put into them, a line stays within about 16 KiB."""
 
-    converter = time.gmtime
+    converter: Callable[[float | None], time.struct_time] = time.gmtime
 
     def __init__(
         self, service: str, deployment: str | None = None, worker: int | None = None
     ) -> None:
         super().__init__()
         self.service = service
-        self.deployment = {"deployment": deployment} if deployment else {}
+        self.deployment: dict[str, str | int] = {"deployment": deployment} if deployment else {}
         if worker is not None:
             self.deployment["worker"] = worker
 
@@ -130,7 +136,9 @@ def setup_tracing(
     propagates to the hops behind."""
     global _sampling, _ratio
     endpoint = otlp_endpoint or os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT")
-    sampler = None  # the SDK then honours OTEL_TRACES_SAMPLER / OTEL_TRACES_SAMPLER_ARG
+    sampler: Sampler | None = (
+        None  # the SDK then honours OTEL_TRACES_SAMPLER / OTEL_TRACES_SAMPLER_ARG
+    )
     _sampling, _ratio = "sdk", None
     if not endpoint:
         sampler, _sampling = ALWAYS_OFF, "off"
@@ -145,7 +153,13 @@ def setup_tracing(
     )
     if endpoint:
         exporter = ChildSpanExporter(provider.resource, endpoint)
-        provider.add_span_processor(BatchSpanProcessor(exporter, **_small_batches()))
+        provider.add_span_processor(
+            BatchSpanProcessor(
+                exporter,
+                schedule_delay_millis=_small("OTEL_BSP_SCHEDULE_DELAY", SMALL_DELAY_MILLIS),
+                max_export_batch_size=_small("OTEL_BSP_MAX_EXPORT_BATCH_SIZE", SMALL_BATCH),
+            )
+        )
         log.info("exporting traces to %s (from a child process)", endpoint)
     trace.set_tracer_provider(provider)
     return provider
@@ -215,15 +229,12 @@ def _sampler(root: Sampler, trust_callers: bool) -> tuple[Sampler, str]:
 # Hand spans to the exporter process in small batches often: even copying a span into its
 # record holds the GIL, and the SDK's 512 every 5 s stalled the event loop at a time.
 # OTEL_BSP_SCHEDULE_DELAY and OTEL_BSP_MAX_EXPORT_BATCH_SIZE still override.
-SMALL_BATCHES = {"schedule_delay_millis": 100, "max_export_batch_size": 32}
-_BSP_ENV = {
-    "schedule_delay_millis": "OTEL_BSP_SCHEDULE_DELAY",
-    "max_export_batch_size": "OTEL_BSP_MAX_EXPORT_BATCH_SIZE",
-}
+SMALL_DELAY_MILLIS, SMALL_BATCH = 100, 32
 
 
-def _small_batches() -> dict[str, int]:
-    return {key: value for key, value in SMALL_BATCHES.items() if _BSP_ENV[key] not in os.environ}
+def _small(variable: str, value: int) -> int | None:
+    """`value`, unless the environment sets `variable` (None: the SDK reads it then)."""
+    return None if variable in os.environ else value
 
 
 _server_tracer = trace.get_tracer("strata.server")
@@ -234,7 +245,7 @@ _sampling = "sdk"
 _ratio: LiveRatio | None = None  # the ratio setup_tracing installed, where it did
 
 
-def server_span(name: str, carrier: Mapping[str, str]) -> AbstractContextManager:
+def server_span(name: str, carrier: Mapping[str, str]) -> AbstractContextManager[trace.Span]:
     """The current span for serving a call whose metadata is `carrier`: the SDK's server span
     where it may be recorded; else a non-recording span that carries the caller's trace (or a
     new one, for the logs' trace ids), at a tenth of the SDK's cost.
@@ -243,23 +254,25 @@ def server_span(name: str, carrier: Mapping[str, str]) -> AbstractContextManager
     taken here, on the trace id the SDK would decide on (the caller's, or a new one handed to
     the SDK's id generator): only a sampled request pays for the SDK's span."""
     traceparent = carrier.get("traceparent", "")
-    if _sampling == "ratio":
-        return _ratio_span(name, carrier, traceparent)
+    if _sampling == "ratio" and _ratio is not None:
+        return _ratio_span(_ratio, name, carrier, traceparent)
     if _sampling == "off" or (_sampling == "parent" and traceparent[53:55] == "00"):
         return _unsampled(_trace_id(traceparent))
     return _sdk_span(name, propagation.extract(carrier) if traceparent else None)
 
 
-def _ratio_span(name: str, carrier: Mapping[str, str], traceparent: str) -> AbstractContextManager:
+def _ratio_span(
+    ratio: LiveRatio, name: str, carrier: Mapping[str, str], traceparent: str
+) -> AbstractContextManager[trace.Span]:
     parent = propagation.extract(carrier) if traceparent else None
     caller = trace.get_current_span(parent).get_span_context() if parent else None
     if caller is not None and caller.is_valid:
         trace_id = caller.trace_id
-        if _ratio.samples(trace_id):
+        if ratio.samples(trace_id):
             return _sdk_span(name, parent)
     else:
         trace_id = _NEW_IDS.generate_trace_id()
-        if _ratio.samples(trace_id):
+        if ratio.samples(trace_id):
             token = _CHOSEN_TRACE_ID.set(trace_id)
             try:
                 return _sdk_span(name, Context())  # a root span: its trace id is the one chosen
@@ -268,14 +281,14 @@ def _ratio_span(name: str, carrier: Mapping[str, str], traceparent: str) -> Abst
     return _unsampled(trace_id)
 
 
-def _sdk_span(name: str, parent: Any) -> AbstractContextManager:
+def _sdk_span(name: str, parent: Context | None) -> AbstractContextManager[trace.Span]:
     span = _server_tracer.start_span(
         name, context=parent, kind=SpanKind.SERVER, record_exception=False
     )
     return propagation.Current(span, record_exception=False)
 
 
-def _unsampled(trace_id: int) -> AbstractContextManager:
+def _unsampled(trace_id: int) -> AbstractContextManager[trace.Span]:
     """A non-recording span in trace `trace_id` (with a span id of its own), made current."""
     context = SpanContext(trace_id, random.getrandbits(64), is_remote=False)
     return propagation.Current(NonRecordingSpan(context), record_exception=False)
@@ -322,13 +335,15 @@ class Meter:
         self._duration.observe(seconds)
 
 
-def _served(method: str, handler):
+def _served(
+    method: str, handler: Callable[[Any, _Call], Awaitable[Any]]
+) -> Callable[[Any, _Call], Awaitable[Any]]:
     meter = Meter(method)
 
-    async def served(request, context):
+    async def served(request: Any, context: _Call) -> Any:
         started = time.perf_counter()
         code = grpc.StatusCode.OK
-        with server_span(method, dict(context.invocation_metadata() or ())) as span:
+        with server_span(method, propagation.text_metadata(context.invocation_metadata())) as span:
             try:
                 return await handler(request, context)
             except BaseException:
@@ -343,7 +358,7 @@ def _served(method: str, handler):
     return served
 
 
-def outgoing(metadata: Sequence = ()) -> tuple:
+def outgoing(metadata: Sequence[tuple[str, str]] = ()) -> tuple[tuple[str, str], ...]:
     """The metadata for a call to the next hop, with the current trace context in it. No
     client span: the next hop's server span is the call's, and the caller records how long
     the call took as an attribute of its own span (a span per hop cost more than it told)."""
@@ -357,7 +372,7 @@ def recording() -> bool:
     return trace.get_current_span().is_recording()
 
 
-def annotate(**attributes: object) -> None:
+def annotate(**attributes: AttributeValue) -> None:
     """Set `strata.<name>` attributes on the current span (tuples/lists become arrays)."""
     span = trace.get_current_span()
     if span.is_recording():
@@ -380,6 +395,6 @@ def record_error(code_name: str, kind: str, message: str) -> None:
         span.set_status(Status(StatusCode.ERROR, f"{code_name}: {message}"))
 
 
-def shapes(arrays: dict) -> list[str]:
+def shapes(arrays: Mapping[str, np.ndarray]) -> list[str]:
     """Tensor shapes as span attribute values, e.g. ["images:1x8x8"]."""
     return [f"{name}:{'x'.join(map(str, a.shape))}" for name, a in arrays.items()]

@@ -17,10 +17,12 @@ import time
 from collections import OrderedDict, deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 import grpc
 
 from strata.errors import Overloaded, PermissionDenied, Unauthenticated
+from strata.propagation import text_metadata
 
 log = logging.getLogger(__name__)
 
@@ -100,9 +102,9 @@ class ControlAuth:
         self._calls, self._setting, self._token = calls, setting, token
         self._throttle = throttle or Throttle()
 
-    def check(self, context: grpc.aio.ServicerContext) -> None:
+    def check(self, context: grpc.aio.ServicerContext[Any, Any]) -> None:
         """Let the gRPC call through only if it carries the token (`allow`)."""
-        self.allow(context.peer() or "unknown", dict(context.invocation_metadata() or ()))
+        self.allow(context.peer() or "unknown", text_metadata(context.invocation_metadata()))
 
     def allow(self, peer: str, metadata: Mapping[str, str]) -> None:
         """Let a call from `peer` (gRPC's form) through only if its `metadata` (gRPC

@@ -38,7 +38,7 @@ class Span:
     parent_id: str
     start_ns: int
     end_ns: int
-    attributes: dict = field(hash=False)
+    attributes: dict[str, object] = field(hash=False)
     links: tuple[str, ...] = ()
     status_code: int = 0
     events: tuple[str, ...] = ()
@@ -84,7 +84,11 @@ class Receiver(trace_service_pb2_grpc.TraceServiceServicer):
         trace_service_pb2_grpc.add_TraceServiceServicer_to_server(self, self._server)
         self.port = self._server.add_insecure_port(listen)
 
-    def Export(self, request, context):
+    def Export(
+        self,
+        request: trace_service_pb2.ExportTraceServiceRequest,
+        context: grpc.ServicerContext,
+    ) -> trace_service_pb2.ExportTraceServiceResponse:
         now = time.monotonic()
         with self._lock:
             for span in spans_of(request):

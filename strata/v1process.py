@@ -26,7 +26,7 @@ import contextlib
 import itertools
 from collections.abc import Awaitable, Callable, Coroutine, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import grpc
 import numpy as np
@@ -122,7 +122,7 @@ def _complete(coroutine: Coroutine[Any, Any, T]) -> T:
     try:
         coroutine.send(None)
     except StopIteration as done:
-        return done.value
+        return cast(T, done.value)
     coroutine.close()
     raise RuntimeError("a synchronous handler's coroutine suspended")
 
@@ -155,13 +155,18 @@ async def _flight(item: v1.Request, handler: AsyncHandler) -> v1.Result:
     return _flight_result(item, roster, landing)
 
 
-def _flight_span(item: v1.Request, roster: _Roster) -> contextlib.AbstractContextManager:
+def _flight_span(
+    item: v1.Request, roster: _Roster
+) -> contextlib.AbstractContextManager[trace.Span | None]:
     """The span the flight's work is recorded on, linked to its sampled members: the call's
     own where it records (a span more for the flight would tell nothing the call's does not),
     else one of the flight's own; none at all (not even a non-recording one) when neither the
     call nor any member is sampled."""
     links = [Link(_span_context(c)) for c in roster.contexts if c is not None]
-    attributes = {"strata.pipeline": item.pipeline, "strata.requests": len(roster.ids)}
+    attributes: dict[str, str | int] = {
+        "strata.pipeline": item.pipeline,
+        "strata.requests": len(roster.ids),
+    }
     call = trace.get_current_span()
     if call.is_recording():
         for link in links:
@@ -242,7 +247,9 @@ async def _fall_back(
         together = await _attempt(handler, item, _take(stack, kept), kept)
     if isinstance(together, Exception):
         # They succeed alone but not together (e.g. too many rows for one run).
-        together = _concatenate([alone[i] for i in good]) or together
+        together = (
+            _concatenate([run for run in alone if not isinstance(run, Exception)]) or together
+        )
     return _land(failures, together)
 
 

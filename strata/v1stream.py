@@ -63,12 +63,16 @@ class ProcessService:
 
     @grpc_errors
     async def Process(
-        self, request: v1.ProcessRequest, context: grpc.aio.ServicerContext
+        self,
+        request: v1.ProcessRequest,
+        context: grpc.aio.ServicerContext[v1.ProcessRequest, v1.ProcessResponse],
     ) -> v1.ProcessResponse:
         return await self._process(request)
 
     async def ProcessStream(
-        self, requests: AsyncIterator[v1.ProcessRequest], context: grpc.aio.ServicerContext
+        self,
+        requests: AsyncIterator[v1.ProcessRequest],
+        context: grpc.aio.ServicerContext[v1.ProcessRequest, v1.ProcessResponse],
     ) -> AsyncIterator[v1.ProcessResponse]:
         method = f"/{self.SERVICE}/ProcessStream"
         limit = self._max_stream_in_flight

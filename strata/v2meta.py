@@ -6,7 +6,7 @@ The gateway describes pipelines and the inference service describes models the s
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Protocol
+from typing import Protocol, cast
 
 from strata.proto.inference import grpc_service_pb2 as v2
 from strata.proto.inference import model_config_pb2 as mc
@@ -16,9 +16,14 @@ from strata.sequences import ModelSequence, PipelineSequence
 class Tensor(Protocol):
     """Anything that names a tensor: a pipeline's TensorSpec, a model's graph input."""
 
-    name: str
-    datatype: str
-    shape: Sequence[int]
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def datatype(self) -> str: ...
+
+    @property
+    def shape(self) -> Sequence[int]: ...
 
 
 def metadata_response(
@@ -42,9 +47,13 @@ def metadata_response(
     )
 
 
-def config_type(datatype: str) -> int:
+# protoc's .pyi types an enum's values as the enum, but its Value() as a plain int.
+
+
+def config_type(datatype: str) -> mc.DataType:
     """Triton's DataType enum value for a v2 datatype name (BYTES is TYPE_STRING)."""
-    return mc.DataType.Value("TYPE_STRING" if datatype == "BYTES" else f"TYPE_{datatype}")
+    name = "TYPE_STRING" if datatype == "BYTES" else f"TYPE_{datatype}"
+    return cast(mc.DataType, mc.DataType.Value(name))
 
 
 def model_config(
@@ -124,7 +133,8 @@ def _sequence_batching(
 
 def _control(kind: str, datatype: str) -> mc.ModelSequenceBatching.Control:
     kinds = mc.ModelSequenceBatching.Control.Kind
-    control = mc.ModelSequenceBatching.Control(kind=kinds.Value(f"CONTROL_SEQUENCE_{kind}"))
+    value = cast(mc.ModelSequenceBatching.Control.Kind, kinds.Value(f"CONTROL_SEQUENCE_{kind}"))
+    control = mc.ModelSequenceBatching.Control(kind=value)
     if kind == "CORRID":
         control.data_type = config_type(datatype)
     elif datatype == "BOOL":
@@ -136,7 +146,7 @@ def _control(kind: str, datatype: str) -> mc.ModelSequenceBatching.Control:
     return control
 
 
-def _format(tensor: Tensor) -> int:
+def _format(tensor: Tensor) -> mc.ModelInput.Format:
     """Triton's Format enum value of a tensor's layout (FORMAT_NONE for none)."""
     layout = getattr(tensor, "format", None)  # only a pipeline's inputs may have one
-    return mc.ModelInput.Format.Value(f"FORMAT_{layout or 'NONE'}")
+    return cast(mc.ModelInput.Format, mc.ModelInput.Format.Value(f"FORMAT_{layout or 'NONE'}"))

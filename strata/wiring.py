@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 from strata import onnxsig, repository
 from strata.onnxsig import TensorInfo
@@ -28,9 +28,14 @@ from strata.sequences import model_sequence
 class Declared(Protocol):
     """A tensor a pipeline declares (its config's TensorSpec)."""
 
-    name: str
-    datatype: str
-    shape: Sequence[int]
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def datatype(self) -> str: ...
+
+    @property
+    def shape(self) -> Sequence[int]: ...
 
 
 @dataclass(frozen=True)
@@ -321,7 +326,7 @@ def _through(
     root: Path,
     given: Flow,
     fed: dict[str, Known],
-    stages: Sequence,
+    stages: Sequence[Any],  # the config's StageSpecs, a floor above
     label: str,
     before: Flow | None = None,
 ) -> list[tuple[str, Flow]]:

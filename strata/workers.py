@@ -142,7 +142,7 @@ class Parent:
 
     def __init__(self, name: str, count: int, shared: Shared, grace: float) -> None:
         self.name, self.count, self.shared, self.grace = name, count, shared, grace
-        self.workers: dict[int, subprocess.Popen] = {}
+        self.workers: dict[int, subprocess.Popen[bytes]] = {}
         self._pipes: dict[int, int] = {}  # each starting worker's pipe (read end)
         self._listening: set[int] = set()  # workers that listen, not yet told to serve
         self._open = False  # every worker has listened once: a new one may serve at once

@@ -55,11 +55,11 @@ def folded(path: Path, fold: Fold) -> bytes:
     graph.input.remove(original)
     graph.input.insert(index, images)
     # Per channel, on the channel axis: [C, 1, 1] after the Transpose, [C] (the last) without.
-    where = (-1, 1, 1) if fold.channels_first else (-1,)
+    axes = (-1, 1, 1) if fold.channels_first else (-1,)
     graph.initializer.extend(
         [
-            numpy_helper.from_array(_per_channel(fold.gain, where), f"{_PREFIX}_gain"),
-            numpy_helper.from_array(_per_channel(fold.bias, where), f"{_PREFIX}_bias"),
+            numpy_helper.from_array(_per_channel(fold.gain, axes), f"{_PREFIX}_gain"),
+            numpy_helper.from_array(_per_channel(fold.bias, axes), f"{_PREFIX}_bias"),
         ]
     )
     for position, node in enumerate(_nodes(fold, inner)):

@@ -138,7 +138,8 @@ class JobQueue:
     def collect(self, head: Job, late: Lateness) -> tuple[list[Job], int, Deadline | None]:
         """`head` and the later jobs that can share its batch while the rows fit and padding
         stays within its share: the jobs, their rows, and the earliest of their deadlines."""
-        group, rows, deadline = [], 0, None
+        group: list[Job] = []
+        rows, deadline = 0, None
         padding = Padding(self._max_padding)
         budget = SCAN_PER_ROW * self._max_rows
         for queue in self._levels:

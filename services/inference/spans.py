@@ -55,7 +55,7 @@ def start_batch(
     came from, where there is one; else a span of its own. Either gets the batch's model and
     size and is linked to each request's span (but the caller's own) with the seconds it
     queued. A call whose requests took several batches keeps the last one's figures."""
-    attributes = {
+    attributes: dict[str, str | int] = {
         "strata.model": model,
         "strata.model_version": version,
         "batch.requests": len(links),

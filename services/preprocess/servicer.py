@@ -17,9 +17,10 @@ from concurrent.futures import Executor
 
 from services.preprocess.pipeline import PreprocessPipelines
 from services.preprocess.versions import MODEL_VERSION
+from strata.codec import Arrays
 from strata.proto.v1 import preprocess_pb2_grpc, tensor_pb2
 from strata.streams import DEFAULT_MAX_IN_FLIGHT
-from strata.v1process import Arrays, process_all
+from strata.v1process import process_all
 from strata.v1stream import ProcessService
 
 

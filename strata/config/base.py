@@ -63,10 +63,11 @@ class WritesOutput:
         return self.output or self.input
 
 
-Datatype = Literal[
+NumericDatatype = Literal[
     "BOOL", "UINT8", "UINT16", "UINT32", "UINT64", "INT8", "INT16", "INT32", "INT64",
-    "FP16", "FP32", "FP64", "BYTES",
+    "FP16", "FP32", "FP64",
 ]  # fmt: skip
+Datatype = Literal[NumericDatatype, "BYTES"]
 
 
 PLUGIN = "<plugin>"  # the tag of a stage whose kind is not a built-in (in errors and docs)
@@ -145,7 +146,7 @@ def stage_union(models: tuple[type[BaseModel], ...], plugin: type[PluginStage]) 
 
 
 def _kind(model: type[BaseModel]) -> str:
-    return get_args(model.model_fields["kind"].annotation)[0]
+    return str(get_args(model.model_fields["kind"].annotation)[0])
 
 
 MIN_ADMIN_TOKEN = 32  # characters: a guessed or short token is refused at load time

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
@@ -322,7 +322,7 @@ class Pipeline(Strict):
         description="Preprocess outputs (e.g. attention_mask) postprocess receives beside the "
         "model's outputs.",
     )
-    default_answer: dict[str, list] | None = Field(
+    default_answer: dict[str, list[Any]] | None = Field(
         default=None,
         description="One row of output values returned, marked degraded, when the ladder "
         "is at level 3 and the cache has no answer.",

@@ -8,15 +8,15 @@ tokenizer, statistics) is checked there, when the class is built.
 
 from __future__ import annotations
 
-from typing import Annotated, ClassVar, Literal, get_args
+from typing import Annotated, ClassVar, Literal
 
 from pydantic import BeforeValidator, ConfigDict, Field, model_validator
 
 from strata.config.base import (
     OUTPUT,
     Count,
-    Datatype,
     Number,
+    NumericDatatype,
     PluginStage,
     Strict,
     WritesOutput,
@@ -49,7 +49,6 @@ Colour = Annotated[Level | tuple[Level, Level, Level], BeforeValidator(_colour)]
 Mode = Literal["L", "RGB", "RGBA", "BGR"]
 Interpolation = Literal["area", "bilinear", "bicubic", "lanczos", "nearest"]
 Offset = Annotated[int, Field(strict=True, ge=0)]
-NumericDatatype = Literal[tuple(d for d in get_args(Datatype) if d != "BYTES")]  # type: ignore[misc]
 
 # In a file option, the number of the model version the request's arm calls: the version's
 # own statistics, vocabulary or tokenizer (docs/preprocess-postprocess.md).

@@ -189,7 +189,7 @@ class Settings(BaseSettings):
         return [
             (model.name, route)
             for model in self.pipelines[pipeline].model_refs()
-            for route in [*self.model_routes(model), *filter(None, [model.shadow])]
+            for route in self.model_routes(model) + ([model.shadow] if model.shadow else [])
         ]
 
     def routes(self, pipeline: str) -> list[Route]:

@@ -70,6 +70,8 @@ class TlsSettings(Strict):
 
     def pem(self, identity: str, name: str) -> bytes:
         """One file (CERT, KEY or CA) of `identity`, with a clear error when it is missing."""
+        if self.certs is None:
+            raise ValueError("TLS identities need `certs` (tls.enabled requires it)")
         path = self.certs / identity / name
         try:
             return path.read_bytes()

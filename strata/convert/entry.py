@@ -25,7 +25,8 @@ import numpy as np
 import yaml
 
 from strata import repository
-from strata.convert.source import Arrays, ConversionError
+from strata.codec import Arrays
+from strata.convert.source import ConversionError
 from strata.errors import InvalidArgument
 from strata.repository import write_npz
 
@@ -62,7 +63,8 @@ def case_arrays(inputs: Arrays, outputs: Arrays, atol: float) -> dict[str, np.nd
     arrays = {f"input.{name}": value for name, value in inputs.items()}
     arrays |= {f"output.{name}": value for name, value in outputs.items()}
     # rtol 0: the case holds the model to exactly the absolute bound parity accepted it at.
-    return arrays | {"atol": np.float64(atol), "rtol": np.float64(0.0)}
+    bounds = {"atol": np.asarray(atol, np.float64), "rtol": np.asarray(0.0, np.float64)}
+    return arrays | bounds  # 0-d arrays: stored as np.float64 scalars would be
 
 
 def write_entry(

@@ -17,7 +17,8 @@ import numpy as np
 import onnx
 import torch
 
-from strata.convert.source import Arrays, ConversionError, Source
+from strata.codec import Arrays
+from strata.convert.source import ConversionError, Source
 
 log = logging.getLogger(__name__)
 MIN_OPSET = 17

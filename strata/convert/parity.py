@@ -14,7 +14,8 @@ import numpy as np
 import onnxruntime as ort
 import torch
 
-from strata.convert.source import Arrays, ParityError, Source
+from strata.codec import Arrays
+from strata.convert.source import ParityError, Source
 
 
 @dataclass(frozen=True)

@@ -17,6 +17,7 @@ from typing import Any
 import onnx
 import onnxruntime as ort
 
+from strata.codec import Arrays
 from strata.convert.entry import case_arrays, check_name, choose_version, write_entry
 from strata.convert.export import MIN_OPSET, export
 from strata.convert.optimise import optimise
@@ -124,7 +125,7 @@ def _build(source: Source, options: Options, work: Path) -> tuple[Path, dict[str
     return model, steps
 
 
-def _parity(source: Source, model: Path) -> tuple[list, list[OutputParity]]:
+def _parity(source: Source, model: Path) -> tuple[list[Arrays], list[OutputParity]]:
     session = ort.InferenceSession(str(model), providers=["CPUExecutionProvider"])
     reference = reference_outputs(source)
     return reference, compare(source, reference, onnx_outputs(session, source))

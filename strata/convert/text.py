@@ -22,7 +22,8 @@ import torch
 import yaml
 from tokenizers import Tokenizer
 
-from strata.convert.source import Arrays, ConversionError, Source, TensorDecl
+from strata.codec import Arrays
+from strata.convert.source import ConversionError, Source, TensorDecl
 
 TOKENIZER_FILE = "tokenizer.json"
 # Hugging Face model types whose graphs ONNX Runtime's "bert" optimiser fuses.
@@ -168,7 +169,9 @@ def sentence_source(
     batches = _batches(texts)
     samples = [encode(tokenizer, batch, names) for batch in batches]
     config = encoder.transformer.config
-    pad_id = float(tokenizer.padding["pad_id"])
+    padding = tokenizer.padding
+    assert padding is not None  # tokenizer_for enables it
+    pad_id = float(padding["pad_id"])
     source = Source(
         module=encoder,
         inputs=[TensorDecl(n, "int64", ("batch", "sequence")) for n in names],

@@ -6,6 +6,7 @@ from __future__ import annotations
 import grpc
 
 from services.gateway.request import Caller
+from strata.propagation import text_metadata
 from strata.security import principal
 
 PRINCIPAL = "strata.principal"  # the ASGI scope extension: a client certificate's principal
@@ -15,7 +16,7 @@ def grpc_caller(context: grpc.aio.ServicerContext) -> Caller:
     """The caller of a gRPC call."""
     names = context.peer_identities() or ()
     return Caller(
-        dict(context.invocation_metadata() or ()),
+        text_metadata(context.invocation_metadata()),
         context.peer(),
         context.time_remaining(),
         principal=principal(name.decode() for name in names),

@@ -61,7 +61,8 @@ class DoorProbe:
 
     async def _probe_forever(self) -> None:
         async with grpc.aio.insecure_channel(self.address, options=RECONNECT) as channel:
-            check = health_pb2_grpc.HealthStub(channel).Check
+            # The health stubs declare HealthStub without its methods (sync and aio differ).
+            check = health_pb2_grpc.HealthStub(channel).Check  # type: ignore[attr-defined]
             while True:
                 started = time.monotonic()
                 waited = await _timed(check, started)

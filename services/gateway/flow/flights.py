@@ -28,13 +28,13 @@ import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Hashable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace
 
 from services.gateway.flow.sizing import UNBOUNDED, Room
 from services.gateway.metrics import FLIGHT_REQUESTS, FLIGHTS_IN_AIR
+from services.gateway.request import Answer, ClientRequest
 from strata import propagation
 from strata.config.gateway import FlightSettings
 from strata.deadline import Deadline
@@ -43,14 +43,14 @@ from strata.errors import DeadlineExceeded
 
 @dataclass(eq=False)
 class Member:
-    """One client request aboard a flight; `request` is the orchestrator's own."""
+    """One client request aboard a flight."""
 
-    request: Any
+    request: ClientRequest
     rows: int
     deadline: Deadline
     context: otel_context.Context = field(default_factory=otel_context.get_current)
     size: int = 0  # its inputs' bytes
-    future: asyncio.Future = field(init=False)
+    future: asyncio.Future[Answer] = field(init=False)
 
     boarded: float = field(default=0.0, init=False)  # time.monotonic()
     _carrier: dict[str, str] | None = field(default=None, init=False)
@@ -105,7 +105,7 @@ class Flights:
         """New bounds for the flights that leave from now on."""
         self.settings = settings
 
-    async def board(self, key: Hashable, member: Member) -> Any:
+    async def board(self, key: Hashable, member: Member) -> Answer:
         """Queue `member` for the next flight of `key` and wait for its answer."""
         loop = asyncio.get_running_loop()
         member.future = future = loop.create_future()

@@ -342,7 +342,7 @@ def _stage_span(
     if not sampled and not trace.get_current_span().is_recording():
         yield
         return
-    attributes = {
+    attributes: dict[str, str | int] = {
         "strata.stage": stage.label,
         "strata.model": model,
         "strata.arm": route.arm,

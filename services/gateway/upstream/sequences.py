@@ -25,6 +25,7 @@ from services.gateway.request import Answer, ClientRequest
 from services.gateway.upstream.router import unit_hash
 from strata.config.pipelines import Pipeline
 from strata.errors import InvalidArgument, shown
+from strata.flight import Writable
 from strata.proto.inference import grpc_service_pb2 as v2
 from strata.sequences import (
     FLAGS,
@@ -106,7 +107,7 @@ def replica(flags: Flags, count: int) -> int:
     return int(unit_hash("sequence", flags.scope, str(flags.id)) * count)
 
 
-def add_parameters(parameters: v2.InferParameter, flags: Flags) -> None:
+def add_parameters(parameters: Writable, flags: Flags) -> None:
     """The sequence's flags on the model's request, with the client's key beside its id."""
     if isinstance(flags.id, str):
         parameters[SEQUENCE_ID].string_param = flags.id

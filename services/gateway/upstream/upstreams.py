@@ -248,7 +248,10 @@ class Hop:
     async def healthy(self, timeout: float) -> bool:
         stub = health_pb2_grpc.HealthStub(self.channel)
         try:
-            reply = await stub.Check(health_pb2.HealthCheckRequest(), timeout=timeout)
+            # The health stubs declare HealthStub without its methods (sync and aio differ).
+            reply = await stub.Check(  # type: ignore[attr-defined]
+                health_pb2.HealthCheckRequest(), timeout=timeout
+            )
         except grpc.aio.AioRpcError:
             return False
         return reply.status == health_pb2.HealthCheckResponse.SERVING
