@@ -38,7 +38,10 @@ class Cached:
 
 
 class ResultCache:
-    """Least recently used answers, each fresh for `ttl_seconds`."""
+    """Least recently used answers, each fresh for `ttl_seconds`: at most `max_entries`, and
+    answers expired among the least recently used are dropped as new ones come, so that the
+    memory held follows the answers of the last `ttl_seconds` rather than filling up to
+    `max_entries` with stale ones."""
 
     def __init__(self, settings: Cache, clock: Callable[[], float] = time.monotonic) -> None:
         self._clock = clock
@@ -64,9 +67,20 @@ class ResultCache:
     def put(self, key: str, value: Cached) -> None:
         if self.settings.max_entries == 0:
             return
-        self._entries[key] = (self._clock() + self.settings.ttl_seconds, value)
+        now = self._clock()
+        self._entries[key] = (now + self.settings.ttl_seconds, value)
         self._entries.move_to_end(key)
         if len(self._entries) > self.settings.max_entries:
+            self._entries.popitem(last=False)
+        self._drop_expired(now)
+
+    def _drop_expired(self, now: float) -> None:
+        """Drop expired answers from the least recently used end, up to the first fresh one
+        (O(1) per answer stored, over time)."""
+        while self._entries:
+            expires, _ = next(iter(self._entries.values()))
+            if expires >= now:
+                return
             self._entries.popitem(last=False)
 
     def __len__(self) -> int:
