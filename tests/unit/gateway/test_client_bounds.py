@@ -62,14 +62,15 @@ def grown(drive: Callable[[int], None]) -> int:
 
 
 def ladder_arrivals() -> Callable[[int], None]:
-    """Calls from distinct clients reaching a handler with their deadlines (the wait before
-    the door remembers each client's), the ladder ticking four times a second."""
+    """Calls from distinct clients reaching a handler and answered, with the door's probe,
+    the ladder ticking now and then: its time slots are what it keeps."""
     clock = Clock()
     controller = LadderController(Ladder(), {"digits": 0.5}, clock=clock)
 
     def drive(i: int) -> None:
-        controller.signals.arrived("digits", f"client-{i}", 1.0 - (i % 7) * 0.01)
+        controller.signals.arrived("digits")
         controller.signals.record("digits", 0.01, "ok")
+        controller.signals.probed(0.001)
         if i % 250 == 0:
             controller.tick()
 
