@@ -45,6 +45,8 @@ def readyz(supervisor: Supervisor) -> str:
     return supervisor.settings.services.gateway.metrics
 
 
+# Timing: its calls wait up to PATIENT.queue_ms at the front, which a loaded machine outlasts.
+@pytest.mark.timing
 @pytest.mark.parametrize("in_flight", [64, 256])
 def test_tritonclient_through_the_front_sees_no_error(system: Supervisor, in_flight: int) -> None:
     calls = 3
