@@ -6,7 +6,8 @@ Pillow plus numpy, as a torchvision user would write it (torchvision's transform
 is installed). The service is measured twice: its own pipeline (PreprocessPipeline with the
 built-in steps) in this process, the steps' cost alone; and the real preprocess process
 (`python -m services.preprocess`) called with strata.v1 Preprocess/Process, its CPU time read
-from the process (psutil), which adds the gRPC hop: the JPEG in, 600 KB of FP32 out. Rounds
+from the process (psutil), which adds the gRPC hop: the JPEG in, a 150 KB UINT8 crop out (the
+normalise and CHW steps are folded into the model, which inference runs). Rounds
 alternate all of them; each reports CPU time per image, at one image a call and at a flight of
 8 stacked. The goal (issue 26): the service's per-image cost at most 1.5x the reference's, and
 its pixels equal the reference's within 1/255.
@@ -29,7 +30,6 @@ import psutil
 import yaml
 from PIL import Image
 
-from bench.deployment import bench_config
 from bench.peers.photo import MEAN, STD, reference
 from services.preprocess.pipeline import PreprocessPipeline
 from services.preprocess.steps import build_step_options
@@ -103,15 +103,12 @@ def process_cpu(pid: int) -> Callable[[], float]:
 
 @contextlib.contextmanager
 def preprocess_process(folder: Path) -> Iterator[tuple[Supervisor, str]]:
-    """The real preprocess service alone, serving an `images` pipeline of STEPS."""
-    config = bench_config(ROOT / "configs" / "default.yaml", folder, "x" * 32)
+    """The real preprocess service alone, serving bench.image_chain's `images` pipeline: its
+    normalise and CHW steps are folded into the stand-in model, so UINT8 crops come out."""
+    from bench.image_chain import image_config  # image_chain builds on this module
+
+    config = image_config(ROOT / "configs" / "default.yaml", folder)
     raw = yaml.safe_load(config.read_text())
-    digits = raw["pipelines"]["digits"]
-    raw["pipelines"][PIPELINE] = {
-        **digits,
-        "inputs": [{"name": "image", "datatype": "BYTES", "shape": [-1]}],
-        "preprocess": [{"kind": kind, **options} for kind, options in STEPS],
-    }
     raw["services"]["preprocess"]["replicas"] = 1  # one process, whose CPU time is read
     config.write_text(yaml.safe_dump(raw))
     supervisor = Supervisor(config, load_settings(config), log_dir=folder)
@@ -177,13 +174,19 @@ def check_pixels(data: bytes, stub: preprocess_pb2_grpc.PreprocessStub) -> None:
     expected = reference(data)
     for where, ours in (
         ("pipeline in process", service_pipeline().run({"image": batch_of(data, 1)})["image"][0]),
-        ("preprocess process", call_process(stub, data, 1)[0]),
+        ("preprocess process", folded_tail(call_process(stub, data, 1)[0])),
     ):
         worst = float(np.max(np.abs(ours - expected) * np.array(STD)[:, None, None]))
         print(
             f"{where}: output {list(ours.shape)} {ours.dtype}, largest pixel difference from "
             f"Pillow {worst * 255:.3f}/255 (goal <= 1/255)"
         )
+
+
+def folded_tail(crop: np.ndarray) -> np.ndarray:
+    """What the model does first with a UINT8 HWC crop: normalise, then CHW."""
+    pixels = crop.astype(np.float32) / 255.0
+    return ((pixels - np.array(MEAN, np.float32)) / np.array(STD, np.float32)).transpose(2, 0, 1)
 
 
 def measure(
