@@ -3,10 +3,12 @@
 Each run starts the launcher as `make run` does (`python -m strata.launch`), on the config
 moved to free loopback ports (every service's metrics page too), and waits until every
 process's `/readyz` answers 200. It prints one JSON line: the seconds from the launcher's
-start to the last ready, and each process's CPU seconds (user + system) and PSS (MB) at that
-moment, with their sums; then it stops the launcher (SIGTERM stops every service). With
-several runs it prints the medians last. Start-up is mostly CPU, so on a busy machine the
-CPU seconds vary less than the wall time: quote medians, beside the load average.
+start to the last ready, and each process's CPU seconds (user + system), PSS and USS (MB) at
+that moment, with their sums; then it stops the launcher (SIGTERM stops every service). With
+several runs it prints the medians last. Start-up is mostly CPU, so on a busy machine the CPU
+seconds vary less than the wall time: quote medians, beside the load average. PSS splits a
+library's pages among every process that maps them, other programs' too, so it reads lower
+while others run the same libraries; USS, what each process holds alone, does not.
 """
 
 from __future__ import annotations
@@ -98,22 +100,24 @@ def run_once(config: Path) -> dict[str, Any]:
         "ready_s": round(seconds, 3),
         "cpu_s": round(sum(p["cpu_s"] for p in processes.values()), 2),
         "pss_mb": round(sum(p["pss_mb"] for p in processes.values()), 1),
+        "uss_mb": round(sum(p["uss_mb"] for p in processes.values()), 1),
         "processes": processes,
     }
 
 
 def _footprint(launcher: psutil.Process) -> dict[str, dict[str, float]]:
-    """The launcher's and each service's CPU seconds and PSS (MB), by name and listen port."""
+    """The launcher's and each service's CPU seconds, PSS and USS (MB), by name and port."""
     out = {}
     for process in [launcher, *launcher.children(recursive=True)]:
         args = process.cmdline()
         name = args[args.index("-m") + 1].removeprefix("services.")
         if "--listen" in args:
             name += ":" + args[args.index("--listen") + 1].rpartition(":")[2]
-        cpu = process.cpu_times()
+        cpu, memory = process.cpu_times(), process.memory_full_info()
         out[name] = {
             "cpu_s": round(cpu.user + cpu.system, 2),
-            "pss_mb": round(process.memory_full_info().pss / 2**20, 1),
+            "pss_mb": round(memory.pss / 2**20, 1),
+            "uss_mb": round(memory.uss / 2**20, 1),
         }
     return out
 
@@ -131,7 +135,10 @@ def main(argv: list[str] | None = None) -> int:
             runs.append(run_once(config))
             print(json.dumps(runs[-1]), flush=True)
     if args.runs > 1:
-        medians = {k: statistics.median(r[k] for r in runs) for k in ("ready_s", "cpu_s", "pss_mb")}
+        medians = {
+            k: statistics.median(r[k] for r in runs)
+            for k in ("ready_s", "cpu_s", "pss_mb", "uss_mb")
+        }
         print(json.dumps({"median": medians, "load_average": os.getloadavg()}))
     return 0
 
