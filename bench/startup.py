@@ -113,6 +113,8 @@ def _footprint(launcher: psutil.Process) -> dict[str, dict[str, float]]:
         name = args[args.index("-m") + 1].removeprefix("services.")
         if "--listen" in args:
             name += ":" + args[args.index("--listen") + 1].rpartition(":")[2]
+        if name in out:  # a gateway's workers run their parent's command line
+            name += f"#{process.pid}"
         cpu, memory = process.cpu_times(), process.memory_full_info()
         out[name] = {
             "cpu_s": round(cpu.user + cpu.system, 2),
