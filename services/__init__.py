@@ -3,6 +3,8 @@
 Each imports the shared package `strata` and no other service (import-linter holds both).
 """
 
-# gRPC reads GRPC_EXPERIMENTS once, when first imported: choose the transport before any
-# service module can import grpc (strata/transport.py says why).
+# Settings a library reads once, set before any service module imports it: gRPC's transport
+# (GRPC_EXPERIMENTS, read when grpc is first imported; strata/transport.py says why) and
+# pydantic's plugin search (before any model is built; strata/pydantic_plugins.py).
+from strata import pydantic_plugins as _pydantic_plugins  # noqa: F401
 from strata import transport as _transport  # noqa: F401

@@ -16,7 +16,6 @@ start, and it is not touched); another C library (musl) is left as it is.
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import logging
 import os
 from collections.abc import Callable
@@ -46,11 +45,10 @@ def keep_tensor_memory() -> bool:
 
 
 def _mallopt() -> Callable[[int, int], int] | None:
-    name = ctypes.util.find_library("c")
-    if name is None:
-        return None
+    # The process's own symbols, the C library's among them: ctypes.util.find_library("c")
+    # would run ldconfig, some 50 ms of every service's start.
     try:
-        mallopt = ctypes.CDLL(name).mallopt
+        mallopt = ctypes.CDLL(None).mallopt
     except (OSError, AttributeError):  # not glibc
         return None
     mallopt.argtypes = (ctypes.c_int, ctypes.c_int)

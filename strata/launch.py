@@ -1,7 +1,7 @@
 """Run the whole system on one machine: `python -m strata.launch --config FILE` (`make run`).
 
 Starts each layer as its own process, waits until each one's health service says SERVING
-for this launcher's id (strata.server.LAUNCH_ID: its own child, not another process on the
+for this launcher's id (strata.launched: its own child, not another process on the
 same port), and stays in the foreground. While they start, the first instance to exit (or a
 timeout) stops them all, and the launcher exits with that instance's code: a deployment comes
 up whole or not at all. Once up, an instance that exits on its own is restarted after a
@@ -32,14 +32,14 @@ from typing import NoReturn
 
 import grpc
 
+import strata.pydantic_plugins  # noqa: F401  (first: before any pydantic model is built)
 from strata.codec import DTYPES
 from strata.config import ConfigError, Settings, load_settings
 from strata.config.pipelines import TensorSpec
 from strata.config.preprocess import DecodeStep
 from strata.config.tls import TlsSettings
 from strata.exits import PERMANENT, AddressUnusable, ConfigInvalid, one_line
-from strata.healthcheck import check
-from strata.server import LAUNCH_ID, launch_service
+from strata.launched import LAUNCH_ID, launch_service
 
 log = logging.getLogger("strata.launch")
 ROOT = Path(__file__).resolve().parent.parent
@@ -47,6 +47,10 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def serving(address: str, tls: TlsSettings, service: str = "") -> bool:
     """Whether the gRPC health service at `address` answers SERVING now (for `service`)."""
+    # Here, not at the top: the serving stack it imports (some 80 ms) then loads while the
+    # children start, instead of before the launcher can start them.
+    from strata.healthcheck import check
+
     try:
         return check(address, service, timeout=1.0, tls=tls) == "SERVING"
     except grpc.RpcError:

@@ -24,6 +24,7 @@ from typing import Generic, TypeVar
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from strata import yamltext
 from strata.errors import InvalidArgument, Overloaded, shown
 from strata.proto.inference import grpc_service_pb2 as v2
 
@@ -195,7 +196,7 @@ def model_sequence(model_folder: Path) -> ModelSequence | None:
     """The `sequence:` section of a repository model's model.yaml, or None. A file that cannot
     be read gives None: the inference service refuses such a model itself, naming why."""
     try:
-        raw = yaml.safe_load((model_folder / "model.yaml").read_text())
+        raw = yamltext.safe_load((model_folder / "model.yaml").read_text())
     except (OSError, yaml.YAMLError):
         return None
     section = raw.get("sequence") if isinstance(raw, dict) else None

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import signal
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -28,6 +27,7 @@ from strata.collector import Frozen
 from strata.config.server import ServerSettings
 from strata.config.tls import TlsSettings
 from strata.exits import AddressUnusable, bind_problem
+from strata.launched import launched_by
 from strata.metrics import set_ready
 from strata.occupancy import PROBE_RESERVE, Occupancy
 from strata.security import caller_guard, server_credentials
@@ -45,17 +45,6 @@ class Companion(Protocol):
     async def start(self) -> None: ...
 
     async def stop(self, grace: float) -> None: ...
-
-
-# The launcher (strata/launch.py) puts an id of its own in its children's environment; each
-# child reports health service `strata.launch.<id>` SERVING, so the launcher can tell its own
-# processes from others that answer on the same ports.
-LAUNCH_ID = "STRATA_LAUNCH_ID"
-
-
-def launch_service(launch_id: str) -> str:
-    """The health service name the children of launcher `launch_id` report."""
-    return f"strata.launch.{launch_id}"
 
 
 IDENTITY_ONLY = 1  # grpc's bitset of enabled compression algorithms: bit 0, no compression
@@ -158,8 +147,7 @@ async def start_server(
     except AddressUnusable:
         await server.stop(0)  # a started server left to the collector fails at exit
         raise
-    launched = [launch_service(os.environ[LAUNCH_ID])] if os.environ.get(LAUNCH_ID) else []
-    running = Running(server, health, [*names, *launched], port, probe)
+    running = Running(server, health, [*names, *launched_by()], port, probe)
     await running.set_health(
         health_pb2.HealthCheckResponse.SERVING
         if serving

@@ -17,6 +17,7 @@ from typing import Any, TypeVar
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from strata import yamltext
 from strata.config.inference import InferenceSettings
 from strata.errors import NotReady
 from strata.sequences import ModelSequence
@@ -131,7 +132,7 @@ def read_spec(path: Path, defaults: InferenceSettings) -> ModelSpec:
     never the server's path to it) and the field when it is bad."""
     where = f"{path.parent.name}/{path.name}"
     try:
-        raw = yaml.safe_load(path.read_text()) if path.exists() else {}
+        raw = yamltext.safe_load(path.read_text()) if path.exists() else {}
     except OSError as exc:
         raise NotReady(f"cannot read {where}: {exc.strerror}") from None
     except yaml.YAMLError as exc:

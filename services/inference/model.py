@@ -16,7 +16,7 @@ import onnxruntime as ort
 from onnxruntime.capi import onnxruntime_pybind11_state as ort_errors
 from opentelemetry.trace import SpanContext
 
-from services.inference import assemble, buckets, fold, validation
+from services.inference import assemble, buckets, validation
 from services.inference.batcher import Batcher
 from services.inference.jobs import Request
 from services.inference.manifest import ModelSpec
@@ -74,7 +74,13 @@ def open_session(
     where = f"{path.parent.parent.name}/{path.parent.name}"
     if not path.is_file():
         raise NotReady(f"{path.name} is missing from {where}")
-    model = str(path) if tail is None else fold.folded(path, tail)
+    model: str | bytes = str(path)
+    if tail is not None:
+        # Here, not at the top: fold.py needs the onnx package, some 30 ms of a start that
+        # folds nothing (ONNX Runtime reads the models by itself).
+        from services.inference import fold
+
+        model = fold.folded(path, tail)
     try:
         return ort.InferenceSession(
             model,

@@ -12,6 +12,7 @@ from typing import Literal
 import yaml
 from pydantic import Field, TypeAdapter, ValidationError, model_validator
 
+from strata import yamltext
 from strata.config.base import (
     LIVE,
     AdminToken,
@@ -493,7 +494,7 @@ def _api_keys_from(path: Path, base: Path) -> list[ApiKey]:
     setting = "gateway.api_keys_file"
     text = read_secret(path, base, setting)
     try:
-        return _API_KEYS.validate_python(yaml.safe_load(text) or [])
+        return _API_KEYS.validate_python(yamltext.safe_load(text) or [])
     except yaml.YAMLError:
         raise ValueError(f"{setting}: {path} is not valid YAML") from None
     except ValidationError as exc:

@@ -13,6 +13,7 @@ import yaml
 from pydantic import Field, PrivateAttr, ValidationError, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
+from strata import yamltext
 from strata.config.base import PluginStage, loopback
 from strata.config.endpoints import Services
 from strata.config.gateway import GatewaySettings
@@ -215,7 +216,7 @@ def load_settings(path: Path, service: str | None = None, listen: str | None = N
     inference process serves the deployment one of whose replicas listens on `listen`.
     """
     try:
-        raw = yaml.safe_load(Path(path).read_text())
+        raw = yamltext.safe_load(Path(path).read_text())
     except OSError as exc:
         raise ConfigError(f"cannot read config {path}: {exc.strerror}") from None
     except yaml.YAMLError as exc:

@@ -12,6 +12,7 @@ from typing import Any
 
 import yaml
 
+from strata import yamltext
 from strata.config import postprocess as options
 from strata.config.postprocess import RuleSpec
 from strata.errors import NotReady
@@ -58,7 +59,7 @@ def load_list(path: Path, what: str, key: str | None = None) -> list[str]:
         body = json.loads(text)
     elif path.suffix in (".yaml", ".yml"):
         try:
-            body = yaml.safe_load(text)
+            body = yamltext.safe_load(text)
         except yaml.YAMLError as exc:
             raise ValueError(f"{what} file {path.name} is not valid YAML: {exc}") from None
     else:

@@ -7,9 +7,9 @@ from dataclasses import InitVar, dataclass, field
 from pathlib import Path
 
 import numpy as np
-import yaml
 
 from services.preprocess.steps.base import STEPS
+from strata import yamltext
 from strata.codec import DTYPES, Arrays
 from strata.config.preprocess import (
     VERSION,
@@ -154,7 +154,7 @@ class Flatten:
 def recorded_fingerprint(base_dir: Path, model_yaml: str, version: str = "") -> str:
     """The `preprocess_fingerprint` a model.yaml records: its one for every version, or the
     one for `version` where it records one per version."""
-    body = yaml.safe_load((base_dir / model_yaml).read_text()) or {}
+    body = yamltext.safe_load((base_dir / model_yaml).read_text()) or {}
     recorded = body.get("preprocess_fingerprint") if isinstance(body, dict) else None
     if isinstance(recorded, dict):
         if not version:

@@ -10,15 +10,17 @@ from __future__ import annotations
 import unicodedata
 from dataclasses import InitVar, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from tokenizers import Encoding, Tokenizer
 
 from services.preprocess.steps.base import STEPS, resolve
 from strata.codec import Arrays, utf8
 from strata.config.preprocess import NormalizeTextStep, TokenizeStep
 from strata.plugins import StepError, strings
+
+if TYPE_CHECKING:
+    from tokenizers import Encoding, Tokenizer
 
 # A generous bound on the UTF-8 bytes one token covers, spaces around it included: subword
 # tokens are a few characters, a word no vocabulary splits is one unknown token, and every
@@ -146,6 +148,8 @@ class Tokenize:
 
 
 def _load_tokenizer(path: Path, relative: str) -> Tokenizer:
+    from tokenizers import Tokenizer  # here: a deployment without text steps never loads it
+
     try:
         return Tokenizer.from_file(str(path))
     except Exception as exc:  # the library raises a bare Exception for a bad file
