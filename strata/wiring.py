@@ -23,19 +23,7 @@ from strata import onnxsig, repository
 from strata.onnxsig import TensorInfo
 from strata.plugins import Made
 from strata.sequences import model_sequence
-
-
-class Declared(Protocol):
-    """A tensor a pipeline declares (its config's TensorSpec)."""
-
-    @property
-    def name(self) -> str: ...
-
-    @property
-    def datatype(self) -> str: ...
-
-    @property
-    def shape(self) -> Sequence[int]: ...
+from strata.v2meta import Tensor as Declared  # a tensor a pipeline declares (its TensorSpec)
 
 
 @dataclass(frozen=True)
