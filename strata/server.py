@@ -233,7 +233,8 @@ async def serve(
 ) -> None:
     """Run a gRPC server on `listen` (and its companions) until SIGTERM or SIGINT, then
     drain them all at once and return."""
-    # A worker says SERVING once all its siblings listen too (strata.workers).
+    # SERVING once every port listens: the companions' (REST, admin) too, and with workers
+    # (strata.workers) all the siblings'; a caller told SERVING must find each port open.
     running = await start_server(
         registrations,
         listen,
@@ -241,20 +242,20 @@ async def serve(
         tls,
         public,
         identity,
-        serving=not sharing(),
+        serving=False,
         private=private,
     )
     try:
         for companion in companions:
             await companion.start()
-        if on_start is not None:
+        if sharing():
+            await all_listening()
+        await running.set_health(health_pb2.HealthCheckResponse.SERVING)
+        if on_start is not None:  # after: it may add names of its own (inference's models)
             await on_start(running)
     except BaseException:  # e.g. a companion's port in use: stop what started, then say so
         await asyncio.gather(running.stop(0), *(c.stop(0) for c in companions))
         raise
-    if sharing():
-        await all_listening()
-        await running.set_health(health_pb2.HealthCheckResponse.SERVING)
     stopping = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
