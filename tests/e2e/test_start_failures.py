@@ -26,18 +26,23 @@ from tests.support.system import DEFAULT_CONFIG, ROOT, free_port, make_config, r
 REPOSITORY = ROOT / "build" / "repository"
 
 
-def start(module: str, config: Path) -> tuple[int, str]:
-    """Run `module` (a layer, or a module path); its exit code and its last line on stderr,
-    once it has exited."""
+def run(module: str, config: Path, timeout: float = 90) -> subprocess.CompletedProcess[str]:
+    """Run `module` (a layer, or a module path) until it exits; it must not crash."""
     module = module if "." in module else f"services.{module}"
     done = subprocess.run(
         [sys.executable, "-m", module, "--config", str(config)],
         cwd=ROOT,
         capture_output=True,
         text=True,
-        timeout=90,
+        timeout=timeout,
     )
     assert "Traceback" not in done.stderr, done.stderr
+    return done
+
+
+def start(module: str, config: Path) -> tuple[int, str]:
+    """Run `module`; its exit code and its last line on stderr, once it has exited."""
+    done = run(module, config)
     return done.returncode, done.stderr.strip().splitlines()[-1]
 
 
@@ -176,14 +181,7 @@ def test_the_launcher_stops_everything_the_moment_one_process_cannot_start(
 def test_make_run_exits_with_the_failed_process_code(tmp_path: Path) -> None:
     config, listen, _ = with_metrics(tmp_path)
     with taken(listen):
-        done = subprocess.run(
-            [sys.executable, "-m", "strata.launch", "--config", str(config)],
-            cwd=ROOT,
-            capture_output=True,
-            text=True,
-            timeout=90,
-        )
-    assert "Traceback" not in done.stderr, done.stderr
+        done = run("strata.launch", config)
     assert done.returncode == 69
     assert f"postprocess: {listen} (listen) already in use" in done.stderr.splitlines()
     assert "launch postprocess exited with 69" in done.stderr
@@ -258,14 +256,7 @@ def test_a_miswired_image_pipeline_stops_the_system_at_start(
     """Issue 51: both started, and every request then failed as the client's fault."""
     config = miswired_images(tmp_path, change)
     assert start("preprocess", config) == (65, f"preprocess: pipeline {IMAGES!r}: {message}")
-    done = subprocess.run(
-        [sys.executable, "-m", "strata.launch", "--config", str(config)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert "Traceback" not in done.stderr, done.stderr
+    done = run("strata.launch", config, timeout=120)
     assert done.returncode == 65
     assert f"preprocess: pipeline {IMAGES!r}: {message}" in done.stderr.splitlines()
     assert "exited with 65 (a model, pipeline, step or rule cannot be loaded)" in done.stderr
