@@ -192,7 +192,7 @@ def timed(spans: list[Span], service: str, attribute: str) -> list[str]:
     return [entry.split()[0] for entry in entries]
 
 
-def linked_batch(receiver: Receiver, span_id: str, within: float = 5.0) -> bool:
+def linked_batch(receiver: Receiver, span_id: str, within: float = 30.0) -> bool:
     """Whether the span recording an inference batch links to `span_id` (inference exports
     on its own schedule, so its spans may arrive after the other layers')."""
     deadline = time.monotonic() + within
