@@ -109,7 +109,7 @@ class DataPlane:
         )
         errors = {i: o for i, o in enumerate(outcomes) if isinstance(o, BaseException)}
         if len(errors) == len(members):
-            raise outcomes[0]
+            raise errors[0]
         answered = [o for o in outcomes if not isinstance(o, BaseException)]
         outputs = {name: np.concatenate([o[name] for o in answered]) for name in wanted}
         response = _response(model, request.id, outputs)

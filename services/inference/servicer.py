@@ -62,7 +62,7 @@ class InferenceServicer(v2_grpc.GRPCInferenceServiceServicer):
         """`local_control`: the repository API without the token (gateway.local_model_control,
         which the config allows only with every listener on loopback)."""
         self._models = models
-        self._configured = list(settings.models)
+        self._configured = list(models.configured)
         self._plane = DataPlane(models, self._configured)
         self._max_stream_in_flight = max_stream_in_flight
         token = settings.admin_token.get_secret_value() if settings.admin_token else None
