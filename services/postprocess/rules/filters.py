@@ -73,7 +73,8 @@ class RegexFilter(TextFilter):
     options: RegexFilterRule
 
     def __post_init__(self) -> None:
-        patterns = self.options.patterns or [self.options.pattern]
+        options = self.options  # holds one of pattern and patterns, never both
+        patterns = [options.pattern] if options.pattern is not None else options.patterns or []
         source = "|".join(f"(?:{p})" for p in patterns)
         self._pattern = _compile(source, self.options.ignore_case)
 
