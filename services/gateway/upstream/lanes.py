@@ -133,7 +133,8 @@ class Lane:
         ended = LaneBroken(grpc.StatusCode.UNAVAILABLE, "the stream ended before answering")
         try:
             while (reply := await self._call.read()) is not grpc.aio.EOF:
-                answer = self.owed.get(self._method.tag_of(reply))
+                tag = self._method.tag_of(reply)
+                answer = None if tag is None else self.owed.get(tag)
                 if answer is not None and not answer.done():
                     answer.set_result(reply)
         except grpc.aio.AioRpcError as exc:
