@@ -127,7 +127,7 @@ def _own(options: Request, member: flight.FlightMember) -> Request:
     return options if deadline is options.deadline else replace(options, deadline=deadline)
 
 
-def _response(model: ModelVersion, request_id: str, outputs: dict) -> v2.ModelInferResponse:
+def _response(model: ModelVersion, request_id: str, outputs: codec.Arrays) -> v2.ModelInferResponse:
     response = v2.ModelInferResponse(
         model_name=model.name, model_version=str(model.version), id=request_id
     )

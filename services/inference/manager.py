@@ -74,7 +74,7 @@ class ModelManager:
         self._unloaded: set[str] = set()
         self._spec_errors: dict[str, str] = {}  # the last bad model.yaml poll reported
         self._locks: dict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
-        self._poller: asyncio.Task | None = None
+        self._poller: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
         """Load every configured model (any failure stops start-up), then poll if asked."""

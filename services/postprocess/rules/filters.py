@@ -25,7 +25,7 @@ class TextFilter(OneInput):
     (compiled when the filter is built) matches."""
 
     options: FilterSpec
-    _pattern: regex.Pattern
+    _pattern: regex.Pattern[str]
 
     def apply(self, tensors: Arrays, context: RuleContext) -> Arrays:
         options = self.options
@@ -51,7 +51,7 @@ class TextFilter(OneInput):
         return self._pattern.sub(new, text, timeout=context.remaining(), concurrent=True)
 
 
-def _compile(source: str, ignore_case: bool) -> regex.Pattern:
+def _compile(source: str, ignore_case: bool) -> regex.Pattern[str]:
     flags = regex.IGNORECASE if ignore_case else 0
     try:
         return regex.compile(source, flags)
