@@ -87,7 +87,7 @@ class RestServer:
             **certificate,
         )
         self._server = uvicorn.Server(self._config)
-        self._ticking: asyncio.Task | None = None
+        self._ticking: asyncio.Task[None] | None = None
         self.listen = listen
 
     async def start(self) -> None:
