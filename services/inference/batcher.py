@@ -256,7 +256,7 @@ class Batcher:
         started: float,
         span: Span,
         own_span: bool,
-        work: asyncio.Future,
+        work: asyncio.Future[tuple[Sequence[Outcome], float, bool]],
     ) -> None:
         """Back on the event loop: answer the batch's requests and start the next batch."""
         self._running -= 1
@@ -279,18 +279,20 @@ class Batcher:
         spans.end_batch(span, compute, failures, own_span)
         self._pump()
 
-    def _answer(self, jobs: list[Job], outcomes: list[Outcome], compute: float, now: float) -> None:
+    def _answer(
+        self, jobs: list[Job], outcomes: Sequence[Outcome], compute: float, now: float
+    ) -> None:
         for job, outcome in zip(jobs, outcomes, strict=True):
-            ok = not isinstance(outcome, BaseException)
-            self._stats.record_answer(job.rows, now - job.enqueued, compute, ok)
+            failed = isinstance(outcome, BaseException)
+            self._stats.record_answer(job.rows, now - job.enqueued, compute, not failed)
             if job.future.done():
                 continue
-            if ok:
-                job.future.set_result(outcome)
-            else:
+            if isinstance(outcome, BaseException):
                 job.future.set_exception(outcome)
+            else:
+                job.future.set_result(outcome)
 
-    def _work(self, inputs: list[Arrays]) -> tuple[list[Outcome], float, bool]:
+    def _work(self, inputs: list[Arrays]) -> tuple[Sequence[Outcome], float, bool]:
         """Run one batch in a worker thread; if it fails, each request alone."""
         start = time.perf_counter()
         try:

@@ -109,7 +109,7 @@ class DataPlane:
         )
         errors = {i: o for i, o in enumerate(outcomes) if isinstance(o, BaseException)}
         if len(errors) == len(members):
-            raise outcomes[0]
+            raise errors[0]
         answered = [o for o in outcomes if not isinstance(o, BaseException)]
         outputs = {name: np.concatenate([o[name] for o in answered]) for name in wanted}
         response = _response(model, request.id, outputs)
@@ -127,7 +127,7 @@ def _own(options: Request, member: flight.FlightMember) -> Request:
     return options if deadline is options.deadline else replace(options, deadline=deadline)
 
 
-def _response(model: ModelVersion, request_id: str, outputs: dict) -> v2.ModelInferResponse:
+def _response(model: ModelVersion, request_id: str, outputs: codec.Arrays) -> v2.ModelInferResponse:
     response = v2.ModelInferResponse(
         model_name=model.name, model_version=str(model.version), id=request_id
     )

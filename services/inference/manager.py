@@ -59,6 +59,9 @@ class ModelManager:
         rewiring: Rewiring | None = None,
         folds: Mapping[str, Fold] | None = None,
     ) -> None:
+        """`settings`: the deployment's copy, whose `models` lists the models it loads."""
+        assert isinstance(settings.models, list)  # app.build makes that copy
+        self.configured = settings.models
         self._root = root
         self._folds = dict(folds or {})  # model -> the pipelines' tail it runs (folding.py)
         self._rewiring = rewiring or Rewiring({})
@@ -71,11 +74,11 @@ class ModelManager:
         self._unloaded: set[str] = set()
         self._spec_errors: dict[str, str] = {}  # the last bad model.yaml poll reported
         self._locks: dict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
-        self._poller: asyncio.Task | None = None
+        self._poller: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
         """Load every configured model (any failure stops start-up), then poll if asked."""
-        for name in self._settings.models:
+        for name in self.configured:
             await self.load(name)
         self._rewiring.started({n: s.versions.values() for n, s in self._served.items()})
         if self._settings.poll_seconds > 0:

@@ -37,7 +37,7 @@ def _integer(parameters: Mapping[str, v2.InferParameter], name: str) -> int:
     kind = param.WhichOneof("parameter_choice")
     if kind not in ("int64_param", "uint64_param"):
         raise InvalidArgument(f"parameter {name!r} must be an integer, got {kind or 'nothing'}")
-    value = getattr(param, kind)
+    value = param.int64_param if kind == "int64_param" else param.uint64_param
     if value < 0:
         raise InvalidArgument(f"parameter {name!r} must not be negative, got {value}")
     return value

@@ -14,8 +14,9 @@ another arm.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from typing import Any
 
-import grpc
+from grpc.aio import ServicerContext as Context
 from grpc_health.v1 import health_pb2
 
 from services.inference.dataplane import DataPlane
@@ -62,7 +63,7 @@ class InferenceServicer(v2_grpc.GRPCInferenceServiceServicer):
         """`local_control`: the repository API without the token (gateway.local_model_control,
         which the config allows only with every listener on loopback)."""
         self._models = models
-        self._configured = list(settings.models)
+        self._configured = list(models.configured)
         self._plane = DataPlane(models, self._configured)
         self._max_stream_in_flight = max_stream_in_flight
         token = settings.admin_token.get_secret_value() if settings.admin_token else None
@@ -70,7 +71,7 @@ class InferenceServicer(v2_grpc.GRPCInferenceServiceServicer):
         self._local_control = local_control
         self._running: Running | None = None
 
-    def _control(self, context: grpc.aio.ServicerContext) -> None:
+    def _control(self, context: Context[Any, Any]) -> None:
         """A repository call let through: with the token, or under local control."""
         if not self._local_control:
             self._auth.check(context)
@@ -92,32 +93,56 @@ class InferenceServicer(v2_grpc.GRPCInferenceServiceServicer):
                 MODEL_HEALTH + name, status.SERVING if serving else status.NOT_SERVING
             )
 
-    async def ServerLive(self, request, context) -> v2.ServerLiveResponse:
+    async def ServerLive(
+        self,
+        request: v2.ServerLiveRequest,
+        context: Context[v2.ServerLiveRequest, v2.ServerLiveResponse],
+    ) -> v2.ServerLiveResponse:
         return v2.ServerLiveResponse(live=True)
 
     @grpc_errors
-    async def ServerReady(self, request, context) -> v2.ServerReadyResponse:
+    async def ServerReady(
+        self,
+        request: v2.ServerReadyRequest,
+        context: Context[v2.ServerReadyRequest, v2.ServerReadyResponse],
+    ) -> v2.ServerReadyResponse:
         ready = all(self._models.ready(name) for name in self._configured)
         return v2.ServerReadyResponse(ready=ready)
 
     @grpc_errors
-    async def ModelReady(self, request, context) -> v2.ModelReadyResponse:
+    async def ModelReady(
+        self,
+        request: v2.ModelReadyRequest,
+        context: Context[v2.ModelReadyRequest, v2.ModelReadyResponse],
+    ) -> v2.ModelReadyResponse:
         return v2.ModelReadyResponse(ready=self._models.ready(request.name, request.version))
 
-    async def ServerMetadata(self, request, context) -> v2.ServerMetadataResponse:
+    async def ServerMetadata(
+        self,
+        request: v2.ServerMetadataRequest,
+        context: Context[v2.ServerMetadataRequest, v2.ServerMetadataResponse],
+    ) -> v2.ServerMetadataResponse:
         return v2.ServerMetadataResponse(
             name=SERVER_NAME, version=__version__, extensions=EXTENSIONS
         )
 
     @grpc_errors
-    async def ModelMetadata(self, request, context) -> v2.ModelMetadataResponse:
+    async def ModelMetadata(
+        self,
+        request: v2.ModelMetadataRequest,
+        context: Context[v2.ModelMetadataRequest, v2.ModelMetadataResponse],
+    ) -> v2.ModelMetadataResponse:
         model = self._models.resolve(request.name, request.version)
         versions = self._models.serving()[model.name] if not request.version else [request.version]
         inputs, outputs = client_tensors(model)
         return metadata_response(model.name, versions, PLATFORM, inputs, outputs)
 
     @grpc_errors
-    async def ModelConfig(self, request, context) -> v2.ModelConfigResponse:
+    async def ModelConfig(
+        self,
+        request: v2.ModelConfigRequest,
+        context: Context[v2.ModelConfigRequest, v2.ModelConfigResponse],
+    ) -> v2.ModelConfigResponse:
         model = self._models.resolve(request.name, request.version)
         signature = model.signature
         return model_config(
@@ -131,12 +156,16 @@ class InferenceServicer(v2_grpc.GRPCInferenceServiceServicer):
 
     @grpc_errors
     async def ModelInfer(
-        self, request: v2.ModelInferRequest, context: grpc.aio.ServicerContext
+        self,
+        request: v2.ModelInferRequest,
+        context: Context[v2.ModelInferRequest, v2.ModelInferResponse],
     ) -> v2.ModelInferResponse:
         return await self._plane.infer(request, Deadline.within(context.time_remaining()))
 
     async def ModelStreamInfer(
-        self, requests: AsyncIterator[v2.ModelInferRequest], context: grpc.aio.ServicerContext
+        self,
+        requests: AsyncIterator[v2.ModelInferRequest],
+        context: Context[v2.ModelInferRequest, v2.ModelStreamInferResponse],
     ) -> AsyncIterator[v2.ModelStreamInferResponse]:
         """Each request of the stream batched and answered on its own (strata.v2stream); a
         request's deadline is its `timeout` parameter, or the stream's."""
@@ -153,16 +182,28 @@ class InferenceServicer(v2_grpc.GRPCInferenceServiceServicer):
             yield answer
 
     @grpc_errors
-    async def ModelStatistics(self, request, context) -> v2.ModelStatisticsResponse:
+    async def ModelStatistics(
+        self,
+        request: v2.ModelStatisticsRequest,
+        context: Context[v2.ModelStatisticsRequest, v2.ModelStatisticsResponse],
+    ) -> v2.ModelStatisticsResponse:
         return statistics_response(self._models.statistics(request.name, request.version))
 
     @grpc_errors
-    async def RepositoryIndex(self, request, context) -> v2.RepositoryIndexResponse:
+    async def RepositoryIndex(
+        self,
+        request: v2.RepositoryIndexRequest,
+        context: Context[v2.RepositoryIndexRequest, v2.RepositoryIndexResponse],
+    ) -> v2.RepositoryIndexResponse:
         self._control(context)
         return index_response(self._models.index(ready_only=request.ready))
 
     @grpc_errors
-    async def RepositoryModelLoad(self, request, context) -> v2.RepositoryModelLoadResponse:
+    async def RepositoryModelLoad(
+        self,
+        request: v2.RepositoryModelLoadRequest,
+        context: Context[v2.RepositoryModelLoadRequest, v2.RepositoryModelLoadResponse],
+    ) -> v2.RepositoryModelLoadResponse:
         self._control(context)
         if request.parameters:
             # Triton's `config` and `file:` overrides would serve what no validation case
@@ -178,7 +219,11 @@ class InferenceServicer(v2_grpc.GRPCInferenceServiceServicer):
         return v2.RepositoryModelLoadResponse()
 
     @grpc_errors
-    async def RepositoryModelUnload(self, request, context) -> v2.RepositoryModelUnloadResponse:
+    async def RepositoryModelUnload(
+        self,
+        request: v2.RepositoryModelUnloadRequest,
+        context: Context[v2.RepositoryModelUnloadRequest, v2.RepositoryModelUnloadResponse],
+    ) -> v2.RepositoryModelUnloadResponse:
         self._control(context)
         try:
             await self._models.unload(request.model_name)

@@ -79,7 +79,7 @@ class Signature:
         return max(sizes, default=0)
 
     def _rows(self, arrays: Mapping[str, np.ndarray]) -> int:
-        rows = {name: array.shape[0] for name, array in arrays.items()}
+        rows: dict[str, int] = {name: array.shape[0] for name, array in arrays.items()}
         first = next(iter(rows.values()))
         if any(r != first for r in rows.values()):
             raise InvalidArgument(f"inputs disagree on the batch dimension: {rows}")

@@ -142,7 +142,7 @@ class RuleEngine:
                 state.timed.append(f"{entry.name} {seconds * 1000:.3f} ms")
             state.finish(generation, index, result)
 
-    def _hold(self, work: Future) -> None:
+    def _hold(self, work: Future[None]) -> None:
         """Count the thread an abandoned rule holds, until it returns (on that thread)."""
         with self._stuck_lock:
             self._stuck += 1
@@ -156,7 +156,7 @@ class RuleEngine:
             )
         work.add_done_callback(self._released)
 
-    def _released(self, work: Future) -> None:
+    def _released(self, work: Future[None]) -> None:
         with self._stuck_lock:
             self._stuck -= 1
             self.metrics.stuck_threads = self._stuck
@@ -193,7 +193,7 @@ def _refuse_unprotected(state: Pass) -> None:
     )
 
 
-def _retrieve(future: asyncio.Future) -> None:
+def _retrieve(future: asyncio.Future[None]) -> None:
     """Consume an abandoned worker's outcome so asyncio does not report it as lost."""
     if not future.cancelled():
         future.exception()

@@ -44,6 +44,9 @@ def _makes(stage: RuleSpec, rule: Rule, flow: Flow) -> tuple[dict[str, Made] | N
     if isinstance(stage, PluginRule):
         where = f"pipeline {flow.pipeline!r}: postprocess rule {stage.label!r}"
         return wiring.declared(rule, where), []
-    source = getattr(stage, "input", None)
-    names = {getattr(stage, key) or source for key in _WRITES if hasattr(stage, key)} - {None}
+    source: str | None = getattr(stage, "input", None)
+    written: list[str | None] = [
+        getattr(stage, key) or source for key in _WRITES if hasattr(stage, key)
+    ]
+    names = {name for name in written if name is not None}
     return dict.fromkeys(names, Made()), sorted(names)

@@ -24,7 +24,8 @@ def load_data(path: Path, key: str | None = None) -> np.ndarray:
     if not path.is_file():
         raise ValueError(f"{path}: no such file")
     if path.suffix == ".npy":
-        return np.load(path, allow_pickle=False)
+        array: np.ndarray = np.load(path, allow_pickle=False)
+        return array
     if path.suffix == ".npz":
         return _from_npz(path, key)
     if path.suffix == ".csv":
@@ -41,7 +42,8 @@ def _from_npz(path: Path, key: str | None) -> np.ndarray:
             key = names[0]
         if key not in names:
             raise ValueError(f"{path} has no array {key!r} (it has {names})")
-        return archive[key]
+        array: np.ndarray = archive[key]
+        return array
 
 
 def _from_csv(path: Path) -> np.ndarray:

@@ -49,13 +49,11 @@ def check(name: str, spec: Pipeline, steps: list[tuple[c.StepSpec, Step]], root:
     """Raise ValueError naming the pipeline, step and tensor where the steps do not end with
     exactly what a model version takes."""
     flow = Flow(name)
-    made = {t.name: Made(t.datatype, len(t.shape)) for t in spec.inputs}
-    flow.make("the client", made)
+    flow.make("the client", {t.name: Made(t.datatype, len(t.shape)) for t in spec.inputs})
     for stage, step in steps:
         label = f"preprocess step {stage.label!r}"
         flow.need(label, _reads(stage))
-        made, consumed = _makes(stage, step, flow)
-        flow.make(label, made, consumed)
+        flow.make(label, *_makes(stage, step, flow))
     flow.need("forward_to_postprocess", spec.forward_to_postprocess)
     for model in spec.first_models():  # a fallback takes what its model takes
         for version in wiring.versions(root, model.name, model.versions_called()):
@@ -83,7 +81,8 @@ def _makes(stage: c.StepSpec, step: Step, flow: Flow) -> tuple[dict[str, Made] |
         datatype, rank = _REPLACING[kind]
         datatype = getattr(stage, "datatype", datatype)
         made = Made(datatype or before.datatype, rank or before.rank)
-        return {stage.target: made}, [source]
+        target: str = getattr(stage, "output", None) or source  # as WritesOutput.target
+        return {target: made}, [source]
     if isinstance(stage, c.ResizeStep):  # UINT8 stays UINT8 (steps/image.py)
         kept = before.datatype if before.datatype in ("UINT8", None) else "FP32"
         return {source: Made(kept, before.rank)}, []

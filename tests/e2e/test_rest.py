@@ -341,6 +341,7 @@ BAD_REQUESTS = [
     ("out_of_range", "POST", INFER, {"json": body(data=[300] * 64)}, 400, ["out of range"]),
     ("not_numbers", "POST", INFER, {"json": body(data=["a"] * 64)}, 400, ["not UINT8"]),
     ("unknown_input", "POST", INFER, {"json": body(name="pixels")}, 400, ["pixels", "images"]),
+    ("unhashable_name", "POST", INFER, {"json": body(name=["images"])}, 400, ["`name`, a string"]),
     (
         "bad_parameter",
         "POST",

@@ -106,6 +106,11 @@ def test_a_pipeline_that_fits_its_model_builds(root: Path) -> None:
             "pipeline 'p': preprocess step 'scale' reads tensor 'pixels', which nothing before "
             "it makes",
         ),
+        (  # a step that replaces its input writes its `output`, and its input is gone
+            {"preprocess": [{"kind": "cast", "input": "x", "output": "z", "datatype": "FP32"}]},
+            r"pipeline 'p': model 'm' version 1 takes input 'x', which no preprocess step makes "
+            r"\(preprocess ends with \['z'\]\)",
+        ),
     ],
 )
 def test_preprocess_that_does_not_end_with_the_models_inputs_stops_the_service(

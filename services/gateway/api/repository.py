@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
+from google.protobuf.message import Message
 
 from services.gateway.flow import fallback
 from services.gateway.flow.model_stages import later_models
@@ -119,7 +120,9 @@ class Repository:
             behind += _served(f"{_role(pipeline, label)} ", later, router)
         return behind
 
-    async def _everywhere(self, name: str, caller: Caller, method: str, request: type) -> None:
+    async def _everywhere(
+        self, name: str, caller: Caller, method: str, request: type[Message]
+    ) -> None:
         """`method` for each of the pipeline's models on each deployment behind it, at once;
         the first failure, naming its deployment, once all have answered."""
         pipelines = self._runtime.settings.pipelines
@@ -148,6 +151,7 @@ class Repository:
             reply = await self._call(deployment, caller, token, "RepositoryIndex", request)
         except StrataError as exc:
             return str(exc)
+        assert isinstance(reply, v2.RepositoryIndexResponse)  # what the method answers
         return list(reply.models)
 
     async def _call(
@@ -155,7 +159,7 @@ class Repository:
     ) -> object:
         """`method` on `deployment` with inference's `token` (none under local model
         control), within the caller's budget."""
-        call: Callable[..., Awaitable] = getattr(
+        call: Callable[..., Awaitable[object]] = getattr(
             self._runtime.upstreams.inference[deployment].stub, method
         )
         remaining = caller.time_remaining

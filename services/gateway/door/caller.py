@@ -9,7 +9,8 @@ from services.gateway.request import Caller
 from strata.propagation import text_metadata
 from strata.security import principal
 
-PRINCIPAL = "strata.principal"  # the ASGI scope extension: a client certificate's principal
+# The ASGI scope extension whose "name" is a client certificate's principal.
+PRINCIPAL = "strata.principal"
 
 
 def grpc_caller(context: grpc.aio.ServicerContext) -> Caller:

@@ -54,7 +54,10 @@ class Buckets:
             bucket.rate, bucket.burst = spec.rate, spec.burst
             bucket.tokens = min(bucket.tokens, bucket.burst)
 
-    def get(self, key: str, now: float) -> Bucket:
+    def get(self, key: str, now: float) -> Bucket | None:
+        """The key's bucket; None where there is no limit."""
+        if self.spec is None:
+            return None
         bucket = self._by_key.get(key)
         if bucket is None:
             bucket = self._by_key[key] = Bucket(self.spec, now)
@@ -86,13 +89,10 @@ class RateLimiter:
         and at least RETRY_FLOOR_SECONDS; which limit refused); `peer` is the caller's
         address when it has no registered API key."""
         now = self._clock()
-        buckets = []
-        if self._clients.spec is not None:
-            buckets.append(("client", self._clients.get(client, now)))
-            if peer is not None:
-                buckets.append(("peer", self._peers.get(peer, now)))
-        if self._total is not None:
-            buckets.append(("total", self._total))
+        found = [("client", self._clients.get(client, now)), ("total", self._total)]
+        if peer is not None:  # a peer's spec is the client's, scaled: both set or neither
+            found.insert(1, ("peer", self._peers.get(peer, now)))
+        buckets = [(scope, bucket) for scope, bucket in found if bucket is not None]
         for scope, bucket in buckets:
             bucket.refill(now)
             if bucket.tokens < 1.0:

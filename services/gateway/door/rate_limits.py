@@ -30,8 +30,9 @@ class RateLimit:
 
     async def admit(self, entry: Entry) -> Ticket:
         caller = entry.caller
-        authenticated = self.keys or caller is None or caller.principal is not None
-        peer = None if authenticated else peer_host(caller.peer)
+        peer = None  # where no key names the caller, its address is limited as well
+        if not self.keys and caller is not None and caller.principal is None:
+            peer = peer_host(caller.peer)
         admitted, wait, scope = self.limiter.admit(entry.client, peer)
         if not admitted:
             RATE_LIMITED.labels(scope).inc()

@@ -38,14 +38,19 @@ import random
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Generic, TypeVar, cast
 
 import grpc
+from google.protobuf.message import Message
 
 log = logging.getLogger(__name__)
 
 _TAGS = itertools.count(1)
 REST_SECONDS = 5.0  # as gRPC's outlier detection first ejects a failing replica
+Metadata = Sequence[tuple[str, str]]
+Request = TypeVar("Request", bound=Message)  # a unary call's request, which the stream carries
+Answer = TypeVar("Answer", bound=Message)  # the stream's message back
+Reply = TypeVar("Reply", bound=Message)  # what the unary call would have returned
 
 
 class LaneBroken(Exception):
@@ -57,16 +62,16 @@ class LaneBroken(Exception):
 
 
 @dataclass(frozen=True)
-class StreamMethod:
+class StreamMethod(Generic[Request, Answer, Reply]):
     """How one protocol's calls travel as stream messages."""
 
-    open: Callable[[], grpc.aio.StreamStreamCall]
+    open: Callable[[], grpc.aio.StreamStreamCall[Request, Answer]]
     # The request as the stream carries it, with its tag, its timeout (seconds) and the
     # metadata a unary call would send (its trace context goes into the message).
-    tag: Callable[[Any, int, float, Sequence[tuple[str, str]]], Any]
-    tag_of: Callable[[Any], int | None]
+    tag: Callable[[Request, int, float, Metadata], Request]
+    tag_of: Callable[[Answer], int | None]
     # The reply a unary call would have returned, or the AioRpcError it would have raised.
-    result: Callable[[Any], Any]
+    result: Callable[[Answer], Reply]
 
 
 def rpc_error(code: grpc.StatusCode, details: str) -> grpc.aio.AioRpcError:
@@ -74,27 +79,27 @@ def rpc_error(code: grpc.StatusCode, details: str) -> grpc.aio.AioRpcError:
     return grpc.aio.AioRpcError(code, grpc.aio.Metadata(), grpc.aio.Metadata(), details)
 
 
-class Lane:
+class Lane(Generic[Request, Answer, Reply]):
     """One open stream and the answers it still owes."""
 
-    def __init__(self, method: StreamMethod, expires: float) -> None:
+    def __init__(self, method: StreamMethod[Request, Answer, Reply], expires: float) -> None:
         """A lane that takes new messages until `expires` (time.monotonic())."""
         self._method = method
         self.expires = expires
         self.accepting = True
-        self.owed: dict[int, asyncio.Future] = {}
+        self.owed: dict[int, asyncio.Future[Answer]] = {}
         self.rows = 0  # the rows of the messages it owes answers to
         self._writing = asyncio.Lock()
         self._call = method.open()
         self._reader = asyncio.get_running_loop().create_task(self._read())
-        self._closing: asyncio.Task | None = None
+        self._closing: asyncio.Task[None] | None = None
 
     async def send(
-        self, request: Any, timeout: float, metadata: Sequence = (), rows: int = 1
-    ) -> Any:
+        self, request: Request, timeout: float, metadata: Metadata = (), rows: int = 1
+    ) -> Reply:
         """The reply to `request` (carrying `rows`), within `timeout` seconds."""
         tag = next(_TAGS)
-        answer = asyncio.get_running_loop().create_future()
+        answer: asyncio.Future[Answer] = asyncio.get_running_loop().create_future()
         self.owed[tag] = answer
         self.rows += rows
         try:
@@ -120,7 +125,7 @@ class Lane:
         self.accepting = False
         self._call.cancel()
 
-    async def _write(self, message: Any) -> None:
+    async def _write(self, message: Request) -> None:
         async with self._writing:  # grpc.aio allows one write at a time per call
             if self._call.done():
                 raise LaneBroken(grpc.StatusCode.UNAVAILABLE, "the stream had ended")
@@ -132,8 +137,11 @@ class Lane:
     async def _read(self) -> None:
         ended = LaneBroken(grpc.StatusCode.UNAVAILABLE, "the stream ended before answering")
         try:
-            while (reply := await self._call.read()) is not grpc.aio.EOF:
-                answer = self.owed.get(self._method.tag_of(reply))
+            while (read := await self._call.read()) is not grpc.aio.EOF:
+                # types-grpcio types read() as `object | Answer` (EOF as object): no narrowing.
+                reply = cast(Answer, read)
+                tag = self._method.tag_of(reply)
+                answer = None if tag is None else self.owed.get(tag)
                 if answer is not None and not answer.done():
                     answer.set_result(reply)
         except grpc.aio.AioRpcError as exc:
@@ -157,7 +165,7 @@ class Lane:
                 await self._call.done_writing()  # unless it already ended
 
 
-def _settle(answer: asyncio.Future) -> None:
+def _settle(answer: asyncio.Future[Answer]) -> None:
     """An answer this send will not await again: cancelled if still owed, or its error marked
     seen. The stream may end (and fail what it owes) while the message waits to be written;
     the write then raises its own error, and the answer's would be logged as never retrieved."""
@@ -167,14 +175,14 @@ def _settle(answer: asyncio.Future) -> None:
         answer.exception()
 
 
-class Lanes:
+class Lanes(Generic[Request, Answer, Reply]):
     """One replica's lanes for one method (or, behind a shared channel, every replica's);
     `count` of them at most, each open `lifetime` seconds."""
 
     def __init__(
         self,
         name: str,
-        method: StreamMethod,
+        method: StreamMethod[Request, Answer, Reply],
         count: int,
         lifetime: float,
         ready: Callable[[], bool] = lambda: True,
@@ -184,7 +192,7 @@ class Lanes:
         self._method = method
         self._lifetime = lifetime
         self._ready = ready
-        self._lanes: list[Lane | None] = [None] * count
+        self._lanes: list[Lane[Request, Answer, Reply] | None] = [None] * count
         self._rests_until = 0.0  # time.monotonic() until which a condemned replica rests
         self.usable = count > 0
 
@@ -201,12 +209,12 @@ class Lanes:
 
     async def call(
         self,
-        request: Any,
+        request: Request,
         timeout: float,
         cancel_on_timeout: bool,
-        metadata: Sequence = (),
+        metadata: Metadata = (),
         rows: int = 1,
-    ) -> Any:
+    ) -> Reply:
         """The reply to `request` (carrying `rows`) over a lane. LaneBroken: send it some
         other way; `cancel_on_timeout`: a missed timeout condemns the lane (the hop's own
         timeout)."""
@@ -232,7 +240,7 @@ class Lanes:
             if lane is not None:
                 lane.cancel()
 
-    def _condemn(self, lane: Lane) -> None:
+    def _condemn(self, lane: Lane[Request, Answer, Reply]) -> None:
         """Cancel a lane that missed the hop's own timeout (its replica hangs, or is far
         slower than the others) and rest a while, as outlier detection would eject the
         replica, so that the next messages do not go straight back to it."""
@@ -241,7 +249,7 @@ class Lanes:
             self._lanes[self._lanes.index(lane)] = None
         self._rests_until = time.monotonic() + REST_SECONDS
 
-    def _pick(self) -> Lane:
+    def _pick(self) -> Lane[Request, Answer, Reply]:
         """The lane owing the fewest answers (the first among equals), after replacing any
         that ended or expired."""
         now = time.monotonic()
@@ -254,12 +262,12 @@ class Lanes:
         return min((lane for lane in self._lanes if lane), key=lambda lane: len(lane.owed))
 
 
-class Spread:
+class Spread(Generic[Request, Answer, Reply]):
     """A hop's lanes for one method over its replicas: each call to the replica owing the
     fewest rows, the replicas taking turns among equals (so that light load reaches every
     replica too)."""
 
-    def __init__(self, replicas: Sequence[Lanes]) -> None:
+    def __init__(self, replicas: Sequence[Lanes[Request, Answer, Reply]]) -> None:
         self.replicas = list(replicas)
         self._turn = 0
 
@@ -270,12 +278,12 @@ class Spread:
 
     async def call(
         self,
-        request: Any,
+        request: Request,
         timeout: float,
         cancel_on_timeout: bool,
-        metadata: Sequence = (),
+        metadata: Metadata = (),
         rows: int = 1,
-    ) -> Any:
+    ) -> Reply:
         """The reply to `request` from the least loaded replica that takes messages;
         LaneBroken where none does (the hop then calls unary)."""
         return await self._pick().call(request, timeout, cancel_on_timeout, metadata, rows)
@@ -284,7 +292,7 @@ class Spread:
         for replica in self.replicas:
             replica.close()
 
-    def _pick(self) -> Lanes:
+    def _pick(self) -> Lanes[Request, Answer, Reply]:
         self._turn = (self._turn + 1) % len(self.replicas)
         order = self.replicas[self._turn :] + self.replicas[: self._turn]
         taking = [replica for replica in order if replica.open()]

@@ -77,6 +77,7 @@ class Sequences:
         """Answer one request of a sequence with `infer`, in its turn, on its arm."""
         _one_row(req)
         sequence = req.pipeline.sequence
+        assert sequence is not None  # request_flags gives flags only where there is one
         live = self._books.of(
             req.pipeline_name, sequence.max_sequence_idle_microseconds, sequence.max_sequences
         )

@@ -12,12 +12,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any
 
 import grpc
 
-from services.gateway.upstream.lanes import StreamMethod, rpc_error
+from services.gateway.upstream.lanes import Metadata, StreamMethod, rpc_error
 from strata.flight import is_flight, set_call_traceparent
 from strata.proto.inference import grpc_service_pb2 as v2
 from strata.proto.v1 import tensor_pb2 as v1
@@ -25,17 +24,21 @@ from strata.proto.v1 import tensor_pb2 as v1
 # v2's own per-request time budget in microseconds (Triton's too).
 TIMEOUT = "timeout"
 TRACE_KEYS = ("traceparent", "tracestate")
-Metadata = Sequence[tuple[str, str]]
 _CODES = {code.value[0]: code for code in grpc.StatusCode}
 _NAMES = {code.name: code for code in grpc.StatusCode}
 
 
-def process_stream(stub: Any) -> StreamMethod:
-    return StreamMethod(stub.ProcessStream, _tag_process, _process_tag, _process_result)
+# Named whole, so that the untyped stub's stream method leaves the functions checked.
+ProcessStream = StreamMethod[v1.ProcessRequest, v1.ProcessResponse, v1.ProcessResponse]
+InferStream = StreamMethod[v2.ModelInferRequest, v2.ModelStreamInferResponse, v2.ModelInferResponse]
 
 
-def infer_stream(stub: Any) -> StreamMethod:
-    return StreamMethod(stub.ModelStreamInfer, _tag_infer, _infer_tag, _infer_result)
+def process_stream(stub: Any) -> ProcessStream:
+    return ProcessStream(stub.ProcessStream, _tag_process, _process_tag, _process_result)
+
+
+def infer_stream(stub: Any) -> InferStream:
+    return InferStream(stub.ModelStreamInfer, _tag_infer, _infer_tag, _infer_result)
 
 
 def _tag_process(

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import yaml
 
@@ -38,10 +38,14 @@ def is_bounded(rule: Rule) -> bool:
 RULES: Registry[RuleSpec, Rule] = Registry("postprocess rule", options.Rule, Rule, guard_rule)
 
 
+class _Reads(Protocol):
+    input: str
+
+
 class OneInput:
     """A built-in rule that reads one tensor: its options' `input`."""
 
-    options: Any  # the rule's spec (a dataclass field of the rule)
+    options: _Reads  # the rule's spec (a dataclass field of the rule)
 
     @property
     def inputs(self) -> tuple[str, ...]:

@@ -38,12 +38,13 @@ def softmax(logits: np.ndarray, axis: int = -1) -> np.ndarray:
         # Equal to the maximum counts as 0 even when both are infinite (inf - inf is NaN).
         shifted = np.where(values == top, np.float32(0), values - top)
     exp = np.exp(shifted)
-    return exp / exp.sum(axis=axis, keepdims=True)
+    probabilities: np.ndarray = exp / exp.sum(axis=axis, keepdims=True)
+    return probabilities
 
 
 def sigmoid(values: np.ndarray) -> np.ndarray:
     """1 / (1 + e^-x) in FP32, without overflow for large |x|."""
-    small = np.exp(-np.abs(values))
+    small: np.ndarray = np.exp(-np.abs(values))
     return np.where(values >= 0, 1 / (1 + small), small / (1 + small)).astype(np.float32)
 
 

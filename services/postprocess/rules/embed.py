@@ -25,7 +25,8 @@ _MIN_NORM = 1e-12
 def l2_normalize(vectors: np.ndarray) -> np.ndarray:
     """Unit length along the last axis (FP32)."""
     norms = np.linalg.norm(vectors, axis=-1, keepdims=True)
-    return (vectors / np.maximum(norms, _MIN_NORM)).astype(np.float32)
+    unit: np.ndarray = (vectors / np.maximum(norms, _MIN_NORM)).astype(np.float32)
+    return unit
 
 
 @RULES.register("mean_pool")

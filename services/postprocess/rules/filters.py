@@ -25,7 +25,7 @@ class TextFilter(OneInput):
     (compiled when the filter is built) matches."""
 
     options: FilterSpec
-    _pattern: regex.Pattern
+    _pattern: regex.Pattern[str]
 
     def apply(self, tensors: Arrays, context: RuleContext) -> Arrays:
         options = self.options
@@ -51,7 +51,7 @@ class TextFilter(OneInput):
         return self._pattern.sub(new, text, timeout=context.remaining(), concurrent=True)
 
 
-def _compile(source: str, ignore_case: bool) -> regex.Pattern:
+def _compile(source: str, ignore_case: bool) -> regex.Pattern[str]:
     flags = regex.IGNORECASE if ignore_case else 0
     try:
         return regex.compile(source, flags)
@@ -73,7 +73,8 @@ class RegexFilter(TextFilter):
     options: RegexFilterRule
 
     def __post_init__(self) -> None:
-        patterns = self.options.patterns or [self.options.pattern]
+        options = self.options  # holds one of pattern and patterns, never both
+        patterns = [options.pattern] if options.pattern is not None else options.patterns or []
         source = "|".join(f"(?:{p})" for p in patterns)
         self._pattern = _compile(source, self.options.ignore_case)
 

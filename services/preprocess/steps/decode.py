@@ -116,7 +116,8 @@ class Decode:
             pixels = _native_pixels(image)
         except Exception as exc:  # likewise for the decoders (OSError, SyntaxError, zlib...)
             raise StepError(f"{where} is truncated or corrupt ({exc})") from None
-        return self._convert(pixels[None])[0]
+        converted: np.ndarray = self._convert(pixels[None])[0]
+        return converted
 
     def _check_pixels(self, height: int, width: int, where: str) -> None:
         if height * width > self.options.max_pixels:
@@ -130,7 +131,8 @@ class Decode:
         if self._size is None or pixels.shape[1:3] == self._size:
             return pixels
         resized = resize_images(pixels, *self._size, self.options.interpolation)
-        return np.clip(np.rint(resized), 0, 255).astype(np.uint8)
+        rounded: np.ndarray = np.clip(np.rint(resized), 0, 255).astype(np.uint8)
+        return rounded
 
 
 def _native_pixels(image: Image.Image) -> np.ndarray:

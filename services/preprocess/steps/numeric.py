@@ -62,7 +62,7 @@ class Clip:
         clip = self.options
         low = -np.inf if clip.low is None else clip.low
         high = np.inf if clip.high is None else clip.high
-        clipped = np.clip(values, low, high).astype(values.dtype, copy=False)
+        clipped: np.ndarray = np.clip(values, low, high).astype(values.dtype, copy=False)
         holes = np.isnan(clipped)
         if holes.any():
             if clip.nan is None:

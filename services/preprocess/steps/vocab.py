@@ -7,6 +7,7 @@ from 0), or `.json` holding a list (ids by position) or an object of entry -> id
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import InitVar, dataclass, field
 from pathlib import Path
 
@@ -63,7 +64,7 @@ def _key(item: object) -> bytes:
     raise StepError(f"vocabulary lookup needs strings, got {type(item).__name__}")
 
 
-def _numbered(entries: list) -> list[tuple[object, int]]:
+def _numbered(entries: Sequence[object]) -> list[tuple[object, int]]:
     return [(entry, index) for index, entry in enumerate(entries)]
 
 

@@ -50,7 +50,12 @@ def test_more_responses_than_the_limit_fail_the_request_naming_it() -> None:
 
 @pytest.mark.parametrize(
     "outputs",
-    [{"OUT": np.zeros((2, 1)), "IDX": np.zeros((3, 1))}, {"OUT": np.zeros(2), "IDX": np.int32(1)}],
+    [
+        {"OUT": np.zeros((2, 1)), "IDX": np.zeros((3, 1))},
+        {"OUT": np.zeros(2), "IDX": np.int32(1)},
+        {"IDX": np.int32(1), "OUT": np.zeros(2)},
+        {"IDX": np.int32(1)},
+    ],
 )
 def test_outputs_without_one_response_dimension_are_the_servers_fault(outputs: dict) -> None:
     with pytest.raises(NotReady, match="do not share a leading response dimension"):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any
+from typing import Any, TypeGuard
 
 import orjson
 from google.protobuf import json_format
@@ -28,6 +28,7 @@ from strata.config.gateway import Rest
 from strata.config.pipelines import TensorSpec
 from strata.errors import InvalidArgument, Unimplemented, shown
 from strata.metrics import RPC_DURATION, RPCS
+from strata.proto.inference import grpc_service_pb2 as v2
 from strata.schema import check_datatype
 from strata.telemetry import server_span
 
@@ -90,8 +91,9 @@ def build_app(
     )
 
 
-async def _no_route(request: Request, exc: HTTPException) -> Response:
+async def _no_route(request: Request, exc: Exception) -> Response:
     """A path or method the API does not have, answered as the protocol's error."""
+    assert isinstance(exc, HTTPException)  # the class it handles; Starlette types it wider
     message = f"{request.method} {shown(request.url.path)}: {exc.detail}"
     return json_response({"error": message}, exc.status_code, exc.headers)
 
@@ -228,7 +230,7 @@ class _Api:
         body = await self._json_body(request)
         key = body.get("key")
         offset, size = body.get("offset", 0), body.get("byte_size")
-        if not isinstance(key, str) or not all(_natural(n) for n in (offset, size)):
+        if not isinstance(key, str) or not _natural(offset) or not _natural(size):
             raise InvalidArgument(
                 "a region needs `key` (a string), `byte_size` and optionally `offset` "
                 "(non-negative integers)"
@@ -307,14 +309,17 @@ class _Api:
         return params.get("name", ""), params.get("version", "")
 
 
-def _check_datatypes(inputs: Any, specs: Sequence[TensorSpec]) -> None:
+def _check_datatypes(inputs: object, specs: Sequence[TensorSpec]) -> None:
     """Each JSON input's datatype against the pipeline's before its values are read as that
     type, so a wrong type is refused as one (as over gRPC), not as a value out of range."""
     declared = {spec.name: spec for spec in specs}
     for item in inputs if isinstance(inputs, list) else ():
-        spec = declared.get(item.get("name")) if isinstance(item, dict) else None
-        if spec is not None and isinstance(item.get("datatype"), str):
-            check_datatype(spec, item["datatype"])
+        if not isinstance(item, dict):
+            continue  # tensors.to_request says what is wrong with it
+        name, datatype = item.get("name"), item.get("datatype")
+        spec = declared.get(name) if isinstance(name, str) else None  # a list is unhashable
+        if spec is not None and isinstance(datatype, str):
+            check_datatype(spec, datatype)
 
 
 def _headers(request: Request) -> dict[str, str]:
@@ -328,7 +333,7 @@ def _caller(request: Request) -> Caller:
     headers = _headers(request)
     host, port = request.scope.get("client") or ("unknown", 0)
     peer = f"ipv6:[{host}]:{port}" if ":" in host else f"ipv4:{host}:{port}"
-    principal = request.scope.get("extensions", {}).get(PRINCIPAL)
+    principal = request.scope.get("extensions", {}).get(PRINCIPAL, {}).get("name")
     return Caller(headers, peer, _timeout(headers.get(TIMEOUT_HEADER)), "rest", principal)
 
 
@@ -367,7 +372,7 @@ def _header_length(request: Request) -> int | None:
     return int(value)
 
 
-def _tensor(tensor: Any) -> dict[str, Any]:
+def _tensor(tensor: v2.ModelMetadataResponse.TensorMetadata) -> dict[str, object]:
     return {"name": tensor.name, "datatype": tensor.datatype, "shape": list(tensor.shape)}
 
 
@@ -381,11 +386,11 @@ def _config(config: Message) -> dict[str, Any]:
     return out
 
 
-def _natural(value: Any) -> bool:
+def _natural(value: object) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
-def _index_entry(entry: Any) -> dict[str, str]:
+def _index_entry(entry: v2.RepositoryIndexResponse.ModelIndex) -> dict[str, str]:
     out = {"name": entry.name, "version": entry.version, "state": entry.state}
     return out | ({"reason": entry.reason} if entry.reason else {})
 

@@ -6,7 +6,8 @@ connections, so enough of them made even `/v2/health/live` answer 503. Here a re
 header must arrive within `header_timeout` (408, then closed), one address holds at most
 `per_client` connections (503, then closed, before anything is read), and the probes answer
 past `limit_concurrency`: they are answered at once and hold nothing. A verified client
-certificate's principal reaches the app as the scope extension `strata.principal`.
+certificate's principal reaches the app as the scope extension `strata.principal` (its
+"name": ASGI makes each extension a dict).
 """
 
 from __future__ import annotations
@@ -90,7 +91,7 @@ class LimitedProtocol(HttpToolsProtocol):
     def on_message_begin(self) -> None:
         super().on_message_begin()
         if self._principal is not None:
-            self.scope["extensions"] = {PRINCIPAL: self._principal}
+            self.scope["extensions"] = {PRINCIPAL: {"name": self._principal}}
         self._arm()
 
     def on_headers_complete(self) -> None:

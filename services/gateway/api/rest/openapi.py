@@ -151,7 +151,10 @@ def _model_paths(pipelines: list[str], versioned: bool) -> dict[str, Any]:
 
 
 def _post(
-    summary: str, body: dict[str, Any], responses: dict[str, Any], parameters: list | None = None
+    summary: str,
+    body: dict[str, Any],
+    responses: dict[str, Any],
+    parameters: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """A path item with one POST operation whose JSON body (`body`) is optional."""
     operation: dict[str, Any] = {"summary": summary}

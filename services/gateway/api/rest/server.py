@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import ssl
-from typing import Any
+from typing import TypedDict
 
 import uvicorn
 from starlette.types import ASGIApp
@@ -27,15 +27,29 @@ from strata.workers import reuse_port_socket, sharing
 log = logging.getLogger(__name__)
 
 
-def _certificate(tls: TlsSettings, identity: str) -> dict[str, Any]:
+class _Certificate(TypedDict, total=False):
+    """The keyword arguments of uvicorn.Config that set TLS."""
+
+    ssl_certfile: str
+    ssl_keyfile: str
+    ssl_ca_certs: str
+    ssl_cert_reqs: int
+
+
+def _certificate(tls: TlsSettings, identity: str) -> _Certificate:
     """uvicorn's TLS settings: the public certificate the gRPC port presents, and a client
     certificate required as there (`tls.client_certificates`)."""
     if not tls.enabled:
         return {}
+    assert tls.certs is not None  # TlsSettings requires it once enabled
     folder = tls.certs / public_identity(identity)
-    certificate = {"ssl_certfile": str(folder / CERT), "ssl_keyfile": str(folder / KEY)}
+    certificate: _Certificate = {
+        "ssl_certfile": str(folder / CERT),
+        "ssl_keyfile": str(folder / KEY),
+    }
     if tls.client_certificates:
-        certificate.update(ssl_ca_certs=str(folder / CA), ssl_cert_reqs=ssl.CERT_REQUIRED)
+        certificate["ssl_ca_certs"] = str(folder / CA)
+        certificate["ssl_cert_reqs"] = ssl.CERT_REQUIRED
     return certificate
 
 
@@ -73,7 +87,7 @@ class RestServer:
             **certificate,
         )
         self._server = uvicorn.Server(self._config)
-        self._ticking: asyncio.Task | None = None
+        self._ticking: asyncio.Task[None] | None = None
         self.listen = listen
 
     async def start(self) -> None:

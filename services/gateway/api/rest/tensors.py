@@ -149,7 +149,7 @@ def _json_tensor(name: str, datatype: str, shape: list[int], data: Any) -> bytes
     return _numbers(values, name, datatype).tobytes()
 
 
-def _numbers(values: list, name: str, datatype: str) -> np.ndarray:
+def _numbers(values: list[object], name: str, datatype: str) -> np.ndarray:
     """`values` as `datatype`, refused where a value does not fit it."""
     dtype = codec.DTYPES[datatype]
     try:
