@@ -36,12 +36,13 @@ def split(pipeline: str, outputs: codec.Arrays, max_responses: int) -> list[code
     does not make what it declares) where the outputs disagree on their count;
     InvalidArgument past `max_responses`."""
     counts = {name: array.shape[0] if array.ndim else None for name, array in outputs.items()}
-    if None in counts.values() or len(set(counts.values())) > 1:
+    lengths = [count for count in counts.values() if count is not None]
+    if len(lengths) < len(counts) or len(set(lengths)) > 1:
         raise NotReady(
             f"pipeline {shown(pipeline)} is decoupled, but its outputs do not share a leading "
             f"response dimension (their lengths: {counts}); each output needs one"
         )
-    count = next(iter(counts.values()), 0)
+    count = lengths[0] if lengths else 0
     if count > max_responses:
         raise InvalidArgument(
             f"the answer of pipeline {shown(pipeline)} to this request has {count} responses, "
