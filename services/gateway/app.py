@@ -126,7 +126,7 @@ async def build(settings: Settings) -> Service:
 def _servers(runtime: Runtime, settings: Settings) -> tuple[list[Registration], list[Companion]]:
     """The v2 servicer over the application service; the admin API on the public port or on
     one of its own, where a token is set; REST, where configured."""
-    pipelines = serve(runtime)
+    pipelines = serving(runtime)
     auth = admin_auth(runtime)
     repository, server_settings = Repository(runtime, auth), ServerSettings(runtime, auth)
     gateway, endpoint = settings.gateway, settings.services.gateway
@@ -165,21 +165,12 @@ def compose(settings: Settings) -> Runtime:
     gateway = settings.gateway
     ladder = LadderController(gateway.ladder, objectives(settings), level_changed)
     concurrency = AdaptiveLimits(gateway.concurrency, objectives(settings))
-    serving = _serving(upstreams)
-    routers = {
-        name: Router(
-            name,
-            settings.routes(name),
-            pipeline.model.shadow,
-            serving(pipeline.model.name),
-            per_version(pipeline.preprocess),
-        )
-        for name, pipeline in settings.pipelines.items()
-    }
+    available_for = _available_for(upstreams)
+    routers = _routers(settings, available_for)
     admission = _admission(settings, routers, concurrency, ladder)
     cache, shadow, arms = ResultCache(gateway.cache), ShadowRunner(upstreams), ArmBook()
-    later = stage_routers(settings, serving)
-    usable = _usable(upstreams)
+    later = stage_routers(settings, available_for)
+    usable = _available(upstreams)
     stages = Stages(upstreams, later, model_request, arms, shadow)
     margin = gateway.flights.message_margin
     sizes = Sizes(upstreams.message_limit, margin, upstreams.batch_limit)
@@ -210,7 +201,7 @@ def compose(settings: Settings) -> Runtime:
     )
 
 
-def serve(runtime: Runtime) -> Pipelines:
+def serving(runtime: Runtime) -> Pipelines:
     """The application service the protocols ask, over the runtime."""
     catalog = Catalog(runtime)
     counting = Counting(catalog.has)
@@ -223,6 +214,22 @@ def serve(runtime: Runtime) -> Pipelines:
         memory=memory,
         door=runtime.admission,
     )
+
+
+def _routers(
+    settings: Settings, available_for: Callable[[str], Callable[[Route], bool]]
+) -> dict[str, Router]:
+    """Each pipeline's router over its first model's arms, with that model's shadow."""
+    return {
+        name: Router(
+            name,
+            settings.routes(name),
+            pipeline.model.shadow,
+            available_for(pipeline.model.name),
+            per_version(pipeline.preprocess),
+        )
+        for name, pipeline in settings.pipelines.items()
+    }
 
 
 def _admission(
@@ -242,7 +249,7 @@ def _admission(
     return Admission(Identity(settings), policies)
 
 
-def _serving(upstreams: Upstreams) -> Callable[[str], Callable[[Route], bool]]:
+def _available_for(upstreams: Upstreams) -> Callable[[str], Callable[[Route], bool]]:
     """Whether a route's deployment can take a model now: that model's circuit there."""
     inference = upstreams.inference
 
@@ -252,7 +259,7 @@ def _serving(upstreams: Upstreams) -> Callable[[str], Callable[[Route], bool]]:
     return for_model
 
 
-def _usable(upstreams: Upstreams) -> Callable[[Route], bool]:
+def _available(upstreams: Upstreams) -> Callable[[Route], bool]:
     """Whether a route's deployment takes calls now: its circuit."""
     inference = upstreams.inference
     return lambda route: inference[route.deployment].breaker.available
