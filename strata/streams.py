@@ -7,7 +7,7 @@ A stream is read only as fast as it is answered: once `max_in_flight` of its mes
 unanswered (or answered but not yet all taken by the client), the server stops reading it, so
 HTTP/2 flow control holds the client back instead of the server's memory. The room is one
 per message, whatever its answer's length: what one message may answer with is the caller's
-to bound (services/gateway/api/decoupled.py). Once the process
+to bound (services/gateway/serving/decoupled.py). Once the process
 is draining (SIGTERM), each new message is answered at once with the protocol's refusal
 (UNAVAILABLE: the caller sends it elsewhere) while those already running finish.
 """

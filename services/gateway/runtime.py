@@ -14,19 +14,16 @@ import asyncio
 import contextlib
 import logging
 import signal
-from collections.abc import Callable
+from dataclasses import dataclass, field
 
 from pydantic import BaseModel
 
 from services.gateway.door.admission import Admission
-from services.gateway.door.concurrency import AdaptiveLimits, ChainLimit, objectives
-from services.gateway.door.forced_arm import ForcedArm
-from services.gateway.door.identity import Identity
+from services.gateway.door.concurrency import AdaptiveLimits, objectives
 from services.gateway.door.ladder import LEVELS, LadderController
 from services.gateway.door.probe import DoorProbe
-from services.gateway.door.rate_limits import RateLimit
 from services.gateway.flow.cache import ResultCache
-from services.gateway.flow.model_stages import stage_routers
+from services.gateway.flow.model_stages import StageKey
 from services.gateway.flow.orchestrator import Orchestrator
 from services.gateway.flow.shadow import ShadowRunner
 from services.gateway.metrics import LEVEL, LEVEL_CHANGES
@@ -37,10 +34,8 @@ from strata import telemetry
 from strata.config import ConfigError, Settings, load_settings
 from strata.config.base import live_fields
 from strata.config.gateway import GatewaySettings
-from strata.config.pipelines import Pipeline, Route
-from strata.config.preprocess import per_version
+from strata.config.pipelines import Pipeline
 from strata.errors import NotFound, NotReady, StrataError, listed, shown
-from strata.security import KeyRing
 from strata.workers import sharing
 
 log = logging.getLogger(__name__)
@@ -48,61 +43,31 @@ LIVE_GATEWAY = live_fields(GatewaySettings)
 LIVE_PIPELINE = live_fields(Pipeline)
 
 
-def _on_level_change(old: int, new: int, why: str) -> None:
+def level_changed(old: int, new: int, why: str) -> None:
+    """The ladder's level in the metrics, and which way it moved."""
     LEVEL.set(new)
     LEVEL_CHANGES.labels("up" if new > old else "down").inc()
 
 
+@dataclass(eq=False)
 class Runtime:
-    def __init__(self, settings: Settings) -> None:
-        self.settings = settings
-        self.upstreams = Upstreams(settings)
-        self.ladder = LadderController(
-            settings.gateway.ladder, objectives(settings), _on_level_change
-        )
-        ladder = self.ladder
-        self.door_probe = DoorProbe(ladder.signals, lambda: ladder.settings.tick_seconds)
-        self.cache = ResultCache(settings.gateway.cache)
-        self.limits = AdaptiveLimits(settings.gateway.concurrency, objectives(settings))
-        self.routers = {
-            name: Router(
-                name,
-                settings.routes(name),
-                pipeline.model.shadow,
-                self._serving(pipeline.model.name),
-                per_version(pipeline.preprocess),
-            )
-            for name, pipeline in settings.pipelines.items()
-        }
-        gateway = settings.gateway
-        # The admission policies, asked in this order at their checkpoints (door/policy.py).
-        policies = [
-            RateLimit(settings, self.limits.refusals),
-            ForcedArm(self.routers, KeyRing(gateway.api_keys), gateway.rate_limits.api_key_header),
-            ChainLimit(self.limits, self.ladder),
-        ]
-        self.admission = Admission(Identity(settings), policies)
-        self.shadow = ShadowRunner(self.upstreams)
-        self.arms = ArmBook()
-        # Each later stage's and fallback's router, by (pipeline, label in strata.stages).
-        self.stage_routers = stage_routers(settings, self._serving)
-        self.orchestrator = Orchestrator(
-            self.upstreams,
-            self.ladder,
-            self.cache,
-            self.routers,
-            self.shadow,
-            self.arms,
-            settings.gateway.flights,
-            self.admission,
-            self.stage_routers,
-        )
-        self._ticker: asyncio.Task | None = None
+    """The rooms' live objects, built once by the composition root (services/gateway/app.py),
+    and the settings in force, swapped whole on reload."""
 
-    def _serving(self, model: str) -> Callable[[Route], bool]:
-        """Whether a route's deployment can take `model` now: that model's circuit there."""
-        inference = self.upstreams.inference
-        return lambda route: inference[route.deployment].breaker.available_for(model)
+    settings: Settings
+    upstreams: Upstreams
+    ladder: LadderController
+    door_probe: DoorProbe
+    cache: ResultCache
+    limits: AdaptiveLimits
+    routers: dict[str, Router]
+    # Each later stage's and fallback's router, by (pipeline, label in strata.stages).
+    stage_routers: dict[StageKey, Router]
+    admission: Admission
+    shadow: ShadowRunner
+    arms: ArmBook
+    orchestrator: Orchestrator
+    _ticker: asyncio.Task[None] | None = field(default=None, init=False)
 
     def changing_live(self, what: str) -> None:
         """Refuse a live change (FAILED_PRECONDITION) where it would reach one of several
@@ -209,7 +174,7 @@ class Runtime:
         self.ladder.configure(gateway.ladder, objectives(new))
         self.cache.configure(gateway.cache)
         self.upstreams.configure(gateway)
-        self.orchestrator.configure_flights(gateway.flights)
+        self.orchestrator.configure_flights(gateway.flights, self.upstreams.message_limit)
         return [f"gateway.{key}" for key in changed]
 
     def _apply_pipelines(self, new: Settings) -> list[str]:
@@ -278,7 +243,7 @@ def _needs_restart(old: Settings, new: Settings) -> list[str]:
     return changed
 
 
-def _routing(pipeline) -> tuple:
+def _routing(pipeline: Pipeline) -> tuple[object, ...]:
     """What a live reload cannot change about a pipeline's model: all but the weights."""
     model = pipeline.model
     routes = tuple((r.arm, r.deployment, r.version) for r in model.routes)

@@ -1,2 +1,3 @@
-"""What clients and operators call: the v2 gRPC servicer, REST, the admin API, model control,
-log and trace settings, system shared memory, and `Pipelines`, the facade they all ask."""
+"""What clients and operators call, each protocol translated to the application service
+(services/gateway/serving/): the v2 gRPC servicer, REST, the admin API, model control, and
+log and trace settings."""

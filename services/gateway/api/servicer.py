@@ -7,11 +7,11 @@ from contextlib import asynccontextmanager
 
 import grpc
 
-from services.gateway.api.pipelines import Pipelines
 from services.gateway.api.repository import Repository
 from services.gateway.api.server_settings import ServerSettings
-from services.gateway.api.shared_memory import CUDA_HINT, no_cuda_regions
 from services.gateway.door.caller import grpc_caller
+from services.gateway.serving.pipelines import Pipelines
+from services.gateway.serving.shared_memory import CUDA_HINT, no_cuda_regions
 from strata.errors import StrataError, status_of
 from strata.grpc_errors import answers_unimplemented, grpc_errors
 from strata.occupancy import Shares, refuse

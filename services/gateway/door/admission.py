@@ -1,5 +1,5 @@
 """The door's one place: each request's caller named, then the admission policies asked in
-the order they were built (runtime.py), at each checkpoint (policy.py).
+the order they were built (app.py), at each checkpoint (policy.py).
 
 A policy that refuses ends the request there; the tickets the ones before it gave are given
 back at once. The others are given back when the request leaves the chain.

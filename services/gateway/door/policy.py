@@ -5,7 +5,7 @@ call, how often, what they may ask of the routes), or on boarding, once it is va
 cache could not answer it, before it takes a place in the chain (how many may be in it). It
 answers with a ticket, which it is given back when the request leaves, or refuses by raising
 the refusal (a `StrataError`, its status and message for the client). The gateway builds its
-policies once, at start (runtime.py), and asks them in one place (admission.py).
+policies once, at start (app.py), and asks them in one place (admission.py).
 """
 
 from __future__ import annotations

@@ -10,6 +10,7 @@ default answer (3), or the request itself (4).
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 import numpy as np
 
@@ -17,16 +18,11 @@ from services.gateway.door.admission import Admission
 from services.gateway.door.ladder import LadderController
 from services.gateway.door.policy import Checkpoint, Entry
 from services.gateway.flow.cache import Cached, ResultCache, cache_key
-from services.gateway.flow.chain import Chain, model_request
 from services.gateway.flow.flights import Flights, Member
-from services.gateway.flow.model_stages import StageKey, Stages
-from services.gateway.flow.shadow import ShadowRunner
-from services.gateway.flow.sizing import Room, Sizes, arm_of
+from services.gateway.flow.sizing import Sizes, arm_of
 from services.gateway.metrics import CACHE, DEGRADED, INFLIGHT
 from services.gateway.request import Answer, ClientRequest
-from services.gateway.upstream.arms import ArmBook
 from services.gateway.upstream.router import Router
-from services.gateway.upstream.upstreams import Upstreams
 from strata import codec, stack
 from strata.config.gateway import FlightSettings
 from strata.config.pipelines import Pipeline, Route
@@ -39,31 +35,27 @@ UNWELL = {"UNAVAILABLE", "INTERNAL", "UNKNOWN"}
 class Orchestrator:
     def __init__(
         self,
-        upstreams: Upstreams,
+        *,
         ladder: LadderController,
         cache: ResultCache,
         routers: dict[str, Router],
-        shadow: ShadowRunner,
-        arms: ArmBook,
-        flights: FlightSettings,
         admission: Admission,
-        stage_routers: dict[StageKey, Router],
+        sizes: Sizes,
+        flights: Flights,
+        usable: Callable[[Route], bool],
     ) -> None:
-        self._up = upstreams
-        self.arms = arms
         self.ladder = ladder
         self.cache = cache
         self.routers = routers
         self.admission = admission
-        stages = Stages(upstreams, stage_routers, model_request, arms, shadow)
-        self.sizes = Sizes(upstreams.message_limit, flights.message_margin, upstreams.batch_limit)
-        chain = Chain(upstreams, routers, shadow, arms, self._usable, stages, self.sizes)
-        self.flights = Flights(flights, chain.fly, self._departed, self._room)
+        self.sizes = sizes
+        self.flights = flights
+        self._usable = usable  # whether a route's deployment takes calls now (its circuit)
 
-    def configure_flights(self, flights: FlightSettings) -> None:
+    def configure_flights(self, flights: FlightSettings, message_limit: int) -> None:
         """New bounds for the flights that leave from now on."""
         self.flights.configure(flights)
-        self.sizes.configure(self._up.message_limit, flights.message_margin)
+        self.sizes.configure(message_limit, flights.message_margin)
 
     async def close(self) -> None:
         await self.flights.close()
@@ -121,15 +113,6 @@ class Orchestrator:
             if req.pipeline.fallback is None:
                 raise
             return router.sticky(req.client)
-
-    def _room(self, member: Member) -> Room:
-        return self.sizes.room(arm_of(member.request))
-
-    def _departed(self, member: Member, waited: float) -> None:
-        self.ladder.signals.queued(member.request.pipeline_name, waited)
-
-    def _usable(self, route: Route) -> bool:
-        return self._up.inference[route.deployment].breaker.available
 
     def _answer_without_chain(
         self, req: ClientRequest, route: Route, key: str, level: int, rows: int

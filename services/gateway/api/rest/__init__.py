@@ -3,6 +3,7 @@ over HTTP/JSON with the binary tensor extension (uvicorn and Starlette, in the g
 process and event loop).
 
 Request -> body limits (scan) -> JSON and binary data to a v2 message (tensors) -> the
-pipelines (services/gateway/api/pipelines.py), as a gRPC request goes -> the answer as JSON or
-binary (tensors); any failure -> {"error": ...} with the HTTP status of its code (statuses).
+application service (services/gateway/serving/pipelines.py), as a gRPC request goes -> the
+answer as JSON or binary (tensors); any failure -> {"error": ...} with the HTTP status of its
+code (statuses).
 """

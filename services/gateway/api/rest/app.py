@@ -15,15 +15,15 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from services.gateway.api.pipelines import Pipelines
 from services.gateway.api.repository import Repository
 from services.gateway.api.rest import openapi, tensors
 from services.gateway.api.rest.scan import check_json
 from services.gateway.api.rest.statuses import JSON, TooLarge, error_response, json_response
 from services.gateway.api.server_settings import ServerSettings
-from services.gateway.api.shared_memory import CUDA_HINT, no_cuda_regions
 from services.gateway.door.caller import PRINCIPAL
 from services.gateway.request import Caller
+from services.gateway.serving.pipelines import Pipelines
+from services.gateway.serving.shared_memory import CUDA_HINT, no_cuda_regions
 from strata.config.gateway import Rest
 from strata.config.pipelines import TensorSpec
 from strata.errors import InvalidArgument, Unimplemented, shown
@@ -262,7 +262,7 @@ class _Api:
         )
 
     async def cuda_status(self, request: Request) -> Response:
-        """No CUDA regions: `[]` for all of them (services/gateway/api/shared_memory.py)."""
+        """No CUDA regions: `[]` for all of them (services/gateway/serving/shared_memory.py)."""
         self._no_cuda_region(request)
         return json_response([])
 

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import orjson
 
-from services.gateway.api.shared_memory import REGION
+from services.gateway.serving.shared_memory import REGION
 from strata import codec
 from strata.errors import InvalidArgument, shown
 from strata.limits import check_declared

@@ -4,14 +4,7 @@ import pytest
 
 from services.gateway.door.ladder import LadderController
 from strata.config.gateway import Ladder
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
+from tests.support.clock import Clock
 
 
 def controller(clock: Clock, **overrides) -> LadderController:

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from services.gateway.api.shared_memory import (
+from services.gateway.serving.shared_memory import (
     SharedMemory,
     output_places,
     with_inputs,

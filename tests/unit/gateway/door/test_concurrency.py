@@ -13,16 +13,9 @@ from services.gateway.door.concurrency import AdaptiveLimit, AdaptiveLimits
 from services.gateway.door.refusals import OTHER, Refusals
 from strata.config.gateway import Concurrency, Ladder
 from strata.errors import Overloaded
+from tests.support.clock import Clock
 
 SETTINGS = Concurrency(initial=16, min_limit=2, max_limit=256, update_seconds=0.1, min_samples=4)
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def drive(limit: AdaptiveLimit, clock: Clock, latency: float, busy: int, updates: int) -> None:
@@ -36,21 +29,21 @@ def drive(limit: AdaptiveLimit, clock: Clock, latency: float, busy: int, updates
 
 
 def test_the_limit_grows_while_latency_holds_and_the_limit_is_used() -> None:
-    clock = Clock()
+    clock = Clock(0.0)
     limit = AdaptiveLimit(SETTINGS, objective=1.0, clock=clock)
     drive(limit, clock, 0.01, busy=16, updates=20)
     assert limit.limit > 30
 
 
 def test_the_limit_does_not_grow_when_load_does_not_reach_it() -> None:
-    clock = Clock()
+    clock = Clock(0.0)
     limit = AdaptiveLimit(SETTINGS, objective=1.0, clock=clock)
     drive(limit, clock, 0.01, busy=4, updates=20)
     assert limit.limit == 16
 
 
 def test_latency_rising_past_the_tolerance_shrinks_the_limit() -> None:
-    clock = Clock()
+    clock = Clock(0.0)
     limit = AdaptiveLimit(SETTINGS, objective=10.0, clock=clock)
     drive(limit, clock, 0.01, busy=16, updates=5)
     grown = limit.limit
@@ -59,14 +52,14 @@ def test_latency_rising_past_the_tolerance_shrinks_the_limit() -> None:
 
 
 def test_latency_past_the_objective_share_shrinks_it_even_once_the_baseline_follows() -> None:
-    clock = Clock()
+    clock = Clock(0.0)
     limit = AdaptiveLimit(SETTINGS, objective=0.1, clock=clock)
     drive(limit, clock, 0.2, busy=16, updates=30)  # the baseline is 0.2 too: no gradient
     assert limit.limit < 8
 
 
 def test_a_client_holding_its_share_under_contention_is_refused_and_others_are_not() -> None:
-    limit = AdaptiveLimit(SETTINGS, objective=1.0, clock=Clock())
+    limit = AdaptiveLimit(SETTINGS, objective=1.0, clock=Clock(0.0))
     for _ in range(8):
         limit.enter("flood")
     limit.enter("quiet")
@@ -76,7 +69,7 @@ def test_a_client_holding_its_share_under_contention_is_refused_and_others_are_n
 
 
 def test_a_lone_client_may_fill_the_limit_and_a_newcomer_still_gets_in() -> None:
-    limit = AdaptiveLimit(SETTINGS, objective=1.0, clock=Clock())
+    limit = AdaptiveLimit(SETTINGS, objective=1.0, clock=Clock(0.0))
     for _ in range(16):
         assert limit.refusal("flood") == ""
         limit.enter("flood")
@@ -207,7 +200,7 @@ def test_a_client_below_its_share_floor_is_not_refused_when_the_limit_shrinks() 
     equal share is then 6.7, so a seventh request was "over its share" below any fair one."""
     for floor, expected in ((1, "client_share"), (8, "")):
         settings = Concurrency(initial=32, min_limit=2, contention=0.5, min_share=floor)
-        limit = AdaptiveLimit(settings, objective=1.0, clock=Clock())
+        limit = AdaptiveLimit(settings, objective=1.0, clock=Clock(0.0))
         for client in ("a", "b", "c"):
             for _ in range(6):
                 limit.enter(client)
@@ -255,7 +248,7 @@ def refused(reason: str, client: str) -> float:
 
 
 def test_every_refusal_is_counted_by_reason_and_a_bounded_client_label() -> None:
-    refusals = Refusals(Concurrency(refusal_clients=2), clock=Clock())
+    refusals = Refusals(Concurrency(refusal_clients=2), clock=Clock(0.0))
     before = {c: refused("queue", c) for c in ("ra", "rb", "rc", OTHER)}
     for client in ("ra", "rb", "rc", "rd", "ra"):
         refusals.record("queue", client, "full")
@@ -267,7 +260,7 @@ def test_every_refusal_is_counted_by_reason_and_a_bounded_client_label() -> None
 def test_refusals_are_logged_once_per_reason_per_interval_with_their_counts(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    clock = Clock()
+    clock = Clock(0.0)
     refusals = Refusals(Concurrency(refusal_log_seconds=10), clock=clock)
     with caplog.at_level(logging.WARNING, logger="services.gateway.door.refusals"):
         for client in ("a", "a", "b", "a", "c", "d"):

@@ -1,4 +1,4 @@
-"""A decoupled pipeline (services/gateway/api/decoupled.py, strata.config.pipelines.Decoupled):
+"""A decoupled pipeline (services/gateway/serving/decoupled.py, strata.config.pipelines.Decoupled):
 the answer split into its responses, Triton's final flags, the model config, and the
 settings refused at load."""
 
@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from pydantic import ValidationError
 
-from services.gateway.api import decoupled
+from services.gateway.serving import decoupled
 from strata.config.pipelines import Pipeline
 from strata.errors import InvalidArgument, NotReady
 from strata.proto.inference import grpc_service_pb2 as v2

@@ -1,0 +1,38 @@
+"""The result cache (services/gateway/flow/cache.py): bounded, expiring, and keyed by all
+that makes an answer: the pipeline, the arm's version, the inputs and, unless shared, the
+client."""
+
+import numpy as np
+
+from services.gateway.flow.cache import Cached, ResultCache, cache_key
+from strata import codec
+from strata.config.gateway import Cache
+from strata.stack import Raw
+from tests.support.clock import Clock
+
+
+def test_cache_is_bounded_and_expires() -> None:
+    clock = Clock()
+    cache = ResultCache(Cache(max_entries=2, ttl_seconds=10), clock)
+    answer = Cached({"y": np.ones(1)}, "a", "1")
+    for key in ("k1", "k2", "k3"):
+        cache.put(key, answer)
+    assert cache.get("k1") is None and cache.get("k3") is answer and len(cache) == 2
+    clock.now += 11
+    assert cache.get("k3") is None
+
+
+def raw(name: str, array: np.ndarray) -> list[Raw]:
+    return [Raw(name, codec.datatype_of(array), array.shape, codec.to_raw(array))]
+
+
+def test_cache_key_depends_on_inputs_version_and_pipeline() -> None:
+    x = raw("x", np.arange(4, dtype=np.float32))
+    key = cache_key("p", "a:1", x)
+    assert key == cache_key("p", "a:1", raw("x", np.arange(4, dtype=np.float32)))
+    assert key != cache_key("p", "a:2", x)
+    assert key != cache_key("q", "a:1", x)
+    assert key != cache_key("p", "a:1", raw("y", np.arange(4, dtype=np.float32)))
+    assert key != cache_key("p", "a:1", raw("x", np.arange(4, dtype=np.float64)))
+    assert key != cache_key("p", "a:1", raw("x", np.arange(4, dtype=np.float32).reshape(2, 2)))
+    assert key != cache_key("p", "a:1", x, "id:alice") != cache_key("p", "a:1", x, "id:bob")
