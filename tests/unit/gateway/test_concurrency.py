@@ -233,6 +233,27 @@ async def test_callers_without_a_deadline_go_in_turn_after_those_with_one() -> N
     door.leave(await asyncio.wait_for(calm[1], 1.0), counts=True)
 
 
+@synchronously
+async def test_callers_with_deadlines_go_first_only_within_their_clients_share() -> None:
+    settings = Concurrency(initial=4, min_limit=1, contention=0.5, min_share=1, wait_share=1.0)
+    door = AdaptiveLimits(settings, {"digits": 1.0})
+    flood = [door.enter("digits", "flood") for _ in range(2)]
+    calm = [door.enter("digits", "calm") for _ in range(2)]
+    hurried = [
+        asyncio.create_task(door.admit("digits", "flood", None, budget=10.0, deadline=True))
+        for _ in range(3)
+    ]
+    waiting = asyncio.create_task(door.admit("digits", "calm", None, budget=10.0, deadline=False))
+    await asyncio.sleep(0.01)
+    door.leave(calm[0], counts=True)  # flood holds its share (2 of 4): calm's place is calm's
+    ticket = await asyncio.wait_for(waiting, 1.0)
+    assert ticket.client == "calm" and not any(task.done() for task in hurried)
+    for task in hurried:
+        task.cancel()
+    for held in [*flood, calm[1], ticket]:
+        door.leave(held, counts=True)
+
+
 async def closed_loop(door: AdaptiveLimits, clients: int, rounds: int, deadline: bool) -> int:
     """`clients` callers each sending `rounds` requests one after another, each answered
     10 ms after it gets its place; how many the door refused."""
