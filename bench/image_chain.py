@@ -6,11 +6,12 @@ normalise -> CHW in preprocess (bench.images' steps), then `vision`, a stand-in 
 classifier (global average pool and a dense layer to 1,000 classes, random weights: the
 model's own cost is not the point), then softmax and top 5; `--portraits N` sends N requests
 in 10 upright (480x640), so that flights mix both sizes. One client on one connection, closed
-loop, stepping from 1 to 16 to 64 in flight: throughput, P50 and P99 at each, the preprocess
-processes' CPU per image meanwhile, the requests that failed, counted from the moment of the
-step (each point's warm-up included: a step in load must fail nothing), and those answered
-degraded; then every process's CPU per answered request at each step (the gateway, each
-preprocess replica, each inference deployment, postprocess: bench/peers/per_process.py).
+loop with no deadline (a client library's default), stepping from 1 to 16 to 64 in flight:
+throughput, P50 and P99 at each, the preprocess processes' CPU per image meanwhile, the
+requests that failed, counted from the moment of the step (each point's warm-up included: a
+step in load must fail nothing), and those answered degraded; then every process's CPU per
+answered request at each step (the gateway, each preprocess replica, each inference
+deployment, postprocess: bench/peers/per_process.py).
 The result cache is off (the same few photos again and again would be answered from it),
 and `--objective-ms` sets the pipeline's latency objective where the ladder should not shed
 load. Results go to `--out` (bench/results/image_chain.md).
@@ -170,7 +171,7 @@ def _points(
         method=INFER,
         requests=requests,
         metadata=CLIENT,
-        timeout=30,
+        timeout=None,  # as a client library sends by default: no deadline
         connections=1,
     )
     rows, errors = [], Counter[str]()

@@ -146,7 +146,7 @@ class HttpClient:
                 async with post(url, data=body, headers=headers, timeout=timeout) as response:
                     status, answer = response.status, await response.read()
             except TimeoutError:
-                return DEADLINE_EXCEEDED, f"HTTP: no answer within {plan.timeout:g}s", 0
+                return DEADLINE_EXCEEDED, f"HTTP: no answer within {plan.timeout or 0:g}s", 0
             except aiohttp.ClientError as exc:
                 return UNAVAILABLE, f"HTTP: {type(exc).__name__}: {exc}", 0
             if not 200 <= status < 300:

@@ -120,7 +120,7 @@ def ghz_options(options: Any, plan: Any, data: object) -> dict[str, Any]:
         "rps": plan.rps or 0,
         "connections": plan.connections,
         "duration": int((plan.duration or 0) * 1e9),
-        "timeout": int(plan.timeout * 1e9),
+        "timeout": int((plan.timeout or 0) * 1e9),
         "dial-timeout": int(plan.connect_timeout * 1e9),
         "data": data,
         "binary": options.binary_file is not None,

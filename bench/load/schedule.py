@@ -24,7 +24,7 @@ class Plan:
     method: str  # gRPC: the path, /package.Service/Method; HTTP: /v2/models/NAME/infer
     requests: tuple[bytes, ...]  # serialized messages (HTTP: v2 JSON bodies), sent in turn
     metadata: tuple[tuple[str, str], ...] = ()
-    timeout: float = 20.0
+    timeout: float | None = 20.0  # None: no deadline, as a client library sets by default
     connect_timeout: float = 10.0
     connections: int = 1  # gRPC: each carries many requests at once; HTTP/1.1: one at a time
     rps: float | None = None  # open loop when set

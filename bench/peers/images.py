@@ -18,8 +18,9 @@ once: the ceiling):
 
 Every model runs on one ONNX Runtime thread. Each server is driven by the project's load
 tool, one gRPC connection, closed loop at 1, 16 and 64 in flight (--quick: 1 and 8, 2 s
-each): throughput, P50, P99, CPU ms per answered request (its processes and their children)
-and the requests that failed, with the commonest failure; then the CPU per answered request
+each), each call with no deadline, as tritonclient and perf_analyzer send by default:
+throughput, P50, P99, CPU ms per answered request (its processes and their children) and the
+requests that failed, with the commonest failure; then the CPU per answered request
 of each process (bench/peers/per_process.py): Strata's gateway, each preprocess replica,
 each inference deployment and postprocess beside MLServer's workers and the loop's. Results
 go to `--out` as peers_images.md and peers_text.md.

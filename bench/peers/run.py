@@ -98,7 +98,7 @@ def measure(pool: LoadPool, target: Target, timing: Timing, objective: float) ->
             method=target.method,
             requests=target.requests,
             metadata=CLIENT,
-            timeout=30,
+            timeout=None,  # as tritonclient and perf_analyzer send by default: no deadline
             connections=target.connections(concurrency),
         )
         closed(pool, plan, concurrency, timing.warmup_seconds)

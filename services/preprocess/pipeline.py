@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -12,6 +13,8 @@ from opentelemetry import trace
 from services.preprocess import dry_run, wiring
 from services.preprocess.metrics import StepTimings
 from services.preprocess.steps import Step, build_step
+from services.preprocess.steps.decode import Decode
+from services.preprocess.steps.image import Resize
 from services.preprocess.steps.ragged import is_ragged, refuse
 from services.preprocess.steps.validate import Validate
 from strata.codec import Arrays
@@ -27,6 +30,9 @@ class PreprocessPipeline:
     name: str
     steps: list[tuple[str, Step]]
     timings: StepTimings = field(default_factory=StepTimings)
+
+    def __post_init__(self) -> None:
+        _resize_in_decode(self.steps)
 
     def for_version(self, version: str) -> PreprocessPipeline:
         """The same steps whatever the model version (see versions.py for those that vary)."""
@@ -58,6 +64,20 @@ class PreprocessPipeline:
             if is_ragged(values):
                 raise refuse(name, "the model")
         return tensors
+
+
+def _resize_in_decode(steps: list[tuple[str, Step]]) -> None:
+    """A decode of encoded images followed by a resize of what it decoded resizes each image
+    before its pixels leave Pillow (the same pixels, about 0.5 ms less a 640x480 photo);
+    the resize step then passes them on."""
+    for (_, first), (_, second) in itertools.pairwise(steps):
+        if (
+            isinstance(first, Decode)
+            and isinstance(second, Resize)
+            and first.options.height is None
+            and second.options.input == first.options.target
+        ):
+            first.resize_ahead = second.early
 
 
 def _check_ragged(label: str, step: Step, tensors: Arrays) -> None:

@@ -246,13 +246,19 @@ class Concurrency(Strict):
         default=1.0,
         ge=0,
         le=1,
-        description="A request beyond the limit waits for a place (newest first once the "
-        "queue backs up) up to this share of its pipeline's latency objective and never past "
-        "its deadline, then is refused; 0 refuses at once. At 0.25, a closed loop of 64 on one "
-        "connection saw up to 123 refusals in 8 s below capacity; at 1.0, none.",
+        description="A request beyond the limit whose caller set a deadline waits for a place "
+        "(newest first once the queue backs up) up to this share of its pipeline's latency "
+        "objective and never past its deadline, then is refused; 0 refuses at once. At 0.25, a "
+        "closed loop of 64 on one connection saw up to 123 refusals in 8 s below capacity; at "
+        "1.0, none. One whose caller set no deadline waits in turn until a place frees or "
+        "`gateway.default_timeout_seconds` runs out (docs/gateway.md, Admission).",
     )
     max_waiting: int = Field(
-        default=1024, ge=0, description="Requests that may wait for a place, per pipeline."
+        default=1024,
+        ge=0,
+        description="Requests that may wait for a place, per pipeline; one more is refused at "
+        "once. It bounds what callers without deadlines, who wait as long as it takes, can "
+        "make the gateway hold.",
     )
     min_share: int = Field(
         default=8,

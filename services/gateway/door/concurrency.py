@@ -10,14 +10,20 @@ answers settles, rather than being refused for ever; the pipeline's latency obje
 what that drift can reach: a recent median above `objective_share` of the objective shrinks
 the limit whatever the baseline says.
 
-A request beyond the limit waits for a place, up to `wait_share` of the pipeline's objective
-(and never past its deadline): a closed-loop client then waits instead of spinning on
-refusals. Places go oldest first while the queue moves; once its oldest has waited half its
-patience, newest first (adaptive LIFO, as Facebook's servers do under overload): the places
-then go to requests that can still make their deadline while the oldest wait out their
-patience, instead of every request waiting nearly all of it. A request that waits that
-long, or finds `max_waiting` ahead of it, is refused (RESOURCE_EXHAUSTED) with a retry hint
-of one recent median: about when a place frees. While the ladder sheds load nothing waits.
+A request beyond the limit waits for a place; how long depends on whether its caller set a
+deadline. One that did waits up to `wait_share` of the pipeline's objective (never past its
+deadline): an open loop past capacity is refused within the objective. Among those, places
+go oldest first while the queue moves; once its oldest has waited half its patience, newest
+first (adaptive LIFO, as Facebook's servers do under overload): the places then go to
+requests that can still make their deadline while the oldest wait out their patience,
+instead of every request waiting nearly all of it. One whose caller set no deadline (a
+closed loop with a client library's defaults) waits in turn, after those with one, until a
+place frees or the gateway's default budget runs out, as Triton's queue does with no queue
+policy: such a client sends again as soon as it is refused, so a refusal buys nothing and
+costs the door CPU; the chain still holds no more than the limit, so what is in it is
+answered within the objective. A request that finds `max_waiting` ahead of it, or waits out
+its patience, is refused (RESOURCE_EXHAUSTED) with a retry hint of one recent median: about
+when a place frees. While the ladder sheds load nothing waits.
 
 When more than `contention` of the limit is in use, a client may hold at most its share: an
 equal share of the limit among the clients holding requests, but never less than
@@ -63,8 +69,10 @@ class AdaptiveLimit:
         self.baseline: float | None = None
         self.recent = 0.0  # the median latency of the last update, seconds
         self.holders: dict[str, int] = {}
-        # Requests waiting for a place: (client, its place, since), oldest first.
-        self.waiting: list[tuple[str, asyncio.Future, float]] = []
+        # Requests waiting for a place, oldest first: those whose callers set a deadline,
+        # and those whose callers set none.
+        self.waiting: list[Waiter] = []
+        self.patient: list[Waiter] = []
         self._samples: list[float] = []
         self._busiest = 0
         self._clock = clock
@@ -88,11 +96,13 @@ class AdaptiveLimit:
         sharing = len(self.holders) + (0 if client in self.holders else 1)
         return max(float(self.settings.min_share), self.limit / sharing)
 
-    async def wait(self, client: str, patience: float) -> bool:
-        """Wait up to `patience` seconds for a place; True once `client` holds one."""
+    async def wait(self, client: str, patience: float, deadline: bool = True) -> bool:
+        """Wait up to `patience` seconds for a place; True once `client` holds one.
+        `deadline`: its caller set one (see the module's docstring)."""
         place = asyncio.get_running_loop().create_future()
-        waiter = (client, place, time.monotonic())
-        self.waiting.append(waiter)
+        waiter = Waiter(client, place, time.monotonic())
+        queue = self.waiting if deadline else self.patient
+        queue.append(waiter)
         try:
             async with asyncio.timeout(patience):
                 await place
@@ -107,29 +117,43 @@ class AdaptiveLimit:
             if not place.done():
                 place.cancel()
             if place.cancelled():  # awaiting it was cancelled by the timeout, or by the caller
-                self.waiting.remove(waiter)
+                queue.remove(waiter)
+
+    @property
+    def queued(self) -> int:
+        """Requests waiting for a place."""
+        return len(self.waiting) + len(self.patient)
 
     def _wake(self) -> None:
-        """Give free places to waiting requests, oldest first, or newest first once the
-        oldest has waited half its patience; a client over its share stays waiting."""
-        if not self.waiting:
-            return
-        patience = self.settings.wait_share * self.objective
-        backed_up = time.monotonic() - self.waiting[0][2] > patience / 2
-        order = reversed(self.waiting) if backed_up else iter(self.waiting)
+        """Give free places to waiting requests: first to those with a deadline, oldest
+        first, or newest first once the oldest has waited half its patience; then to those
+        without, oldest first. A client over its share stays waiting."""
+        if self.waiting:
+            patience = self.settings.wait_share * self.objective
+            backed_up = time.monotonic() - self.waiting[0].since > patience / 2
+            if not self._give(self.waiting, newest_first=backed_up):
+                return
+        if self.patient:
+            self._give(self.patient, newest_first=False)
+
+    def _give(self, queue: list[Waiter], newest_first: bool) -> bool:
+        """Give free places to `queue`'s waiters in that order; False once none is left."""
         given = []
-        for waiter in order:
-            if waiter[1].done():  # timed out or its caller left; it removes itself when it runs
+        room = True
+        for waiter in reversed(queue) if newest_first else iter(queue):
+            if waiter.place.done():  # timed out or its caller left; it removes itself later
                 continue
-            reason = self.refusal(waiter[0])
+            reason = self.refusal(waiter.client)
             if reason == "concurrency":
+                room = False
                 break
             if not reason:
-                self.enter(waiter[0])
-                waiter[1].set_result(None)
+                self.enter(waiter.client)
+                waiter.place.set_result(None)
                 given.append(waiter)
         for waiter in given:
-            self.waiting.remove(waiter)
+            queue.remove(waiter)
+        return room
 
     def enter(self, client: str) -> None:
         self.inflight += 1
@@ -183,6 +207,15 @@ class AdaptiveLimit:
         return self.baseline
 
 
+@dataclass(frozen=True, slots=True)
+class Waiter:
+    """A request waiting for a place."""
+
+    client: str
+    place: asyncio.Future
+    since: float
+
+
 @dataclass(frozen=True)
 class Ticket:
     """A place at the door, held until the request is answered."""
@@ -221,18 +254,19 @@ class AdaptiveLimits:
         return Ticket(pipeline, client, time.monotonic())
 
     async def admit(
-        self, pipeline: str, client: str, shedding: Ladder | None, budget: float
+        self, pipeline: str, client: str, shedding: Ladder | None, budget: float, deadline: bool
     ) -> Ticket:
         """A place for one request of `client`, waiting for one when only the limit is in
-        the way, up to `wait_share` of the objective and `budget` seconds."""
+        the way: up to `budget` seconds, and where its caller set a `deadline`, up to
+        `wait_share` of the objective too."""
         limit = self.limits[pipeline]
-        patience = min(budget, self.settings.wait_share * limit.objective)
+        patience = min(budget, self.settings.wait_share * limit.objective) if deadline else budget
         busy = shedding is None and limit.refusal(client) == "concurrency"
         if not busy or patience <= 0:
             return self.enter(pipeline, client, shedding)
-        if len(limit.waiting) >= self.settings.max_waiting:
+        if limit.queued >= self.settings.max_waiting:
             self._refuse(pipeline, client, "queue", None)
-        if not await limit.wait(client, patience):
+        if not await limit.wait(client, patience, deadline):
             self._refuse(pipeline, client, "waited", None)
         return Ticket(pipeline, client, time.monotonic())
 
@@ -271,7 +305,8 @@ class ChainLimit:
     async def admit(self, entry: Entry) -> Ticket:
         shedding = self._ladder.settings if entry.level >= 4 else None
         budget = entry.deadline.left()
-        return await self.limits.admit(entry.pipeline, entry.client, shedding, budget)
+        deadline = entry.caller is not None and entry.caller.time_remaining is not None
+        return await self.limits.admit(entry.pipeline, entry.client, shedding, budget, deadline)
 
     def leave(self, ticket: Ticket, telling: bool) -> None:
         self.limits.leave(ticket, telling)
@@ -290,8 +325,7 @@ def _refused(pipeline: str, client: str, reason: str, limit: AdaptiveLimit) -> s
     if reason == "level":
         return f"pipeline {pipeline!r}: the gateway is shedding load ({held}); retry later"
     if reason == "queue":
-        waiting = len(limit.waiting)
-        return f"pipeline {pipeline!r} is at its concurrency limit ({held}, {waiting} waiting)"
+        return f"pipeline {pipeline!r} is at its concurrency limit ({held}, {limit.queued} waiting)"
     if reason == "waited":
         return f"pipeline {pipeline!r}: no place freed in time ({held}); retry later"
     return f"pipeline {pipeline!r} is at its concurrency limit ({held}); retry later"

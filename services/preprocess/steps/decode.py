@@ -11,6 +11,7 @@ make one size, each row as it is.
 from __future__ import annotations
 
 import io
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import ClassVar
 
@@ -39,6 +40,9 @@ class Decode:
 
     options: DecodeStep
     _size: tuple[int, int] | None = field(init=False)
+    # The resize step that follows on this step's output, run on each image before its
+    # pixels leave Pillow (Resize.early); set by the pipeline (pipeline.py).
+    resize_ahead: Callable[[Image.Image], Image.Image] | None = field(default=None, init=False)
     takes_ragged: ClassVar[bool] = True
 
     def __post_init__(self) -> None:
@@ -113,6 +117,8 @@ class Decode:
             image.load()
             if self.options.exif_orientation and image.getexif().get(_ORIENTATION, 1) != 1:
                 image = ImageOps.exif_transpose(image)  # a copy: only when there is a turn
+            if self.resize_ahead is not None and image.mode == self.options.mode:
+                image = self.resize_ahead(image)
             pixels = _native_pixels(image)
         except Exception as exc:  # likewise for the decoders (OSError, SyntaxError, zlib...)
             raise StepError(f"{where} is truncated or corrupt ({exc})") from None

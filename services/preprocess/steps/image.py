@@ -101,6 +101,20 @@ class Resize:
             return images if images.dtype == np.uint8 else images.astype(np.float32)
         return resize_images(images, height, width, self.options.interpolation)
 
+    def early(self, image: Image.Image) -> Image.Image:
+        """`image` as this step would resize its pixels, resized while still in Pillow: the
+        decode before it runs this, which spares an image the round trip through numpy
+        between them (Pillow keeps RGB as 4 bytes a pixel, so each way is a repack). Only
+        8-bit gray and RGB, which this step resizes in Pillow's 8-bit path alike; others
+        come back as they are, for this step to resize. This step then finds them at its
+        size and passes them on."""
+        if image.mode not in _EIGHT_BIT.values():
+            return image
+        height, width = self._size(image.height, image.width)
+        if (image.height, image.width) == (height, width):
+            return image
+        return image.resize((width, height), FILTERS[self.options.interpolation])
+
     def _size(self, height: int, width: int) -> tuple[int, int]:
         options = self.options
         if options.shorter is not None:

@@ -114,7 +114,7 @@ def full_door(**settings: float) -> tuple[AdaptiveLimits, list]:
 @synchronously
 async def test_a_request_past_the_limit_waits_for_the_next_free_place() -> None:
     door, held = full_door(wait_share=0.5)
-    waiting = asyncio.create_task(door.admit("digits", "c", None, budget=10.0))
+    waiting = asyncio.create_task(door.admit("digits", "c", None, budget=10.0, deadline=True))
     await asyncio.sleep(0.01)
     assert not waiting.done()
     door.leave(held[0], counts=True)
@@ -125,14 +125,14 @@ async def test_a_request_past_the_limit_waits_for_the_next_free_place() -> None:
 @synchronously
 async def test_places_go_oldest_first_until_the_oldest_has_waited_half_its_patience() -> None:
     door, held = full_door(wait_share=0.2)  # patience 200 ms
-    first = asyncio.create_task(door.admit("digits", "c", None, budget=10.0))
+    first = asyncio.create_task(door.admit("digits", "c", None, budget=10.0, deadline=True))
     await asyncio.sleep(0.01)
-    second = asyncio.create_task(door.admit("digits", "c", None, budget=10.0))
+    second = asyncio.create_task(door.admit("digits", "c", None, budget=10.0, deadline=True))
     await asyncio.sleep(0.01)
     door.leave(held[0], counts=True)
     ticket = await asyncio.wait_for(first, 1.0)
     await asyncio.sleep(0.12)  # the queue backs up: past half the oldest's patience
-    third = asyncio.create_task(door.admit("digits", "c", None, budget=10.0))
+    third = asyncio.create_task(door.admit("digits", "c", None, budget=10.0, deadline=True))
     await asyncio.sleep(0.01)
     door.leave(ticket, counts=True)
     await asyncio.wait_for(third, 1.0)
@@ -146,11 +146,11 @@ async def test_a_request_waits_no_longer_than_its_share_of_the_objective_or_its_
     door, _ = full_door(wait_share=0.05)
     started = time.monotonic()
     with pytest.raises(Overloaded, match="no place freed in time"):
-        await door.admit("digits", "c", None, budget=10.0)
+        await door.admit("digits", "c", None, budget=10.0, deadline=True)
     assert 0.04 < time.monotonic() - started < 0.5
     started = time.monotonic()
     with pytest.raises(Overloaded):
-        await door.admit("digits", "c", None, budget=0.01)
+        await door.admit("digits", "c", None, budget=0.01, deadline=True)
     assert time.monotonic() - started < 0.04
     assert door.limits["digits"].waiting == []
 
@@ -158,7 +158,7 @@ async def test_a_request_waits_no_longer_than_its_share_of_the_objective_or_its_
 @synchronously
 async def test_a_caller_gone_while_waiting_takes_no_place() -> None:
     door, held = full_door(wait_share=0.5)
-    waiting = asyncio.create_task(door.admit("digits", "c", None, budget=10.0))
+    waiting = asyncio.create_task(door.admit("digits", "c", None, budget=10.0, deadline=True))
     await asyncio.sleep(0.01)
     waiting.cancel()
     await asyncio.sleep(0)
@@ -170,9 +170,9 @@ async def test_a_caller_gone_while_waiting_takes_no_place() -> None:
 @synchronously
 async def test_a_place_freed_before_a_gone_waiter_unwinds_goes_to_the_next_one() -> None:
     door, held = full_door(wait_share=0.5)
-    gone = asyncio.create_task(door.admit("digits", "c", None, budget=10.0))
+    gone = asyncio.create_task(door.admit("digits", "c", None, budget=10.0, deadline=True))
     await asyncio.sleep(0.01)
-    staying = asyncio.create_task(door.admit("digits", "c", None, budget=10.0))
+    staying = asyncio.create_task(door.admit("digits", "c", None, budget=10.0, deadline=True))
     await asyncio.sleep(0.01)
     gone.cancel()  # its place is cancelled now; its own clean-up runs later
     door.leave(held[0], counts=True)  # the answer that frees the place is not refused
@@ -189,10 +189,93 @@ async def test_a_place_freed_before_a_gone_waiter_unwinds_goes_to_the_next_one()
 async def test_nothing_waits_while_shedding_or_once_the_queue_is_full() -> None:
     door, _ = full_door(wait_share=0.5, max_waiting=0)
     with pytest.raises(Overloaded, match="waiting"):
-        await door.admit("digits", "c", None, budget=10.0)
+        await door.admit("digits", "c", None, budget=10.0, deadline=True)
     door, _ = full_door(wait_share=0.5)
     with pytest.raises(Overloaded, match="shedding"):
-        await door.admit("digits", "c", Ladder(), budget=10.0)
+        await door.admit("digits", "c", Ladder(), budget=10.0, deadline=True)
+
+
+@synchronously
+async def test_a_caller_without_a_deadline_waits_past_the_objective_for_its_place() -> None:
+    door, held = full_door(wait_share=0.05)  # patience 50 ms for a caller with a deadline
+    waiting = asyncio.create_task(door.admit("digits", "c", None, budget=10.0, deadline=False))
+    await asyncio.sleep(0.2)
+    assert not waiting.done()
+    door.leave(held[0], counts=True)
+    ticket = await asyncio.wait_for(waiting, 1.0)
+    assert ticket.client == "c" and door.limits["digits"].queued == 0
+
+
+@synchronously
+async def test_callers_without_a_deadline_go_in_turn_after_those_with_one() -> None:
+    door, held = full_door(wait_share=0.2)  # patience 200 ms
+    calm = [
+        asyncio.create_task(door.admit("digits", "c", None, budget=10.0, deadline=False))
+        for _ in range(2)
+    ]
+    await asyncio.sleep(0.12)  # past half a deadline's patience: those go newest first
+    hurried = asyncio.create_task(door.admit("digits", "c", None, budget=10.0, deadline=True))
+    await asyncio.sleep(0.01)
+    door.leave(held[0], counts=True)
+    ticket = await asyncio.wait_for(hurried, 1.0)
+    assert not any(task.done() for task in calm)
+    door.leave(ticket, counts=True)
+    ticket = await asyncio.wait_for(calm[0], 1.0)
+    assert not calm[1].done()
+    door.leave(ticket, counts=True)
+    door.leave(await asyncio.wait_for(calm[1], 1.0), counts=True)
+
+
+@synchronously
+async def test_callers_with_deadlines_go_first_only_within_their_clients_share() -> None:
+    settings = Concurrency(initial=4, min_limit=1, contention=0.5, min_share=1, wait_share=1.0)
+    door = AdaptiveLimits(settings, {"digits": 1.0})
+    flood = [door.enter("digits", "flood") for _ in range(2)]
+    calm = [door.enter("digits", "calm") for _ in range(2)]
+    hurried = [
+        asyncio.create_task(door.admit("digits", "flood", None, budget=10.0, deadline=True))
+        for _ in range(3)
+    ]
+    waiting = asyncio.create_task(door.admit("digits", "calm", None, budget=10.0, deadline=False))
+    await asyncio.sleep(0.01)
+    door.leave(calm[0], counts=True)  # flood holds its share (2 of 4): calm's place is calm's
+    ticket = await asyncio.wait_for(waiting, 1.0)
+    assert ticket.client == "calm" and not any(task.done() for task in hurried)
+    for task in hurried:
+        task.cancel()
+    for held in [*flood, calm[1], ticket]:
+        door.leave(held, counts=True)
+
+
+async def closed_loop(door: AdaptiveLimits, clients: int, rounds: int, deadline: bool) -> int:
+    """`clients` callers each sending `rounds` requests one after another, each answered
+    10 ms after it gets its place; how many the door refused."""
+
+    async def caller() -> int:
+        refused = 0
+        for _ in range(rounds):
+            try:
+                ticket = await door.admit("digits", "c", None, budget=10.0, deadline=deadline)
+            except Overloaded:
+                refused += 1
+                continue
+            await asyncio.sleep(0.01)
+            door.leave(ticket, counts=True)
+        return refused
+
+    return sum(await asyncio.gather(*(caller() for _ in range(clients))))
+
+
+@synchronously
+async def test_a_closed_loop_without_deadlines_is_never_refused_past_a_small_limit() -> None:
+    """64 in flight through 4 places: each waits about 150 ms, three times its objective. A
+    caller with a deadline is refused past its patience (an open loop's protection); one
+    without would only send again at once."""
+    settings = {"initial": 4, "max_limit": 4, "min_limit": 4, "wait_share": 1.0}
+    door = AdaptiveLimits(Concurrency(**settings), {"digits": 0.05})
+    assert await closed_loop(door, clients=64, rounds=5, deadline=False) == 0
+    assert door.limits["digits"].inflight == 0 and door.limits["digits"].queued == 0
+    assert await closed_loop(door, clients=64, rounds=5, deadline=True) > 0
 
 
 def test_a_client_below_its_share_floor_is_not_refused_when_the_limit_shrinks() -> None:
@@ -228,9 +311,9 @@ async def test_a_freed_place_goes_to_a_waiter_below_its_share_before_one_above()
     door = AdaptiveLimits(settings, {"digits": 1.0})
     big = [door.enter("digits", "big") for _ in range(4)]
     small, kept = (door.enter("digits", "small") for _ in range(2))
-    over = asyncio.create_task(door.admit("digits", "big", None, budget=10.0))
+    over = asyncio.create_task(door.admit("digits", "big", None, budget=10.0, deadline=True))
     await asyncio.sleep(0.01)
-    under = asyncio.create_task(door.admit("digits", "small", None, budget=10.0))
+    under = asyncio.create_task(door.admit("digits", "small", None, budget=10.0, deadline=True))
     await asyncio.sleep(0.01)
     door.leave(small, counts=True)
     ticket = await asyncio.wait_for(under, 1.0)

@@ -1,0 +1,56 @@
+"""A closed loop from one connection with a client library's defaults (no deadline), through
+real processes: the door queues it however far it is past the limit, and refuses none of it;
+a caller with a deadline is still refused once it has waited its share of the objective."""
+
+import asyncio
+from collections import Counter
+from pathlib import Path
+
+import grpc
+import numpy as np
+
+from strata import codec
+from strata.proto.inference import grpc_service_pb2_grpc as v2_grpc
+from tests.support.system import running_system
+
+IN_FLIGHT = 64
+ROUNDS = 6
+
+
+async def closed_loop(address: str, timeout: float | None) -> Counter[str]:
+    """`IN_FLIGHT` callers on one connection, each sending `ROUNDS` requests one after
+    another; how each ended, by status code."""
+    request = codec.build_request("digits", {"images": np.full((1, 8, 8), 7, np.uint8)})
+    ended: Counter[str] = Counter()
+    async with grpc.aio.insecure_channel(address) as channel:
+        stub = v2_grpc.GRPCInferenceServiceStub(channel)
+
+        async def caller() -> None:
+            for _ in range(ROUNDS):
+                try:
+                    await stub.ModelInfer(request, timeout=timeout)
+                    ended["OK"] += 1
+                except grpc.aio.AioRpcError as exc:
+                    ended[f"{exc.code().name}: {exc.details()}"] += 1
+
+        await asyncio.gather(*(caller() for _ in range(IN_FLIGHT)))
+    return ended
+
+
+def test_a_closed_loop_of_64_without_deadlines_is_answered_whole(tmp_path: Path) -> None:
+    # 4 places, and 5 ms of patience for a caller with a deadline (a 5 ms objective): 60
+    # waiting behind 4 wait far longer. The ladder off: that objective would climb it to
+    # shedding, which refuses callers of every kind; the door's wait is what is tested here.
+    changes = {
+        "gateway": {
+            "concurrency": {"initial": 4, "min_limit": 4, "max_limit": 4, "wait_share": 1.0},
+            "ladder": {"max_level": 0},
+        },
+        "pipelines": {"digits": {"latency_objective_ms": 5}},
+    }
+    with running_system(tmp_path, changes) as system:
+        address = system.address("gateway")
+        patient = asyncio.run(closed_loop(address, timeout=None))
+        hurried = asyncio.run(closed_loop(address, timeout=30))
+    assert patient == Counter({"OK": IN_FLIGHT * ROUNDS})
+    assert any("no place freed in time" in ended for ended in hurried), hurried
