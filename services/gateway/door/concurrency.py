@@ -23,7 +23,9 @@ policy: such a client sends again as soon as it is refused, so a refusal buys no
 costs the door CPU; the chain still holds no more than the limit, so what is in it is
 answered within the objective. A request that finds `max_waiting` ahead of it, or waits out
 its patience, is refused (RESOURCE_EXHAUSTED) with a retry hint of one recent median: about
-when a place frees. While the ladder sheds load nothing waits.
+when a place frees. So that one client cannot fill that queue and keep the others out, a
+client may have at most its share of `max_waiting` waiting: an equal share among the clients
+waiting, with room kept for one more. While the ladder sheds load nothing waits.
 
 When more than `contention` of the limit is in use, a client may hold at most its share: an
 equal share of the limit among the clients holding requests, but never less than
@@ -73,6 +75,7 @@ class AdaptiveLimit:
         # and those whose callers set none.
         self.waiting: list[Waiter] = []
         self.patient: list[Waiter] = []
+        self.waiters: dict[str, int] = {}  # requests waiting, by client
         self._samples: list[float] = []
         self._busiest = 0
         self._clock = clock
@@ -103,6 +106,7 @@ class AdaptiveLimit:
         waiter = Waiter(client, place, time.monotonic())
         queue = self.waiting if deadline else self.patient
         queue.append(waiter)
+        self.waiters[client] = self.waiters.get(client, 0) + 1
         try:
             async with asyncio.timeout(patience):
                 await place
@@ -118,6 +122,20 @@ class AdaptiveLimit:
                 place.cancel()
             if place.cancelled():  # awaiting it was cancelled by the timeout, or by the caller
                 queue.remove(waiter)
+            self._stop_waiting(client)
+
+    def _stop_waiting(self, client: str) -> None:
+        left = self.waiters[client] - 1
+        if left:
+            self.waiters[client] = left
+        else:
+            del self.waiters[client]
+
+    def queue_share(self, client: str, max_waiting: int) -> float:
+        """How many of `client`'s requests may wait: an equal share of `max_waiting` among
+        the clients waiting (itself included), with room kept for one more client."""
+        sharing = len(self.waiters) + (0 if client in self.waiters else 1)
+        return max_waiting / (sharing + 1)
 
     @property
     def queued(self) -> int:
@@ -266,6 +284,8 @@ class AdaptiveLimits:
             return self.enter(pipeline, client, shedding)
         if limit.queued >= self.settings.max_waiting:
             self._refuse(pipeline, client, "queue", None)
+        if limit.waiters.get(client, 0) + 1 > limit.queue_share(client, self.settings.max_waiting):
+            self._refuse(pipeline, client, "queue_share", None)
         if not await limit.wait(client, patience, deadline):
             self._refuse(pipeline, client, "waited", None)
         return Ticket(pipeline, client, time.monotonic())
@@ -324,6 +344,12 @@ def _refused(pipeline: str, client: str, reason: str, limit: AdaptiveLimit) -> s
         return f"pipeline {pipeline!r}: this client holds its share ({mine}; {held}); retry later"
     if reason == "level":
         return f"pipeline {pipeline!r}: the gateway is shedding load ({held}); retry later"
+    if reason == "queue_share":
+        return (
+            f"pipeline {pipeline!r} is at its concurrency limit ({held}) and this client has "
+            f"{limit.waiters.get(client, 0)} requests waiting, its share of the queue; "
+            "retry later"
+        )
     if reason == "queue":
         return f"pipeline {pipeline!r} is at its concurrency limit ({held}, {limit.queued} waiting)"
     if reason == "waited":

@@ -124,14 +124,14 @@ async def test_a_request_past_the_limit_waits_for_the_next_free_place() -> None:
 
 @synchronously
 async def test_places_go_oldest_first_until_the_oldest_has_waited_half_its_patience() -> None:
-    door, held = full_door(wait_share=0.2)  # patience 200 ms
+    door, held = full_door(wait_share=1.0)  # patience 1 s: 0.4 s of margin at any load
     first = asyncio.create_task(door.admit("digits", "c", None, budget=10.0, deadline=True))
     await asyncio.sleep(0.01)
     second = asyncio.create_task(door.admit("digits", "c", None, budget=10.0, deadline=True))
     await asyncio.sleep(0.01)
     door.leave(held[0], counts=True)
     ticket = await asyncio.wait_for(first, 1.0)
-    await asyncio.sleep(0.12)  # the queue backs up: past half the oldest's patience
+    await asyncio.sleep(0.55)  # the queue backs up: past half the oldest's patience
     third = asyncio.create_task(door.admit("digits", "c", None, budget=10.0, deadline=True))
     await asyncio.sleep(0.01)
     door.leave(ticket, counts=True)
@@ -369,3 +369,30 @@ def test_the_door_counts_its_refusals_by_client() -> None:
     with pytest.raises(Overloaded):
         door.enter("digits", "counted")
     assert refused("concurrency", "counted") - before == 1
+
+
+@synchronously
+async def test_one_client_cannot_fill_the_queue_and_keep_the_next_client_out() -> None:
+    door, held = full_door(max_waiting=8)
+    held.append(door.enter("digits", "flood"))  # its newcomer's headroom taken too
+    flood = [
+        asyncio.create_task(door.admit("digits", "flood", None, budget=10.0, deadline=False))
+        for _ in range(8)
+    ]
+    await asyncio.sleep(0.01)
+    refused = [task for task in flood if task.done()]
+    assert len(refused) == 4  # its share: 8 / (1 client + room for one more)
+    for task in refused:
+        with pytest.raises(Overloaded, match="its share of the queue"):
+            task.result()
+    newcomer = asyncio.create_task(door.admit("digits", "calm", None, budget=10.0, deadline=False))
+    await asyncio.sleep(0.01)
+    assert not newcomer.done()  # waiting for a place, not refused
+    with pytest.raises(Overloaded, match="its share of the queue"):
+        await door.admit("digits", "flood", None, budget=10.0, deadline=False)
+    for task in [*flood, newcomer]:
+        task.cancel()
+    await asyncio.gather(*flood, newcomer, return_exceptions=True)
+    assert door.limits["digits"].waiters == {} and door.limits["digits"].queued == 0
+    for ticket in held:
+        door.leave(ticket, counts=True)
