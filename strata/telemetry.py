@@ -343,7 +343,7 @@ def _served(
     async def served(request: Any, context: _Call) -> Any:
         started = time.perf_counter()
         code = grpc.StatusCode.OK
-        with server_span(method, propagation.text_metadata(context.invocation_metadata())) as span:
+        with server_span(method, propagation.call_metadata(context)) as span:
             try:
                 return await handler(request, context)
             except BaseException:
