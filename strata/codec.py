@@ -91,7 +91,7 @@ def utf8(
     if not isinstance(item, bytes | bytearray):
         raise error(f"{what}: element {index} is not a string")
     try:
-        return bytes(item).decode("utf-8")
+        return item.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise error(f"{what}: element {index} is not valid UTF-8 (byte {exc.start})") from None
 
