@@ -91,7 +91,7 @@ def utf8(
     if not isinstance(item, bytes | bytearray):
         raise error(f"{what}: element {index} is not a string")
     try:
-        return bytes(item).decode("utf-8")
+        return item.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise error(f"{what}: element {index} is not valid UTF-8 (byte {exc.start})") from None
 
@@ -176,10 +176,16 @@ def from_raw(name: str, datatype: str, shape: Sequence[int], raw: bytes) -> np.n
 
 def to_raw(array: np.ndarray) -> bytes:
     """Raw little-endian bytes of an array (v2 BYTES encoding for BYTES)."""
-    datatype = datatype_of(array)
+    return _raw(array, datatype_of(array))
+
+
+def _raw(array: np.ndarray, datatype: str) -> bytes:
     if datatype == "BYTES":
         return encode_bytes(array.reshape(-1).tolist())
-    return np.ascontiguousarray(array, dtype=DTYPES[datatype]).tobytes()
+    dtype = DTYPES[datatype]
+    if array.dtype == dtype:  # already little-endian: tobytes lays any view out in C order
+        return array.tobytes()
+    return np.ascontiguousarray(array, dtype=dtype).tobytes()
 
 
 def from_contents(
@@ -273,19 +279,19 @@ def _decode_all(
         )
     arrays: dict[str, np.ndarray] = {}
     for i, tensor in enumerate(tensors):
-        if tensor.name in arrays:
-            raise InvalidArgument(f"input {shown(tensor.name)} appears more than once")
-        if raw and tensor.HasField("contents") and tensor.contents.ByteSize():
+        name = tensor.name
+        if name in arrays:
+            raise InvalidArgument(f"input {shown(name)} appears more than once")
+        # A slice: iterating protobuf's repeated field costs several times as much.
+        shape = tensor.shape[:]
+        if not raw:
+            arrays[name] = from_contents(name, tensor.datatype, shape, tensor.contents)
+        elif tensor.HasField("contents") and tensor.contents.ByteSize():
             raise InvalidArgument(
-                f"input {shown(tensor.name)}: both typed contents and raw contents given"
+                f"input {shown(name)}: both typed contents and raw contents given"
             )
-        shape = list(tensor.shape)
-        if raw:
-            arrays[tensor.name] = from_raw(tensor.name, tensor.datatype, shape, raw[i])
         else:
-            arrays[tensor.name] = from_contents(
-                tensor.name, tensor.datatype, shape, tensor.contents
-            )
+            arrays[name] = from_raw(name, tensor.datatype, shape, raw[i])
     return arrays
 
 
@@ -320,9 +326,9 @@ def add_outputs(response: v2.ModelInferResponse, arrays: Mapping[str, np.ndarray
         # Field by field: add()'s keywords cost 2.6 times as much (3.2 against 1.25 us).
         tensor = response.outputs.add()
         tensor.name = name
-        tensor.datatype = datatype_of(array)
+        tensor.datatype = datatype = datatype_of(array)
         tensor.shape.extend(array.shape)
-        response.raw_output_contents.append(to_raw(array))
+        response.raw_output_contents.append(_raw(array, datatype))
 
 
 def to_tensor(name: str, array: np.ndarray) -> v1.Tensor:
@@ -347,7 +353,12 @@ def raw_inputs(request: v2.ModelInferRequest, arrays: Mapping[str, np.ndarray]) 
     """Each input of a v2 request as it came: raw contents as they are, typed contents
     (already decoded into `arrays`) encoded once."""
     raw = request.raw_input_contents
+    if not raw:
+        return [
+            Raw(t.name, t.datatype, tuple(t.shape[:]), to_raw(arrays[t.name]))
+            for t in request.inputs
+        ]
     return [
-        Raw(t.name, t.datatype, tuple(t.shape), raw[i] if raw else to_raw(arrays[t.name]))
-        for i, t in enumerate(request.inputs)
+        Raw(t.name, t.datatype, tuple(t.shape[:]), data)
+        for t, data in zip(request.inputs, raw, strict=False)
     ]

@@ -14,7 +14,10 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Iterable, Mapping, MutableMapping
+from contextvars import ContextVar
+from typing import Any
 
+import grpc
 from opentelemetry import baggage, propagate, trace
 from opentelemetry import context as otel_context
 from opentelemetry.context import Context
@@ -30,6 +33,21 @@ def text_metadata(metadata: Iterable[tuple[str, str | bytes]] | None) -> dict[st
     """A call's metadata by name, its binary (`-bin`) entries left out: every header read
     from it (trace context, tokens, client ids) is text."""
     return {key: value for key, value in metadata or () if isinstance(value, str)}
+
+
+_CALL: ContextVar[tuple[object, dict[str, str]]] = ContextVar("strata_call_metadata")
+
+
+def call_metadata(context: grpc.aio.ServicerContext[Any, Any]) -> dict[str, str]:
+    """The text metadata of the call `context` serves, made once a call: the server span's
+    wrapper (telemetry.py) and the gateway's door both read it, in the call's task. The
+    context is held with it, so a task that serves another call never reads the wrong one."""
+    held = _CALL.get(None)
+    if held is not None and held[0] is context:
+        return held[1]
+    metadata = text_metadata(context.invocation_metadata())
+    _CALL.set((context, metadata))
+    return metadata
 
 
 def _plain_w3c() -> bool:

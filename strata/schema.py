@@ -83,8 +83,8 @@ def check_tensor(spec: InputSpec, array: np.ndarray) -> None:
     if spec.range is not None and array.size:
         _check_range(spec.name, spec.range, array)
     if array.dtype == object:
-        _check_sizes(spec, array)
-    if spec.utf8:
+        _check_elements(spec, array)
+    elif spec.utf8:
         _check_utf8(spec.name, array)
 
 
@@ -99,14 +99,18 @@ def _check_range(name: str, bounds: tuple[float, float], array: np.ndarray) -> N
         )
 
 
-def _check_sizes(spec: InputSpec, array: np.ndarray) -> None:
+def _check_elements(spec: InputSpec, array: np.ndarray) -> None:
+    """Each BYTES element's size, and its UTF-8 where the spec asks: one pass over them."""
+    limit, text, what = spec.max_element_bytes, spec.utf8, f"input {spec.name!r}"
     for index, item in enumerate(array.reshape(-1)):
-        if len(item) > spec.max_element_bytes:
+        if len(item) > limit:
             raise InvalidArgument(
                 f"input {spec.name!r}: element {index} has {len(item)} bytes, "
                 f"more than the limit of {spec.max_element_bytes} (the input's max_element_bytes "
                 "in the pipeline's config)"
             )
+        if text:
+            utf8(item, what, index)
 
 
 def _check_utf8(name: str, array: np.ndarray) -> None:

@@ -296,6 +296,8 @@ def _unsampled(trace_id: int) -> AbstractContextManager[trace.Span]:
 
 def _trace_id(traceparent: str) -> int:
     """The caller's trace id, or a new one."""
+    if not traceparent:  # most clients send none: no exception raised and caught for them
+        return _NEW_IDS.generate_trace_id()
     try:
         trace_id = int(traceparent[3:35], 16)
     except ValueError:
@@ -343,7 +345,7 @@ def _served(
     async def served(request: Any, context: _Call) -> Any:
         started = time.perf_counter()
         code = grpc.StatusCode.OK
-        with server_span(method, propagation.text_metadata(context.invocation_metadata())) as span:
+        with server_span(method, propagation.call_metadata(context)) as span:
             try:
                 return await handler(request, context)
             except BaseException:

@@ -22,7 +22,7 @@ from typing import Any
 import grpc
 
 from strata.errors import Overloaded, PermissionDenied, Unauthenticated
-from strata.propagation import text_metadata
+from strata.propagation import call_metadata
 
 log = logging.getLogger(__name__)
 
@@ -104,7 +104,7 @@ class ControlAuth:
 
     def check(self, context: grpc.aio.ServicerContext[Any, Any]) -> None:
         """Let the gRPC call through only if it carries the token (`allow`)."""
-        self.allow(context.peer() or "unknown", text_metadata(context.invocation_metadata()))
+        self.allow(context.peer() or "unknown", call_metadata(context))
 
     def allow(self, peer: str, metadata: Mapping[str, str]) -> None:
         """Let a call from `peer` (gRPC's form) through only if its `metadata` (gRPC

@@ -1,5 +1,7 @@
 """strata.propagation reads and writes trace context as opentelemetry.propagate does."""
 
+import contextvars
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -154,3 +156,27 @@ def test_current_records_what_the_sdks_own_does(tracer) -> None:
     assert [(e.name, e.attributes["exception.type"]) for e in ours.events] == [
         (e.name, e.attributes["exception.type"]) for e in sdk.events
     ]
+
+
+class _Call:
+    """A servicer context's metadata, counting how often it is read."""
+
+    def __init__(self, metadata: tuple) -> None:
+        self.metadata, self.reads = metadata, 0
+
+    def invocation_metadata(self) -> tuple:
+        self.reads += 1
+        return self.metadata
+
+
+def test_call_metadata_is_made_once_a_call_and_never_lent_to_another() -> None:
+    first = _Call((("x-client-id", "a"), ("key-bin", b"\x00")))
+    second = _Call((("x-client-id", "b"),))
+
+    def serve() -> list[dict[str, str]]:
+        return [propagation.call_metadata(c) for c in (first, first, second, first)]
+
+    seen = contextvars.copy_context().run(serve)
+    assert [m["x-client-id"] for m in seen] == ["a", "a", "b", "a"]
+    assert seen[0] == {"x-client-id": "a"}  # binary entries left out
+    assert (first.reads, second.reads) == (2, 1)  # the second call's read replaced the first's

@@ -49,9 +49,10 @@ def test_without_an_exporter_nothing_records_but_the_callers_trace_goes_on(sampl
         assert trace.get_current_span() is span
 
 
-def test_without_an_exporter_a_call_with_no_trace_gets_ids_for_its_logs(sampling) -> None:
+@pytest.mark.parametrize("carrier", [{}, {"traceparent": "00-not-hex-at-all"}])
+def test_without_an_exporter_a_call_with_no_trace_gets_ids_for_its_logs(sampling, carrier) -> None:
     sampling(None)
-    with telemetry.server_span("/svc/Method", {}) as span:
+    with telemetry.server_span("/svc/Method", carrier) as span:
         assert span.get_span_context().is_valid and not span.is_recording()
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import grpc
 
 from services.gateway.request import Caller
-from strata.propagation import text_metadata
+from strata.propagation import call_metadata
 from strata.security import principal
 
 # The ASGI scope extension whose "name" is a client certificate's principal.
@@ -17,7 +17,7 @@ def grpc_caller(context: grpc.aio.ServicerContext) -> Caller:
     """The caller of a gRPC call."""
     names = context.peer_identities() or ()
     return Caller(
-        text_metadata(context.invocation_metadata()),
+        call_metadata(context),
         context.peer(),
         context.time_remaining(),
         principal=principal(name.decode() for name in names),

@@ -45,7 +45,8 @@ def request_flags(request: v2.ModelInferRequest, pipeline: Pipeline, client: str
     """The request's sequence flags, scoped to `client`; None for a request of no sequence.
     INVALID_ARGUMENT for a flag sent to a stateless pipeline, or bad flags."""
     if pipeline.sequence is None:
-        given = [key for key in FLAGS if _given(request.parameters.get(key))]
+        parameters = request.parameters  # `in` first: half the cost of get() where absent
+        given = [key for key in FLAGS if key in parameters and _given(parameters[key])]
         if given:
             raise InvalidArgument(
                 f"pipeline {shown(request.model_name)} is stateless: it takes no sequence "
