@@ -22,7 +22,7 @@ from services.gateway.metrics import SHADOW
 from services.gateway.upstream.upstreams import Upstreams
 from strata import codec
 from strata.codec import Arrays
-from strata.config.pipelines import ModelRef
+from strata.config.pipelines import ModelRef, Shadow
 from strata.deadline import Deadline
 from strata.errors import StrataError
 
@@ -49,27 +49,35 @@ class ShadowStats:
     agreed: int = 0
     errors: int = 0
     dropped: int = 0
-    latencies: deque = field(default_factory=lambda: deque(maxlen=1000))
+    latencies: deque[float] = field(default_factory=lambda: deque(maxlen=1000))
 
 
 class ShadowRunner:
     def __init__(self, upstreams: Upstreams, max_inflight: int = 16) -> None:
         self._up = upstreams
         self._max_inflight = max_inflight
-        self._tasks: set[asyncio.Task] = set()
+        self._tasks: set[asyncio.Task[None]] = set()
         self.stats: dict[str, ShadowStats] = {}
 
     def submit(
-        self, name: str, model: ModelRef, features: Arrays, primary: Arrays, deadline: Deadline
+        self,
+        name: str,
+        model: ModelRef,
+        shadow: Shadow,
+        features: Arrays,
+        primary: Arrays,
+        deadline: Deadline,
     ) -> None:
         """Mirror one request's call of `model` (its inputs `features`, the answer `primary`)
-        to the model's shadow, counted under `name`; returns at once."""
+        to `shadow`, the model's, counted under `name`; returns at once."""
         stats = self.stats.setdefault(name, ShadowStats())
         if len(self._tasks) >= self._max_inflight:
             stats.dropped += 1
             SHADOW.labels(name, "dropped").inc()
             return
-        task = asyncio.create_task(self._run(name, model, features, primary, deadline, stats))
+        task = asyncio.create_task(
+            self._run(name, model, shadow, features, primary, deadline, stats)
+        )
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
@@ -77,12 +85,12 @@ class ShadowRunner:
         self,
         name: str,
         model: ModelRef,
+        shadow: Shadow,
         features: Arrays,
         primary: Arrays,
         deadline: Deadline,
         stats: ShadowStats,
     ) -> None:
-        shadow = model.shadow
         hop = self._up.inference[shadow.deployment]
         version = shadow.version or model.version
         request = codec.build_request(model.name, features, version)
