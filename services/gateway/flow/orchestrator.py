@@ -18,8 +18,9 @@ from services.gateway.door.admission import Admission
 from services.gateway.door.ladder import LadderController
 from services.gateway.door.policy import Checkpoint, Entry
 from services.gateway.flow.cache import Cached, ResultCache, cache_key
-from services.gateway.flow.chain import Chain, model_request
+from services.gateway.flow.chain import Chain
 from services.gateway.flow.flights import Flights, Member
+from services.gateway.flow.model_calls import ModelCalls
 from services.gateway.flow.model_stages import StageKey, Stages
 from services.gateway.flow.shadow import ShadowRunner
 from services.gateway.flow.sizing import Room, Sizes, arm_of
@@ -56,9 +57,10 @@ class Orchestrator:
         self.cache = cache
         self.routers = routers
         self.admission = admission
-        stages = Stages(upstreams, stage_routers, model_request, arms, shadow)
+        calls = ModelCalls(upstreams, arms, self._usable)
+        stages = Stages(stage_routers, calls, shadow)
         self.sizes = Sizes(upstreams.message_limit, flights.message_margin, upstreams.batch_limit)
-        chain = Chain(upstreams, routers, shadow, arms, self._usable, stages, self.sizes)
+        chain = Chain(upstreams, routers, shadow, calls, stages, self.sizes)
         self.flights = Flights(flights, chain.fly, self._departed, self._room)
 
     def configure_flights(self, flights: FlightSettings) -> None:
