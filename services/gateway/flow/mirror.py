@@ -8,7 +8,7 @@ from itertools import accumulate
 
 from services.gateway.flow.flights import Member
 from services.gateway.flow.rows import split
-from services.gateway.flow.shadow import ShadowRunner
+from services.gateway.flow.shadow import Copy, ShadowRunner
 from services.gateway.upstream.router import Router
 from strata import codec
 from strata.config.pipelines import Stage
@@ -34,15 +34,10 @@ def mirror_first(
     rows = [m.rows for m in members]
     inputs = split(codec.tensors_to_arrays(features), rows)
     outputs = split(codec.tensors_to_arrays(scores), rows)
+    name, model = first.pipeline_name, first.pipeline.model
     for i in mirrored:
-        runner.submit(
-            first.pipeline_name,
-            first.pipeline.model,
-            shadow,
-            inputs[i],
-            outputs[i],
-            members[i].request.deadline,
-        )
+        deadline = members[i].request.deadline
+        runner.submit(Copy(name, model, shadow, inputs[i], outputs[i], deadline))
 
 
 def mirror_stage(
@@ -67,14 +62,11 @@ def mirror_stage(
     back = [0, *accumulate(rows[i] for i in answered)]
     for n, i in enumerate(answered):
         if router.mirrors(_who(members[i])):
-            runner.submit(
-                router.pipeline,
-                stage.model,
-                shadow,
-                {key: array[sent[i] : sent[i + 1]] for key, array in inputs.items()},
-                {key: array[back[n] : back[n + 1]] for key, array in given.items()},
-                members[i].request.deadline,
-            )
+            sent_rows = {key: array[sent[i] : sent[i + 1]] for key, array in inputs.items()}
+            given_rows = {key: array[back[n] : back[n + 1]] for key, array in given.items()}
+            deadline = members[i].request.deadline
+            copy = Copy(router.pipeline, stage.model, shadow, sent_rows, given_rows, deadline)
+            runner.submit(copy)
 
 
 def _who(member: Member) -> str:
