@@ -148,7 +148,7 @@ class Chain:
         spare = moving_from is not None and self._calls.spare(model, first.client, leg.route)
         rows = [m.rows for m in members]
         try:
-            reply = await self._calls.call(model, leg.route, members, rows, features, spare)
+            reply = await self._calls.call(model, leg.route, members, rows, features, spare=spare)
         except StrataError as exc:
             await self._after(leg, model, dict.fromkeys(range(len(members)), exc), moving_from)
             return

@@ -87,9 +87,15 @@ class ModelCalls:
         self._usual: dict[str, float] = {}  # each model's usual seconds per call, by figures
 
     async def call(
-        self, model: Model, route: Route, members: list[Member], rows: list[int],
-        inputs: list[v1.Tensor], spare: bool,
-    ) -> Reply:  # fmt: skip
+        self,
+        model: Model,
+        route: Route,
+        members: list[Member],
+        rows: list[int],
+        inputs: list[v1.Tensor],
+        *,
+        spare: bool,
+    ) -> Reply:
         """One ModelInfer of `model` on `route` over `inputs` (`rows` of each member's);
         `spare`: whether another arm could take them, should this one hang. Raises the
         call's error, blamed, where it answered none of them."""
@@ -143,10 +149,9 @@ class ModelCalls:
             else:
                 member.fail(error)
         if moving_from is not None:
+            pipeline = model.router.pipeline
             for route, indices in after.moved.values():
-                FAILOVERS.labels(model.router.pipeline, moving_from.arm, route.arm).inc(
-                    len(indices)
-                )
+                FAILOVERS.labels(pipeline, moving_from.arm, route.arm).inc(len(indices))
         return after
 
     def _learn(self, figures: str, seconds: float) -> None:

@@ -248,7 +248,7 @@ class Stages:
         inputs = table.inputs(stage, rows)
         with _stage_span(stage, model.ref.name, route, members, len(rows)):
             try:
-                reply = await self._calls.call(model, route, members, counts, inputs, spare)
+                reply = await self._calls.call(model, route, members, counts, inputs, spare=spare)
             except StrataError as exc:
                 await self._failed(run, dict.fromkeys(indices, exc), route if moving else None)
                 return

@@ -64,7 +64,7 @@ def test_a_call_carries_each_members_rows_and_counts_them_on_its_arm() -> None:
         members = [member("r1", 1), member("r2", 2)]
         x = rows_of(3)
         features = [codec.to_tensor("x", x)]
-        reply = await calls.call(first_model(pipeline()), A, members, [1, 2], features, True)
+        reply = await calls.call(first_model(pipeline()), A, members, [1, 2], features, spare=True)
         (sent,) = server.requests
         assert flight.members(sent.parameters, 3)[1].rows == 2
         assert server.spares == [True]
@@ -85,7 +85,9 @@ def test_a_refusal_of_tensors_the_server_made_is_never_the_clients() -> None:
         calls, arms = calls_over(**{"d-a": server})
         features = [codec.to_tensor("x", rows_of(1))]
         with pytest.raises(StrataError) as caught:
-            await calls.call(first_model(spec), A, [member("r", 1, spec)], [1], features, False)
+            await calls.call(
+                first_model(spec), A, [member("r", 1, spec)], [1], features, spare=False
+            )
         assert arms.get("p", "a").errors == 1
         return caught.value
 
@@ -104,7 +106,7 @@ def test_each_members_own_refusal_by_a_later_stage_is_blamed_on_the_server() -> 
         members = [member("r1", 1), member("r2", 1), member("r3", 1)]
         x = rows_of(3)
         features = [codec.to_tensor("x", x)]
-        reply = await calls.call(later_stage(), A, members, [1, 1, 1], features, False)
+        reply = await calls.call(later_stage(), A, members, [1, 1, 1], features, spare=False)
         assert list(reply.errors) == [1] and isinstance(reply.errors[1], Miswired)
         assert "stage 'large' refused" in str(reply.errors[1])
         np.testing.assert_array_equal(codec.tensors_to_arrays(reply.outputs)["y"], x[[0, 2]] * 2)
@@ -117,7 +119,7 @@ def test_a_malformed_reply_is_the_servers_fault_and_counts_against_the_arm() -> 
         calls, arms = calls_over(**{"d-a": Server(malformed=True)})
         features = [codec.to_tensor("x", rows_of(1))]
         with pytest.raises(MalformedReply, match="inference deployment 'd-a'"):
-            await calls.call(later_stage(), A, [member("r", 1)], [1], features, False)
+            await calls.call(later_stage(), A, [member("r", 1)], [1], features, spare=False)
         assert arms.get("p/large", "a").errors == 1
 
     asyncio.run(scenario())
@@ -128,8 +130,8 @@ def test_a_model_learns_its_usual_seconds_from_its_calls() -> None:
         calls, _ = calls_over(**{"d-a": Server(delay=0.05)})
         assert calls.usual("p/large") == 0.0
         features = [codec.to_tensor("x", rows_of(1))]
-        await calls.call(later_stage(), A, [member("r", 1)], [1], features, False)
-        assert calls.usual("p/large") >= 0.05
+        await calls.call(later_stage(), A, [member("r", 1)], [1], features, spare=False)
+        assert calls.usual("p/large") >= 0.04  # slept 0.05 s
         assert calls.usual("p") == 0.0, "each model's own"
 
     asyncio.run(scenario())
