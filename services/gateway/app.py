@@ -24,8 +24,9 @@ from services.gateway.door.probe import DoorProbe
 from services.gateway.door.rate_limits import RateLimit
 from services.gateway.flow import measure_check
 from services.gateway.flow.cache import ResultCache
-from services.gateway.flow.chain import Chain, model_request
+from services.gateway.flow.chain import Chain
 from services.gateway.flow.flights import Departed, Flights, Member
+from services.gateway.flow.model_calls import ModelCalls
 from services.gateway.flow.model_stages import Stages, stage_routers
 from services.gateway.flow.orchestrator import Orchestrator
 from services.gateway.flow.shadow import ShadowRunner
@@ -171,10 +172,11 @@ def compose(settings: Settings) -> Runtime:
     cache, shadow, arms = ResultCache(gateway.cache), ShadowRunner(upstreams), ArmBook()
     later = stage_routers(settings, available_for)
     usable = _available(upstreams)
-    stages = Stages(upstreams, later, model_request, arms, shadow)
+    calls = ModelCalls(upstreams, arms, usable)
+    stages = Stages(later, calls, shadow)
     margin = gateway.flights.message_margin
     sizes = Sizes(upstreams.message_limit, margin, upstreams.batch_limit)
-    chain = Chain(upstreams, routers, shadow, arms, usable, stages, sizes)
+    chain = Chain(upstreams, routers, shadow, calls, stages, sizes)
     flights = Flights(gateway.flights, chain.fly, _departed(ladder), _room(sizes))
     orchestrator = Orchestrator(
         ladder=ladder,

@@ -4,9 +4,10 @@ Every hop is one call for the whole flight. Tensors go from one layer to the nex
 bytes the last one returned; only the final answer is decoded, once, and split by rows.
 Each member keeps its own outcome: a member a layer refused gets that layer's error and
 leaves, and a member whose caller gave up or whose deadline passed is cut out of the stack
-before the next hop. When an arm is unavailable, the flight moves to each member's
-fallback arm (A/B stickiness decides which), unless its arm was forced. Members the first
-model cannot answer at all (no arm left, or an error its fallback covers) go to the
+before the next hop. The first model is called as every model of a flight is
+(services/gateway/flow/model_calls.py): when its arm is unavailable, the flight moves to each
+member's fallback arm (A/B stickiness decides which), unless its arm was forced; members it
+cannot answer at all (no arm left, or an error its fallback answers for) go to the
 pipeline's fallback model where it has one (services/gateway/flow/fallback.py), as do all of
 them from that fallback's degradation level. Each answered flight's hop times go to the
 pipeline's statistics (services/gateway/flow/statistics.py).
@@ -14,31 +15,28 @@ pipeline's statistics (services/gateway/flow/statistics.py).
 
 from __future__ import annotations
 
+import functools
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable
 from dataclasses import dataclass, replace
 
 from services.gateway.flow import blame
-from services.gateway.flow.fallback import covers, stands_in
+from services.gateway.flow.fallback import stands_in
 from services.gateway.flow.flights import Member
 from services.gateway.flow.mirror import mirror_first
+from services.gateway.flow.model_calls import Model, ModelCalls
 from services.gateway.flow.model_stages import Staged, Stages
 from services.gateway.flow.rows import split
 from services.gateway.flow.shadow import ShadowRunner
 from services.gateway.flow.sizing import Sizes, arm_of, is_too_large, too_large
 from services.gateway.flow.statistics import STATISTICS, Hops
-from services.gateway.metrics import FAILOVERS
 from services.gateway.request import Answer, ClientRequest
-from services.gateway.upstream.arms import ArmBook
 from services.gateway.upstream.router import Router
-from services.gateway.upstream.sequences import add_parameters
 from services.gateway.upstream.upstreams import Hop, Upstreams
 from strata import codec, gathering, stack
 from strata.config.pipelines import Route
 from strata.deadline import Deadline, latest
-from strata.errors import StrataError, Unavailable, from_code
-from strata.flight import FlightMember, member_errors, set_members
-from strata.proto.inference import grpc_service_pb2 as v2
+from strata.errors import StrataError, from_code
 from strata.proto.v1 import tensor_pb2 as v1
 
 # A flight's tensors as the hops carry them (strata.v1 raw bytes), not decoded Arrays.
@@ -90,8 +88,7 @@ class Chain:
         upstreams: Upstreams,
         routers: dict[str, Router],
         shadow: ShadowRunner,
-        arms: ArmBook,
-        usable: Callable[[Route], bool],
+        calls: ModelCalls,
         stages: Stages,
         sizes: Sizes,
     ) -> None:
@@ -100,8 +97,7 @@ class Chain:
         self._stages = stages
         self._routers = routers
         self._shadow = shadow
-        self._arms = arms
-        self._usable = usable
+        self._calls = calls
 
     async def fly(self, members: list[Member]) -> None:
         """Answer every member of the flight (their futures), or raise for all of them:
@@ -115,6 +111,9 @@ class Chain:
         """Preprocess over the flight: the leg it starts, None where no member is left or
         the flight flew again as two (its answer too large)."""
         first = _request(members[0])
+        route = first.route
+        if route is None:
+            raise RuntimeError("a request boarded a flight before its arm was chosen")
         tensors = stack.join([_request(m).inputs for m in members])
         started = time.monotonic()
         # The version the arm calls picks the steps of a pipeline fed per model version.
@@ -129,54 +128,66 @@ class Chain:
         if not members:
             return None
         self._saw(members, features)
-        return Leg(members, features, first.route, time.monotonic() - started)
+        return Leg(members, features, route, time.monotonic() - started)
 
     async def _model(self, leg: Leg, may_fail_over: bool) -> None:
         """The first model on the leg's arm, then onward: where that arm is unavailable, the
         members fail over to their other arms; where the model cannot answer them, its
-        fallback answers in its place."""
+        fallback answers in its place (model_calls.py decides which)."""
         leg = replace(leg, started=time.monotonic())
         first = leg.first
         if stands_in(first.pipeline, first.level) and not first.forced_arm:
             await self._fallback(leg)
             return
-        try:
-            answered, given, unanswered = await self._infer(leg, may_fail_over and self._spare(leg))
-        except StrataError as exc:
-            if isinstance(exc, Unavailable) and may_fail_over and not first.forced_arm:
-                await self._fail_over(leg, exc)
-            elif self._covered(first, exc):
-                await self._fallback(leg)
-            else:
-                raise
+        members, features = _aboard(leg.members, leg.features)
+        if not members:
             return
+        leg = replace(leg, members=members, features=features)
+        model = self._first_model(first)
+        moving_from = leg.route if may_fail_over and not first.forced_arm else None
+        spare = moving_from is not None and self._calls.spare(model, first.client, leg.route)
+        rows = [m.rows for m in members]
+        try:
+            reply = await self._calls.call(model, leg.route, members, rows, features, spare=spare)
+        except StrataError as exc:
+            await self._after(leg, model, dict.fromkeys(range(len(members)), exc), moving_from)
+            return
+        answered = leg
+        if reply.errors:  # the usual call has none: no stack to cut
+            answered = leg.part([i for i in range(len(members)) if i not in reply.errors])
+        if answered.members:
+            self._saw(answered.members, reply.outputs)
+        given = Given(reply.outputs, reply.version)
         moves = [_answering(answered.members, self._onward(answered, given))]
-        if unanswered.members:  # the usual case has no group for the fallback
-            moves.append(_answering(unanswered.members, self._fallback(unanswered)))
+        if reply.errors:
+            failed = [members[i] for i in reply.errors]
+            moves.append(_answering(failed, self._after(leg, model, reply.errors, None)))
         await gathering.gather(moves)  # each group's failure is its own
 
-    async def _fail_over(self, leg: Leg, exc: Unavailable) -> None:
-        """Each member on its fallback arm (one inference call per arm); where none is left,
-        on the pipeline's fallback model if it has one, else the error."""
-        first, failed = leg.first, leg.route
-        router = self._routers[first.pipeline_name]
-        by_arm: dict[str, tuple[Route, list[int]]] = {}
-        stranded = []
-        for index, member in enumerate(leg.members):
-            other = router.fallback(_request(member).client, failed, self._usable)
-            if other is not None:
-                by_arm.setdefault(other.arm, (other, []))[1].append(index)
-            elif self._covered(first, exc):
-                stranded.append(index)
-            else:
-                member.fail(exc)
-        left = leg.part(stranded)
+    async def _after(
+        self, leg: Leg, model: Model, errors: dict[int, StrataError], moving_from: Route | None
+    ) -> None:
+        """The leg's members the first model failed (`errors`, by index): each on another
+        arm, on the model's fallback, or failed with its error."""
+        after = self._calls.after(model, leg.members, errors, moving_from)
+        left = leg.part(after.fallback)
         moves = [_answering(left.members, self._fallback(left))]
-        for route, indices in by_arm.values():
-            FAILOVERS.labels(router.pipeline, failed.arm, route.arm).inc(len(indices))
+        for route, indices in after.moved.values():
             moved = leg.part(indices, route)
             moves.append(_answering(moved.members, self._model(moved, may_fail_over=False)))
         await gathering.gather(moves)
+
+    def _first_model(self, first: ClientRequest) -> Model:
+        """The pipeline's first model as `first`'s flight calls it (its fallback never
+        answers a request that forced its arm: it asked for that arm's answer)."""
+        pipeline = first.pipeline
+        return Model(
+            first.pipeline_name,
+            pipeline.model,
+            self._routers[first.pipeline_name],
+            functools.partial(blame.first_model, first.pipeline_name, pipeline),
+            pipeline.fallback is not None and not first.forced_arm,
+        )
 
     async def _fallback(self, leg: Leg) -> None:
         """Members answered by their pipeline's first model's fallback in that model's place
@@ -238,11 +249,6 @@ class Chain:
         size = sum(len(t.data) for t in tensors)
         self._sizes.saw(arm_of(_request(members[0])), sum(m.rows for m in members), size)
 
-    def _covered(self, first: ClientRequest, exc: StrataError) -> bool:
-        """Whether the first model's fallback answers in its place after `exc` (never for a
-        request that forced its arm: it asked for that arm's answer)."""
-        return covers(first.pipeline, exc) and not first.forced_arm
-
     async def _layer(
         self, hop: Hop, members: list[Member], tensors: WireTensors, flags: dict[str, str]
     ) -> tuple[list[Member], WireTensors, dict[str, str]]:
@@ -268,70 +274,12 @@ class Chain:
         result = reply.results[0]
         return _survivors(members, result), list(result.tensors), dict(result.info)
 
-    async def _infer(self, leg: Leg, spare: bool) -> tuple[Leg, Given, Leg]:
-        """One ModelInfer over the leg's rows on its arm's deployment; `spare`: whether
-        another arm could take them, should this one hang. The members it answered and what
-        it gave them, and those it failed with an error the first model's fallback covers."""
-        members, features = _aboard(leg.members, leg.features)
-        leg = replace(leg, members=members, features=features)
-        if not members:
-            return leg, Given([], ""), leg
-        first, route = leg.first, leg.route
-        model = first.pipeline.model
-        version = route.version or model.version
-        request = model_request(model.name, version, members, [m.rows for m in members], features)
-        hop = self._up.inference_hop(route.deployment, first.sequence)
-        started = time.monotonic()
-        try:
-            reply = await hop.call("ModelInfer", request, _deadline(members), spare=spare)
-        except StrataError as exc:
-            self._record(members, route, exc.code.name, 0.0)
-            raise blame.first_model(first.pipeline_name, first.pipeline, exc) from None
-        try:
-            scores = codec.response_tensors(reply, f"inference deployment {route.deployment!r}")
-        except StrataError as exc:
-            self._record(members, route, exc.code.name, time.monotonic() - started)
-            raise
-        self._record(members, route, "OK", time.monotonic() - started)
-        errors = member_errors(reply.parameters, len(members))
-        errors = {
-            i: blame.first_model(first.pipeline_name, first.pipeline, e) for i, e in errors.items()
-        }
-        answered, unanswered = self._apart(leg, errors)
-        if answered.members:
-            self._saw(answered.members, scores)
-        return answered, Given(scores, reply.model_version), unanswered
-
-    def _apart(self, leg: Leg, errors: dict[int, StrataError]) -> tuple[Leg, Leg]:
-        """The leg's members the model answered, and those it failed with an error its
-        fallback covers; the others fail with their error."""
-        if not errors:  # the usual call: no stack to cut
-            return leg, replace(leg, members=[], features=[])
-        kept = [i for i in range(len(leg.members)) if i not in errors]
-        covered = [i for i, error in errors.items() if self._covered(leg.first, error)]
-        for index, error in errors.items():
-            if index not in covered:
-                leg.members[index].fail(error)
-        return leg.part(kept), leg.part(covered)
-
-    def _spare(self, leg: Leg) -> bool:
-        """Whether another arm could take the leg, should its own hang."""
-        first = leg.first
-        if first.forced_arm:
-            return False
-        router = self._routers[first.pipeline_name]
-        return router.fallback(first.client, leg.route, self._usable) is not None
-
-    def _record(self, members: list[Member], route: Route, code: str, seconds: float) -> None:
-        name = _request(members[0]).pipeline_name
-        self._arms.record(name, route.arm, code, seconds, len(members))
-
 
 def _request(member: Member) -> ClientRequest:
     return member.request
 
 
-async def _answering(members: list[Member], work) -> None:
+async def _answering(members: list[Member], work: Awaitable[None]) -> None:
     """Run `work` for `members`; if it fails, they fail with it, and no one else."""
     try:
         await work
@@ -373,32 +321,6 @@ def _survivors(members: list[Member], result: v1.Result) -> list[Member]:
             member.rows = outcome.rows
             kept.append(member)
     return kept
-
-
-def model_request(
-    model: str, version: str, members: list[Member], rows: list[int], features: WireTensors
-) -> v2.ModelInferRequest:
-    """A v2 ModelInfer of `model` over the stacked rows (`rows` of each member); for several
-    members, each one's rows, trace context and deadline in the parameters (another v2
-    server just sees a batch)."""
-    first = _request(members[0])
-    request = v2.ModelInferRequest(model_name=model, model_version=version, id=first.request_id)
-    for tensor in features:
-        request.inputs.add(name=tensor.name, datatype=tensor.datatype, shape=tensor.shape)
-        request.raw_input_contents.append(tensor.data)
-    parameters = request.parameters
-    if first.level >= 2:
-        parameters["skip_batching"].bool_param = True
-    if first.sequence is not None:
-        add_parameters(parameters, first.sequence)
-    if len(members) > 1:
-        set_members(parameters, [_flight_member(m, n) for m, n in zip(members, rows, strict=True)])
-    return request
-
-
-def _flight_member(member: Member, rows: int) -> FlightMember:
-    """`member` as a flight request declares it, carrying `rows` rows there."""
-    return FlightMember(rows, member.carrier().get("traceparent", ""), member.deadline)
 
 
 def _forwarded(first: ClientRequest, features: WireTensors) -> WireTensors:

@@ -31,15 +31,9 @@ FALLS_BACK = {
 }
 
 
-def covers(pipeline: Pipeline, exc: StrataError) -> bool:
-    """Whether the pipeline's first model has a fallback that answers in its place when it
-    failed with `exc`."""
-    return pipeline.fallback is not None and exc.code.name in FALLS_BACK
-
-
-def falls_back(stage: Stage, exc: StrataError) -> bool:
-    """Whether `stage`'s fallback answers for members its own model failed with `exc`."""
-    return stage.fallback is not None and exc.code.name in FALLS_BACK
+def answers_for(exc: StrataError) -> bool:
+    """Whether a model's fallback answers for members its model failed with `exc`."""
+    return exc.code.name in FALLS_BACK
 
 
 def stands_in(pipeline: Pipeline, level: int) -> bool:

@@ -9,16 +9,17 @@ is not started for a member whose budget is shorter than the stage's usual time:
 with its earlier answer, marked degraded, or fails where the stage was not optional) and its
 own trace (each stage is a span linked to the members it carried). A stage with a fallback
 runs that cheaper model instead for the members its own could not answer (fallback.py); the
-pipeline's first model's fallback runs here too, as a stage (`stand_in`). Every stage call
-counts in its arm's figures, under `<pipeline>/<stage>`. A stage's shadow gets a copy of
-each mirrored member's rows its own model answered (mirror.py). What postprocess receives is
-every tensor a model gave, for the members still waiting.
+pipeline's first model's fallback runs here too, as a stage (`stand_in`). Each call is made,
+counted in its arm's figures (under `<pipeline>/<stage>`) and, where it fails, moved to
+another arm or the fallback, as every model call of a flight is (model_calls.py). A stage's
+shadow gets a copy of each mirrored member's rows its own model answered (mirror.py). What
+postprocess receives is every tensor a model gave, for the members still waiting.
 """
 
 from __future__ import annotations
 
 import contextlib
-import time
+import functools
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from itertools import accumulate
@@ -31,33 +32,22 @@ from services.gateway.flow import blame
 from services.gateway.flow import fallback as fallbacks
 from services.gateway.flow.flights import Member
 from services.gateway.flow.mirror import mirror_stage
+from services.gateway.flow.model_calls import Model, ModelCalls, Reply
 from services.gateway.flow.rows import Table, chosen_rows, renamed, write
 from services.gateway.flow.shadow import ShadowRunner
-from services.gateway.upstream.arms import ArmBook
 from services.gateway.upstream.router import Router
-from services.gateway.upstream.upstreams import Upstreams
-from strata import codec, gathering, propagation, stack
-from strata.config.pipelines import ModelRef, Pipeline, Route, Stage
+from strata import gathering, propagation, stack
+from strata.config.pipelines import Fallback, ModelRef, Pipeline, Route, Stage
 from strata.config.settings import Settings
-from strata.deadline import latest
 from strata.errors import DeadlineExceeded, StrataError
-from strata.flight import member_errors
-from strata.proto.inference import grpc_service_pb2 as v2
 from strata.proto.v1 import tensor_pb2 as v1
 
 TRACER = trace.get_tracer("services.gateway")
 # A degraded answer's source when a member left a cascade early because its budget was
 # shorter than the next stage's usual time.
 EARLY_EXIT = "early_exit"
-# How fast a stage's usual time follows its latest calls.
-SMOOTHING = 0.2
 
 StageKey = tuple[str, str]  # (pipeline, stage; "<stage>/fallback" for its fallback)
-# Builds a ModelInfer request for a model and version over members' stacked tensors.
-# (model, version, members, each member's rows in the call, the stacked inputs).
-RequestBuilder = Callable[
-    [str, str, list[Member], list[int], list[v1.Tensor]], v2.ModelInferRequest
-]
 
 
 def stage_routers(
@@ -103,14 +93,14 @@ class Staged:
 @dataclass(frozen=True)
 class StageRun:
     """One stage over a flight: the flight's table, the rows the stage takes (`chosen`), the
-    tensors it gave anew so far (`fresh`, shared with its fallback's run), and whether its
-    fallback model answers in its place."""
+    tensors it gave anew so far (`fresh`, shared with its fallback's run), and the stage's
+    fallback where that answers in its model's place."""
 
     table: Table
     stage: Stage
     chosen: np.ndarray
     fresh: set[str] = field(default_factory=set)
-    fallback: bool = False
+    fallback: Fallback | None = None
 
     @property
     def pipeline(self) -> str:
@@ -119,34 +109,26 @@ class StageRun:
     @property
     def label(self) -> str:
         """Its label in strata.stages and the arms' figures."""
-        return fallbacks.label(self.stage) if self.fallback else self.stage.label
+        return fallbacks.label(self.stage) if self.fallback is not None else self.stage.label
 
     @property
     def model(self) -> ModelRef:
-        return self.stage.fallback.model if self.fallback else self.stage.model
+        return self.fallback.model if self.fallback is not None else self.stage.model
 
     def to_fallback(self) -> StageRun:
         """The same run, on the stage's fallback model."""
-        return replace(self, fallback=True)
+        return replace(self, fallback=self.stage.fallback)
 
 
 class Stages:
     """Runs the later stages of flights' pipelines."""
 
     def __init__(
-        self,
-        upstreams: Upstreams,
-        routers: dict[StageKey, Router],
-        build: RequestBuilder,
-        arms: ArmBook,
-        shadow: ShadowRunner,
+        self, routers: dict[StageKey, Router], calls: ModelCalls, shadow: ShadowRunner
     ) -> None:
-        self._up = upstreams
         self._routers = routers
-        self._build = build
-        self._arms = arms
+        self._calls = calls
         self._shadow = shadow
-        self._usual: dict[StageKey, float] = {}  # each stage's usual seconds per call
 
     async def run(
         self,
@@ -173,7 +155,7 @@ class Stages:
         table = Table(members, wire, [], {m: [] for m in members})
         stage = fallbacks.first_stage(members[0].request.pipeline, wire)
         waiting = [i for i, member in enumerate(members) if member.waiting]
-        run = StageRun(table, stage, np.ones(table.total, dtype=bool), fallback=True)
+        run = StageRun(table, stage, np.ones(table.total, dtype=bool)).to_fallback()
         await self._by_arm(run, waiting)
         table.given = sorted(run.fresh)
         return await self._later(table, features)
@@ -209,7 +191,7 @@ class Stages:
         if not chosen.any():  # a cascade's usual flight at low load: every row is sure
             return []
         taking = table.chosen_by_member(chosen).tolist()
-        usual = self._usual.get((name, stage.label), 0.0)
+        usual = self._calls.usual(f"{name}/{stage.label}")
         own, fallback = [], []
         for index, member in enumerate(table.members):
             if not member.waiting or not taking[index]:
@@ -237,71 +219,80 @@ class Stages:
                 unrouted[index] = exc
                 continue
             by_arm.setdefault(route.arm, (route, []))[1].append(index)
-        calls = [self._call(run, route, group) for route, group in by_arm.values()]
-        calls += [self._failed(run, group, error) for group, error in _by_code(unrouted)]
+        calls = [self._call(run, route, group, moving=True) for route, group in by_arm.values()]
+        if unrouted:
+            calls.append(self._failed(run, unrouted, None))
         await gathering.gather(calls)
 
-    async def _failed(self, run: StageRun, indices: list[int], exc: StrataError) -> None:
-        """Members the run's model could not answer: to the stage's fallback where that may
-        answer instead, else they fail with `exc`."""
-        if not run.fallback and fallbacks.falls_back(run.stage, exc):
-            await self._by_arm(run.to_fallback(), indices)
-            return
-        for index in indices:
-            run.table.members[index].fail(exc)
+    async def _failed(
+        self, run: StageRun, errors: dict[int, StrataError], moving_from: Route | None
+    ) -> None:
+        """Members the run's model failed (`errors`, by index): each on another arm of the
+        model, on the stage's fallback, or failed with its error (model_calls.py decides)."""
+        after = self._calls.after(self._model(run), run.table.members, errors, moving_from)
+        calls = [
+            self._call(run, route, group, moving=False) for route, group in after.moved.values()
+        ]
+        if after.fallback:
+            calls.append(self._by_arm(run.to_fallback(), after.fallback))
+        await gathering.gather(calls)
 
-    async def _call(self, run: StageRun, route: Route, indices: list[int]) -> None:
-        """One ModelInfer on `route` for the chosen rows of members `indices`."""
+    async def _call(self, run: StageRun, route: Route, indices: list[int], moving: bool) -> None:
+        """One ModelInfer on `route` for the chosen rows of members `indices`; `moving`:
+        whether they may still move to another arm, should this one be unavailable."""
         table, stage = run.table, run.stage
         members = [table.members[i] for i in indices]
         rows, counts = table.picked(indices, run.chosen)
-        version = route.version or run.model.version
-        request = self._build(run.model.name, version, members, counts, table.inputs(stage, rows))
-        hop = self._up.inference[route.deployment]
-        deadline = latest(m.deadline for m in members)
-        started = time.monotonic()
-        arm = (f"{run.pipeline}/{run.label}", route.arm)
-        with _stage_span(stage, run.model.name, route, members, len(rows)):
+        model = self._model(run)
+        spare = moving and self._calls.spare(model, members[0].request.client, route)
+        inputs = table.inputs(stage, rows)
+        with _stage_span(stage, model.ref.name, route, members, len(rows)):
             try:
-                if deadline.expired():
-                    raise DeadlineExceeded(f"deadline passed before stage {stage.label!r}")
-                reply = await hop.call("ModelInfer", request, deadline, spare=False)
+                reply = await self._calls.call(model, route, members, counts, inputs, spare=spare)
             except StrataError as exc:
-                self._arms.record(*arm, exc.code.name, 0.0, len(members))
-                await self._failed(run, indices, blame.later_stage(run.pipeline, run.label, exc))
+                await self._failed(run, dict.fromkeys(indices, exc), route if moving else None)
                 return
-        self._arms.record(*arm, "OK", time.monotonic() - started, len(members))
-        if not run.fallback:
-            self._learn((run.pipeline, stage.label), time.monotonic() - started)
-        errors = {
-            i: blame.later_stage(run.pipeline, run.label, e)
-            for i, e in member_errors(reply.parameters, len(members)).items()
-        }
-        answered = [i for i in range(len(members)) if i not in errors]
+        answered = [i for i in range(len(members)) if i not in reply.errors]
         if answered:
-            if errors:
-                starts = [0, *accumulate(counts)]
-                rows = np.concatenate([rows[starts[i] : starts[i + 1]] for i in answered])
-            source = f"inference deployment {route.deployment!r}"
-            outputs = renamed(codec.response_tensors(reply, source), stage.outputs)
-            write(table, stage, outputs, rows, run.fresh)
-            for i in answered:
-                table.answered[members[i]].append(run.label)
-                if run.fallback:
-                    table.degraded[members[i]] = fallbacks.FALLBACK
-            if not run.fallback:
-                router = self._routers[run.pipeline, stage.label]
-                mirror_stage(self._shadow, router, stage, members, answered, counts, request, reply)
-        await gathering.gather(
-            [
-                self._failed(run, [indices[i] for i in group], error)
-                for group, error in _by_code(errors)
-            ]
-        )
+            self._write(run, members, answered, counts, rows, reply)
+        if reply.errors:
+            await self._failed(run, {indices[i]: e for i, e in reply.errors.items()}, None)
 
-    def _learn(self, key: StageKey, seconds: float) -> None:
-        before = self._usual.get(key)
-        self._usual[key] = seconds if before is None else before + SMOOTHING * (seconds - before)
+    def _write(
+        self,
+        run: StageRun,
+        members: list[Member],
+        answered: list[int],
+        counts: list[int],
+        rows: np.ndarray,
+        reply: Reply,
+    ) -> None:
+        """What the run's model gave the `answered` members (of `members`, `counts` rows
+        each of the call's `rows`), written into their rows of the table."""
+        table, stage = run.table, run.stage
+        if reply.errors:
+            starts = [0, *accumulate(counts)]
+            rows = np.concatenate([rows[starts[i] : starts[i + 1]] for i in answered])
+        write(table, stage, renamed(reply.outputs, stage.outputs), rows, run.fresh)
+        for i in answered:
+            table.answered[members[i]].append(run.label)
+            if run.fallback is not None:
+                table.degraded[members[i]] = fallbacks.FALLBACK
+        if run.fallback is None:
+            router = self._routers[run.pipeline, stage.label]
+            mirror_stage(
+                self._shadow, router, stage, members, answered, counts, reply.request, reply.reply
+            )
+
+    def _model(self, run: StageRun) -> Model:
+        """The run's model as its calls make it."""
+        return Model(
+            f"{run.pipeline}/{run.label}",
+            run.model,
+            self._routers[run.pipeline, run.label],
+            functools.partial(blame.later_stage, run.pipeline, run.label),
+            run.fallback is None and run.stage.fallback is not None,
+        )
 
 
 def _in_order(answered: Iterable[list[str]], pipeline: Pipeline) -> None:
@@ -309,14 +300,6 @@ def _in_order(answered: Iterable[list[str]], pipeline: Pipeline) -> None:
     order = {name: index for index, name in enumerate(pipeline.stage_names())}
     for labels in answered:
         labels.sort(key=lambda label: order[label.removesuffix(fallbacks.SUFFIX)])
-
-
-def _by_code(errors: dict[int, StrataError]) -> list[tuple[list[int], StrataError]]:
-    """Members' errors grouped by status code, each group with its first error."""
-    groups: dict[str, tuple[list[int], StrataError]] = {}
-    for index, error in errors.items():
-        groups.setdefault(error.code.name, ([], error))[0].append(index)
-    return list(groups.values())
 
 
 def _too_short(table: Table, member: Member, stage: Stage, usual: float) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -25,7 +26,7 @@ from services.gateway.request import Answer, ClientRequest
 from services.gateway.upstream.router import Router
 from strata import codec, stack
 from strata.config.gateway import FlightSettings
-from strata.config.pipelines import Pipeline, Route
+from strata.config.pipelines import OutputSpec, Route
 from strata.errors import StrataError, Unavailable
 from strata.schema import validate_inputs
 
@@ -82,7 +83,7 @@ class Orchestrator:
         started = time.monotonic()
         telling = False  # whether the outcome says how the chain is doing
         try:
-            answer = await self.flights.board(_flight_key(req), member)
+            answer = await self.flights.board(_flight_key(req, route), member)
             telling = True
         except StrataError as exc:
             kind = _outcome_kind(exc)
@@ -131,17 +132,19 @@ class Orchestrator:
                 return answer
         if level >= 3 and pipeline.default_answer:
             DEGRADED.labels("default").inc()
-            return Answer(default_outputs(pipeline, rows), route.arm, "", level, "default")
+            outputs = default_outputs(pipeline.outputs, pipeline.default_answer, rows)
+            return Answer(outputs, route.arm, "", level, "default")
         return None
 
 
-def _flight_key(req: ClientRequest) -> tuple:
-    """What the requests of one flight must share; a request without a batch dimension,
-    or of a sequence, shares with none (its own identity, while it waits)."""
+def _flight_key(req: ClientRequest, route: Route) -> tuple:
+    """What the requests of one flight must share (`route`: the request's arm); a request
+    without a batch dimension, or of a sequence, shares with none (its own identity, while
+    it waits)."""
     return (
         id(req) if req.pipeline.max_batch_size == 0 or req.sequence else None,
         req.pipeline_name,
-        req.route.arm,
+        route.arm,
         req.version,
         req.level,
         bool(req.forced_arm),
@@ -158,11 +161,14 @@ def _member(req: ClientRequest, rows: int) -> Member:
     return Member(req, rows, req.deadline, size=sum(len(t.data) for t in req.inputs))
 
 
-def default_outputs(pipeline: Pipeline, batch: int) -> codec.Arrays:
-    """The pipeline's configured default answer, one row per request row."""
+def default_outputs(
+    specs: list[OutputSpec], answer: dict[str, list[Any]], batch: int
+) -> codec.Arrays:
+    """A pipeline's configured default `answer` for its outputs (`specs`), one row per
+    request row."""
     outputs = {}
-    for spec in pipeline.outputs:
-        row = pipeline.default_answer[spec.name]
+    for spec in specs:
+        row = answer[spec.name]
         if spec.datatype == "BYTES":
             values = np.array([str(v).encode() for v in row], dtype=object)
         else:

@@ -22,7 +22,7 @@ from services.gateway.metrics import SHADOW
 from services.gateway.upstream.upstreams import Upstreams
 from strata import codec
 from strata.codec import Arrays
-from strata.config.pipelines import ModelRef
+from strata.config.pipelines import ModelRef, Shadow
 from strata.deadline import Deadline
 from strata.errors import StrataError
 
@@ -49,46 +49,48 @@ class ShadowStats:
     agreed: int = 0
     errors: int = 0
     dropped: int = 0
-    latencies: deque = field(default_factory=lambda: deque(maxlen=1000))
+    latencies: deque[float] = field(default_factory=lambda: deque(maxlen=1000))
+
+
+@dataclass(frozen=True)
+class Copy:
+    """One request's call of `model` to mirror to `shadow` (the model's), counted under
+    `name`: its inputs (`features`) and the answer it got (`primary`), by its deadline."""
+
+    name: str
+    model: ModelRef
+    shadow: Shadow
+    features: Arrays
+    primary: Arrays
+    deadline: Deadline
 
 
 class ShadowRunner:
     def __init__(self, upstreams: Upstreams, max_inflight: int = 16) -> None:
         self._up = upstreams
         self._max_inflight = max_inflight
-        self._tasks: set[asyncio.Task] = set()
+        self._tasks: set[asyncio.Task[None]] = set()
         self.stats: dict[str, ShadowStats] = {}
 
-    def submit(
-        self, name: str, model: ModelRef, features: Arrays, primary: Arrays, deadline: Deadline
-    ) -> None:
-        """Mirror one request's call of `model` (its inputs `features`, the answer `primary`)
-        to the model's shadow, counted under `name`; returns at once."""
-        stats = self.stats.setdefault(name, ShadowStats())
+    def submit(self, copy: Copy) -> None:
+        """Mirror `copy` to its shadow; returns at once."""
+        stats = self.stats.setdefault(copy.name, ShadowStats())
         if len(self._tasks) >= self._max_inflight:
             stats.dropped += 1
-            SHADOW.labels(name, "dropped").inc()
+            SHADOW.labels(copy.name, "dropped").inc()
             return
-        task = asyncio.create_task(self._run(name, model, features, primary, deadline, stats))
+        task = asyncio.create_task(self._run(copy, stats))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _run(
-        self,
-        name: str,
-        model: ModelRef,
-        features: Arrays,
-        primary: Arrays,
-        deadline: Deadline,
-        stats: ShadowStats,
-    ) -> None:
-        shadow = model.shadow
+    async def _run(self, copy: Copy, stats: ShadowStats) -> None:
+        name, model, shadow = copy.name, copy.model, copy.shadow
         hop = self._up.inference[shadow.deployment]
         version = shadow.version or model.version
-        request = codec.build_request(model.name, features, version)
+        request = codec.build_request(model.name, copy.features, version)
         started = time.monotonic()
         try:
-            reply = await hop.call("ModelInfer", request, deadline)
+            reply = await hop.call("ModelInfer", request, copy.deadline)
         except StrataError as exc:
             stats.errors += 1
             SHADOW.labels(name, "error").inc()
@@ -96,7 +98,7 @@ class ShadowRunner:
             return
         stats.latencies.append(time.monotonic() - started)
         stats.compared += 1
-        same = agree(primary, codec.response_outputs(reply))
+        same = agree(copy.primary, codec.response_outputs(reply))
         stats.agreed += same
         SHADOW.labels(name, "agree" if same else "disagree").inc()
 

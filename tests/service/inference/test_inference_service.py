@@ -17,8 +17,8 @@ import numpy as np
 import pytest
 import yaml
 
-from services.gateway.flow.chain import model_request
 from services.gateway.flow.flights import Member
+from services.gateway.flow.model_calls import model_request
 from services.gateway.request import ClientRequest
 from services.inference.app import build
 from strata import codec, flight
@@ -385,7 +385,7 @@ def test_a_flight_queues_each_member_as_its_own_request(tmp_path: Path) -> None:
 
 
 def test_each_members_own_deadline_survives_a_flight_from_the_gateway(tmp_path: Path) -> None:
-    """The gateway writes a flight (chain.model_request) of members with deadlines of their
+    """The gateway writes a flight (model_calls.model_request) of members with deadlines of their
     own; inference queues each by its own: the one whose deadline passed fails alone, though
     the call's gRPC deadline is long."""
     write_version(tmp_path / "repo", "toy", 1, dense(1), [X])
