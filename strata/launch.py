@@ -33,7 +33,6 @@ from typing import NoReturn
 import grpc
 
 import strata.pydantic_plugins  # noqa: F401  (first: before any pydantic model is built)
-from strata.codec import DTYPES
 from strata.config import ConfigError, Settings, load_settings
 from strata.config.pipelines import TensorSpec
 from strata.config.preprocess import DecodeStep
@@ -340,6 +339,8 @@ def _example_input(index: int, spec: TensorSpec, image: bool = False) -> str:
     elif spec.datatype == "BYTES":
         data = f'np.full({shape}, b"an example", dtype=object)'
     else:
+        from strata.codec import DTYPES  # here: numpy is only the banner's, once all are up
+
         data = f"np.zeros({shape}, np.{DTYPES[spec.datatype].name})"
     return (
         f'  x{index} = tc.InferInput("{spec.name}", {shape}, "{spec.datatype}")\n'
