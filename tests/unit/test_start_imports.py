@@ -36,7 +36,8 @@ NEVER = {
     "services.preprocess.__main__": (*MODELS, "tokenizers", "regex", *REST),
     # onnx only to fold a pipeline's tail into a model (services/inference/fold.py).
     "services.inference.__main__": (*MODELS[1:], *IMAGES_AND_TEXT, *REST),
-    "services.postprocess.__main__": (*MODELS, "PIL", "tokenizers", *REST),
+    # regex where a filter rule is built.
+    "services.postprocess.__main__": (*MODELS, *IMAGES_AND_TEXT, *REST),
     # The launcher imports the health check once its children are started; numpy only for
     # the banner it prints once all are up.
     "strata.launch": (
