@@ -1,19 +1,21 @@
 """Start to ready: `python -m bench.startup [--config configs/default.yaml] [--runs 1]`.
 
-Each run starts the launcher as `make run` does (`python -m strata.launch`), on the config
-moved to free loopback ports (every service's metrics page too), and waits until every
-process's `/readyz` answers 200. It prints one JSON line: the seconds from the launcher's
-start to the last ready, and each process's CPU seconds (user + system), PSS and USS (MB) at
-that moment, with their sums; then it stops the launcher (SIGTERM stops every service). With
-several runs it prints the medians last. Start-up is mostly CPU, so on a busy machine the CPU
-seconds vary less than the wall time: quote medians, beside the load average. PSS splits a
-library's pages among every process that maps them, other programs' too, so it reads lower
-while others run the same libraries; USS, what each process holds alone, does not.
+Each run starts the launcher as `make run` does (strata/ and services/ byte-compiled, then
+`python -m strata.launch`), on the config moved to free loopback ports (every service's
+metrics page too), and waits until every process's `/readyz` answers 200. It prints one
+JSON line: the seconds from the launcher's start to the last ready, and each process's CPU
+seconds (user + system), PSS and USS (MB) at that moment, with their sums; then it stops
+the launcher (SIGTERM stops every service). With several runs it prints the medians last.
+Start-up is mostly CPU, so on a busy machine the CPU seconds vary less than the wall time:
+quote medians, beside the load average. PSS splits a library's pages among every process
+that maps them, other programs' too, so it reads lower while others run the same
+libraries; USS, what each process holds alone, does not.
 """
 
 from __future__ import annotations
 
 import argparse
+import compileall
 import json
 import os
 import signal
@@ -130,6 +132,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--runs", type=int, default=1, help="starts, one after another")
     args = parser.parse_args(argv)
     os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    for package in ("strata", "services"):
+        compileall.compile_dir(ROOT / package, quiet=1)
     runs = []
     with tempfile.TemporaryDirectory(prefix="strata-startup-") as folder:
         for _ in range(args.runs):

@@ -12,10 +12,9 @@ import json
 
 import grpc
 
-from strata.config.server import ServerSettings
+from strata.config.server import ServerSettings, grpc_options
 from strata.config.tls import GATEWAY, TlsSettings
 from strata.security import channel_credentials, channel_options
-from strata.server import grpc_options
 
 # Eject a replica for 5 s (longer each time again) once at least half of its last second's
 # calls (at least 10) failed; never more than half the replicas, never with only one.

@@ -18,6 +18,7 @@ from pathlib import Path
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+import strata.pydantic_plugins  # noqa: F401  (first: before any pydantic model is built)
 from strata.channels import blocking_channel
 from strata.config import load_settings
 from strata.config.tls import GATEWAY, TlsSettings

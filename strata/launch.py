@@ -33,7 +33,6 @@ from typing import NoReturn
 import grpc
 
 import strata.pydantic_plugins  # noqa: F401  (first: before any pydantic model is built)
-from strata.codec import DTYPES
 from strata.config import ConfigError, Settings, load_settings
 from strata.config.pipelines import TensorSpec
 from strata.config.preprocess import DecodeStep
@@ -339,8 +338,8 @@ def _example_input(index: int, spec: TensorSpec, image: bool = False) -> str:
         data = f'np.full({shape}, base64.b64decode("{EXAMPLE_PNG}"), dtype=object)'
     elif spec.datatype == "BYTES":
         data = f'np.full({shape}, b"an example", dtype=object)'
-    else:
-        data = f"np.zeros({shape}, np.{DTYPES[spec.datatype].name})"
+    else:  # numpy's name for a v2 datatype (FP32: float32), without importing numpy here
+        data = f"np.zeros({shape}, np.{spec.datatype.lower().replace('fp', 'float')})"
     return (
         f'  x{index} = tc.InferInput("{spec.name}", {shape}, "{spec.datatype}")\n'
         f"  x{index}.set_data_from_numpy({data})\n"

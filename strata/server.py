@@ -24,7 +24,7 @@ from grpc_reflection.v1alpha._async import ReflectionServicer
 from opentelemetry import trace
 
 from strata.collector import Frozen
-from strata.config.server import ServerSettings
+from strata.config.server import ServerSettings, grpc_options
 from strata.config.tls import TlsSettings
 from strata.exits import AddressUnusable, bind_problem
 from strata.launched import launched_by
@@ -60,14 +60,6 @@ def _reuse_port() -> tuple[str, int]:
 
 # (servicer, add_to_server function, full service name)
 Registration = tuple[object, Callable[[object, grpc.aio.Server], None], str]
-
-
-def grpc_options(settings: ServerSettings) -> list[tuple[str, int]]:
-    """Channel arguments servers and channels share."""
-    return [
-        ("grpc.max_send_message_length", settings.max_message_bytes),
-        ("grpc.max_receive_message_length", settings.max_message_bytes),
-    ]
 
 
 @dataclass

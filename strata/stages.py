@@ -24,13 +24,15 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
-from typing import Any, Generic, NoReturn, Protocol, TypeVar, runtime_checkable
+from typing import TYPE_CHECKING, Any, Generic, NoReturn, Protocol, TypeVar, runtime_checkable
 
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
-from strata.codec import Arrays
 from strata.errors import StrataError, Unavailable, cut
-from strata.plugins import Rule, RuleContext, Step
+
+if TYPE_CHECKING:  # names only: the config (and the launcher) reads this without numpy
+    from strata.codec import Arrays
+    from strata.plugins import Rule, RuleContext, Step
 
 __all__ = [
     "Family",

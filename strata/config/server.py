@@ -104,6 +104,15 @@ class ServerSettings(Strict):
     )
 
 
+def grpc_options(settings: ServerSettings) -> list[tuple[str, int]]:
+    """Channel arguments servers and channels share (here, below both, so that a channel,
+    as the launcher's health checks open, does not load the serving stack)."""
+    return [
+        ("grpc.max_send_message_length", settings.max_message_bytes),
+        ("grpc.max_receive_message_length", settings.max_message_bytes),
+    ]
+
+
 class TelemetrySettings(Strict):
     """Tracing; exporting happens only when an OTLP endpoint is set."""
 

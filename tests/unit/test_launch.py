@@ -9,8 +9,10 @@ import pytest
 import yaml
 
 from services.preprocess.steps import build_step_options
+from strata.codec import DTYPES
 from strata.config import Settings, load_settings
-from strata.launch import EXAMPLE_PNG, Backoff, banner, exit_reason
+from strata.config.pipelines import TensorSpec
+from strata.launch import EXAMPLE_PNG, Backoff, _example_input, banner, exit_reason
 from tests.support.system import ROOT
 
 
@@ -87,3 +89,10 @@ def test_the_banner_sends_a_real_image_to_a_pipeline_that_decodes_one(tmp_path: 
     decode = build_step_options("decode", steps[0], tmp_path)
     image = decode.process({"image": np.array([base64.b64decode(EXAMPLE_PNG)], dtype=object)})
     assert image["image"].shape == (1, 64, 64, 3)
+
+
+@pytest.mark.parametrize("datatype", sorted(set(DTYPES) - {"BYTES"}))
+def test_the_banner_names_each_datatype_as_numpy_does(datatype: str) -> None:
+    # The launcher names them without importing numpy (it starts its children before that).
+    line = _example_input(0, TensorSpec(name="x", datatype=datatype, shape=[-1, 2]))
+    assert f"np.zeros([1, 2], np.{DTYPES[datatype].name})" in line

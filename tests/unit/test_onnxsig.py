@@ -4,6 +4,7 @@ format (initializers among the inputs, unnamed dimensions, scalars, sequences, s
 
 from __future__ import annotations
 
+import tracemalloc
 from pathlib import Path
 
 import numpy as np
@@ -93,6 +94,7 @@ def test_a_shape_the_file_leaves_out_is_inferred_by_a_session(tmp_path: Path) ->
 @pytest.mark.parametrize(
     "content, why",
     [
+        (b"", "no graph"),
         (b"not an onnx model", "wire type 6"),
         (b"\x08\x07", "no graph"),
         (b"\x3a\x05abc", "truncated"),
@@ -107,3 +109,27 @@ def test_a_file_that_is_no_model_is_refused_by_name(
     path.write_bytes(content)
     with pytest.raises(ValueError, match=f"cannot read 1/model.onnx: .*{why}"):
         onnxsig.read(path)
+
+
+def test_a_model_is_read_without_copying_its_weights_into_memory(tmp_path: Path) -> None:
+    # A serving process keeps its heap rather than trims it (strata.allocator): a copy of an
+    # 8 MB model read once at start would stay for the life of the process.
+    weights = numpy_helper.from_array(np.zeros((1024, 1024), np.float32), "w")
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["y"])],
+        "big",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 1024])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 1024])],
+        [weights],
+    )
+    path = tmp_path / "model.onnx"
+    onnx.save(helper.make_model(graph), path)
+    assert path.stat().st_size > 4_000_000
+    tracemalloc.start()
+    try:
+        inputs, outputs = onnxsig.read(path)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert [i.name for i in inputs] == ["x"] and [o.name for o in outputs] == ["y"]
+    assert peak < 100_000

@@ -36,17 +36,23 @@ NEVER = {
     "services.preprocess.__main__": (*MODELS, "tokenizers", "regex", *REST),
     # onnx only to fold a pipeline's tail into a model (services/inference/fold.py).
     "services.inference.__main__": (*MODELS[1:], *IMAGES_AND_TEXT, *REST),
-    "services.postprocess.__main__": (*MODELS, "PIL", "tokenizers", *REST),
-    # The launcher imports the health check once its children are started.
+    # regex where a filter rule is built.
+    "services.postprocess.__main__": (*MODELS, *IMAGES_AND_TEXT, *REST),
+    # The launcher imports the health check once its children are started; numpy only for
+    # the banner it prints once all are up.
     "strata.launch": (
         *MODELS,
         *IMAGES_AND_TEXT,
         *REST,
+        "numpy",
         "strata.healthcheck",
         "strata.server",
         "opentelemetry.sdk",
         "prometheus_client",
     ),
+    # What the launcher polls its children with (and a container's probe): a channel and
+    # the health stub, not the serving stack.
+    "strata.healthcheck": (*MODELS, *IMAGES_AND_TEXT, *REST, "strata.server", "opentelemetry.sdk"),
 }
 
 

@@ -10,14 +10,17 @@ from __future__ import annotations
 
 from dataclasses import InitVar, dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
-import regex
 
 from services.postprocess.rules.base import RULES, OneInput, load_list
 from strata.codec import Arrays
 from strata.config.postprocess import FilterSpec, KeywordFilterRule, RegexFilterRule
 from strata.plugins import RuleContext, take, texts
+
+if TYPE_CHECKING:  # imported where a filter is built: a config without one never loads it
+    import regex
 
 
 class TextFilter(OneInput):
@@ -52,6 +55,8 @@ class TextFilter(OneInput):
 
 
 def _compile(source: str, ignore_case: bool) -> regex.Pattern[str]:
+    import regex
+
     flags = regex.IGNORECASE if ignore_case else 0
     try:
         return regex.compile(source, flags)
@@ -88,6 +93,8 @@ class KeywordFilter(TextFilter):
     repository: InitVar[Path]
 
     def __post_init__(self, repository: Path) -> None:
+        import regex
+
         options = self.options
         if options.keywords_file is not None:
             keywords = load_list(repository / options.keywords_file, "keywords")
