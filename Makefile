@@ -57,9 +57,11 @@ run: $(STAMP_MODELS)
 
 # The suite in parallel (pytest-xdist): a module (a package, where its fixtures are shared) is
 # one worker's unit, heaviest first (tests/support/spread.py). The tests mostly wait on the
-# processes they start, so more workers than cores pay.
+# processes they start, so more workers than cores pay. Byte-compiled first, as for `run`: the
+# suite starts some hundreds of service processes.
 TEST_WORKERS ?= 4
 test: $(STAMP_MODELS) $(STAMP_MODELS_TEXT) $(COMPOSE_SCHEMA) lint
+	$(PY) -m compileall -q strata services bench
 	$(PY) -m pytest -n $(TEST_WORKERS) -m "not timing and not bench"
 	$(PY) -m pytest -m "timing and not bench"
 
