@@ -6,20 +6,30 @@ default registry, which also carries the process collector (RSS, CPU seconds).
 The same port answers container probes for next to nothing: `/livez` is 200 while the
 process answers at all, `/readyz` 200 while its gRPC health service says SERVING (503 while
 it starts or drains). `strata/probe.py` asks it without importing the serving stack.
+
+A process whose environment sets `STRATA_TRACE_MEMORY` (the operator's switch: no caller can
+throw it) traces Python's allocations from the moment its page is served, its imports and
+start-up behind it, and the page reports `strata_python_traced_bytes`: what Python holds,
+after a full collection, of what it allocated since. A test or an operator hunting a leak
+watches it from outside (tests/e2e/test_gateway_memory.py). Without the switch (or Python's
+own PYTHONTRACEMALLOC) the page has no such metric and nothing is traced.
 """
 
 from __future__ import annotations
 
+import gc
 import logging
+import os
 import socket
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from socketserver import ThreadingMixIn
 from typing import Generic, TypeVar
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 from wsgiref.types import StartResponse, WSGIApplication, WSGIEnvironment
 
 from prometheus_client import (
+    REGISTRY,
     CollectorRegistry,
     Counter,
     Gauge,
@@ -27,6 +37,8 @@ from prometheus_client import (
     make_wsgi_app,
     multiprocess,
 )
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
 
 log = logging.getLogger(__name__)
 
@@ -83,10 +95,38 @@ class _Quiet(WSGIRequestHandler):
         """Probes every few seconds would otherwise fill stderr."""
 
 
+TRACE_MEMORY = "STRATA_TRACE_MEMORY"  # set in a process's environment: trace its allocations
+
+
+class TracedMemory(Collector):
+    """What Python holds, as tracemalloc counts it, while tracemalloc traces."""
+
+    NAME = "strata_python_traced_bytes"
+    HELP = "Bytes Python holds after a full collection, of what it allocated since tracing began."
+
+    def describe(self) -> list[GaugeMetricFamily]:
+        return [GaugeMetricFamily(self.NAME, self.HELP)]
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        import tracemalloc  # here: a process that never traces never imports it
+
+        if tracemalloc.is_tracing():
+            gc.collect()  # cyclic garbage is not retained, only not yet freed
+            held = tracemalloc.get_traced_memory()[0]
+            yield GaugeMetricFamily(self.NAME, self.HELP, value=held)
+
+
+REGISTRY.register(TracedMemory())
+
+
 def serve_metrics(address: str | None) -> None:
     """Serve /metrics, /livez and /readyz on `address` (host:port) in a background thread,
     if one is set. OSError when the address cannot be bound."""
     if address:
+        if os.environ.get(TRACE_MEMORY):
+            import tracemalloc  # here: a process that never traces never imports it
+
+            tracemalloc.start()
         _serve(address, make_wsgi_app(), lambda: READINESS.serving)
 
 

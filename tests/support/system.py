@@ -95,8 +95,10 @@ def running_system(
     folder: Path,
     changes: dict[str, Any] | Callable[[], dict[str, Any]] | None = None,
     env: dict[str, str] | None = None,
+    launcher: type[Supervisor] = Supervisor,
 ) -> Iterator[Supervisor]:
-    """All four services as processes; stopped (SIGTERM) when the block ends.
+    """All four services as processes, started by `launcher`; stopped (SIGTERM) when the
+    block ends.
 
     The ports are chosen free, then bound by the services a moment later: another process
     (this machine runs many suites) may take one in between. A start that fails for a port
@@ -105,7 +107,7 @@ def running_system(
 
     def build() -> Supervisor:
         config = make_config(folder, changes() if callable(changes) else changes)
-        return Supervisor(config, load_settings(config), log_dir=folder, env=env)
+        return launcher(config, load_settings(config), log_dir=folder, env=env)
 
     supervisor = start_on_fresh_ports(build)
     try:
