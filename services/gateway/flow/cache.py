@@ -15,7 +15,7 @@ import hashlib
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -68,10 +68,13 @@ class ResultCache:
         return value
 
     def put(self, key: str, value: Cached) -> None:
+        """Keep `value` under `key`; its outputs are copied where they are views, so that an
+        entry holds its own rows, never the whole flight's buffers they were sliced from."""
         if self.settings.max_entries == 0:
             return
         now = self._clock()
-        self._entries[key] = (now + self.settings.ttl_seconds, value)
+        owned = {name: a if a.base is None else a.copy() for name, a in value.outputs.items()}
+        self._entries[key] = (now + self.settings.ttl_seconds, replace(value, outputs=owned))
         self._entries.move_to_end(key)
         if len(self._entries) > self.settings.max_entries:
             self._entries.popitem(last=False)

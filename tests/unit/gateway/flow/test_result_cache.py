@@ -17,9 +17,20 @@ def test_cache_is_bounded_and_expires() -> None:
     answer = Cached({"y": np.ones(1)}, "a", "1")
     for key in ("k1", "k2", "k3"):
         cache.put(key, answer)
-    assert cache.get("k1") is None and cache.get("k3") is answer and len(cache) == 2
+    hit = cache.get("k3")
+    assert cache.get("k1") is None and hit is not None and len(cache) == 2
+    assert hit.outputs["y"] is answer.outputs["y"]  # its own array already: kept, not copied
     clock.now += 11
     assert cache.get("k3") is None
+
+
+def test_an_entry_holds_its_own_rows_not_the_flights_buffer() -> None:
+    flight = np.arange(16 * 384, dtype=np.float32).reshape(16, 384)  # a flight's decoded output
+    cache = ResultCache(Cache(max_entries=4, ttl_seconds=10), Clock())
+    cache.put("k", Cached({"embedding": flight[3:4]}, "a", "1"))
+    hit = cache.get("k")
+    assert hit is not None and hit.outputs["embedding"].base is None
+    np.testing.assert_array_equal(hit.outputs["embedding"], flight[3:4])
 
 
 def raw(name: str, array: np.ndarray) -> list[Raw]:
