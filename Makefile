@@ -53,7 +53,7 @@ $(STAMP_MODELS_TEXT): $(STAMP_PROTO) $(STAMP_CONVERT) $(shell find strata/conver
 # otherwise compile strata/ and services/ again as it starts (some 0.1-0.2 s of CPU apiece).
 run: $(STAMP_MODELS)
 	$(PY) -m compileall -q strata services
-	$(PY) -m strata.launch --config $(CONFIG)
+	$(PY) -m strata.tools.launch --config $(CONFIG)
 
 # The suite in parallel (pytest-xdist): a module (a package, where its fixtures are shared) is
 # one worker's unit, heaviest first (tests/support/spread.py). The tests mostly wait on the
@@ -100,7 +100,7 @@ certs: $(STAMP_VENV)
 
 # Print span trees: run this, then `STRATA_TELEMETRY__OTLP_ENDPOINT=http://127.0.0.1:4317 make run`.
 trace: $(STAMP_PROTO)
-	$(PY) -m strata.traces --follow
+	$(PY) -m strata.telemetry.traces --follow
 
 bench: $(STAMP_MODELS) $(STAMP_MODELS_TEXT)
 	$(PY) -m bench --config $(CONFIG)

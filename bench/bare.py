@@ -17,9 +17,9 @@ from pathlib import Path
 import grpc
 import onnxruntime
 
-from strata import codec
 from strata.proto.inference import grpc_service_pb2 as v2
 from strata.proto.inference import grpc_service_pb2_grpc as v2_grpc
+from strata.wire import codec
 
 
 def session(path: Path) -> onnxruntime.InferenceSession:

@@ -30,10 +30,11 @@ from bench.openloop import Run, ServiceProcess, open_loop, saturate, settle
 from bench.report import Measured, Plan, Row, digest, table, write
 from services.inference import validation
 from services.inference.manifest import read_spec
-from strata import codec, repository
 from strata.config import Settings, load_settings
+from strata.models import repository
 from strata.proto.inference import grpc_service_pb2 as v2
 from strata.proto.inference import grpc_service_pb2_grpc as v2_grpc
+from strata.wire import codec
 
 RESULTS = Path(__file__).resolve().parent / "results"
 FULL = Plan(3.0, (0.1, 0.3, 0.6, 0.9, 1.2, 1.6), 0.5, 2.0)

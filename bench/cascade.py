@@ -53,9 +53,9 @@ from bench.measure import Point, closed, point
 from bench.report import machine
 from bench.suite_report import clean
 from bench.text import sentences
-from strata import codec
 from strata.config import load_settings
 from strata.proto.inference import grpc_service_pb2_grpc as v2_grpc
+from strata.wire import codec
 
 RESULTS = Path(__file__).resolve().parent / "results"
 CLIENT = (("x-client-id", "strata-bench"),)

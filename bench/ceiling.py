@@ -15,7 +15,7 @@ import numpy as np
 
 from services.inference.manifest import ModelSpec
 from services.inference.model import open_session
-from strata.codec import Arrays
+from strata.wire.codec import Arrays
 
 
 @dataclass(frozen=True)

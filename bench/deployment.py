@@ -1,4 +1,4 @@
-"""The system under test: a deployment config on free loopback ports, run by strata.launch.
+"""The system under test: a deployment config on free loopback ports, run by strata.tools.launch.
 
 The benchmarks measure the config they are given, changed only where one machine and a
 benchmark need it: every service on a free port (replica counts kept), no metrics ports (but
@@ -21,7 +21,7 @@ import yaml
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
 
 from strata.config import Settings, load_settings
-from strata.launch import Supervisor, start_on_fresh_ports
+from strata.tools.launch import Supervisor, start_on_fresh_ports
 
 START_TIMEOUT = 120.0  # seconds for every service to say SERVING (model loading, warm-up)
 
@@ -142,7 +142,7 @@ class CountingReceiver:
     """The OTLP/gRPC endpoint that tracing-on runs export to: it keeps each export's bytes as
     they came and counts the spans in them only when asked, after the run. A collector runs on
     other machines in a deployment; here it shares the benchmark's two cores, so it does no
-    more work while the system is measured than receiving (strata.traces.Receiver, which
+    more work while the system is measured than receiving (strata.telemetry.traces.Receiver, which
     decodes every span into Python objects as it comes, took 0.13 ms of CPU per request)."""
 
     def __init__(self) -> None:

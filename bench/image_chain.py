@@ -38,8 +38,8 @@ from bench.load.worker import INFER
 from bench.measure import closed
 from bench.peers import cpu
 from bench.peers.per_process import cpu_table
-from strata import codec
-from strata.launch import ROOT, Supervisor
+from strata.tools.launch import ROOT, Supervisor
+from strata.wire import codec
 
 RESULTS = Path(__file__).resolve().parent / "results"
 MODEL = "vision"

@@ -27,7 +27,7 @@ from bench.image_chain import CLIENT, WARM_SECONDS, image_config
 from bench.load import LoadPool, Plan
 from bench.load.worker import INFER
 from bench.measure import closed
-from strata.launch import Supervisor
+from strata.tools.launch import Supervisor
 
 Variant = tuple[int, int]  # preprocess replicas, preprocess.threads
 

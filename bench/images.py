@@ -33,10 +33,10 @@ from PIL import Image
 from bench.peers.photo import MEAN, STD, reference
 from services.preprocess.pipeline import PreprocessPipeline
 from services.preprocess.steps import build_step_options
-from strata import codec
 from strata.config import load_settings
-from strata.launch import ROOT, Supervisor
 from strata.proto.v1 import preprocess_pb2_grpc, tensor_pb2
+from strata.tools.launch import ROOT, Supervisor
+from strata.wire import codec
 
 STEPS = [
     ("decode", {"input": "image", "mode": "RGB"}),

@@ -55,7 +55,7 @@ from bench.load.worker import INFER
 from bench.measure import closed, opened
 from bench.workloads import has_dataset, workload
 from strata.config import load_settings
-from strata.launch import Supervisor
+from strata.tools.launch import Supervisor
 
 RESULTS = Path(__file__).resolve().parent / "results"
 CLIENT = (("x-client-id", "strata-bench"),)

@@ -43,7 +43,7 @@ from bench.peers.images import WORKLOADS
 from bench.peers.per_process import front_to_back
 from bench.peers.run import CLIENT, RESULTS
 from bench.profile_stacks import Profile, table
-from strata.launch import ROOT
+from strata.tools.launch import ROOT
 
 WARM_SECONDS = 2.0
 SPY_GRACE_SECONDS = 30.0  # py-spy's start and its writing the file, beyond the sampling

@@ -31,7 +31,7 @@ CATEGORIES: tuple[tuple[str, tuple[str, ...]], ...] = (
             "services/postprocess/rules/",
         ),
     ),
-    ("(de)serialising", ("google/protobuf", "google/_upb", "_pb2.py", "strata/codec.py")),
+    ("(de)serialising", ("google/protobuf", "google/_upb", "_pb2.py", "strata/wire/codec.py")),
     ("gRPC", ("grpc/", "grpc_health", "grpc_reflection")),
     ("loop", ("asyncio/", "uvloop")),
     ("Strata", ("strata/", "services/")),

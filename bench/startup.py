@@ -1,7 +1,7 @@
 """Start to ready: `python -m bench.startup [--config configs/default.yaml] [--runs 1]`.
 
 Each run starts the launcher as `make run` does (strata/ and services/ byte-compiled, then
-`python -m strata.launch`), on the config moved to free loopback ports (every service's
+`python -m strata.tools.launch`), on the config moved to free loopback ports (every service's
 metrics page too), and waits until every process's `/readyz` answers 200. It prints one
 JSON line: the seconds from the launcher's start to the last ready, and each process's CPU
 seconds (user + system), PSS and USS (MB) at that moment, with their sums; then it stops
@@ -32,7 +32,7 @@ import yaml
 
 from bench.deployment import free_port
 from strata.config import load_settings
-from strata.probe import status
+from strata.tools.probe import status
 
 ROOT = Path(__file__).resolve().parent.parent
 TIMEOUT_SECONDS = 120.0
@@ -82,7 +82,7 @@ def ready(address: str) -> bool:
 def run_once(config: Path) -> dict[str, Any]:
     """One start of the launcher on `config`: seconds to ready, and each process's CPU and PSS."""
     waiting = probes(config)
-    command = [sys.executable, "-m", "strata.launch", "--config", str(config)]
+    command = [sys.executable, "-m", "strata.tools.launch", "--config", str(config)]
     started = time.monotonic()
     launcher = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL)
     try:

@@ -11,7 +11,7 @@ One run on one machine, every figure measured in the same run so the ratios betw
    throughput, goodput (full answers within the pipeline's latency objective), P50/P95/P99,
    errors by code, and the highest degradation level the gateway reached (admin Status);
 4. all of 2 and 3 again with tracing on: every service exporting spans over OTLP to an
-   in-process receiver (strata.traces.Receiver).
+   in-process receiver (strata.telemetry.traces.Receiver).
 
 Results go to `--out` (bench/results/): suite.md, suite.json, and two plots — latency
 against throughput, and the degradation level over time.
@@ -39,7 +39,7 @@ from bench.suite_report import print_tables, write
 from bench.suite_results import PipelineRun, Step, Suite, SuitePlan, SystemRun
 from bench.workloads import Workload, has_dataset, workload
 from strata.config import load_settings
-from strata.launch import Supervisor
+from strata.tools.launch import Supervisor
 
 RESULTS = Path(__file__).resolve().parent / "results"
 CLIENT = (("x-client-id", "strata-bench"),)

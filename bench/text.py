@@ -33,12 +33,12 @@ import onnxruntime as ort
 import yaml
 from tokenizers import Tokenizer
 
-from strata import codec
 from strata.config import Settings, load_settings
 from strata.config.pipelines import Pipeline
 from strata.config.preprocess import TokenizeStep
-from strata.launch import Supervisor
 from strata.proto.inference import grpc_service_pb2_grpc as v2_grpc
+from strata.tools.launch import Supervisor
+from strata.wire import codec
 
 RESULTS = Path(__file__).resolve().parent / "results"
 PIPELINES = ("embed", "embed-int8")

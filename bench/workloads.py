@@ -17,9 +17,10 @@ import numpy as np
 from bench.load.data import DATASETS, from_arrays
 from services.inference import validation
 from services.inference.manifest import ModelSpec, read_spec
-from strata import codec, repository
-from strata.codec import Arrays
 from strata.config import Settings
+from strata.models import repository
+from strata.wire import codec
+from strata.wire.codec import Arrays
 
 
 @dataclass(frozen=True)

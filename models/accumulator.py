@@ -23,11 +23,11 @@ import yaml
 from onnx import TensorProto, helper
 
 from models.onnx_export import IR_VERSION, OPSET, session
-from strata.repository import write_npz
+from strata.models.repository import write_npz
 
 NAME = "accumulator"
 MAX_BATCH_SIZE = 64
-# model.yaml: how the inference service drives it (strata.sequences.ModelSequence).
+# model.yaml: how the inference service drives it (strata.wire.triton_sequences.ModelSequence).
 CONFIG: dict[str, Any] = {
     "platform": "onnxruntime_onnx",
     "max_batch_size": MAX_BATCH_SIZE,

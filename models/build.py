@@ -20,7 +20,7 @@ from threadpoolctl import threadpool_limits
 from models import accumulator, digits, repeat, tabular
 from models.common import BuiltModel
 from models.onnx_export import session
-from strata.repository import write_npz
+from strata.models.repository import write_npz
 
 # Keyed by name, or name@version for a model's later versions.
 BUILDERS: dict[str, Callable[[Path], BuiltModel]] = {

@@ -23,7 +23,7 @@ import yaml
 from onnx import TensorProto, helper
 
 from models.onnx_export import IR_VERSION, OPSET, session
-from strata.repository import write_npz
+from strata.models.repository import write_npz
 
 NAME = "repeat"
 # model.yaml. WAIT's fixed shape makes the model unbatchable: each request runs alone.

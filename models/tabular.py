@@ -8,7 +8,7 @@ import numpy as np
 
 from models.common import SEED, TEST_SIZE, BuiltModel, StepSpec, run_steps
 from models.onnx_export import dense_model
-from strata.normalisation import fit_stats, save_stats
+from strata.models.normalisation import fit_stats, save_stats
 
 NAME = "tabular"
 STATS_PATH = "tabular/1/stats.json"

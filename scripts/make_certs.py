@@ -1,7 +1,7 @@
 """A development CA and a certificate per identity, for mutual TLS between layers (`make certs`).
 
 Writes a folder per identity into the output folder, each holding `tls.crt`, `tls.key` and
-`ca.crt` (the layout strata.security reads and a Kubernetes TLS Secret mounts), and a
+`ca.crt` (the layout strata.security.credentials reads and a Kubernetes TLS Secret mounts), and a
 `kustomization.yaml` making one Secret per identity, `strata-tls-NAME`
 (`kubectl apply -k build/certs -n strata-dev`). Identities: `gateway` (what the gateway presents
 to the layers), `gateway-public` (its client-facing port), `preprocess`, `inference` (both
@@ -34,7 +34,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from strata.config.tls import CA, CERT, GATEWAY, KEY, public_identity
-from strata.security import key_hash, spiffe_id
+from strata.security.credentials import key_hash, spiffe_id
 
 SERVER, CLIENT = ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH
 # Identity: (the hosts it is dialled by, its uses). A layer is a client too when its container

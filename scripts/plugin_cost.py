@@ -2,8 +2,8 @@
 
 Two preprocess pipelines differ only in their first step: the built-in `resize`, or
 tests.support.plugins:Resize, the built-in's own class loaded as a plugin (so the guard is
-all that differs). Each flight goes through `strata.v1process` as the preprocess service runs it
-(decode, the steps, stack, encode), alternating the two pipelines; the medians are printed.
+all that differs). Each flight goes through `strata.calls.v1process` as the preprocess service runs
+it (decode, the steps, stack, encode), alternating the two pipelines; the medians are printed.
 
     .venv/bin/python scripts/plugin_cost.py [--rows 1 16 64] [--repeat 2000]
 """
@@ -21,9 +21,9 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from services.preprocess.pipeline import PreprocessPipelines, build_pipeline
+from strata.calls.v1process import process_all
 from strata.config.pipelines import Pipeline
 from strata.proto.v1 import tensor_pb2 as v1
-from strata.v1process import process_all
 from tests.support.flight_requests import flight
 
 RESIZE = {"input": "images", "height": 8, "width": 8, "interpolation": "area"}

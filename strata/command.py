@@ -10,8 +10,8 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from strata import admin
 from strata.convert import cli as convert_cli
+from strata.tools import admin_client
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -21,9 +21,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     convert_cli.add_arguments(
         commands.add_parser("convert", help=convert_cli.__doc__.splitlines()[0])
     )
-    admin.add_arguments(commands.add_parser("admin", help=admin.__doc__.splitlines()[0]))
+    admin_client.add_arguments(
+        commands.add_parser("admin", help=admin_client.__doc__.splitlines()[0])
+    )
     args = parser.parse_args(argv)
-    return admin.run(args) if args.command == "admin" else convert_cli.run(args)
+    return admin_client.run(args) if args.command == "admin" else convert_cli.run(args)
 
 
 if __name__ == "__main__":

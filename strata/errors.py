@@ -1,6 +1,6 @@
 """One error hierarchy and one mapping to gRPC status codes, for every hop.
 
-Domain code raises these; servicers wrap their methods with strata.grpc_errors, which turns
+Domain code raises these; servicers wrap their methods with strata.calls.grpc_errors, which turns
 them into statuses. An unexpected exception becomes a generic INTERNAL that leaks no internals.
 This module depends on nothing else in the package: every floor above may raise its errors.
 """

@@ -24,9 +24,9 @@ from google.protobuf.message import DecodeError, Message
 from bench.load import codes, rest
 from bench.load.options import Options, UsageError
 from bench.load.transport import blocking_channel
-from strata import codec
 from strata.proto.inference import grpc_service_pb2 as v2
 from strata.proto.inference import grpc_service_pb2_grpc as v2_grpc
+from strata.wire import codec
 
 DATASETS = Path(__file__).resolve().parents[2] / "build" / "data"
 MAX_MESSAGES = 4096  # distinct requests prepared from a data set; they are sent in turn

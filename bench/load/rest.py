@@ -17,8 +17,8 @@ from urllib.parse import quote, unquote, urlsplit
 
 import numpy as np
 
-from strata import codec
 from strata.proto.inference import grpc_service_pb2 as v2
+from strata.wire import codec
 
 SCHEME = "http"
 _INFER = re.compile(r"/v2/models/(?P<model>[^/]+)(?:/versions/(?P<version>[^/]+))?/infer")

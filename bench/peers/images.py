@@ -65,9 +65,9 @@ from bench.peers.servers import (
     server_process,
 )
 from bench.text import SENTENCES
-from strata import codec
 from strata.config import load_settings
-from strata.launch import ROOT as PROJECT
+from strata.tools.launch import ROOT as PROJECT
+from strata.wire import codec
 
 FULL = Timing((1, 16, 64), 10.0, 2.0)
 OBJECTIVE = 10.0  # seconds: goodput is not what this compares

@@ -42,18 +42,18 @@ from services.gateway.upstream.arms import ArmBook
 from services.gateway.upstream.router import Router
 from services.gateway.upstream.sequences import Sequences
 from services.gateway.upstream.upstreams import Upstreams
-from strata import limits
-from strata.cli import Service
 from strata.config import Settings
 from strata.config.pipelines import Route
 from strata.config.preprocess import per_version
 from strata.config.tls import GATEWAY
-from strata.exits import AddressUnusable
+from strata.process.exits import AddressUnusable
+from strata.process.workers import Parent, Shared, sharing
 from strata.proto.inference import grpc_service_pb2, grpc_service_pb2_grpc
 from strata.proto.v1 import admin_pb2, admin_pb2_grpc
-from strata.security import KeyRing
-from strata.server import Companion, Registration, Running, start_server
-from strata.workers import Parent, Shared, sharing
+from strata.rpc.main import Service
+from strata.rpc.server import Companion, Registration, Running, start_server
+from strata.security.credentials import KeyRing
+from strata.wire import limits
 
 log = logging.getLogger(__name__)
 

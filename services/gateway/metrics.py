@@ -2,7 +2,7 @@
 
 from prometheus_client import Counter, Gauge, Histogram
 
-from strata.metrics import LATENCY_BUCKETS, Children
+from strata.telemetry.metrics import LATENCY_BUCKETS, Children
 
 REQUESTS = Children(Counter(
     "strata_gateway_requests",

@@ -6,11 +6,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from strata.codec import Arrays
 from strata.config.pipelines import Pipeline, Route
-from strata.deadline import Deadline
-from strata.sequences import Flags
-from strata.stack import Raw
+from strata.wire.codec import Arrays
+from strata.wire.deadline import Deadline
+from strata.wire.stack import Raw
+from strata.wire.triton_sequences import Flags
 
 
 @dataclass(frozen=True)

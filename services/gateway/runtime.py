@@ -30,13 +30,13 @@ from services.gateway.metrics import LEVEL, LEVEL_CHANGES
 from services.gateway.upstream.arms import ArmBook
 from services.gateway.upstream.router import Router
 from services.gateway.upstream.upstreams import Upstreams
-from strata import telemetry
 from strata.config import ConfigError, Settings, load_settings
 from strata.config.base import live_fields
 from strata.config.gateway import GatewaySettings
 from strata.config.pipelines import Pipeline
 from strata.errors import NotFound, NotReady, StrataError, listed, shown
-from strata.workers import sharing
+from strata.process.workers import sharing
+from strata.telemetry import tracing
 
 log = logging.getLogger(__name__)
 LIVE_GATEWAY = live_fields(GatewaySettings)
@@ -91,7 +91,7 @@ class Runtime:
     def start(self) -> None:
         """Start deciding the degradation level once per tick, and probing the door for it;
         in one of several gateway processes, re-read the config file on SIGHUP
-        (strata.workers)."""
+        (strata.process.workers)."""
         self._ticker = asyncio.create_task(self._tick_forever())
         self.door_probe.start()
         if sharing():
@@ -199,7 +199,7 @@ def _apply_telemetry(old: Settings, new: Settings) -> list[str]:
     ratio = new.telemetry.sample_ratio
     if ratio == old.telemetry.sample_ratio:
         return []
-    telemetry.set_sample_ratio(ratio)
+    tracing.set_sample_ratio(ratio)
     return ["telemetry.sample_ratio"]
 
 

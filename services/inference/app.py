@@ -9,12 +9,13 @@ from services.inference import metrics
 from services.inference.manager import ModelManager
 from services.inference.rewiring import Rewiring
 from services.inference.servicer import InferenceServicer
-from strata import folding, limits
-from strata.cli import Service
 from strata.config import Settings
 from strata.errors import StrataError
-from strata.exits import ModelUnusable
+from strata.process.exits import ModelUnusable
 from strata.proto.inference import grpc_service_pb2, grpc_service_pb2_grpc
+from strata.rpc.main import Service
+from strata.shapes import folding
+from strata.wire import limits
 
 
 async def build(settings: Settings) -> Service:

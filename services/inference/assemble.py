@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from services.inference.signature import Signature
-from strata.codec import Arrays
+from strata.wire.codec import Arrays
 
 
 @dataclass(frozen=True)

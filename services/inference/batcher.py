@@ -29,10 +29,10 @@ from services.inference import statistics as reasons
 from services.inference.batching_policy import ArrivalRate, ExecutionModel, Utilization, make_policy
 from services.inference.jobs import Job, JobQueue, Request, State
 from services.inference.statistics import VersionStats
-from strata.codec import Arrays
 from strata.config.inference import InferenceSettings
-from strata.deadline import Deadline
 from strata.errors import DeadlineExceeded, Overloaded, Unavailable
+from strata.wire.codec import Arrays
+from strata.wire.deadline import Deadline
 
 log = logging.getLogger(__name__)
 

@@ -24,8 +24,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from services.inference.signature import Signature
-from strata.codec import DTYPES, Arrays
 from strata.errors import StrataError
+from strata.wire.codec import DTYPES, Arrays
 
 Run = Callable[[Arrays], Arrays]
 _LONG = 33  # the longer calibration row: long enough that its tokens outweigh the call

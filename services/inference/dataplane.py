@@ -1,7 +1,7 @@
 """The inference data plane: a v2 ModelInfer request, alone or a flight, run on the model
 version that serves it.
 
-A flight (strata.flight) is several client requests stacked along the first dimension: each
+A flight (strata.wire.flight) is several client requests stacked along the first dimension: each
 member is queued as a request of its own, with its own deadline and trace, so the batcher may
 batch it with others and one member's failure is its own; the answered members' outputs come
 back stacked in order and the others' errors in the response's parameters.
@@ -22,11 +22,11 @@ from services.inference.manager import ModelManager
 from services.inference.model import ModelVersion
 from services.inference.params import request_options
 from services.inference.sequences import Sequences, refuse_stateless
-from strata import codec, flight
-from strata.deadline import Deadline, earliest
 from strata.errors import NotReady, StrataError, Unavailable
 from strata.proto.inference import grpc_service_pb2 as v2
-from strata.sequences import Flags, sequence_flags
+from strata.wire import codec, flight
+from strata.wire.deadline import Deadline, earliest
+from strata.wire.triton_sequences import Flags, sequence_flags
 
 
 class DataPlane:
@@ -84,7 +84,7 @@ class DataPlane:
         options: Request,
         wanted: list[str],
     ) -> v2.ModelInferResponse:
-        """A flight (strata.flight): each member queued as a request of its own; the
+        """A flight (strata.wire.flight): each member queued as a request of its own; the
         answered members' outputs stacked in order, the others' errors in the parameters."""
         first = next(iter(arrays.values()), None)
         total = first.shape[0] if first is not None and first.ndim else 0

@@ -1,4 +1,4 @@
-"""A pipeline's normalize (and layout) tail run inside its model (strata/folding.py).
+"""A pipeline's normalize (and layout) tail run inside its model (strata/shapes/folding.py).
 
 At load, a copy of the model's graph in memory gains the pipeline's tail in front of the input
 it feeds: the new graph input is the UINT8 [batch, H, W, C] images preprocess sends, under the
@@ -19,7 +19,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from strata.errors import NotReady
-from strata.folding import Fold
+from strata.shapes.folding import Fold
 
 _PREFIX = "strata_fold"
 

@@ -17,8 +17,8 @@ from enum import Enum
 from opentelemetry.trace import Span, SpanContext
 
 from services.inference.statistics import DEADLINE, VersionStats
-from strata.codec import Arrays
-from strata.deadline import Deadline, earliest
+from strata.wire.codec import Arrays
+from strata.wire.deadline import Deadline, earliest
 
 # How many queued entries forming one batch looks at, per row of the max batch size: keeps it
 # cheap when many requests that cannot share the batch wait.

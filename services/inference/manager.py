@@ -26,10 +26,10 @@ from services.inference.metrics import LOAD_FAILURES
 from services.inference.model import ModelVersion, load_version
 from services.inference.rewiring import Rewiring
 from services.inference.statistics import VersionStats
-from strata import repository
 from strata.config.inference import InferenceSettings
 from strata.errors import InvalidArgument, NotFound, NotReady, StrataError, shown
-from strata.folding import Fold
+from strata.models import repository
+from strata.shapes.folding import Fold
 
 log = logging.getLogger(__name__)
 

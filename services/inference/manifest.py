@@ -20,7 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from strata import yamltext
 from strata.config.inference import InferenceSettings
 from strata.errors import NotReady
-from strata.sequences import ModelSequence
+from strata.wire.triton_sequences import ModelSequence
 
 
 class VersionPolicy(BaseModel):

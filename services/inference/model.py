@@ -23,12 +23,12 @@ from services.inference.manifest import ModelSpec
 from services.inference.sequence_graph import check_model
 from services.inference.signature import Signature
 from services.inference.statistics import VersionStats
-from strata.codec import Arrays
 from strata.config.inference import InferenceSettings
 from strata.errors import InvalidArgument, NotReady, StrataError, Unavailable
-from strata.folding import Fold
-from strata.normalisation import STATS_FILE, load_stats
-from strata.onnxsig import TensorInfo
+from strata.models.normalisation import STATS_FILE, load_stats
+from strata.models.onnxsig import TensorInfo
+from strata.shapes.folding import Fold
+from strata.wire.codec import Arrays
 
 log = logging.getLogger(__name__)
 
@@ -206,7 +206,7 @@ def load_version(
 ) -> ModelVersion:
     """Open, validate and warm one version folder (blocking). NotReady if it must not serve.
     `tail`: the normalize (and layout) steps of the pipelines feeding it, which it runs in
-    front of its graph (strata/folding.py)."""
+    front of its graph (strata/shapes/folding.py)."""
     check_statistics(folder, spec.trained_stats(version))
     path = folder / "model.onnx"
     cases = validation.read_cases(folder / "validation")

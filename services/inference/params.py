@@ -13,10 +13,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from services.inference.jobs import Request
-from strata.deadline import Deadline, earliest
 from strata.errors import InvalidArgument
 from strata.proto.inference import grpc_service_pb2 as v2
-from strata.sequences import flag
+from strata.wire.deadline import Deadline, earliest
+from strata.wire.triton_sequences import flag
 
 PRIORITY, TIMEOUT, SKIP_BATCHING = "priority", "timeout", "skip_batching"
 

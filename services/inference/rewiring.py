@@ -1,12 +1,12 @@
 """A model version loaded after start, re-checked against the pipelines that call it.
 
 At start, preprocess and postprocess check each pipeline's steps, rules and model stages
-against every model version its routes may call (strata.wiring), and preprocess runs its
+against every model version its routes may call (strata.shapes.wiring), and preprocess runs its
 steps once on a synthetic request to hold what they make against each version's sizes; the
 steps run only there (a plugin is imported nowhere else). So a version hot-swapped in later
 (a load, a poll) fits a pipeline as a version checked at start did when it takes and gives
 the names, datatypes and ranks that one does, and each size it fixes is one preprocess is
-known to make: from the config of the built-in steps (strata.sizes: a crop's size, a
+known to make: from the config of the built-in steps (strata.shapes.sizes: a crop's size, a
 layout's order), or the size the version checked at start took. One that does not (images
 channels last where CHW was taken, a renamed input) is refused, naming the pipeline, the
 stage and the tensor, and the versions serving keep serving; those services check their
@@ -21,9 +21,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from services.inference.model import ModelVersion
-from strata import sizes, wiring
 from strata.config.pipelines import Pipeline
 from strata.errors import NotReady
+from strata.shapes import sizes, wiring
 
 log = logging.getLogger(__name__)
 

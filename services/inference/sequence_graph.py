@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from services.inference.signature import Signature
 from strata.errors import InvalidArgument
-from strata.onnxsig import TensorInfo
-from strata.sequences import ModelSequence
+from strata.models.onnxsig import TensorInfo
+from strata.wire.triton_sequences import ModelSequence
 
 FLAG_TYPES = {"BOOL", "INT32", "FP32"}  # Triton's bool_, int32_ and fp32_false_true
 CORRID_TYPES = {"UINT64", "INT64", "UINT32", "INT32", "BYTES"}

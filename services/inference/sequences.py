@@ -12,8 +12,8 @@ zeros at its start. A request that fails leaves the state as it was, and its seq
 
 A sequence stays on the model version it started on; when that version stops serving (a
 hot swap, an unload), its next request is refused and the sequence must start again.
-Sequences are keyed by the gateway's client key (strata.sequences.SCOPE) and the id, so one
-client's ids never reach another's state.
+Sequences are keyed by the gateway's client key (strata.wire.triton_sequences.SCOPE) and the id, so
+one client's ids never reach another's state.
 """
 
 from __future__ import annotations
@@ -26,10 +26,10 @@ import numpy as np
 
 from services.inference.jobs import Request
 from services.inference.sequence_graph import row_shape
-from strata.codec import DTYPES, Arrays
 from strata.errors import InvalidArgument, StrataError
-from strata.onnxsig import TensorInfo
-from strata.sequences import Books, Flags, ModelSequence, SequenceId
+from strata.models.onnxsig import TensorInfo
+from strata.wire.codec import DTYPES, Arrays
+from strata.wire.triton_sequences import Books, Flags, ModelSequence, SequenceId
 
 if TYPE_CHECKING:
     from services.inference.model import ModelVersion

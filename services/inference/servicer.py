@@ -2,7 +2,7 @@
 data plane (dataplane.py), the rest to the model manager.
 
 Serves v2 inference, metadata and statistics, and the repository extension (index, load,
-unload) that hot-swaps model versions; all three need the admin token (strata.tokens): the
+unload) that hot-swaps model versions; all three need the admin token (strata.security.bearer): the
 index names every model folder and why a version was refused, which is the operator's.
 
 Readiness follows what is loaded: ServerReady is true only while every configured model
@@ -24,19 +24,20 @@ from services.inference.index import index_response
 from services.inference.manager import ModelManager
 from services.inference.sequences import client_tensors
 from services.inference.statistics import statistics_response
-from strata import __version__, flight
+from strata import __version__
+from strata.calls.grpc_errors import answers_unimplemented, grpc_errors
+from strata.calls.streams import DEFAULT_MAX_IN_FLIGHT
+from strata.calls.v2stream import answer_stream
 from strata.config.inference import InferenceSettings
-from strata.deadline import Deadline
 from strata.errors import InvalidArgument
-from strata.grpc_errors import answers_unimplemented, grpc_errors
 from strata.proto.inference import grpc_service_pb2 as v2
 from strata.proto.inference import grpc_service_pb2_grpc as v2_grpc
-from strata.server import Running
-from strata.streams import DEFAULT_MAX_IN_FLIGHT
-from strata.telemetry import server_span
-from strata.tokens import ControlAuth
-from strata.v2meta import metadata_response, model_config
-from strata.v2stream import answer_stream
+from strata.rpc.server import Running
+from strata.security.bearer import ControlAuth
+from strata.telemetry.tracing import server_span
+from strata.wire import flight
+from strata.wire.deadline import Deadline
+from strata.wire.v2meta import metadata_response, model_config
 
 PLATFORM = "onnxruntime_onnx"
 SERVER_NAME = "strata-inference"
@@ -167,7 +168,7 @@ class InferenceServicer(v2_grpc.GRPCInferenceServiceServicer):
         requests: AsyncIterator[v2.ModelInferRequest],
         context: Context[v2.ModelInferRequest, v2.ModelStreamInferResponse],
     ) -> AsyncIterator[v2.ModelStreamInferResponse]:
-        """Each request of the stream batched and answered on its own (strata.v2stream); a
+        """Each request of the stream batched and answered on its own (strata.calls.v2stream); a
         request's deadline is its `timeout` parameter, or the stream's."""
 
         async def infer(request: v2.ModelInferRequest) -> list[v2.ModelInferResponse]:

@@ -12,9 +12,9 @@ from collections.abc import Hashable, Mapping, Sequence
 
 import numpy as np
 
-from strata.codec import as_text, datatype_of
 from strata.errors import InvalidArgument
-from strata.onnxsig import TensorInfo
+from strata.models.onnxsig import TensorInfo
+from strata.wire.codec import as_text, datatype_of
 
 
 class Signature:

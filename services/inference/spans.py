@@ -18,7 +18,7 @@ from opentelemetry import trace
 from opentelemetry.context import Context
 from opentelemetry.trace import Link, Span, SpanContext, Status, StatusCode
 
-from strata import propagation
+from strata.telemetry import propagation
 
 _tracer = trace.get_tracer("services.inference.batcher")
 

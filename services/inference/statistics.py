@@ -20,8 +20,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from strata.proto.inference import grpc_service_pb2 as v2
-from strata.v2stats import Duration, statistic
-from strata.v2stats import model_statistics as v2_statistics
+from strata.wire.v2stats import Duration, statistic
+from strata.wire.v2stats import model_statistics as v2_statistics
 
 # Seconds; from 50 microseconds (a tiny model's run) to 10 seconds (a queue far behind).
 TIME_BUCKETS: tuple[float, ...] = (

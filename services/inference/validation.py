@@ -17,8 +17,8 @@ from pathlib import Path
 import numpy as np
 
 from services.inference.signature import Signature
-from strata.codec import DTYPES, Arrays
 from strata.errors import NotReady, StrataError
+from strata.wire.codec import DTYPES, Arrays
 
 Runner = Callable[[Sequence[Arrays]], list[Arrays]]
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 from services.postprocess.engine import RuleEngine
 from services.postprocess.rule_chain import build_chain
 from services.postprocess.servicer import PostprocessServicer
-from strata import limits
-from strata.cli import Service
 from strata.config import Settings
 from strata.proto.v1 import postprocess_pb2, postprocess_pb2_grpc
+from strata.rpc.main import Service
+from strata.wire import limits
 
 
 def build_engine(settings: Settings) -> RuleEngine:

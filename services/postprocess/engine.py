@@ -4,7 +4,7 @@ A request's rules run one after another on one worker thread, so a request costs
 hand-off to the pool, and requests never wait for each other's rules. A chain of bounded
 rules (rules/base.py) over at most `inline_max_bytes` runs on the event loop instead: it
 cannot block, and the hand-off would cost more than the rules. A flight (several
-client requests stacked, see strata.v1process) is one request here: its chain runs once, each
+client requests stacked, see strata.calls.v1process) is one request here: its chain runs once, each
 rule once over all its rows, and a rule's time limit applies to that one run. The event loop sleeps
 until the running rule's limit; a rule still running then is abandoned: it is skipped,
 counted, logged with the trace id, and the chain continues on a fresh worker from the next
@@ -30,10 +30,10 @@ from opentelemetry import trace
 from services.postprocess.metrics import RuleMetrics
 from services.postprocess.rule_chain import Pass, RuleChain
 from services.postprocess.rules import RuleContext
-from strata.codec import Arrays
 from strata.config.postprocess import PostprocessSettings
 from strata.errors import InvalidArgument, NotFound, Unavailable, shown
-from strata.telemetry import annotate
+from strata.telemetry.tracing import annotate
+from strata.wire.codec import Arrays
 
 log = logging.getLogger(__name__)
 

@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 from prometheus_client import Counter, Gauge
 
-from strata.timings import Timings, stage_histogram
+from strata.telemetry.timings import Timings, stage_histogram
 
 OverrunHook = Callable[[str, str], None]  # (pipeline, rule)
 
@@ -28,7 +28,7 @@ STUCK = Gauge("strata_postprocess_stuck_threads", "Worker threads still held by 
 
 
 class RuleMetrics(Timings):
-    """Rule durations (see strata.timings) plus overrun counts and their hooks."""
+    """Rule durations (see strata.telemetry.timings) plus overrun counts and their hooks."""
 
     def __init__(self) -> None:
         super().__init__(RULE_SECONDS)

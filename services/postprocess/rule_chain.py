@@ -25,10 +25,10 @@ import numpy as np
 
 from services.postprocess import wiring
 from services.postprocess.rules import Rule, build_rule, is_bounded
-from strata.codec import Arrays, datatype_of
 from strata.config.pipelines import OutputSpec, Pipeline
 from strata.config.postprocess import PostprocessSettings, RuleSpec
 from strata.errors import NotReady
+from strata.wire.codec import Arrays, datatype_of
 
 
 @dataclass(frozen=True)

@@ -1,16 +1,16 @@
 """strata.v1.Postprocess: decode, run each request's (or flight's) rules, encode.
 
 The requests of one call run concurrently, each failing or succeeding on its own; a flight's
-chain runs once over its stacked rows (strata.v1process has the flight mechanism).
+chain runs once over its stacked rows (strata.calls.v1process has the flight mechanism).
 """
 
 from __future__ import annotations
 
 from services.postprocess.engine import RuleEngine
+from strata.calls.streams import DEFAULT_MAX_IN_FLIGHT
+from strata.calls.v1process import process_all_async
+from strata.calls.v1stream import ProcessService
 from strata.proto.v1 import postprocess_pb2_grpc, tensor_pb2
-from strata.streams import DEFAULT_MAX_IN_FLIGHT
-from strata.v1process import process_all_async
-from strata.v1stream import ProcessService
 
 
 class PostprocessServicer(ProcessService, postprocess_pb2_grpc.PostprocessServicer):

@@ -1,16 +1,16 @@
 """What each postprocess rule reads and makes, followed from the model's outputs to the
 pipeline's declared outputs and checked against every model version a route may call
-(strata.wiring), when the service starts."""
+(strata.shapes.wiring), when the service starts."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from strata import wiring
 from strata.config.pipelines import Pipeline
 from strata.config.postprocess import PluginRule, RuleSpec
 from strata.plugins import Made, Rule
-from strata.wiring import Flow
+from strata.shapes import wiring
+from strata.shapes.wiring import Flow
 
 # The keys of a built-in rule that name a tensor it writes; an unset `output` or `values`
 # means the rule writes over its input.

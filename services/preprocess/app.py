@@ -9,11 +9,12 @@ from services.preprocess.pipeline import PreprocessPipelines, Versions, build_pi
 from services.preprocess.servicer import PreprocessServicer
 from services.preprocess.threads import step_pool
 from services.preprocess.versions import VersionedPipeline
-from strata import folding, limits
-from strata.cli import Service
 from strata.config import Settings
 from strata.config.preprocess import per_version
 from strata.proto.v1 import preprocess_pb2, preprocess_pb2_grpc
+from strata.rpc.main import Service
+from strata.shapes import folding
+from strata.wire import limits
 
 
 def build_pipelines(settings: Settings, timings: StepTimings) -> PreprocessPipelines:

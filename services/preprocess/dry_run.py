@@ -28,12 +28,12 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from strata import wiring
-from strata.codec import DTYPES, Arrays, datatype_of
 from strata.config import preprocess as c
 from strata.config.pipelines import InputSpec, Pipeline
-from strata.onnxsig import TensorInfo
+from strata.models.onnxsig import TensorInfo
 from strata.plugins import Step
+from strata.shapes import wiring
+from strata.wire.codec import DTYPES, Arrays, datatype_of
 
 log = logging.getLogger(__name__)
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from strata.normalisation import fit_stats, save_stats
+from strata.models.normalisation import fit_stats, save_stats
 
 
 def load_data(path: Path, key: str | None = None) -> np.ndarray:

@@ -1,10 +1,10 @@
 """The preprocess service's Prometheus metrics: each step's duration, by pipeline.
 
 `strata_preprocess_step_duration_seconds`, fed by `StepTimings`, which also keeps a small
-in-memory summary per (pipeline, step) (see strata.timings).
+in-memory summary per (pipeline, step) (see strata.telemetry.timings).
 """
 
-from strata.timings import Summary, Timings, stage_histogram
+from strata.telemetry.timings import Summary, Timings, stage_histogram
 
 __all__ = ["STEP_SECONDS", "StepTimings", "Summary"]
 

@@ -17,10 +17,10 @@ from services.preprocess.steps.decode import Decode
 from services.preprocess.steps.image import Resize
 from services.preprocess.steps.ragged import is_ragged, refuse
 from services.preprocess.steps.validate import Validate
-from strata.codec import Arrays
 from strata.config.pipelines import Pipeline
 from strata.errors import NotFound
-from strata.telemetry import shapes
+from strata.telemetry.tracing import shapes
+from strata.wire.codec import Arrays
 
 
 @dataclass
@@ -99,7 +99,7 @@ def build_pipeline(
     folded: int = 0,
 ) -> PreprocessPipeline:
     """Build every step once; stateful steps load their files here, not per request. The
-    last `folded` steps are the model's to run (strata/folding.py): checked with the others
+    last `folded` steps are the model's to run (strata/shapes/folding.py): checked with the others
     against the model file, never run here."""
     steps: list[tuple[str, Step]] = [("validate", Validate(spec.inputs, spec.max_batch_size))]
     for stage in spec.preprocess:

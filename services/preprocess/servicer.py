@@ -5,7 +5,7 @@ A call with more than `preprocess.inline_max_bytes` of tensors runs on one of th
 tokenising a long batch must not hold up the event loop, and with it every other call and the
 health checks. A smaller call runs on the loop, since the hand-off would cost more than its
 steps. A flight's steps run once over its
-stacked rows (strata.v1process has the mechanism). The request's `model_version` parameter
+stacked rows (strata.calls.v1process has the mechanism). The request's `model_version` parameter
 (the version its arm calls) picks the pipeline's build for pipelines fed per version.
 """
 
@@ -17,11 +17,11 @@ from concurrent.futures import Executor
 
 from services.preprocess.pipeline import PreprocessPipelines
 from services.preprocess.versions import MODEL_VERSION
-from strata.codec import Arrays
+from strata.calls.streams import DEFAULT_MAX_IN_FLIGHT
+from strata.calls.v1process import process_all
+from strata.calls.v1stream import ProcessService
 from strata.proto.v1 import preprocess_pb2_grpc, tensor_pb2
-from strata.streams import DEFAULT_MAX_IN_FLIGHT
-from strata.v1process import process_all
-from strata.v1stream import ProcessService
+from strata.wire.codec import Arrays
 
 
 class PreprocessServicer(ProcessService, preprocess_pb2_grpc.PreprocessServicer):

@@ -1,17 +1,17 @@
 """What each preprocess step reads and makes, followed from the pipeline's declared inputs
 to the model's inputs and checked against every model version a route may call (and every
 version of the model's fallback)
-(strata.wiring), when the service starts."""
+(strata.shapes.wiring), when the service starts."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from strata import wiring
 from strata.config import preprocess as c
 from strata.config.pipelines import Pipeline
 from strata.plugins import Made, Step
-from strata.wiring import Flow
+from strata.shapes import wiring
+from strata.shapes.wiring import Flow
 
 # Steps that replace their input with an output of another kind: (datatype, rank) of the
 # output, None where it keeps the input's.

@@ -21,7 +21,7 @@ from pydantic import (
     field_validator,
 )
 
-from strata.stages import Family, Plugin
+from strata.plugins.registry import Family, Plugin
 
 # A setting's json_schema_extra when a config reload applies it to the running gateway
 # (the admin API's Reload): `live_fields` lists them, the config reference says so.
@@ -165,7 +165,7 @@ def _admin_token(token: SecretStr | None) -> SecretStr | None:
     return token
 
 
-# A control-API token (strata.tokens); unset or empty turns those calls off.
+# A control-API token (strata.security.bearer); unset or empty turns those calls off.
 AdminToken = Annotated[SecretStr | None, AfterValidator(_admin_token)]
 _ADMIN_TOKEN = TypeAdapter(AdminToken)
 

@@ -34,7 +34,7 @@ class ApiKey(Strict):
     client_id: str = Field(min_length=1, description="Who the key belongs to.")
     sha256: str = Field(
         pattern=r"^[0-9a-f]{64}$",
-        description="Hex SHA-256 of the key (`python -m strata.security`).",
+        description="Hex SHA-256 of the key (`python -m strata.security.credentials`).",
     )
     capabilities: list[Capability] = Field(
         default_factory=list,

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pydantic import Field
 
 from strata.config.base import Strict
-from strata.limits import Limits
+from strata.wire.limits import Limits
 
 
 class TensorLimits(Strict):
@@ -34,5 +34,5 @@ class TensorLimits(Strict):
     )
 
     def plain(self) -> Limits:
-        """These limits as strata.limits checks them."""
+        """These limits as strata.wire.limits checks them."""
         return Limits(**self.model_dump())

@@ -10,7 +10,7 @@ from pydantic import Field, field_validator, model_validator
 from strata.config.base import LIVE, Datatype, Strict
 from strata.config.postprocess import Rule
 from strata.config.preprocess import DecodeStep, Step
-from strata.sequences import PipelineSequence
+from strata.wire.triton_sequences import PipelineSequence
 
 DEFAULT_ELEMENT_BYTES = 1 << 20
 

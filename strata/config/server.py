@@ -6,8 +6,8 @@ from typing import Literal
 
 from pydantic import Field
 
+from strata.calls.streams import DEFAULT_MAX_IN_FLIGHT
 from strata.config.base import LIVE, Strict
-from strata.streams import DEFAULT_MAX_IN_FLIGHT
 
 
 class ServerSettings(Strict):

@@ -1,6 +1,7 @@
 """TLS settings: the certificates of each identity, and whom each internal layer admits.
 
-The credentials built from them, and the check of each caller's identity, are strata.security's.
+The credentials built from them, and the check of each caller's identity, are
+strata.security.credentials's.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from pathlib import Path
 from pydantic import Field, model_validator
 
 from strata.config.base import Strict
-from strata.exits import FileUnreadable
+from strata.process.exits import FileUnreadable
 
 GATEWAY = "gateway"  # what the gateway presents to the layers, and tools by default
 CERT, KEY, CA = "tls.crt", "tls.key", "ca.crt"  # an identity's files, as in a TLS Secret

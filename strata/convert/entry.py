@@ -24,11 +24,11 @@ from typing import Any
 import numpy as np
 import yaml
 
-from strata import repository
-from strata.codec import Arrays
 from strata.convert.source import ConversionError
 from strata.errors import InvalidArgument
-from strata.repository import write_npz
+from strata.models import repository
+from strata.models.repository import write_npz
+from strata.wire.codec import Arrays
 
 
 def check_name(name: str) -> str:

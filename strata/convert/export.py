@@ -17,8 +17,8 @@ import numpy as np
 import onnx
 import torch
 
-from strata.codec import Arrays
 from strata.convert.source import ConversionError, Source
+from strata.wire.codec import Arrays
 
 log = logging.getLogger(__name__)
 MIN_OPSET = 17

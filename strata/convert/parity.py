@@ -14,8 +14,8 @@ import numpy as np
 import onnxruntime as ort
 import torch
 
-from strata.codec import Arrays
 from strata.convert.source import ParityError, Source
+from strata.wire.codec import Arrays
 
 
 @dataclass(frozen=True)

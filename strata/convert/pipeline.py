@@ -17,7 +17,6 @@ from typing import Any
 import onnx
 import onnxruntime as ort
 
-from strata.codec import Arrays
 from strata.convert.entry import case_arrays, check_name, choose_version, write_entry
 from strata.convert.export import MIN_OPSET, export
 from strata.convert.optimise import optimise
@@ -33,6 +32,7 @@ from strata.convert.parity import (
 )
 from strata.convert.quantise import PRECISIONS, quantise
 from strata.convert.source import ConversionError, Source, rows
+from strata.wire.codec import Arrays
 
 log = logging.getLogger(__name__)
 

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from strata.codec import Arrays
+from strata.wire.codec import Arrays
 
 Dim = int | str
 

@@ -22,8 +22,8 @@ import torch
 import yaml
 from tokenizers import Tokenizer
 
-from strata.codec import Arrays
 from strata.convert.source import ConversionError, Source, TensorDecl
+from strata.wire.codec import Arrays
 
 TOKENIZER_FILE = "tokenizer.json"
 # Hugging Face model types whose graphs ONNX Runtime's "bert" optimiser fuses.

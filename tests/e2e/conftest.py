@@ -4,8 +4,8 @@ a v2 stub on it."""
 import grpc
 import pytest
 
-from strata.launch import Supervisor
 from strata.proto.inference import grpc_service_pb2_grpc as v2_grpc
+from strata.tools.launch import Supervisor
 from tests.support.fixtures import system as system  # re-exported: pytest finds fixtures here
 
 

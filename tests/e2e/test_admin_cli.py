@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from strata.launch import Supervisor
+from strata.tools.launch import Supervisor
 from tests.support.system import ROOT, running_system
 
 GATEWAY_TOKEN = "test-admin-token-of-at-least-32-characters"

@@ -12,14 +12,14 @@ import pytest
 import yaml
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
-from strata import codec
 from strata.config import load_settings
-from strata.launch import Supervisor
 from strata.proto.inference import grpc_service_pb2 as v2
 from strata.proto.inference import grpc_service_pb2_grpc as v2_grpc
 from strata.proto.v1 import admin_pb2, admin_pb2_grpc
-from strata.security import key_hash
-from strata.tokens import FAILURES
+from strata.security.bearer import FAILURES
+from strata.security.credentials import key_hash
+from strata.tools.launch import Supervisor
+from strata.wire import codec
 from tests.support.system import free_port, make_config, running_system
 
 TOKEN = "first-admin-token-of-32-characters-or-more"

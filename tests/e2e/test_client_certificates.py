@@ -15,10 +15,10 @@ import numpy as np
 import pytest
 
 from scripts.make_certs import CLIENT_FOLDER, make_certs
-from strata import codec
 from strata.config.tls import CA, CERT, KEY
-from strata.launch import Supervisor
 from strata.proto.inference import grpc_service_pb2_grpc as v2_grpc
+from strata.tools.launch import Supervisor
+from strata.wire import codec
 from tests.support.system import running_system
 
 CLIENTS = ("tenant-a", "tenant-b")

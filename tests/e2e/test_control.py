@@ -12,11 +12,11 @@ import pytest
 import yaml
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from strata import codec
-from strata.launch import Supervisor
 from strata.proto.inference import grpc_service_pb2 as v2
 from strata.proto.inference import grpc_service_pb2_grpc as v2_grpc
 from strata.proto.v1 import admin_pb2, admin_pb2_grpc
+from strata.tools.launch import Supervisor
+from strata.wire import codec
 from tests.support.system import run_client, running_system
 
 MODELS_TOKEN = "test-models-token-of-at-least-32-chars"

@@ -20,10 +20,10 @@ import pytest
 import yaml
 
 from models import repeat
-from strata import codec
-from strata.launch import Supervisor
 from strata.proto.inference import grpc_service_pb2 as v2
 from strata.proto.inference import grpc_service_pb2_grpc as v2_grpc
+from strata.tools.launch import Supervisor
+from strata.wire import codec
 from tests.support.system import DEFAULT_CONFIG, run_client, running_system
 
 SHIPPED = yaml.safe_load((DEFAULT_CONFIG.parent / "decoupled.yaml").read_text())

@@ -26,7 +26,7 @@ import yaml
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from scripts.make_certs import ADMIN_FILE, ADMIN_SECRET, KEYS_FILE, KEYS_SECRET, make_certs
-from strata import healthcheck
+from strata.tools import healthcheck
 from tests.support.system import free_port
 from tests.unit.deploy.test_deploy import (
     COMPOSE_CONFIG,

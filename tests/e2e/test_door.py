@@ -17,10 +17,10 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from strata.launch import Supervisor
 from strata.proto.inference import grpc_service_pb2 as v2
 from strata.proto.inference import grpc_service_pb2_grpc as v2_grpc
-from strata.security import key_hash
+from strata.security.credentials import key_hash
+from strata.tools.launch import Supervisor
 from tests.support.system import running_system
 
 CALLS, PER_CLIENT = 64, 16  # server.max_concurrent_rpcs and .max_calls_per_client

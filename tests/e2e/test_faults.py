@@ -12,9 +12,9 @@ from pathlib import Path
 import grpc
 import pytest
 
-from strata.launch import Supervisor, wait_serving
 from strata.proto.inference import grpc_service_pb2 as v2
 from strata.proto.inference import grpc_service_pb2_grpc as v2_grpc
+from strata.tools.launch import Supervisor, wait_serving
 from tests.support.load import SteadyLoad
 from tests.support.system import ROOT, running_system
 

@@ -14,10 +14,10 @@ import numpy as np
 import pytest
 import yaml
 
-from strata import codec
-from strata.launch import Supervisor
 from strata.proto.inference import grpc_service_pb2 as v2
 from strata.proto.v1 import admin_pb2, admin_pb2_grpc
+from strata.tools.launch import Supervisor
+from strata.wire import codec
 from tests.e2e.default_system.test_stages import BUILD, logits
 from tests.e2e.test_metrics import metrics_address, scrape, total
 from tests.support.system import DEFAULT_CONFIG, running_system

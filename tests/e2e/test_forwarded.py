@@ -7,7 +7,7 @@ import pytest
 import requests
 
 from strata.config import load_settings
-from strata.launch import Supervisor
+from strata.tools.launch import Supervisor
 from tests.support.system import make_config
 
 # One peer may send one request (burst 1, and the peer's bucket is one client's).

@@ -13,10 +13,10 @@ import numpy as np
 import pytest
 
 from bench.front import FrontSettings, front, haproxy
-from strata import codec
 from strata.errors import RETRY_AFTER
-from strata.launch import Supervisor
 from strata.proto.inference import grpc_service_pb2_grpc as v2_grpc
+from strata.tools.launch import Supervisor
+from strata.wire import codec
 from tests.support.system import free_port, run_client, running_system
 
 pytestmark = pytest.mark.skipif(haproxy() is None, reason="haproxy is not installed")

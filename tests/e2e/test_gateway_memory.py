@@ -32,8 +32,8 @@ from bench.load.rest import infer_path, json_body
 from bench.load.worker import INFER
 from bench.mixed_load import BadInput, Mix, bad_inputs, client
 from bench.workloads import workload
-from strata.launch import Supervisor
-from strata.metrics import TRACE_MEMORY
+from strata.telemetry.metrics import TRACE_MEMORY
+from strata.tools.launch import Supervisor
 from tests.support.system import free_port, running_system
 
 TRACED = {TRACE_MEMORY: "1"}

@@ -22,11 +22,11 @@ import psutil
 import pytest
 import yaml
 
-from strata import codec
 from strata.errors import hinted_retry
-from strata.launch import Supervisor
 from strata.proto.inference import grpc_service_pb2_grpc as v2_grpc
 from strata.proto.v1 import admin_pb2, admin_pb2_grpc
+from strata.tools.launch import Supervisor
+from strata.wire import codec
 from tests.support.system import ROOT, free_port, running_system
 
 TOKEN = "processes-admin-token-of-32-characters"

@@ -63,7 +63,7 @@ def background() -> Iterator[list[subprocess.Popen]]:
 
 def test_the_guide_has_its_steps() -> None:
     text = "\n".join(blocks())
-    for command in ("fit_stats", "train.py", "strata.launch", "ask.py", "/infer"):
+    for command in ("fit_stats", "train.py", "strata.tools.launch", "ask.py", "/infer"):
         assert command in text
     for part in (0, 1):
         assert sum(block.startswith(BACKGROUND) for block in blocks(part)) == 1

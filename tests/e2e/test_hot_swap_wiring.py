@@ -17,9 +17,9 @@ import onnx
 import pytest
 
 from models.onnx_export import dense_model
-from strata import codec
 from strata.proto.inference import grpc_service_pb2 as v2
 from strata.proto.inference import grpc_service_pb2_grpc as v2_grpc
+from strata.wire import codec
 from tests.support.system import ROOT, running_system
 
 TOKEN = "inference-admin-token-for-the-rewiring-test-0123"

@@ -28,9 +28,9 @@ from bench.images import PIPELINE, photo_jpeg
 from bench.load import LoadPool, Plan
 from bench.load.worker import INFER
 from bench.measure import closed
-from strata import codec
-from strata.launch import Supervisor
 from strata.proto.inference import grpc_service_pb2_grpc as v2_grpc
+from strata.tools.launch import Supervisor
+from strata.wire import codec
 from tests.support.system import DEFAULT_CONFIG
 
 SMALL_LIMIT = 512 * 1024  # three photos (a JPEG or its UINT8 crop: ~150 KB each), not four

@@ -7,8 +7,8 @@ import grpc
 import numpy as np
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from strata import codec
 from strata.proto.inference import grpc_service_pb2_grpc as v2_grpc
+from strata.wire import codec
 from tests.support.system import running_system
 
 IMAGE = np.zeros((1, 8, 8), np.uint8)

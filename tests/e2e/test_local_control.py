@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from strata.launch import Supervisor
+from strata.tools.launch import Supervisor
 from tests.support.system import run_client, running_system
 
 

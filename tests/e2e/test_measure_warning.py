@@ -10,8 +10,8 @@ from pathlib import Path
 import grpc
 import numpy as np
 
-from strata import codec
 from strata.proto.inference import grpc_service_pb2_grpc as v2_grpc
+from strata.wire import codec
 from tests.support.system import running_system
 
 STAGE = {

@@ -12,9 +12,9 @@ import grpc
 import numpy as np
 import pytest
 
-from strata import codec
-from strata.launch import Supervisor
 from strata.proto.inference import grpc_service_pb2_grpc as v2_grpc
+from strata.tools.launch import Supervisor
+from strata.wire import codec
 from tests.support.system import run_client, running_system
 
 IN_FLIGHT = 256

@@ -11,9 +11,9 @@ import grpc
 import numpy as np
 import pytest
 
-from strata import codec
 from strata.proto.inference import grpc_service_pb2_grpc as v2_grpc
 from strata.proto.v1 import admin_pb2, admin_pb2_grpc
+from strata.wire import codec
 from tests.support.system import running_system
 
 TOKEN = "overload-admin-token-of-at-least-32-chars"

@@ -20,9 +20,9 @@ import pytest
 from PIL import Image
 
 from bench.images import PIPELINE
-from strata import codec
-from strata.launch import Supervisor
 from strata.proto.inference import grpc_service_pb2_grpc as v2_grpc
+from strata.tools.launch import Supervisor
+from strata.wire import codec
 from tests.e2e.test_image_flights import image_system
 from tests.support.system import ROOT
 

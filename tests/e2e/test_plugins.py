@@ -16,9 +16,9 @@ import yaml
 
 from models.common import run_steps
 from models.digits import STEPS as DIGITS_STEPS
-from strata import codec
-from strata.launch import Supervisor
 from strata.proto.inference import grpc_service_pb2_grpc as v2_grpc
+from strata.tools.launch import Supervisor
+from strata.wire import codec
 from tests.support.system import ROOT, running_system
 
 BUILD = ROOT / "build"

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from strata.launch import Supervisor
+from strata.tools.launch import Supervisor
 from tests.support.system import run_client, running_system
 
 LABELS = ["zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine"]

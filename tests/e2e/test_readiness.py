@@ -17,12 +17,12 @@ import pytest
 import requests
 import yaml
 
-from strata import codec
 from strata.config import load_settings
-from strata.launch import Supervisor
 from strata.proto.inference import grpc_service_pb2 as v2
 from strata.proto.inference import grpc_service_pb2_grpc as v2_grpc
 from strata.proto.v1 import admin_pb2, admin_pb2_grpc
+from strata.tools.launch import Supervisor
+from strata.wire import codec
 from tests.support.system import ROOT, endpoint, free_port, merge
 
 CONFIG = ROOT / "configs" / "text.yaml"

@@ -16,11 +16,11 @@ import numpy as np
 import pytest
 import requests
 
-from strata import codec
-from strata.launch import Supervisor
 from strata.proto.inference import grpc_service_pb2 as v2
 from strata.proto.inference import grpc_service_pb2_grpc as v2_grpc
-from strata.security import key_hash
+from strata.security.credentials import key_hash
+from strata.tools.launch import Supervisor
+from strata.wire import codec
 from tests.e2e.test_control import ADMIN_TOKEN, reload_with
 from tests.e2e.test_metrics import scrape, total
 from tests.support.system import ROOT, free_port, run_client, running_system

@@ -18,14 +18,15 @@ from cryptography import x509
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from scripts.make_certs import make_certs
-from strata import admin as strata_admin
-from strata import codec, healthcheck
 from strata.config.tls import CA, CERT, KEY, TlsSettings
-from strata.launch import ROOT, Supervisor, wait_serving
 from strata.proto.inference import grpc_service_pb2 as v2
 from strata.proto.inference import grpc_service_pb2_grpc as v2_grpc
 from strata.proto.v1 import admin_pb2, admin_pb2_grpc
-from strata.security import key_hash
+from strata.security.credentials import key_hash
+from strata.tools import admin_client as strata_admin
+from strata.tools import healthcheck
+from strata.tools.launch import ROOT, Supervisor, wait_serving
+from strata.wire import codec
 from tests.support.system import free_port, running_system
 
 KEY_VALUE = "s3cret-api-key-for-tests"

@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from models import accumulator
-from strata.launch import Supervisor
+from strata.tools.launch import Supervisor
 from tests.support.system import DEFAULT_CONFIG, endpoint, run_client, running_system
 
 IDLE_SECONDS = 1.5

@@ -16,11 +16,11 @@ import pytest
 import yaml
 
 from services.gateway.upstream.router import Router
-from strata import codec
 from strata.config.pipelines import Route
-from strata.launch import Supervisor
 from strata.proto.inference import grpc_service_pb2 as v2
 from strata.proto.v1 import admin_pb2, admin_pb2_grpc
+from strata.tools.launch import Supervisor
+from strata.wire import codec
 from tests.e2e.default_system.test_stages import BUILD, cascade, logits
 from tests.support.system import DEFAULT_CONFIG, running_system
 

@@ -10,10 +10,10 @@ import grpc
 import numpy as np
 import pytest
 
-from strata import codec
-from strata.launch import Supervisor
 from strata.proto.inference import grpc_service_pb2_grpc as v2_grpc
-from strata.traces import Receiver, Span, roots
+from strata.telemetry.traces import Receiver, Span, roots
+from strata.tools.launch import Supervisor
+from strata.wire import codec
 from tests.e2e.default_system.test_stages import BUILD, cascade
 from tests.support.system import running_system
 

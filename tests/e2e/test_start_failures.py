@@ -20,7 +20,7 @@ from bench.image_chain import image_config
 from bench.images import PIPELINE as IMAGES
 from strata.config import load_settings
 from strata.config.tls import TlsSettings
-from strata.launch import StartFailed, Supervisor, wait_serving
+from strata.tools.launch import StartFailed, Supervisor, wait_serving
 from tests.support.system import DEFAULT_CONFIG, ROOT, free_port, make_config, running_system
 
 REPOSITORY = ROOT / "build" / "repository"
@@ -158,7 +158,7 @@ def test_a_config_error_is_one_line_and_exit_78_for_a_service_and_the_launcher(
         "unable to parse string as a number"
     )
     assert start("postprocess", config) == (78, f"postprocess: {problem}")
-    assert start("strata.launch", config) == (78, f"launch: {problem}")
+    assert start("strata.tools.launch", config) == (78, f"launch: {problem}")
 
 
 def test_the_launcher_stops_everything_the_moment_one_process_cannot_start(
@@ -181,7 +181,7 @@ def test_the_launcher_stops_everything_the_moment_one_process_cannot_start(
 def test_make_run_exits_with_the_failed_process_code(tmp_path: Path) -> None:
     config, listen, _ = with_metrics(tmp_path)
     with taken(listen):
-        done = run("strata.launch", config)
+        done = run("strata.tools.launch", config)
     assert done.returncode == 69
     assert f"postprocess: {listen} (listen) already in use" in done.stderr.splitlines()
     assert "launch postprocess exited with 69" in done.stderr
@@ -256,7 +256,7 @@ def test_a_miswired_image_pipeline_stops_the_system_at_start(
     """Issue 51: both started, and every request then failed as the client's fault."""
     config = miswired_images(tmp_path, change)
     assert start("preprocess", config) == (65, f"preprocess: pipeline {IMAGES!r}: {message}")
-    done = run("strata.launch", config, timeout=120)
+    done = run("strata.tools.launch", config, timeout=120)
     assert done.returncode == 65
     assert f"preprocess: pipeline {IMAGES!r}: {message}" in done.stderr.splitlines()
     assert "exited with 65 (a model, pipeline, step or rule cannot be loaded)" in done.stderr

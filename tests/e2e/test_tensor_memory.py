@@ -1,8 +1,8 @@
 """A request's tensors reuse memory: the preprocess process serving 640x480 JPEGs through
 decode, resize and crop (a 150 KB UINT8 crop out each; normalise and CHW are folded into the
 model) faults in next to no fresh pages once warm. With glibc's defaults it faulted in 660 to
-1,000 pages an image (1.5 to 2.7 ms of system time); strata.allocator's thresholds bring that
-to about 5."""
+1,000 pages an image (1.5 to 2.7 ms of system time); strata.process.allocator's thresholds bring
+that to about 5."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from pathlib import Path
 import grpc
 
 from bench.images import PIPELINE, batch_of, photo_jpeg, preprocess_process
-from strata import codec
 from strata.proto.v1 import preprocess_pb2_grpc, tensor_pb2
+from strata.wire import codec
 
 WARM_UP = 10
 IMAGES = 40

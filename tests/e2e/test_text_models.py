@@ -22,11 +22,11 @@ import numpy as np
 import pytest
 import yaml
 
-from strata import codec
 from strata.config import load_settings
-from strata.launch import Supervisor
 from strata.proto.inference import grpc_service_pb2 as v2
 from strata.proto.inference import grpc_service_pb2_grpc as v2_grpc
+from strata.tools.launch import Supervisor
+from strata.wire import codec
 from tests.support.system import ROOT, endpoint
 
 REASON = "the text tests compare against PyTorch: install the convert extra (.[convert])"

@@ -13,12 +13,12 @@ import pytest
 import requests
 import yaml
 
-from strata import codec
-from strata.launch import Supervisor
 from strata.proto.inference import grpc_service_pb2 as v2
 from strata.proto.inference import grpc_service_pb2_grpc as v2_grpc
 from strata.proto.v1 import admin_pb2, admin_pb2_grpc
-from strata.traces import Receiver, Span, roots
+from strata.telemetry.traces import Receiver, Span, roots
+from strata.tools.launch import Supervisor
+from strata.wire import codec
 from tests.support.system import running_system
 
 

@@ -13,14 +13,14 @@ import numpy as np
 import pytest
 import requests
 
-from strata import codec
-from strata.launch import Supervisor
 from strata.proto.inference import grpc_service_pb2 as v2
 from strata.proto.inference import grpc_service_pb2_grpc as v2_grpc
 from strata.proto.v1 import postprocess_pb2_grpc, preprocess_pb2_grpc
 from strata.proto.v1 import tensor_pb2 as v1
-from strata.security import key_hash
-from strata.traces import Receiver
+from strata.security.credentials import key_hash
+from strata.telemetry.traces import Receiver
+from strata.tools.launch import Supervisor
+from strata.wire import codec
 from tests.support.system import ROOT, running_system
 
 OPS = "ops-key-for-the-trust-tests"  # granted force_arm

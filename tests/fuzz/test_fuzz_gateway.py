@@ -16,10 +16,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from strata import codec
-from strata.launch import Supervisor
 from strata.proto.inference import grpc_service_pb2 as v2
 from strata.proto.inference import grpc_service_pb2_grpc as v2_grpc
+from strata.tools.launch import Supervisor
+from strata.wire import codec
 from tests.support.hostile import CLIENT, answer, finite, v2_requests
 from tests.support.system import running_system
 

@@ -22,7 +22,7 @@ from schemathesis.specs.openapi.checks import (
     status_code_conformance,
 )
 
-from strata.launch import Supervisor
+from strata.tools.launch import Supervisor
 
 EXAMPLES = 400 if os.environ.get("HYPOTHESIS_PROFILE") == "long" else 100
 # 100 cases of each operation took 91 s beside three other pytest-xdist workers on two cores:

@@ -7,7 +7,7 @@ from collections.abc import Iterator
 import grpc
 import pytest
 
-from strata.launch import Supervisor
+from strata.tools.launch import Supervisor
 from tests.support.system import free_port, running_system
 
 MAX_MESSAGE = 1 << 20

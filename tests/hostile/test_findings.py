@@ -13,9 +13,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from strata import codec
-from strata.launch import Supervisor
 from strata.proto.v1 import tensor_pb2 as v1
+from strata.tools.launch import Supervisor
+from strata.wire import codec
 from tests.support.hostile import (
     CLIENT,
     CONTROL,

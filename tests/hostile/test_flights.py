@@ -13,10 +13,10 @@ import numpy as np
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from strata import codec
-from strata.flight import ROWS, TIMEOUTS, TRACE_CONTEXTS, member_errors
-from strata.launch import Supervisor
 from strata.proto.v1 import tensor_pb2 as v1
+from strata.tools.launch import Supervisor
+from strata.wire import codec
+from strata.wire.flight import ROWS, TIMEOUTS, TRACE_CONTEXTS, member_errors
 from tests.support.flight_requests import alone, by_member, flight
 from tests.support.hostile import (
     CLIENT,

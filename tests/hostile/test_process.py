@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from strata.launch import Supervisor
 from strata.proto.v1 import tensor_pb2 as v1
+from strata.tools.launch import Supervisor
 from tests.support.hostile import S, answer, item_outcomes, process_requests, share
 from tests.support.ports import good_item, kind, ports, stub_for, watched
 

@@ -10,11 +10,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from strata import repository
-from strata.flight import TIMEOUTS
-from strata.launch import Supervisor
+from strata.models import repository
 from strata.proto.inference import grpc_service_pb2 as v2
 from strata.proto.inference import grpc_service_pb2_grpc as v2_grpc
+from strata.tools.launch import Supervisor
+from strata.wire.flight import TIMEOUTS
 from tests.support.hostile import (
     CLIENT,
     CONTROL,

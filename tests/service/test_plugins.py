@@ -19,11 +19,11 @@ import yaml
 
 from services.postprocess.app import build as build_postprocess
 from services.preprocess.app import build as build_preprocess
-from strata.cli import Service
 from strata.config import Settings, load_settings
 from strata.proto.v1 import postprocess_pb2_grpc, preprocess_pb2_grpc
 from strata.proto.v1 import tensor_pb2 as v1
-from strata.server import start_server
+from strata.rpc.main import Service
+from strata.rpc.server import start_server
 from tests.support.flight_requests import by_member, flight
 from tests.support.system import ROOT, make_config
 

@@ -10,7 +10,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from strata.config.server import ServerSettings
-from strata.server import serve
+from strata.rpc.server import serve
 from tests.support.system import free_port
 
 

@@ -1,4 +1,4 @@
-"""What every server built by strata.server does at its door, on real aio servers: calls held
+"""What every server built by strata.rpc.server does at its door, on real aio servers: calls held
 open are capped in all and per client address while health checks still answer, compressed
 messages are refused before they inflate, and reflection can be turned off."""
 
@@ -14,8 +14,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from strata.config.server import ServerSettings
-from strata.occupancy import REFUSED
-from strata.server import start_server
+from strata.rpc.server import start_server
+from strata.security.occupancy import REFUSED
 
 CHECK = health_pb2.HealthCheckRequest()
 

@@ -13,12 +13,12 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from services.gateway.metrics import UPSTREAM_CALLS
-from strata import codec
 from strata.config import Settings
 from strata.proto.inference import grpc_service_pb2 as v2
 from strata.proto.inference import grpc_service_pb2_grpc as v2_grpc
 from strata.proto.v1 import postprocess_pb2_grpc, preprocess_pb2_grpc
 from strata.proto.v1 import tensor_pb2 as v1
+from strata.wire import codec
 from tests.support.inprocess import InProcess, servers_in_process
 from tests.support.results import raise_for_result
 

@@ -20,9 +20,9 @@ import onnx
 import pytest
 from onnx import TensorProto, helper
 
-from strata import codec
 from strata.proto.inference import grpc_service_pb2 as v2
 from strata.proto.inference import grpc_service_pb2_grpc as v2_grpc
+from strata.wire import codec
 from tests.support.inprocess import InProcess, servers_in_process
 from tests.support.system import ROOT
 from tests.unit.inference.test_inference_toymodels import _finish

@@ -10,9 +10,9 @@ import grpc
 import numpy as np
 import pytest
 
-from strata import codec
 from strata.proto.inference import grpc_service_pb2 as v2
 from strata.proto.inference import grpc_service_pb2_grpc as v2_grpc
+from strata.wire import codec
 from tests.support.inprocess import servers_in_process
 
 DIGITS = {

@@ -9,9 +9,9 @@ import asyncio
 import grpc
 import numpy as np
 
-from strata import codec
 from strata.proto.inference import grpc_service_pb2 as v2
 from strata.proto.inference import grpc_service_pb2_grpc as v2_grpc
+from strata.wire import codec
 
 
 class FaultyInference(v2_grpc.GRPCInferenceServiceServicer):

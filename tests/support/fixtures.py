@@ -4,7 +4,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from strata.launch import Supervisor
+from strata.tools.launch import Supervisor
 from tests.support.system import running_system
 
 

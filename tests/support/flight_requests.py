@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from strata import codec
-from strata.codec import Arrays, tensors_to_arrays
 from strata.errors import StrataError, from_code
 from strata.proto.v1 import tensor_pb2 as v1
+from strata.wire import codec
+from strata.wire.codec import Arrays, tensors_to_arrays
 
 
 def flight(pipeline: str, members: dict[str, Arrays], **parameters: str) -> v1.Request:

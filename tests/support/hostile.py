@@ -19,10 +19,10 @@ import numpy as np
 from hypothesis import HealthCheck, Phase, settings
 from hypothesis import strategies as st
 
-from strata import codec
-from strata.flight import ROWS, TIMEOUTS, TRACE_CONTEXTS
 from strata.proto.inference import grpc_service_pb2 as v2
 from strata.proto.v1 import tensor_pb2 as v1
+from strata.wire import codec
+from strata.wire.flight import ROWS, TIMEOUTS, TRACE_CONTEXTS
 
 # No explain phase: it reruns a failure many times over to annotate it, against live servers.
 PHASES = [Phase.explicit, Phase.reuse, Phase.generate, Phase.target, Phase.shrink]

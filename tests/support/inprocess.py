@@ -20,7 +20,7 @@ from services.inference.app import build as build_inference
 from services.postprocess.app import build as build_postprocess
 from services.preprocess.app import build as build_preprocess
 from strata.config import Settings, load_settings
-from strata.server import Registration, Running, start_server
+from strata.rpc.server import Registration, Running, start_server
 from tests.support.system import make_config
 
 

@@ -10,8 +10,8 @@ from dataclasses import dataclass, field
 import grpc
 import numpy as np
 
-from strata import codec
 from strata.proto.inference import grpc_service_pb2_grpc as v2_grpc
+from strata.wire import codec
 
 IMAGE = np.zeros((1, 8, 8), np.uint8)
 

@@ -12,14 +12,14 @@ from contextlib import contextmanager
 import grpc
 import numpy as np
 
-from strata import codec
 from strata.config import load_settings
-from strata.healthcheck import check
-from strata.launch import Supervisor, instances
 from strata.proto.inference import grpc_service_pb2 as v2
 from strata.proto.inference import grpc_service_pb2_grpc as v2_grpc
 from strata.proto.v1 import postprocess_pb2_grpc, preprocess_pb2_grpc
 from strata.proto.v1 import tensor_pb2 as v1
+from strata.tools.healthcheck import check
+from strata.tools.launch import Supervisor, instances
+from strata.wire import codec
 from tests.support.results import raise_for_result
 from tests.support.system import DEFAULT_CONFIG
 

@@ -25,9 +25,9 @@ import grpc
 import numpy as np
 import yaml
 
-from strata import codec
 from strata.config import Settings
 from strata.proto.inference import grpc_service_pb2_grpc as v2_grpc
+from strata.wire import codec
 from tests.support.system import ROOT, free_port
 
 PROMETHEUS = shutil.which("prometheus")

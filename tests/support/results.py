@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from strata.codec import Arrays, tensors_to_arrays
 from strata.errors import from_code
 from strata.proto.v1 import tensor_pb2 as v1
+from strata.wire.codec import Arrays, tensors_to_arrays
 
 
 def raise_for_result(result: v1.Result) -> Arrays:

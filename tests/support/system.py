@@ -16,7 +16,7 @@ from typing import Any
 import yaml
 
 from strata.config import load_settings
-from strata.launch import Supervisor, start_on_fresh_ports
+from strata.tools.launch import Supervisor, start_on_fresh_ports
 
 ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_CONFIG = ROOT / "configs" / "default.yaml"

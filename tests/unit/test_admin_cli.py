@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from strata import admin
 from strata.config import load_settings
+from strata.tools import admin_client
 from tests.support.system import DEFAULT_CONFIG
 
 TOKEN = "a-models-token-of-at-least-32-characters"
@@ -17,7 +17,7 @@ TOKEN = "a-models-token-of-at-least-32-characters"
 
 def parsed(*argv: str) -> argparse.Namespace:
     parser = argparse.ArgumentParser()
-    admin.add_arguments(parser)
+    admin_client.add_arguments(parser)
     return parser.parse_args(argv)
 
 
@@ -29,9 +29,9 @@ def test_a_load_reaches_every_local_replica_of_each_deployment(tmp_path: Path) -
     path = tmp_path / "config.yaml"
     path.write_text(yaml.safe_dump(raw))
     settings = load_settings(path)
-    targets = admin._deployments(settings, parsed("load", "digits"))
+    targets = admin_client._deployments(settings, parsed("load", "digits"))
     assert [t.name for t in targets] == ["a/0", "a/1", "b"]
-    only_b = admin._deployments(settings, parsed("load", "digits", "--deployment", "b"))
+    only_b = admin_client._deployments(settings, parsed("load", "digits", "--deployment", "b"))
     assert [t.name for t in only_b] == ["b"]
 
 
@@ -46,10 +46,10 @@ def test_a_load_reaches_every_local_replica_of_each_deployment(tmp_path: Path) -
 def test_usage_mistakes_exit_2_saying_what_to_do(
     argv: list[str], says: str, capsys: pytest.CaptureFixture
 ) -> None:
-    assert admin.main(["--config", str(DEFAULT_CONFIG), *argv]) == 2
+    assert admin_client.main(["--config", str(DEFAULT_CONFIG), *argv]) == 2
     assert says in capsys.readouterr().err
 
 
 def test_a_missing_config_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
-    assert admin.main(["--config", str(tmp_path / "nope.yaml"), "status"]) == 2
+    assert admin_client.main(["--config", str(tmp_path / "nope.yaml"), "status"]) == 2
     assert "cannot read config" in capsys.readouterr().err

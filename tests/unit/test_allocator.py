@@ -17,7 +17,7 @@ pytestmark = [
 
 # Applies the thresholds, or not, and says so.
 APPLY = """
-from strata.allocator import keep_tensor_memory
+from strata.process.allocator import keep_tensor_memory
 print(keep_tensor_memory())
 """
 

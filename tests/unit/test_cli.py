@@ -1,10 +1,10 @@
-"""strata.cli: the event loop a service runs on."""
+"""strata.rpc.main: the event loop a service runs on."""
 
 import pytest
 import uvloop
 
-from strata.cli import _loop_factory
 from strata.config import load_settings
+from strata.rpc.main import _loop_factory
 from tests.support.system import DEFAULT_CONFIG
 
 

@@ -4,9 +4,9 @@ import grpc
 import numpy as np
 import pytest
 
-from strata import codec
 from strata.errors import InvalidArgument, MalformedReply
 from strata.proto.inference import grpc_service_pb2 as v2
+from strata.wire import codec
 
 NUMERIC = [name for name in codec.DTYPES if name != "BYTES"]
 

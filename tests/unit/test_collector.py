@@ -1,10 +1,11 @@
-"""strata.collector: start-up's objects frozen while serving, garbage among them still freed."""
+"""strata.process.collector: start-up's objects frozen while serving, garbage among them still
+freed."""
 
 import asyncio
 import gc
 import weakref
 
-from strata.collector import Frozen
+from strata.process.collector import Frozen
 
 
 class Node:

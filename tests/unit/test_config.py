@@ -12,7 +12,7 @@ from services.preprocess.metrics import StepTimings
 from strata.config import ConfigError, load_settings
 from strata.config.pipelines import Pipeline
 from strata.config.preprocess import ResizeStep
-from strata.v2meta import model_config
+from strata.wire.v2meta import model_config
 from tests.support.system import DEFAULT_CONFIG, ROOT, merge
 
 

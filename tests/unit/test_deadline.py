@@ -8,8 +8,8 @@ import time
 
 import pytest
 
-from strata.deadline import Deadline, earliest, latest
 from strata.errors import DeadlineExceeded
+from strata.wire.deadline import Deadline, earliest, latest
 
 
 @pytest.mark.timing

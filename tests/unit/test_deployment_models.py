@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 from opentelemetry import trace
 
-from strata import telemetry
 from strata.config import ConfigError, load_settings
-from strata.telemetry import JsonFormatter
+from strata.telemetry import tracing
+from strata.telemetry.tracing import JsonFormatter
 from tests.support.system import make_config
 
 CANARY_WINE = {
@@ -92,7 +92,7 @@ def test_log_lines_name_the_deployment() -> None:
 
 def test_spans_carry_the_deployment(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(trace, "set_tracer_provider", lambda provider: None)
-    provider = telemetry.setup_tracing("strata-inference", None, 1.0, True, "b")
+    provider = tracing.setup_tracing("strata-inference", None, 1.0, True, "b")
     attributes = provider.resource.attributes
     assert attributes["service.name"] == "strata-inference"
-    assert attributes[telemetry.DEPLOYMENT_ATTRIBUTE] == "b"
+    assert attributes[tracing.DEPLOYMENT_ATTRIBUTE] == "b"

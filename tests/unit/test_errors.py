@@ -18,7 +18,7 @@ from strata.errors import (
     shown,
     status_of,
 )
-from strata.telemetry import JsonFormatter
+from strata.telemetry.tracing import JsonFormatter
 
 MIB = 1 << 20
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from strata import flight
-from strata.deadline import Deadline
 from strata.errors import InvalidArgument
 from strata.proto.inference import grpc_service_pb2 as v2
+from strata.wire import flight
+from strata.wire.deadline import Deadline
 
 
 def test_members_read_back_what_was_written_their_own_deadlines_included() -> None:

@@ -1,5 +1,5 @@
 """Which pipelines leave their normalize (and layout) tail to the model: decided from the
-config alone, the same in preprocess and inference (strata/folding.py)."""
+config alone, the same in preprocess and inference (strata/shapes/folding.py)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 
 from bench.images import STEPS
 from strata.config.pipelines import Pipeline
-from strata.folding import folds, model_folds
+from strata.shapes.folding import folds, model_folds
 
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 

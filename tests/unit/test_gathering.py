@@ -1,10 +1,10 @@
-"""strata.gathering: asyncio.gather's results, with no task for a lone awaitable."""
+"""strata.calls.gathering: asyncio.gather's results, with no task for a lone awaitable."""
 
 import asyncio
 
 import pytest
 
-from strata.gathering import gather
+from strata.calls.gathering import gather
 
 
 async def _value(value: int) -> int:

@@ -9,10 +9,10 @@ import pytest
 import yaml
 
 from services.preprocess.steps import build_step_options
-from strata.codec import DTYPES
 from strata.config import Settings, load_settings
 from strata.config.pipelines import TensorSpec
-from strata.launch import EXAMPLE_PNG, Backoff, _example_input, banner, exit_reason
+from strata.tools.launch import EXAMPLE_PNG, Backoff, _example_input, banner, exit_reason
+from strata.wire.codec import DTYPES
 from tests.support.system import ROOT
 
 

@@ -12,13 +12,14 @@ import numpy as np
 import pytest
 import yaml
 
-from strata import codec, limits, stack, v1process
+from strata.calls import v1process
 from strata.config import load_settings
 from strata.config.limits import TensorLimits
 from strata.errors import InvalidArgument
-from strata.limits import Limits, check_declared
 from strata.proto.inference import grpc_service_pb2 as v2
 from strata.proto.v1 import tensor_pb2 as v1
+from strata.wire import codec, limits, stack
+from strata.wire.limits import Limits, check_declared
 from tests.support.system import DEFAULT_CONFIG, ROOT
 
 DEFAULTS = Limits()

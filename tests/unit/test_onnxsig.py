@@ -1,5 +1,5 @@
-"""strata.onnxsig.read: a model's inputs and outputs read from the ONNX file itself are what an
-ONNX Runtime session lists, for every demo model and for graphs that use the corners of the
+"""strata.models.onnxsig.read: a model's inputs and outputs read from the ONNX file itself are what
+an ONNX Runtime session lists, for every demo model and for graphs that use the corners of the
 format (initializers among the inputs, unnamed dimensions, scalars, sequences, strings)."""
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from strata import onnxsig
-from strata.onnxsig import TensorInfo
+from strata.models import onnxsig
+from strata.models.onnxsig import TensorInfo
 
 ROOT = Path(__file__).resolve().parents[2]
 # The text models' embedding dimension is a name in the file that a session infers (384).
@@ -112,7 +112,7 @@ def test_a_file_that_is_no_model_is_refused_by_name(
 
 
 def test_a_model_is_read_without_copying_its_weights_into_memory(tmp_path: Path) -> None:
-    # A serving process keeps its heap rather than trims it (strata.allocator): a copy of an
+    # A serving process keeps its heap rather than trims it (strata.process.allocator): a copy of an
     # 8 MB model read once at start would stay for the life of the process.
     weights = numpy_helper.from_array(np.zeros((1024, 1024), np.float32), "w")
     graph = helper.make_graph(

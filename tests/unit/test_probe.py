@@ -1,4 +1,4 @@
-"""The cheap container probe: /livez and /readyz on the metrics port, asked by strata/probe.py
+"""The cheap container probe: /livez and /readyz on the metrics port, asked by strata/tools/probe.py
 with nothing but a socket (on a loopback port)."""
 
 from __future__ import annotations
@@ -14,12 +14,13 @@ from pathlib import Path
 import pytest
 from grpc_health.v1 import health_pb2
 
-from strata import metrics, probe
 from strata.config.server import ServerSettings
-from strata.server import start_server
+from strata.rpc.server import start_server
+from strata.telemetry import metrics
+from strata.tools import probe
 from tests.support.system import ROOT, free_port
 
-PROBE = ROOT / "strata" / "probe.py"
+PROBE = ROOT / "strata" / "tools" / "probe.py"
 
 
 @pytest.fixture(scope="module")

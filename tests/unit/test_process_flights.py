@@ -1,4 +1,4 @@
-"""Flights in strata.v1process: one run for the stacked rows, each member answered on its own,
+"""Flights in strata.calls.v1process: one run for the stacked rows, each member answered on its own,
 failing members found by running them alone, and member spans only for sampled traces."""
 
 from __future__ import annotations
@@ -15,11 +15,12 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from strata import codec, v1process
-from strata.codec import Arrays
+from strata.calls import v1process
+from strata.calls.v1process import process_all, process_all_async
 from strata.errors import InvalidArgument, StrataError
 from strata.proto.v1 import tensor_pb2 as v1
-from strata.v1process import process_all, process_all_async
+from strata.wire import codec
+from strata.wire.codec import Arrays
 from tests.support.flight_requests import split_flight
 from tests.support.results import raise_for_result
 
@@ -182,11 +183,11 @@ class Spans:
 
 @pytest.fixture
 def spans(monkeypatch: pytest.MonkeyPatch) -> Spans:
-    """Spans recorded in memory: strata.v1process's, and the test's own (`tracer`)."""
+    """Spans recorded in memory: strata.calls.v1process's, and the test's own (`tracer`)."""
     exporter = InMemorySpanExporter()
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(exporter))
-    monkeypatch.setattr(v1process, "TRACER", provider.get_tracer("strata.v1process"))
+    monkeypatch.setattr(v1process, "TRACER", provider.get_tracer("strata.calls.v1process"))
     return Spans(provider.get_tracer("test"), exporter)
 
 

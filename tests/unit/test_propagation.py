@@ -1,4 +1,4 @@
-"""strata.propagation reads and writes trace context as opentelemetry.propagate does."""
+"""strata.telemetry.propagation reads and writes trace context as opentelemetry.propagate does."""
 
 import contextvars
 
@@ -15,7 +15,7 @@ from opentelemetry.trace import NonRecordingSpan, SpanContext, StatusCode, Trace
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 from opentelemetry.trace.span import TraceState
 
-from strata import propagation
+from strata.telemetry import propagation
 
 TRACE = "0af7651916cd43dd8448eb211c80319c"
 SPAN = "b7ad6b7169203331"

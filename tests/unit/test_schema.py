@@ -5,7 +5,7 @@ import pytest
 
 from strata.config.pipelines import InputSpec
 from strata.errors import InvalidArgument
-from strata.schema import check_tensor
+from strata.shapes.schema import check_tensor
 
 SPEC = InputSpec(name="x", datatype="FP32", shape=[-1, 2], range=(-10, 10), allow_nonfinite=True)
 

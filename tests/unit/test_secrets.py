@@ -10,8 +10,8 @@ import yaml
 from services.gateway.runtime import _needs_restart
 from strata.config import ConfigError, Settings, load_settings
 from strata.errors import Overloaded, Unauthenticated
-from strata.security import key_hash
-from strata.tokens import ControlAuth, ControlOff, Throttle
+from strata.security.bearer import ControlAuth, ControlOff, Throttle
+from strata.security.credentials import key_hash
 from tests.unit.test_config import write
 
 TOKEN = "a-token-of-exactly-32-characters"

@@ -11,7 +11,7 @@ import pytest
 
 from strata.errors import InvalidArgument, Overloaded
 from strata.proto.inference import grpc_service_pb2 as v2
-from strata.sequences import Flags, Live, sequence_flags
+from strata.wire.triton_sequences import Flags, Live, sequence_flags
 
 
 def synchronously(test: Callable[[], Coroutine]) -> Callable[[], None]:

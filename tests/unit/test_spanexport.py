@@ -23,7 +23,7 @@ from opentelemetry.trace import (
     TraceState,
 )
 
-from strata.spanexport import (
+from strata.telemetry.spanexport import (
     CHILD_NICENESS,
     EXPORT_SECONDS,
     HEADER,
@@ -33,7 +33,7 @@ from strata.spanexport import (
     encode,
     translate,
 )
-from strata.traces import Receiver
+from strata.telemetry.traces import Receiver
 
 RESOURCE = Resource.create({"service.name": "svc"})
 

@@ -12,11 +12,11 @@ import yaml
 from services.postprocess.rules import RULES
 from services.preprocess.steps import STEPS
 from services.preprocess.steps.image import FILTERS
-from strata.codec import DTYPES
 from strata.config import ConfigError, load_settings, preprocess
 from strata.config.base import kinds
 from strata.config.postprocess import BUILTIN_RULES
 from strata.config.preprocess import BUILTIN_STEPS
+from strata.wire.codec import DTYPES
 from tests.support.system import DEFAULT_CONFIG
 
 # The default config's digits pipeline: resize, scale, flatten; softmax, topk, labels.

@@ -6,9 +6,9 @@ import re
 
 import yaml
 
-from strata import wiring
 from strata.config import load_settings
 from strata.config.pipelines import Pipeline
+from strata.shapes import wiring
 from tests.support.system import DEFAULT_CONFIG, ROOT
 
 DOC = ROOT / "docs" / "pipelines.md"

@@ -40,19 +40,25 @@ NEVER = {
     "services.postprocess.__main__": (*MODELS, *IMAGES_AND_TEXT, *REST),
     # The launcher imports the health check once its children are started; numpy only for
     # the banner it prints once all are up.
-    "strata.launch": (
+    "strata.tools.launch": (
         *MODELS,
         *IMAGES_AND_TEXT,
         *REST,
         "numpy",
-        "strata.healthcheck",
-        "strata.server",
+        "strata.tools.healthcheck",
+        "strata.rpc.server",
         "opentelemetry.sdk",
         "prometheus_client",
     ),
     # What the launcher polls its children with (and a container's probe): a channel and
     # the health stub, not the serving stack.
-    "strata.healthcheck": (*MODELS, *IMAGES_AND_TEXT, *REST, "strata.server", "opentelemetry.sdk"),
+    "strata.tools.healthcheck": (
+        *MODELS,
+        *IMAGES_AND_TEXT,
+        *REST,
+        "strata.rpc.server",
+        "opentelemetry.sdk",
+    ),
 }
 
 
@@ -73,5 +79,5 @@ def test_a_process_imports_only_what_it_serves_with(module: str) -> None:
     loaded = {name.split(".")[0] for name in seen["modules"]} | set(seen["modules"])
     assert sorted(loaded & set(NEVER[module])) == []
     # pydantic's own plugin search reads every installed distribution's metadata
-    # (strata/pydantic_plugins.py).
+    # (strata/process/pydantic_plugins.py).
     assert "pydantic" not in seen["searched"]

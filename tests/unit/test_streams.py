@@ -1,4 +1,4 @@
-"""strata.streams.answer_each: a message's zero or more answers written together and in
+"""strata.calls.streams.answer_each: a message's zero or more answers written together and in
 order, and the stream's bound counted in messages, whatever their answers' lengths."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 
-from strata.streams import answer_each
+from strata.calls.streams import answer_each
 
 
 class Source:

@@ -7,10 +7,10 @@ import pytest
 from pydantic import ValidationError
 
 from scripts.make_certs import make_certs
-from strata import healthcheck
 from strata.config.tls import CERT, TlsSettings
 from strata.proto.inference import grpc_service_pb2_grpc as v2_grpc
-from strata.security import caller_guard, server_credentials
+from strata.security.credentials import caller_guard, server_credentials
+from strata.tools import healthcheck
 from tests.support.system import make_config
 
 INFERENCE = "inference.GRPCInferenceService"

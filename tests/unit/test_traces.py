@@ -5,7 +5,7 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 
-from strata.traces import Receiver, render
+from strata.telemetry.traces import Receiver, render
 
 
 def test_receiver_collects_exported_spans_and_renders_the_tree() -> None:

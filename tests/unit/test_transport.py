@@ -1,6 +1,6 @@
 """gRPC's transport in a service process: its older TCP one unless the operator set
 GRPC_EXPERIMENTS, set before anything imports grpc, which reads the variable then
-(strata/transport.py says what it saves)."""
+(strata/process/transport.py says what it saves)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from strata.transport import POLLING_TRANSPORT
+from strata.process.transport import POLLING_TRANSPORT
 
 pytestmark = pytest.mark.slow  # each test starts a Python process
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from strata.config.pipelines import Pipeline
 from strata.proto.inference import model_config_pb2 as mc
-from strata.v2meta import model_config
+from strata.wire.v2meta import model_config
 
 
 def described(first: int, layout: str | None) -> mc.ModelConfig:

@@ -17,12 +17,12 @@ from onnx import TensorProto, helper
 from services.postprocess.engine import RuleEngine
 from services.postprocess.rule_chain import build_chain
 from services.preprocess.pipeline import build_pipeline
-from strata import sizes
 from strata.config.pipelines import Pipeline
 from strata.config.postprocess import PostprocessSettings
 from strata.errors import NotReady
-from strata.onnxsig import TensorInfo
-from strata.wiring import Sized, Version, check_same
+from strata.models.onnxsig import TensorInfo
+from strata.shapes import sizes
+from strata.shapes.wiring import Sized, Version, check_same
 from tests.unit.inference.test_inference_toymodels import _finish, dense, pooling_model
 
 DECLARED = {"name": "probabilities", "datatype": "FP32", "shape": [-1, 3]}

@@ -1,7 +1,8 @@
 """strata.v1.Admin on the gateway: status, route weights, forced levels, config reload.
 
 Registered only when an admin token is configured; every call must carry it as
-`authorization: Bearer <token>` (strata.tokens), the token of the config as last (re)loaded.
+`authorization: Bearer <token>` (strata.security.bearer), the token of the config as last
+(re)loaded.
 """
 
 from __future__ import annotations
@@ -14,11 +15,11 @@ from services.gateway.flow.model_stages import later_models
 from services.gateway.metrics import RATE_LIMITED, SHED, UPSTREAM_CALLS
 from services.gateway.runtime import Runtime
 from services.gateway.upstream.router import Router
+from strata.calls.grpc_errors import grpc_errors
 from strata.errors import InvalidArgument, NotFound, listed, shown
-from strata.grpc_errors import grpc_errors
+from strata.process.workers import tell_siblings
 from strata.proto.v1 import admin_pb2, admin_pb2_grpc
-from strata.tokens import ControlAuth
-from strata.workers import tell_siblings
+from strata.security.bearer import ControlAuth
 
 
 def admin_auth(runtime: Runtime) -> ControlAuth:

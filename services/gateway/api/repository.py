@@ -38,7 +38,7 @@ from strata.errors import (
     shown,
 )
 from strata.proto.inference import grpc_service_pb2 as v2
-from strata.tokens import ControlAuth
+from strata.security.bearer import ControlAuth
 
 ModelIndex = v2.RepositoryIndexResponse.ModelIndex
 UNAVAILABLE = "UNAVAILABLE"

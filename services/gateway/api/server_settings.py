@@ -27,9 +27,9 @@ from dataclasses import dataclass, replace
 
 from services.gateway.request import Caller
 from services.gateway.runtime import Runtime
-from strata import telemetry
 from strata.errors import InvalidArgument, NotFound, NotReady, listed, shown
-from strata.tokens import ControlAuth
+from strata.security.bearer import ControlAuth
+from strata.telemetry import tracing as telemetry
 
 log = logging.getLogger(__name__)
 

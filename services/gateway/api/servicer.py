@@ -12,13 +12,13 @@ from services.gateway.api.server_settings import ServerSettings
 from services.gateway.door.caller import grpc_caller
 from services.gateway.serving.pipelines import Pipelines
 from services.gateway.serving.shared_memory import CUDA_HINT, no_cuda_regions
+from strata.calls.grpc_errors import answers_unimplemented, grpc_errors
+from strata.calls.streams import DEFAULT_MAX_IN_FLIGHT
+from strata.calls.v2stream import answer_stream
 from strata.errors import StrataError, status_of
-from strata.grpc_errors import answers_unimplemented, grpc_errors
-from strata.occupancy import Shares, refuse
 from strata.proto.inference import grpc_service_pb2 as v2
 from strata.proto.inference import grpc_service_pb2_grpc as v2_grpc
-from strata.streams import DEFAULT_MAX_IN_FLIGHT
-from strata.v2stream import answer_stream
+from strata.security.occupancy import Shares, refuse
 
 LOG_FIELDS = {bool: "bool_param", int: "uint32_param", str: "string_param"}
 SERVER = "Strata's gateway"
@@ -168,7 +168,7 @@ class GatewayServicer(v2_grpc.GRPCInferenceServiceServicer):
     async def ModelStreamInfer(
         self, requests: AsyncIterator[v2.ModelInferRequest], context: grpc.aio.ServicerContext
     ) -> AsyncIterator[v2.ModelStreamInferResponse]:
-        """Each request of the stream through the pipeline on its own (strata.v2stream), once
+        """Each request of the stream through the pipeline on its own (strata.calls.v2stream), once
         the stream's caller is known and within its share of streams: its response, or a
         decoupled pipeline's zero or more."""
 

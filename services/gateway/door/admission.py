@@ -14,7 +14,7 @@ from services.gateway.door.identity import Identity
 from services.gateway.door.policy import Checkpoint, Entry, Policy, Ticket
 from services.gateway.request import Caller
 from strata.config.settings import Settings
-from strata.security import KeyRing
+from strata.security.credentials import KeyRing
 
 
 @dataclass(frozen=True)

@@ -6,8 +6,8 @@ from __future__ import annotations
 import grpc
 
 from services.gateway.request import Caller
-from strata.propagation import call_metadata
-from strata.security import principal
+from strata.security.credentials import principal
+from strata.telemetry.propagation import call_metadata
 
 # The ASGI scope extension whose "name" is a client certificate's principal.
 PRINCIPAL = "strata.principal"

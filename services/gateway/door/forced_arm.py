@@ -15,7 +15,7 @@ from services.gateway.upstream.router import Router
 from strata.config.gateway import RateLimits
 from strata.config.settings import Settings
 from strata.errors import PermissionDenied, shown
-from strata.security import KeyRing
+from strata.security.credentials import KeyRing
 
 ARM_PARAMETER = "strata.arm"
 FORCE_ARM = "force_arm"

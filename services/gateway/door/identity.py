@@ -12,8 +12,8 @@ from services.gateway.request import Caller
 from strata.config.gateway import RateLimits
 from strata.config.settings import Settings
 from strata.errors import Unauthenticated
-from strata.security import KeyRing, key_hash
-from strata.tokens import source_address
+from strata.security.bearer import source_address
+from strata.security.credentials import KeyRing, key_hash
 
 
 def client_key(caller: Caller, limits: RateLimits, keys: KeyRing) -> str:

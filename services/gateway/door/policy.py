@@ -16,7 +16,7 @@ from typing import Any, Protocol
 
 from services.gateway.request import Caller
 from strata.config.settings import Settings
-from strata.deadline import Deadline
+from strata.wire.deadline import Deadline
 
 # What a policy hands out and gets back when the request leaves; None where it holds nothing.
 Ticket = Any

@@ -10,7 +10,7 @@ from services.gateway.door.refusals import Refusals
 from services.gateway.metrics import RATE_LIMITED
 from strata.config.settings import Settings
 from strata.errors import Overloaded
-from strata.security import KeyRing
+from strata.security.credentials import KeyRing
 
 
 class RateLimit:

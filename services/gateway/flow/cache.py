@@ -20,7 +20,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from strata.config.gateway import Cache
-from strata.stack import Raw
+from strata.wire.stack import Raw
 
 
 def cache_key(pipeline: str, version: str, inputs: Sequence[Raw], principal: str = "") -> str:

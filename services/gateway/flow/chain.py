@@ -33,11 +33,12 @@ from services.gateway.flow.statistics import STATISTICS, Hops
 from services.gateway.request import Answer, ClientRequest
 from services.gateway.upstream.router import Router
 from services.gateway.upstream.upstreams import Hop, Upstreams
-from strata import codec, gathering, stack
+from strata.calls import gathering
 from strata.config.pipelines import Route
-from strata.deadline import Deadline, latest
 from strata.errors import StrataError, from_code
 from strata.proto.v1 import tensor_pb2 as v1
+from strata.wire import codec, stack
+from strata.wire.deadline import Deadline, latest
 
 # A flight's tensors as the hops carry them (strata.v1 raw bytes), not decoded Arrays.
 WireTensors = list[v1.Tensor]

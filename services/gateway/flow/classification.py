@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from strata import codec
 from strata.config.pipelines import OutputSpec, Pipeline
 from strata.errors import InvalidArgument, shown
 from strata.proto.inference import grpc_service_pb2 as v2
+from strata.wire import codec
 
 PARAMETER = "classification"
 SCORES = ("FP16", "FP32", "FP64")

@@ -35,10 +35,10 @@ from opentelemetry import trace
 from services.gateway.flow.sizing import UNBOUNDED, Room
 from services.gateway.metrics import FLIGHT_REQUESTS, FLIGHTS_IN_AIR
 from services.gateway.request import Answer, ClientRequest
-from strata import propagation
 from strata.config.gateway import FlightSettings
-from strata.deadline import Deadline
 from strata.errors import DeadlineExceeded
+from strata.telemetry import propagation
+from strata.wire.deadline import Deadline
 
 
 @dataclass(eq=False)

@@ -20,8 +20,8 @@ from pathlib import Path
 import numpy as np
 
 from services.gateway.flow.rows import measure
-from strata import repository
 from strata.config.pipelines import Condition, ModelRef, Pipeline, Stage
+from strata.models import repository
 
 MEASURES = ("max", "margin", "min", "top_probability")  # max first: what probabilities need
 

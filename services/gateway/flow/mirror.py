@@ -10,10 +10,10 @@ from services.gateway.flow.flights import Member
 from services.gateway.flow.rows import split
 from services.gateway.flow.shadow import Copy, ShadowRunner
 from services.gateway.upstream.router import Router
-from strata import codec
 from strata.config.pipelines import Stage
 from strata.proto.inference import grpc_service_pb2 as v2
 from strata.proto.v1 import tensor_pb2 as v1
+from strata.wire import codec
 
 
 def mirror_first(

@@ -26,13 +26,13 @@ from services.gateway.upstream.arms import ArmBook
 from services.gateway.upstream.router import Router
 from services.gateway.upstream.sequences import add_parameters
 from services.gateway.upstream.upstreams import Upstreams
-from strata import codec
 from strata.config.pipelines import ModelRef, Route
-from strata.deadline import latest
 from strata.errors import StrataError, Unavailable
-from strata.flight import FlightMember, member_errors, set_members
 from strata.proto.inference import grpc_service_pb2 as v2
 from strata.proto.v1 import tensor_pb2 as v1
+from strata.wire import codec
+from strata.wire.deadline import latest
+from strata.wire.flight import FlightMember, member_errors, set_members
 
 # How fast a model's usual seconds follow its latest calls.
 SMOOTHING = 0.2

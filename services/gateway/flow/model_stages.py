@@ -36,11 +36,13 @@ from services.gateway.flow.model_calls import Model, ModelCalls, Reply
 from services.gateway.flow.rows import Table, chosen_rows, renamed, write
 from services.gateway.flow.shadow import ShadowRunner
 from services.gateway.upstream.router import Router
-from strata import gathering, propagation, stack
+from strata.calls import gathering
 from strata.config.pipelines import Fallback, ModelRef, Pipeline, Route, Stage
 from strata.config.settings import Settings
 from strata.errors import DeadlineExceeded, StrataError
 from strata.proto.v1 import tensor_pb2 as v1
+from strata.telemetry import propagation
+from strata.wire import stack
 
 TRACER = trace.get_tracer("services.gateway")
 # A degraded answer's source when a member left a cascade early because its budget was

@@ -24,11 +24,11 @@ from services.gateway.flow.sizing import Sizes, arm_of
 from services.gateway.metrics import CACHE, DEGRADED, INFLIGHT
 from services.gateway.request import Answer, ClientRequest
 from services.gateway.upstream.router import Router
-from strata import codec, stack
 from strata.config.gateway import FlightSettings
 from strata.config.pipelines import OutputSpec, Route
 from strata.errors import StrataError, Unavailable
-from strata.schema import validate_inputs
+from strata.shapes.schema import validate_inputs
+from strata.wire import codec, stack
 
 UNWELL = {"UNAVAILABLE", "INTERNAL", "UNKNOWN"}
 

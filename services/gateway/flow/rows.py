@@ -18,11 +18,11 @@ from itertools import accumulate
 import numpy as np
 
 from services.gateway.flow.flights import Member
-from strata import codec
 from strata.config.pipelines import Condition, Stage
 from strata.errors import NotReady
-from strata.limits import check_declared
 from strata.proto.v1 import tensor_pb2 as v1
+from strata.wire import codec
+from strata.wire.limits import check_declared
 
 
 @dataclass

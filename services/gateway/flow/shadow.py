@@ -20,11 +20,11 @@ import numpy as np
 
 from services.gateway.metrics import SHADOW
 from services.gateway.upstream.upstreams import Upstreams
-from strata import codec
-from strata.codec import Arrays
 from strata.config.pipelines import ModelRef, Shadow
-from strata.deadline import Deadline
 from strata.errors import StrataError
+from strata.wire import codec
+from strata.wire.codec import Arrays
+from strata.wire.deadline import Deadline
 
 log = logging.getLogger(__name__)
 

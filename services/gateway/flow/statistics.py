@@ -28,7 +28,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 
 from strata.proto.inference import grpc_service_pb2 as v2
-from strata.v2stats import Duration, model_statistics
+from strata.wire.v2stats import Duration, model_statistics
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ from strata import __version__
 from strata.config.pipelines import Pipeline
 from strata.errors import NotFound, listed, shown
 from strata.proto.inference import grpc_service_pb2 as v2
-from strata.v2meta import metadata_response, model_config
+from strata.wire.v2meta import metadata_response, model_config
 
 PLATFORM = "strata_pipeline"
 SERVER_NAME = "strata"

@@ -5,16 +5,16 @@ The chain runs once per request, as for any pipeline; only its answer is split: 
 has a leading response axis of one length k, and response i carries each output's row i
 (of the shape the output declares). A request whose answer has more than the pipeline's
 `decoupled.max_responses` responses fails, so what one request of a stream can make the
-gateway hold is bounded (strata.streams counts the stream's room per request).
+gateway hold is bounded (strata.calls.streams counts the stream's room per request).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-from strata import codec
 from strata.errors import InvalidArgument, NotReady, shown
 from strata.proto.inference import grpc_service_pb2 as v2
+from strata.wire import codec
 
 # Triton's: a request that sets ENABLE_EMPTY_FINAL gets FINAL on each response, true only
 # on the last (for a decoupled pipeline an empty one after its data responses).

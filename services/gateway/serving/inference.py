@@ -21,14 +21,14 @@ from services.gateway.serving.shared_memory import (
     with_inputs,
 )
 from services.gateway.upstream.sequences import Sequences, request_flags
-from strata import codec
 from strata.config.pipelines import Pipeline
-from strata.deadline import Deadline
 from strata.errors import InvalidArgument, Unavailable, shown
 from strata.proto.inference import grpc_service_pb2 as v2
-from strata.sequences import FLAGS as SEQUENCE_FLAGS
-from strata.sequences import Flags
-from strata.telemetry import annotate, recording, shapes
+from strata.telemetry.tracing import annotate, recording, shapes
+from strata.wire import codec
+from strata.wire.deadline import Deadline
+from strata.wire.triton_sequences import FLAGS as SEQUENCE_FLAGS
+from strata.wire.triton_sequences import Flags
 
 
 @dataclass(frozen=True)

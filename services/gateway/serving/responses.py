@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from services.gateway.request import Answer
 from services.gateway.serving.shared_memory import REGION, SIZE, Placement
-from strata import codec
 from strata.proto.inference import grpc_service_pb2 as v2
+from strata.wire import codec
 
 
 def response(

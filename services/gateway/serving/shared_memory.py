@@ -19,7 +19,6 @@ import stat
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from strata import codec, limits
 from strata.config.gateway import SharedMemory as Settings
 from strata.errors import (
     AlreadyExists,
@@ -32,6 +31,7 @@ from strata.errors import (
     shown,
 )
 from strata.proto.inference import grpc_service_pb2 as v2
+from strata.wire import codec, limits
 
 KEY = re.compile(r"/?[A-Za-z0-9_.-]{1,250}")
 MAX_NAME = 256

@@ -1,13 +1,13 @@
 """Sequences at the gateway: each one's requests in order, on one arm and one replica.
 
-A pipeline with `sequence:` (strata.sequences.PipelineSequence) runs a stateful model, whose
-state lives in the inference replica that served the sequence's START. The gateway keeps
+A pipeline with `sequence:` (strata.wire.triton_sequences.PipelineSequence) runs a stateful model,
+whose state lives in the inference replica that served the sequence's START. The gateway keeps
 each sequence's requests one at a time, in the order they arrived; sends each one alone
 (never in a flight, never from the cache, never mirrored); remembers the arm its START was
 answered on and sends the rest there, with no fail-over (another arm has not its state);
 and picks its replica by the sequence's key among the deployment's listed replicas. The id
-goes to inference with the client's key beside it (strata.sequences.SCOPE): one client's ids
-never reach another's sequences.
+goes to inference with the client's key beside it (strata.wire.triton_sequences.SCOPE): one client's
+ids never reach another's sequences.
 
 A request of a sequence the gateway does not know without START (another gateway replica
 took its start, or this one restarted) still goes on, to the arm the client's stickiness
@@ -25,9 +25,9 @@ from services.gateway.request import Answer, ClientRequest
 from services.gateway.upstream.router import unit_hash
 from strata.config.pipelines import Pipeline
 from strata.errors import InvalidArgument, shown
-from strata.flight import Writable
 from strata.proto.inference import grpc_service_pb2 as v2
-from strata.sequences import (
+from strata.wire.flight import Writable
+from strata.wire.triton_sequences import (
     FLAGS,
     SCOPE,
     SEQUENCE_END,

@@ -5,9 +5,9 @@
   `ProcessRequest.trace_context`.
 - v2 `ModelInfer` as `ModelStreamInfer`: the tag before the first `#` of the request id,
   which every v2 server echoes (a long id is cut at its end); the call's traceparent in
-  `strata.trace_context` (strata.flight); a lone request's time budget in v2's `timeout`
+  `strata.trace_context` (strata.wire.flight); a lone request's time budget in v2's `timeout`
   parameter (a flight's members carry their own); a failed answer's `error_message` starts
-  with its status code's name (strata.v2stream), else it counts as UNKNOWN.
+  with its status code's name (strata.calls.v2stream), else it counts as UNKNOWN.
 """
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ from typing import Any
 import grpc
 
 from services.gateway.upstream.lanes import Metadata, StreamMethod, rpc_error
-from strata.flight import is_flight, set_call_traceparent
 from strata.proto.inference import grpc_service_pb2 as v2
 from strata.proto.v1 import tensor_pb2 as v1
+from strata.wire.flight import is_flight, set_call_traceparent
 
 # v2's own per-request time budget in microseconds (Triton's too).
 TIMEOUT = "timeout"

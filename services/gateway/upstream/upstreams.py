@@ -1,13 +1,13 @@
 """The gateway's channels to the layers behind it, each guarded by a circuit breaker.
 
-Every call passes on what is left of the caller's deadline (strata.deadline) as its gRPC
+Every call passes on what is left of the caller's deadline (strata.wire.deadline) as its gRPC
 deadline; every failure comes back as the upstream's own status code with the hop named in
 the message. gRPC's retry policy (in the channel's service config) retries UNAVAILABLE on
 another replica; the breaker sees only what is left after those retries (an inference call:
 the breaker of its model on that deployment). Until an upstream is first reached, a call
 waits for it to connect (gRPC's wait_for_ready) within its own timeout, instead of failing at
 once while the upstream is still starting. Trace context goes in each call's metadata
-(strata.telemetry.outgoing); how long each hop took goes on the caller's span as
+(strata.telemetry.tracing.outgoing); how long each hop took goes on the caller's span as
 `strata.hop.<hop>_ms` when its trace is sampled.
 """
 
@@ -28,17 +28,17 @@ from services.gateway.upstream.hoptime import HopTimer, Load, Timing
 from services.gateway.upstream.lanes import LaneBroken, Lanes, Spread, StreamMethod
 from services.gateway.upstream.sequences import replica
 from services.gateway.upstream.stream_methods import infer_stream, process_stream
-from strata.channels import open_channel
 from strata.config import Settings
 from strata.config.endpoints import ServiceEndpoint
 from strata.config.gateway import GatewaySettings
-from strata.deadline import Deadline
 from strata.errors import Unavailable, from_code, hinted_retry
 from strata.proto.inference import grpc_service_pb2 as v2
 from strata.proto.inference import grpc_service_pb2_grpc as v2_grpc
 from strata.proto.v1 import postprocess_pb2_grpc, preprocess_pb2_grpc
-from strata.sequences import Flags
-from strata.telemetry import annotate, outgoing, recording
+from strata.rpc.grpc_channels import open_channel
+from strata.telemetry.tracing import annotate, outgoing, recording
+from strata.wire.deadline import Deadline
+from strata.wire.triton_sequences import Flags
 
 INFERENCE_SERVICE = "inference.GRPCInferenceService"
 

@@ -9,7 +9,6 @@ from typing import ClassVar
 import numpy as np
 
 from services.postprocess.rules.base import RULES, Misconfigured, OneInput, load_list
-from strata.codec import Arrays
 from strata.config.postprocess import (
     LabelsRule,
     SigmoidRule,
@@ -20,6 +19,7 @@ from strata.config.postprocess import (
 )
 from strata.errors import InvalidArgument
 from strata.plugins import RuleContext, numbers, take
+from strata.wire.codec import Arrays
 
 
 def softmax(logits: np.ndarray, axis: int = -1) -> np.ndarray:

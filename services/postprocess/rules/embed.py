@@ -12,10 +12,10 @@ from typing import ClassVar
 import numpy as np
 
 from services.postprocess.rules.base import RULES, OneInput
-from strata.codec import Arrays
 from strata.config.postprocess import L2NormalizeRule, MeanPoolRule
 from strata.errors import InvalidArgument
 from strata.plugins import RuleContext, numbers
+from strata.wire.codec import Arrays
 
 # sentence-transformers' floors: token counts (clamp min=1e-9) and norms (F.normalize eps).
 _MIN_COUNT = 1e-9

@@ -15,9 +15,9 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from services.postprocess.rules.base import RULES, OneInput, load_list
-from strata.codec import Arrays
 from strata.config.postprocess import FilterSpec, KeywordFilterRule, RegexFilterRule
 from strata.plugins import RuleContext, take, texts
+from strata.wire.codec import Arrays
 
 if TYPE_CHECKING:  # imported where a filter is built: a config without one never loads it
     import regex

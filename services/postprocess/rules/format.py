@@ -16,10 +16,10 @@ from typing import Any
 import numpy as np
 
 from services.postprocess.rules.base import RULES, Misconfigured
-from strata.codec import Arrays
 from strata.config.postprocess import FormatRule
 from strata.errors import InvalidArgument
 from strata.plugins import RuleContext, take
+from strata.wire.codec import Arrays
 
 
 @RULES.register("format")

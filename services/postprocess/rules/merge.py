@@ -8,10 +8,10 @@ from typing import ClassVar
 import numpy as np
 
 from services.postprocess.rules.base import RULES
-from strata.codec import Arrays
 from strata.config.postprocess import MeanRule
 from strata.errors import NotReady
 from strata.plugins import RuleContext, numbers
+from strata.wire.codec import Arrays
 
 
 @RULES.register("mean")

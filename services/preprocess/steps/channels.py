@@ -7,9 +7,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from services.preprocess.steps.base import STEPS
-from strata.codec import Arrays
 from strata.config.preprocess import LayoutStep, NormalizeStep
 from strata.plugins import StepError, take
+from strata.wire.codec import Arrays
 
 
 @STEPS.register("layout")

@@ -14,9 +14,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from services.preprocess.steps.base import STEPS
-from strata.codec import Arrays
 from strata.config.preprocess import ColorStep
 from strata.plugins import StepError, take
+from strata.wire.codec import Arrays
 
 _CHANNELS = {1: "L", 3: "RGB", 4: "RGBA"}
 # Pillow's L = (R*19595 + G*38470 + B*7471 + 0x8000) >> 16.

@@ -22,9 +22,9 @@ from services.preprocess.steps.base import STEPS
 from services.preprocess.steps.color import convert_pixels, mode_of
 from services.preprocess.steps.image import resize_images
 from services.preprocess.steps.ragged import batch
-from strata.codec import Arrays
 from strata.config.preprocess import DecodeStep
 from strata.plugins import StepError, strings, take
+from strata.wire.codec import Arrays
 
 FORMATS = ("PNG", "JPEG")
 # Pillow modes that map to ours without losing anything; 16-bit gray is shifted to 8 bits.

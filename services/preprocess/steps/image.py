@@ -6,7 +6,7 @@ resampler image by image (the loop is per row, the pixels never pass through Pyt
 grayscale and RGB go through Pillow's 8-bit path, rounded as Pillow and torchvision round;
 other types and channel counts are resized channel by channel in 32-bit float, unrounded.
 UINT8 images stay UINT8 (other channel counts rounded back), so that a crop of them crosses
-the hops at a quarter of FP32's size (strata/folding.py); other types become FP32.
+the hops at a quarter of FP32's size (strata/shapes/folding.py); other types become FP32.
 """
 
 from __future__ import annotations
@@ -19,9 +19,9 @@ from PIL import Image
 
 from services.preprocess.steps.base import STEPS
 from services.preprocess.steps.ragged import is_ragged, per_row
-from strata.codec import Arrays
 from strata.config.preprocess import CropStep, PadStep, ResizeStep
 from strata.plugins import StepError, take
+from strata.wire.codec import Arrays
 
 FILTERS = {
     "area": Image.Resampling.BOX,

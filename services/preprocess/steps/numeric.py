@@ -10,7 +10,6 @@ import numpy as np
 
 from services.preprocess.steps.base import STEPS
 from strata import yamltext
-from strata.codec import DTYPES, Arrays
 from strata.config.preprocess import (
     VERSION,
     CastStep,
@@ -19,8 +18,9 @@ from strata.config.preprocess import (
     ScaleStep,
     StandardizeStep,
 )
-from strata.normalisation import Stats, load_stats
+from strata.models.normalisation import Stats, load_stats
 from strata.plugins import StepError, take
+from strata.wire.codec import DTYPES, Arrays
 
 
 @STEPS.register("scale")

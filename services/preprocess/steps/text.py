@@ -15,9 +15,9 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from services.preprocess.steps.base import STEPS, resolve
-from strata.codec import Arrays, utf8
 from strata.config.preprocess import NormalizeTextStep, TokenizeStep
 from strata.plugins import StepError, strings
+from strata.wire.codec import Arrays, utf8
 
 if TYPE_CHECKING:
     from tokenizers import Encoding, Tokenizer

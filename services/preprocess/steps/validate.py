@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from strata.codec import Arrays
 from strata.config.pipelines import InputSpec
-from strata.schema import validate_inputs
+from strata.shapes.schema import validate_inputs
+from strata.wire.codec import Arrays
 
 
 @dataclass

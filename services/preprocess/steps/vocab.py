@@ -14,9 +14,9 @@ from pathlib import Path
 import numpy as np
 
 from services.preprocess.steps.base import STEPS, resolve
-from strata.codec import Arrays
 from strata.config.preprocess import VocabularyStep
 from strata.plugins import StepError, take
+from strata.wire.codec import Arrays
 
 # How much of an unknown entry an error message quotes.
 _QUOTE = 40

@@ -18,12 +18,12 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from strata import codec
-from strata.launch import Supervisor
 from strata.proto.inference import grpc_service_pb2 as v2
 from strata.proto.inference import grpc_service_pb2_grpc as v2_grpc
 from strata.proto.v1 import postprocess_pb2_grpc, preprocess_pb2_grpc
 from strata.proto.v1 import tensor_pb2 as v1
+from strata.tools.launch import Supervisor
+from strata.wire import codec
 from tests.support.system import ROOT, running_system
 
 # (datatype, shape, data, words the refusal must say besides the tensor's name)

@@ -6,10 +6,10 @@ import grpc
 import numpy as np
 import pytest
 
-from strata import codec
 from strata.proto.inference import grpc_service_pb2_grpc as v2_grpc
 from strata.proto.v1 import postprocess_pb2_grpc, preprocess_pb2_grpc
 from strata.proto.v1 import tensor_pb2 as v1
+from strata.wire import codec
 
 HUGE = np.full((1, 30), 3.4e38, np.float32)  # finite, and far past any standardising
 

@@ -12,9 +12,9 @@ import pytest
 
 from models.common import run_steps
 from models.digits import STEPS as DIGITS_STEPS
-from strata import codec
 from strata.config import load_settings
 from strata.proto.inference import grpc_service_pb2_grpc as v2_grpc
+from strata.wire import codec
 from tests.support.system import DEFAULT_CONFIG, ROOT
 
 BUILD = ROOT / "build"

@@ -14,7 +14,7 @@ from services.gateway.door.probe import DoorProbe
 from strata.config.server import ServerSettings
 from strata.proto.inference import grpc_service_pb2 as v2
 from strata.proto.inference import grpc_service_pb2_grpc as v2_grpc
-from strata.server import start_server
+from strata.rpc.server import start_server
 
 FLOOD = 200  # calls sent at once, each holding the event loop for HELD seconds
 HELD = 0.005

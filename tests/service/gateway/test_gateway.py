@@ -16,11 +16,11 @@ import pytest
 import yaml
 from prometheus_client import REGISTRY
 
-from strata import codec
 from strata.proto.inference import grpc_service_pb2 as v2
 from strata.proto.inference import grpc_service_pb2_grpc
 from strata.proto.inference import grpc_service_pb2_grpc as v2_grpc
 from strata.proto.v1 import admin_pb2, admin_pb2_grpc
+from strata.wire import codec
 from tests.support.faulty import FaultyInference
 from tests.support.inprocess import InProcess, servers_in_process
 from tests.support.system import endpoint, free_port

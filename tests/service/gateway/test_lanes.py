@@ -1,5 +1,5 @@
 """The gateway's hops as messages on long-lived streams (upstream/lanes.py), against
-real aio gRPC servers on loopback serving ProcessStream (strata.v1stream) with a handler each
+real aio gRPC servers on loopback serving ProcessStream (strata.calls.v1stream) with a handler each
 test controls, and the gateway's own Hop on top: answers matched by tag, each message's own
 error and deadline, a broken or refused lane falling back to a unary call, a server without
 the stream method, draining, and a stream read only as fast as it is answered."""
@@ -18,12 +18,12 @@ import pytest
 from services.gateway.upstream.lanes import Lane, LaneBroken, Lanes
 from services.gateway.upstream.stream_methods import process_stream
 from services.gateway.upstream.upstreams import Hop, open_hop
+from strata.calls.streams import Drain
+from strata.calls.v1stream import serve_stream
 from strata.config import load_settings
-from strata.deadline import Deadline
 from strata.proto.v1 import preprocess_pb2_grpc
 from strata.proto.v1 import tensor_pb2 as v1
-from strata.streams import Drain
-from strata.v1stream import serve_stream
+from strata.wire.deadline import Deadline
 from tests.support.system import make_config
 
 Handler = Callable[[v1.ProcessRequest], Awaitable[v1.ProcessResponse]]

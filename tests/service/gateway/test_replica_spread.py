@@ -18,9 +18,9 @@ from services.gateway.upstream.stream_methods import process_stream
 from services.gateway.upstream.upstreams import Hop, open_hop
 from strata.config import load_settings
 from strata.config.endpoints import ServiceEndpoint
-from strata.deadline import Deadline
 from strata.proto.v1 import preprocess_pb2_grpc
 from strata.proto.v1 import tensor_pb2 as v1
+from strata.wire.deadline import Deadline
 from tests.service.gateway.test_lanes import Layer, echo
 from tests.support.system import free_port, make_config
 

@@ -21,13 +21,13 @@ from services.gateway.flow.flights import Member
 from services.gateway.flow.model_calls import model_request
 from services.gateway.request import ClientRequest
 from services.inference.app import build
-from strata import codec, flight
 from strata.config import load_settings
 from strata.config.pipelines import Pipeline
-from strata.deadline import Deadline
 from strata.proto.inference import grpc_service_pb2 as v2
 from strata.proto.inference import grpc_service_pb2_grpc as v2_grpc
-from strata.server import start_server
+from strata.rpc.server import start_server
+from strata.wire import codec, flight
+from strata.wire.deadline import Deadline
 from tests.support.system import endpoint
 from tests.unit.inference.test_inference_toymodels import (
     dense,

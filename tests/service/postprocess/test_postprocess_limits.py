@@ -23,8 +23,6 @@ from services.postprocess.engine import RuleEngine
 from services.postprocess.rule_chain import build_chain
 from services.postprocess.rules import RULES, RuleContext
 from services.postprocess.servicer import PostprocessServicer
-from strata import codec
-from strata.codec import Arrays
 from strata.config import load_settings
 from strata.config.base import stage_union
 from strata.config.pipelines import Pipeline
@@ -33,7 +31,9 @@ from strata.config.server import ServerSettings
 from strata.errors import InvalidArgument
 from strata.proto.v1 import postprocess_pb2_grpc
 from strata.proto.v1 import tensor_pb2 as v1
-from strata.server import start_server
+from strata.rpc.server import start_server
+from strata.wire import codec
+from strata.wire.codec import Arrays
 from tests.support.flight_requests import alone, by_member, flight
 from tests.support.results import raise_for_result
 from tests.support.system import make_config

@@ -26,8 +26,6 @@ from services.preprocess.metrics import StepTimings, Summary
 from services.preprocess.pipeline import PreprocessPipelines, build_pipeline
 from services.preprocess.servicer import PreprocessServicer
 from services.preprocess.steps import STEPS
-from strata import codec
-from strata.codec import Arrays
 from strata.config import load_settings
 from strata.config.base import stage_union
 from strata.config.pipelines import Pipeline
@@ -35,7 +33,9 @@ from strata.config.preprocess import BUILTIN_STEPS, PluginStep, StepSpec
 from strata.config.server import ServerSettings
 from strata.proto.v1 import preprocess_pb2_grpc
 from strata.proto.v1 import tensor_pb2 as v1
-from strata.server import start_server
+from strata.rpc.server import start_server
+from strata.wire import codec
+from strata.wire.codec import Arrays
 from tests.support.flight_requests import alone, by_member, flight
 from tests.support.results import raise_for_result
 from tests.support.system import make_config

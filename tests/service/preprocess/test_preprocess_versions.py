@@ -20,11 +20,11 @@ import yaml
 from services.preprocess.app import build_pipelines
 from services.preprocess.metrics import StepTimings
 from services.preprocess.pipeline import PreprocessPipelines
-from strata import codec
 from strata.config import ConfigError, load_settings
 from strata.errors import InvalidArgument, NotReady
-from strata.normalisation import STATS_FILE, Stats, load_stats, save_stats
+from strata.models.normalisation import STATS_FILE, Stats, load_stats, save_stats
 from strata.proto.inference import grpc_service_pb2_grpc as v2_grpc
+from strata.wire import codec
 from tests.support.inprocess import InProcess, servers_in_process
 from tests.support.system import DEFAULT_CONFIG, make_config
 

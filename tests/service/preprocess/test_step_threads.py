@@ -17,9 +17,9 @@ from threadpoolctl import threadpool_limits
 from services.preprocess.pipeline import PreprocessPipelines
 from services.preprocess.servicer import PreprocessServicer
 from services.preprocess.threads import RAYON_THREADS, step_pool
-from strata import codec
-from strata.codec import Arrays
 from strata.proto.v1 import tensor_pb2 as v1
+from strata.wire import codec
+from strata.wire.codec import Arrays
 
 
 class Overlap:

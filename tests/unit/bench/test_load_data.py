@@ -8,8 +8,8 @@ import pytest
 
 from bench.load.data import from_arrays, from_binary, from_json, json_bodies, method
 from bench.load.options import UsageError
-from strata import codec
 from strata.proto.inference import grpc_service_pb2 as v2
+from strata.wire import codec
 
 REQUEST = v2.ModelInferRequest
 

@@ -19,7 +19,7 @@ from bench.load import codes, rest
 from bench.load.clients import open_client
 from bench.load.schedule import Plan, split
 from bench.load.worker import Record, Runner
-from strata import codec
+from strata.wire import codec
 
 PATH = "/v2/models/digits/infer"
 OK, NOT_FOUND, RESOURCE_EXHAUSTED, UNAVAILABLE, DEADLINE_EXCEEDED = 0, 5, 8, 14, 4

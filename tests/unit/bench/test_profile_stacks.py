@@ -10,7 +10,7 @@ def test_the_innermost_frame_that_names_a_category_decides() -> None:
     assert category(f"{step};resize (PIL/Image.py:2200)") == "work"
     assert category(f"{step};mean (numpy/core/_methods.py:10)") == "work"  # numpy passed over
     decode = f"{LOOP};DataPlane.infer (services/inference/dataplane.py:51)"
-    assert category(f"{decode};request_inputs (strata/codec.py:202)") == "(de)serialising"
+    assert category(f"{decode};request_inputs (strata/wire/codec.py:202)") == "(de)serialising"
     assert category(f"{decode};Lane.send (services/gateway/upstream/lanes.py:90)") == "Strata"
     assert category(f"{LOOP};_call (grpc/aio/_call.py:300)") == "gRPC"
     assert category(LOOP) == "loop"

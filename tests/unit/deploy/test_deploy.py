@@ -130,7 +130,7 @@ def parse_command(argv: list[str]) -> Command:
 
 
 def endpoint_of(settings: Settings, command: Command) -> Endpoint:
-    """The endpoint a command serves, found the way strata.cli finds it."""
+    """The endpoint a command serves, found the way strata.rpc.main finds it."""
     listen = command.listen
     if listen is None:
         layer = command.layer
@@ -259,7 +259,14 @@ def test_ports_health_checks_and_limits_match_the_config() -> None:
         assert set(service["expose"]) == {str(port) for port in endpoint.ports}, name
         health = service["healthcheck"]["test"]
         assert health == [
-            *("CMD", "python", "-I", "-S", "strata/probe.py", f"127.0.0.1:{endpoint.metrics_port}")
+            *(
+                "CMD",
+                "python",
+                "-I",
+                "-S",
+                "strata/tools/probe.py",
+                f"127.0.0.1:{endpoint.metrics_port}",
+            )
         ], f"{name}: asks its own metrics port whether it is ready, importing nothing else"
         assert service["restart"] in {"always", "unless-stopped", "on-failure"}, name
         limits = service["deploy"]["resources"]["limits"]

@@ -21,7 +21,7 @@ from scripts.make_certs import ADMIN_SECRET, IDENTITIES, KEYS_SECRET, make_certs
 from strata.config import load_settings
 from strata.config.base import MIN_ADMIN_TOKEN
 from strata.config.tls import KEY
-from strata.security import KeyRing
+from strata.security.credentials import KeyRing
 from tests.e2e.test_deploy_entry import loopback_config
 from tests.unit.deploy.test_deploy import (
     COMPOSE_CONFIG,

@@ -20,8 +20,8 @@ from services.inference.batcher import Batcher
 from services.inference.jobs import Request
 from services.inference.statistics import VersionStats
 from strata.config.inference import InferenceSettings
-from strata.deadline import Deadline
 from strata.errors import DeadlineExceeded, InvalidArgument, Overloaded
+from strata.wire.deadline import Deadline
 
 Arrays = dict[str, np.ndarray]
 

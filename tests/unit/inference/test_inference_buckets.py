@@ -15,8 +15,8 @@ from services.inference import buckets
 from services.inference.buckets import Buckets, plan
 from services.inference.manifest import read_spec
 from services.inference.model import ModelVersion, load_version
-from strata.codec import Arrays
 from strata.config.inference import InferenceSettings
+from strata.wire.codec import Arrays
 from tests.unit.inference.test_inference_toymodels import VOCAB, pooling_model, write_version
 
 SETTINGS = InferenceSettings(models=["pool"], workers=1)

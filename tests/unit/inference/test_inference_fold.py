@@ -20,7 +20,7 @@ from services.preprocess.pipeline import build_pipeline
 from strata.config.inference import InferenceSettings
 from strata.config.pipelines import Pipeline
 from strata.errors import NotReady
-from strata.folding import folds
+from strata.shapes.folding import folds
 from tests.unit.inference.test_inference_toymodels import write_version
 
 CLASSES = 1000

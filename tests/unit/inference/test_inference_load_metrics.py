@@ -11,7 +11,7 @@ from prometheus_client import REGISTRY
 from services.inference.manager import ModelManager
 from services.inference.metrics import watch
 from strata.errors import NotReady
-from strata.normalisation import STATS_FILE, save_stats
+from strata.models.normalisation import STATS_FILE, save_stats
 from tests.unit.inference.test_inference_repository import X, with_manager
 from tests.unit.inference.test_inference_toymodels import dense, write_version
 from tests.unit.inference.test_inference_versions import ALL, stats_of

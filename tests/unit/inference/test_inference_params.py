@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from services.inference.params import request_options
-from strata.deadline import Deadline
 from strata.errors import InvalidArgument
 from strata.proto.inference import grpc_service_pb2 as v2
+from strata.wire.deadline import Deadline
 
 
 def params(**values: object) -> dict[str, v2.InferParameter]:

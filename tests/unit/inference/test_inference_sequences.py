@@ -19,10 +19,10 @@ from services.inference.sequences import Sequences
 from services.inference.signature import Signature
 from strata.config.inference import InferenceSettings
 from strata.errors import InvalidArgument
-from strata.onnxsig import TensorInfo
+from strata.models.onnxsig import TensorInfo
 from strata.proto.inference import model_config_pb2 as mc
-from strata.sequences import Flags, ModelSequence
-from strata.v2meta import model_config
+from strata.wire.triton_sequences import Flags, ModelSequence
+from strata.wire.v2meta import model_config
 
 
 def info(name: str, datatype: str, shape: tuple[int, ...] = (-1, 1)) -> TensorInfo:

@@ -14,7 +14,7 @@ import pytest
 
 from services.inference.manager import ModelManager
 from strata.errors import NotReady
-from strata.normalisation import STATS_FILE, fit_stats, save_stats
+from strata.models.normalisation import STATS_FILE, fit_stats, save_stats
 from tests.unit.inference.test_inference_repository import X, answer, settings, with_manager
 from tests.unit.inference.test_inference_toymodels import dense, write_manifest, write_version
 

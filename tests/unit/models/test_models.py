@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from models.build import build_all
-from strata.normalisation import load_stats
+from strata.models.normalisation import load_stats
 from tests.support.system import ROOT
 
 # Builds the demo models once (make test-unit leaves it out): about 17 s of CPU, digits-large's

@@ -19,7 +19,6 @@ from services.postprocess.engine import RuleEngine
 from services.postprocess.rule_chain import build_chain
 from services.postprocess.rules import RULES, RuleContext
 from services.postprocess.rules.base import Misconfigured
-from strata.codec import Arrays
 from strata.config.base import stage_union
 from strata.config.pipelines import Pipeline
 from strata.config.postprocess import (
@@ -30,6 +29,7 @@ from strata.config.postprocess import (
     SoftmaxRule,
 )
 from strata.errors import InvalidArgument, NotFound, NotReady, Unavailable
+from strata.wire.codec import Arrays
 
 LIMIT = 0.2
 MARGIN = 0.15

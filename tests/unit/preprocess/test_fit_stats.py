@@ -12,7 +12,7 @@ import pytest
 from services.preprocess.fit_stats import main
 from services.preprocess.steps import build_step
 from strata.config.preprocess import StandardizeStep
-from strata.normalisation import fit_stats, load_stats
+from strata.models.normalisation import fit_stats, load_stats
 from tests.support.system import ROOT
 
 DATA = np.array([[1.0, 10.0, 5.0], [3.0, 30.0, 5.0], [5.0, 20.0, 5.0]])

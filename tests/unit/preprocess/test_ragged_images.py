@@ -11,9 +11,9 @@ import pytest
 from bench.images import STEPS, photo_jpeg
 from services.preprocess.pipeline import PreprocessPipeline
 from services.preprocess.steps import StepError, build_step_options
-from strata import codec
+from strata.calls.v1process import process_all
 from strata.proto.v1 import tensor_pb2 as v1
-from strata.v1process import process_all
+from strata.wire import codec
 
 LANDSCAPE = photo_jpeg(640, 480)
 PORTRAIT = photo_jpeg(480, 640)

@@ -12,7 +12,7 @@ from PIL import Image
 from bench.images import photo_jpeg
 from services.preprocess.pipeline import PreprocessPipeline
 from services.preprocess.steps import build_step_options
-from strata.codec import Arrays
+from strata.wire.codec import Arrays
 
 LANDSCAPE = photo_jpeg(640, 480)
 PORTRAIT = photo_jpeg(480, 640)

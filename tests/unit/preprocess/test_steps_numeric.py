@@ -12,7 +12,7 @@ import pytest
 from services.preprocess.steps import StepError
 from services.preprocess.steps import build_step_options as build
 from strata.errors import InvalidArgument
-from strata.normalisation import Stats, save_stats
+from strata.models.normalisation import Stats, save_stats
 
 INF, NAN = np.inf, np.nan
 

@@ -27,10 +27,10 @@ from services.gateway.serving.shared_memory import CUDA_HINT, no_cuda_regions
 from strata.config.gateway import Rest
 from strata.config.pipelines import TensorSpec
 from strata.errors import InvalidArgument, Unimplemented, shown
-from strata.metrics import RPC_DURATION, RPCS
 from strata.proto.inference import grpc_service_pb2 as v2
-from strata.schema import check_datatype
-from strata.telemetry import server_span
+from strata.shapes.schema import check_datatype
+from strata.telemetry.metrics import RPC_DURATION, RPCS
+from strata.telemetry.tracing import server_span
 
 TIMEOUT_HEADER = "x-strata-timeout-ms"  # the caller's deadline, as gRPC's timeout would be
 MODEL = "/v2/models/{name}"

@@ -20,8 +20,8 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from services.gateway.door.caller import PRINCIPAL
 from strata.errors import RETRY_AFTER
-from strata.occupancy import REFUSED, RETRY_AFTER_MS, Shares
-from strata.security import principal
+from strata.security.credentials import principal
+from strata.security.occupancy import REFUSED, RETRY_AFTER_MS, Shares
 
 PROBES = frozenset({b"/v2/health/live", b"/v2/health/ready"})
 REASONS = {408: "Request Timeout", 503: "Service Unavailable"}

@@ -1,6 +1,6 @@
 """uvicorn serving the REST API on the gateway's own event loop, beside the gRPC server.
 
-uvicorn's `serve()` takes over SIGTERM and SIGINT; the gateway's shutdown is strata.server's
+uvicorn's `serve()` takes over SIGTERM and SIGINT; the gateway's shutdown is strata.rpc.server's
 (health NOT_SERVING first, then drain), so this runs uvicorn's start-up, tick loop and
 graceful shutdown itself and leaves the signals alone. Connections are uvicorn's httptools
 protocol under the connection limits (rest/connections.py).
@@ -20,9 +20,9 @@ from services.gateway.api.rest.connections import Connections, protocol
 from strata.config.gateway import Rest
 from strata.config.server import ServerSettings
 from strata.config.tls import CA, CERT, KEY, TlsSettings, public_identity
-from strata.exits import AddressUnusable
-from strata.occupancy import Shares
-from strata.workers import reuse_port_socket, sharing
+from strata.process.exits import AddressUnusable
+from strata.process.workers import reuse_port_socket, sharing
+from strata.security.occupancy import Shares
 
 log = logging.getLogger(__name__)
 
@@ -93,7 +93,8 @@ class RestServer:
     async def start(self) -> None:
         self._config.load()
         self._server.lifespan = self._config.lifespan_class(self._config)
-        # A worker shares the port with its siblings (strata.workers; its parent claimed it).
+        # A worker shares the port with its siblings (strata.process.workers; its parent claimed
+        # it).
         sockets = [reuse_port_socket(self.listen)] if sharing() else None
         try:
             await self._server.startup(sockets)

@@ -19,8 +19,8 @@ import grpc
 import orjson
 from starlette.responses import Response
 
+from strata.calls.grpc_errors import log_failure
 from strata.errors import RETRY_AFTER, InvalidArgument, retry_after_of, status_of
-from strata.grpc_errors import log_failure
 
 JSON = "application/json"
 _HTTP = {

@@ -17,10 +17,10 @@ import numpy as np
 import orjson
 
 from services.gateway.serving.shared_memory import REGION
-from strata import codec
 from strata.errors import InvalidArgument, shown
-from strata.limits import check_declared
 from strata.proto.inference import grpc_service_pb2 as v2
+from strata.wire import codec
+from strata.wire.limits import check_declared
 
 BINARY_SIZE = "binary_data_size"
 BINARY_OUTPUT = "binary_data_output"  # request parameter: every output as binary data

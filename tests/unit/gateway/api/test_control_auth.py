@@ -1,12 +1,12 @@
 """The check of the gateway's control calls (the admin API, model repository control, log
-and trace settings; strata.tokens.ControlAuth): the configured token as a bearer token, and
+and trace settings; strata.security.bearer.ControlAuth): the configured token as a bearer token, and
 the calls off while none is set."""
 
 import grpc
 import pytest
 
 from strata.errors import Unauthenticated
-from strata.tokens import ControlAuth, ControlOff
+from strata.security.bearer import ControlAuth, ControlOff
 
 
 class Context:

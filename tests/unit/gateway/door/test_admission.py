@@ -16,8 +16,8 @@ from services.gateway.request import Caller
 from strata.config import load_settings
 from strata.config.gateway import Concurrency, Ladder, RateLimits, TokenBucket
 from strata.config.settings import Settings
-from strata.deadline import Deadline
 from strata.errors import Overloaded, PermissionDenied
+from strata.wire.deadline import Deadline
 from tests.support.system import DEFAULT_CONFIG
 
 

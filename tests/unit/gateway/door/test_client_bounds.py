@@ -25,8 +25,8 @@ from services.gateway.flow.cache import Cached, ResultCache
 from services.gateway.upstream.router import Router
 from strata.config.gateway import Cache, Concurrency, Ladder, RateLimits, TokenBucket
 from strata.config.pipelines import Route
-from strata.occupancy import Shares
-from strata.tokens import Throttle
+from strata.security.bearer import Throttle
+from strata.security.occupancy import Shares
 
 CLIENTS = 6_000
 MARGIN = 120_000  # bytes

@@ -9,7 +9,7 @@ from services.gateway.upstream.router import Router
 from strata.config.gateway import ApiKey
 from strata.config.pipelines import Route
 from strata.errors import PermissionDenied
-from strata.security import KeyRing, key_hash
+from strata.security.credentials import KeyRing, key_hash
 
 
 def rolled_back() -> Router:

@@ -4,7 +4,7 @@ they answer is computed from the request, as a model server's is).
 
 A `Server` answers ModelInfer as the inference layer does for a flight: each member's rows
 through its function, except the members it is told to fail, which get their own error in
-the reply's parameters (strata.flight) and no rows.
+the reply's parameters (strata.wire.flight) and no rows.
 """
 
 from __future__ import annotations
@@ -18,11 +18,11 @@ import numpy as np
 
 from services.gateway.flow.flights import Member
 from services.gateway.request import ClientRequest
-from strata import codec, flight
 from strata.config.pipelines import Pipeline, Route
-from strata.deadline import Deadline
 from strata.errors import StrataError
 from strata.proto.inference import grpc_service_pb2 as v2
+from strata.wire import codec, flight
+from strata.wire.deadline import Deadline
 
 Model = Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]]
 

@@ -14,8 +14,8 @@ from prometheus_client import REGISTRY
 from services.gateway.flow.flights import Flights, Member
 from services.gateway.flow.sizing import Room
 from strata.config.gateway import FlightSettings
-from strata.deadline import Deadline
 from strata.errors import DeadlineExceeded
+from strata.wire.deadline import Deadline
 
 
 def run(test):

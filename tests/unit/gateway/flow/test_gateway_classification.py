@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 
 from services.gateway.flow.classification import class_counts, classified
-from strata import codec
 from strata.config.pipelines import Pipeline
 from strata.errors import InvalidArgument
+from strata.wire import codec
 
 
 def pipeline(batched: bool = True) -> Pipeline:

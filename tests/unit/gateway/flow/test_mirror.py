@@ -12,9 +12,9 @@ from services.gateway.flow.flights import Member
 from services.gateway.flow.mirror import mirror_first, mirror_stage
 from services.gateway.flow.shadow import ShadowRunner, ShadowStats
 from services.gateway.upstream.router import Router
-from strata import codec
 from strata.config.pipelines import Shadow, Stage
 from strata.proto.inference import grpc_service_pb2 as v2
+from strata.wire import codec
 from tests.unit.gateway.flow.parts import Deployments, Server, member, pipeline, routes, rows_of
 
 MIRROR = Shadow(deployment="d-mirror")

@@ -15,7 +15,6 @@ from services.gateway.flow import blame
 from services.gateway.flow.model_calls import Model, ModelCalls, model_request
 from services.gateway.upstream.arms import ArmBook
 from services.gateway.upstream.router import Router
-from strata import codec, flight
 from strata.config.pipelines import Pipeline, Route
 from strata.errors import (
     DeadlineExceeded,
@@ -25,6 +24,7 @@ from strata.errors import (
     StrataError,
     Unavailable,
 )
+from strata.wire import codec, flight
 from tests.unit.gateway.flow.parts import Deployments, Server, member, pipeline, routes, rows_of
 
 A, B = routes("a", "b")

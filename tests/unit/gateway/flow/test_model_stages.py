@@ -17,9 +17,9 @@ from services.gateway.flow.model_stages import EARLY_EXIT, Staged, Stages, later
 from services.gateway.flow.shadow import ShadowRunner
 from services.gateway.upstream.arms import ArmBook
 from services.gateway.upstream.router import Router
-from strata import codec
 from strata.config.pipelines import Pipeline, Route
 from strata.errors import DeadlineExceeded, InvalidArgument, Miswired, Unavailable
+from strata.wire import codec
 from tests.unit.gateway.flow.parts import Deployments, Server, member, pipeline, rows_of
 
 

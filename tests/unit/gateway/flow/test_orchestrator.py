@@ -18,11 +18,11 @@ from services.gateway.flow import orchestrator
 from services.gateway.flow.orchestrator import default_outputs
 from services.gateway.request import Answer, ClientRequest
 from services.gateway.runtime import Runtime
-from strata import codec
 from strata.config import Settings, load_settings
 from strata.config.pipelines import Pipeline
-from strata.deadline import Deadline
 from strata.errors import DeadlineExceeded, InvalidArgument, Overloaded, StrataError, Unavailable
+from strata.wire import codec
+from strata.wire.deadline import Deadline
 from tests.support.system import DEFAULT_CONFIG
 
 DEFAULT = {"labels": ["zero", "one", "two"], "scores": [0.5, 0.3, 0.2]}

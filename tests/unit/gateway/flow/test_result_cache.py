@@ -5,9 +5,9 @@ client."""
 import numpy as np
 
 from services.gateway.flow.cache import Cached, ResultCache, cache_key
-from strata import codec
 from strata.config.gateway import Cache
-from strata.stack import Raw
+from strata.wire import codec
+from strata.wire.stack import Raw
 from tests.support.clock import Clock
 
 

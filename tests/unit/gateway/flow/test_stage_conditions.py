@@ -10,9 +10,9 @@ from services.gateway.flow.flights import Member
 from services.gateway.flow.rows import Table as Table
 from services.gateway.flow.rows import chosen_rows as chosen_rows
 from services.gateway.flow.rows import measure as measure
-from strata import codec
 from strata.config.pipelines import Condition
-from strata.deadline import Deadline
+from strata.wire import codec
+from strata.wire.deadline import Deadline
 
 MEASURES = ("top_probability", "margin", "max", "min")
 

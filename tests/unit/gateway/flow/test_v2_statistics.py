@@ -4,8 +4,8 @@ in v2 terms, and per model version adding up to the pipeline's."""
 import numpy as np
 
 from services.gateway.flow.statistics import Hops, Statistics
-from strata import codec
 from strata.proto.inference import grpc_service_pb2 as v2
+from strata.wire import codec
 
 
 def answer(rows: int, **parameters: bool | str) -> v2.ModelInferResponse:

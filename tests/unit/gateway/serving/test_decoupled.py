@@ -14,7 +14,7 @@ from services.gateway.serving import decoupled
 from strata.config.pipelines import Pipeline
 from strata.errors import InvalidArgument, NotReady
 from strata.proto.inference import grpc_service_pb2 as v2
-from strata.v2meta import model_config
+from strata.wire.v2meta import model_config
 
 REPEAT: dict[str, Any] = {
     "max_batch_size": 0,

@@ -10,10 +10,10 @@ from services.gateway.request import Answer
 from services.gateway.serving.inference import _produced
 from services.gateway.serving.responses import response
 from services.gateway.serving.shared_memory import REGION, SIZE, Placement
-from strata import codec
 from strata.config.pipelines import Pipeline
 from strata.errors import Unavailable
 from strata.proto.inference import grpc_service_pb2 as v2
+from strata.wire import codec
 
 REQUEST = v2.ModelInferRequest(model_name="p", id="r1")
 LABELS = np.array([[1, 2]], dtype=np.int64)

@@ -15,9 +15,9 @@ from services.gateway.serving.shared_memory import (
     with_inputs,
     write_outputs,
 )
-from strata import codec
 from strata.config.gateway import SharedMemory as Settings
 from strata.errors import AlreadyExists, InvalidArgument, NotFound, Overloaded, PermissionDenied
+from strata.wire import codec
 
 
 @pytest.fixture

@@ -5,9 +5,9 @@ import numpy as np
 import pytest
 
 from services.gateway.upstream.hoptime import HopTimer, Load
-from strata import codec
 from strata.config.gateway import HopTimeouts
 from strata.proto.v1 import tensor_pb2 as v1
+from strata.wire import codec
 
 SETTINGS = HopTimeouts(multiplier=5, floor_seconds=0.05, window=64, min_samples=32)
 PHOTO = Load("images", rows=1, bytes=50_000)

@@ -11,10 +11,10 @@ import pytest
 from services.gateway.request import Answer, ClientRequest
 from services.gateway.upstream.sequences import Sequences, replica, request_flags
 from strata.config.pipelines import Pipeline
-from strata.deadline import Deadline
 from strata.errors import InvalidArgument
 from strata.proto.inference import grpc_service_pb2 as v2
-from strata.sequences import Flags
+from strata.wire.deadline import Deadline
+from strata.wire.triton_sequences import Flags
 
 SPEC = {
     "inputs": [{"name": "value", "datatype": "FP32", "shape": [-1, 1]}],

@@ -18,10 +18,10 @@ import schemathesis
 from services.gateway.api.rest import openapi, tensors
 from services.gateway.api.rest.app import build_app
 from services.gateway.api.rest.statuses import error_response
-from strata import codec
 from strata.config.gateway import Rest
 from strata.errors import NotFound
 from strata.proto.inference import grpc_service_pb2 as v2
+from strata.wire import codec
 
 # Starlette answers HEAD for every GET, and the document's own address is, as usual, not in it.
 UNDOCUMENTED = {"HEAD"}

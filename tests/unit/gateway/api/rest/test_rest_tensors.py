@@ -12,9 +12,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from services.gateway.api.rest import tensors
-from strata import codec
 from strata.errors import InvalidArgument
 from strata.proto.inference import grpc_service_pb2 as v2
+from strata.wire import codec
 
 DATATYPES = list(codec.DTYPES)
 

@@ -1,0 +1,3 @@
+"""One service's gRPC life: the entry every `services/<layer>/__main__.py` calls (main),
+the server's start-up and shutdown (server), and its channels to the next hop (grpc_channels).
+"""

@@ -1,0 +1,105 @@
+"""Tensors of a flight: many requests' rows stacked along the first dimension, as raw bytes.
+
+The gateway forwards what a layer returned to the next layer without decoding it; these
+helpers join the requests' raw tensors into one stack and cut members out of a stack by
+slicing bytes (fixed-size datatypes) or, for BYTES, by walking the length prefixes. A stack
+is cut only once its declared shape passes the same check as every decode (strata.wire.limits).
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Sequence
+from dataclasses import dataclass
+from itertools import accumulate
+
+from strata.errors import InvalidArgument
+from strata.proto.v1 import tensor_pb2 as v1
+from strata.wire.limits import check_declared
+
+_LENGTH = struct.Struct("<I")
+
+
+@dataclass(frozen=True)
+class Raw:
+    """One request's tensor as it came off the wire."""
+
+    name: str
+    datatype: str
+    shape: tuple[int, ...]
+    data: bytes
+
+
+def signature(tensors: Sequence[Raw]) -> tuple[tuple[str, str, tuple[int, ...]], ...]:
+    """What requests must share to be stacked: each tensor's name, datatype and row shape."""
+    return tuple((t.name, t.datatype, t.shape[1:]) for t in tensors)
+
+
+def join(members: Sequence[Sequence[Raw]]) -> list[v1.Tensor]:
+    """One tensor per name, the members' rows in order (members share a `signature`)."""
+    first = members[0]
+    if len(members) == 1:
+        return [
+            v1.Tensor(name=t.name, datatype=t.datatype, shape=t.shape, data=t.data) for t in first
+        ]
+    stacked = []
+    for i, tensor in enumerate(first):
+        rows = sum(member[i].shape[0] for member in members)
+        stacked.append(
+            v1.Tensor(
+                name=tensor.name,
+                datatype=tensor.datatype,
+                shape=(rows, *tensor.shape[1:]),
+                data=b"".join(member[i].data for member in members),
+            )
+        )
+    return stacked
+
+
+def take(tensors: Sequence[v1.Tensor], rows: Sequence[int], keep: Sequence[int]) -> list[v1.Tensor]:
+    """The rows of members `keep` (indices into `rows`, ascending) out of stacked `tensors`."""
+    starts = [0, *accumulate(rows)]
+    total = starts[-1]
+    kept = sum(rows[i] for i in keep)
+    out = []
+    for tensor in tensors:
+        _check_stacked(tensor, total)
+        bounds = _row_bounds(tensor, total)
+        data = b"".join(tensor.data[bounds[starts[i]] : bounds[starts[i + 1]]] for i in keep)
+        shape = (kept, *tensor.shape[1:])
+        out.append(v1.Tensor(name=tensor.name, datatype=tensor.datatype, shape=shape, data=data))
+    return out
+
+
+def _check_stacked(tensor: v1.Tensor, total: int) -> None:
+    """ValueError unless `tensor` is a well-formed stack over `total` rows: what is cut here
+    was decoded (and checked) once already or is a layer's answer, so a malformed stack is a
+    bug, not the client's mistake."""
+    try:
+        check_declared(tensor.name, tensor.datatype, tensor.shape, len(tensor.data))
+    except InvalidArgument as exc:
+        raise ValueError(f"malformed tensor in a stack: {exc}") from None
+    if not tensor.shape or tensor.shape[0] != total:
+        raise ValueError(
+            f"tensor {tensor.name!r} of shape {list(tensor.shape)} is not stacked over {total} rows"
+        )
+
+
+def _row_bounds(tensor: v1.Tensor, total: int) -> list[int]:
+    """Byte offset of the start of each row, and of the end."""
+    if total == 0:
+        return [0]
+    per_row = 1
+    for dim in tensor.shape[1:]:
+        per_row *= dim
+    if tensor.datatype != "BYTES":
+        size = len(tensor.data) // total
+        return [row * size for row in range(total + 1)]
+    bounds, offset, data = [0], 0, tensor.data
+    for _ in range(total):
+        for _ in range(per_row):
+            if offset + 4 > len(data):
+                raise ValueError(f"tensor {tensor.name!r}: BYTES data ends early")
+            offset += 4 + _LENGTH.unpack_from(data, offset)[0]
+        bounds.append(offset)
+    return bounds
