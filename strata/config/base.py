@@ -21,7 +21,7 @@ from pydantic import (
     field_validator,
 )
 
-from strata.plugins.registry import Family, Plugin
+from strata.registry import Family, Plugin
 
 # A setting's json_schema_extra when a config reload applies it to the running gateway
 # (the admin API's Reload): `live_fields` lists them, the config reference says so.

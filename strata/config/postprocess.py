@@ -2,7 +2,7 @@
 
 Each rule kind has a model here, picked by its `kind`: the shared keys (name, core, when,
 timeout_seconds) and the rule's own options, checked when the config loads. The rule's class
-in services/postprocess/rules takes the model, validated, as its options (strata.plugins.registry);
+in services/postprocess/rules takes the model, validated, as its options (strata.registry);
 what needs a file (a labels or keywords file) or a library (a regex that must compile) is
 checked there, when the class is built.
 """
@@ -25,7 +25,7 @@ from strata.config.base import (
     kinds,
     stage_union,
 )
-from strata.plugins.registry import Family
+from strata.registry import Family
 
 Text = Annotated[str, Field(min_length=1)]
 

@@ -2,7 +2,7 @@
 
 Each step kind has a model here, picked by its `kind`: the keys it takes, their defaults and
 limits, checked when the config loads. The step's class in services/preprocess/steps takes
-the model, validated, as its options (strata.plugins.registry); what needs a file (a vocabulary, a
+the model, validated, as its options (strata.registry); what needs a file (a vocabulary, a
 tokenizer, statistics) is checked there, when the class is built.
 """
 
@@ -23,7 +23,7 @@ from strata.config.base import (
     kinds,
     stage_union,
 )
-from strata.plugins.registry import Family
+from strata.registry import Family
 
 Level = Annotated[int, Field(strict=True, ge=0, le=255)]
 

@@ -24,7 +24,7 @@ from strata.config.postprocess import PostprocessSettings
 from strata.config.preprocess import VERSION, PreprocessSettings, per_version
 from strata.config.server import ServerSettings, TelemetrySettings
 from strata.config.tls import TlsSettings
-from strata.plugins.registry import PluginError, dotted
+from strata.registry import PluginError, dotted
 
 SECRET_SECTIONS = ("gateway", "inference")  # sections with `*_file` secrets (`with_files`)
 # The services that build a pipeline section's stages, so load their plugins (user code).

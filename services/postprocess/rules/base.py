@@ -17,7 +17,7 @@ from strata.config import postprocess as options
 from strata.config.postprocess import RuleSpec
 from strata.errors import NotReady
 from strata.plugins import Rule
-from strata.plugins.registry import Registry, guard_rule
+from strata.registry import Registry, guard_rule
 
 __all__ = ["RULES", "Misconfigured", "OneInput", "is_bounded", "load_list"]
 

@@ -11,7 +11,7 @@ from pathlib import Path
 from strata.config import preprocess as options
 from strata.config.preprocess import StepSpec
 from strata.plugins import Step
-from strata.plugins.registry import Registry, guard_step
+from strata.registry import Registry, guard_step
 
 __all__ = ["STEPS", "resolve"]
 
