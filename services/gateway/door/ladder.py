@@ -102,7 +102,7 @@ class Signals:
         slot = self._slot()
         slot.outcomes += 1
         if kind == "ok":
-            slot.answered.setdefault(pipeline, []).append(seconds)
+            _add(slot.answered, pipeline, seconds)
         elif kind == "error":
             slot.errors += 1
         elif kind == "rejected":
@@ -110,7 +110,7 @@ class Signals:
 
     def queued(self, pipeline: str, seconds: float) -> None:
         """A request of `pipeline` waited `seconds` between arriving and its flight leaving."""
-        self._slot().waited.setdefault(pipeline, []).append(seconds)
+        _add(self._slot().waited, pipeline, seconds)
 
     def recent(self, seconds: float) -> list[Slot]:
         """The slots of the last `seconds` (to within a slot); older ones are forgotten."""
@@ -188,7 +188,13 @@ def _before_door(
     }
 
 
-def _joined(parts: Iterable[Sequence[float] | None]) -> np.ndarray:
+def _add(kept: dict[str, list[float] | np.ndarray], pipeline: str, seconds: float) -> None:
+    values = kept.setdefault(pipeline, [])
+    assert isinstance(values, list)  # only the open slot is added to; a sealed one holds arrays
+    values.append(seconds)
+
+
+def _joined(parts: Iterable[Sequence[float] | np.ndarray | None]) -> np.ndarray:
     kept = [values for values in parts if values is not None and len(values)]
     return np.concatenate(kept) if kept else np.empty(0)
 
