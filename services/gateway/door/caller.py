@@ -13,7 +13,7 @@ from strata.telemetry.propagation import call_metadata
 PRINCIPAL = "strata.principal"
 
 
-def grpc_caller(context: grpc.aio.ServicerContext) -> Caller:
+def grpc_caller(context: grpc.aio.ServicerContext[object, object]) -> Caller:
     """The caller of a gRPC call."""
     names = context.peer_identities() or ()
     return Caller(

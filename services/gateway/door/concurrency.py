@@ -230,7 +230,7 @@ class Waiter:
     """A request waiting for a place."""
 
     client: str
-    place: asyncio.Future
+    place: asyncio.Future[None]
     since: float
 
 

@@ -21,7 +21,7 @@ import logging
 import shutil
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import grpc
@@ -47,7 +47,7 @@ class DoorProbe:
         self._interval = interval
         self._folder = Path(tempfile.mkdtemp(prefix="strata-door-"))
         self.address = f"unix:{self._folder / 'door.sock'}"
-        self._task: asyncio.Task | None = None
+        self._task: asyncio.Task[None] | None = None
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._probe_forever())
@@ -71,7 +71,9 @@ class DoorProbe:
                 await asyncio.sleep(max(0.0, self._interval() - (time.monotonic() - started)))
 
 
-async def _timed(check: Callable, started: float) -> float | None:
+async def _timed(
+    check: Callable[..., Awaitable[health_pb2.HealthCheckResponse]], started: float
+) -> float | None:
     """Seconds from `started` to the answer of one health check (any answer: the call got
     through the door); None where it never reached the server (not yet, or no longer, up)."""
     try:

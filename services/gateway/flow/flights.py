@@ -98,7 +98,7 @@ class Flights:
         self._queues: dict[Hashable, deque[Member]] = {}
         self._in_air = 0
         self._pump_soon = False
-        self._tasks: set[asyncio.Task] = set()
+        self._tasks: set[asyncio.Task[None]] = set()
         self._numbers = itertools.count(1)
 
     def configure(self, settings: FlightSettings) -> None:
@@ -108,7 +108,8 @@ class Flights:
     async def board(self, key: Hashable, member: Member) -> Answer:
         """Queue `member` for the next flight of `key` and wait for its answer."""
         loop = asyncio.get_running_loop()
-        member.future = future = loop.create_future()
+        future: asyncio.Future[Answer] = loop.create_future()
+        member.future = future
         member.boarded = time.monotonic()
         self._queues.setdefault(key, deque()).append(member)
         if not self._pump_soon:
@@ -194,7 +195,7 @@ class Flights:
         await asyncio.gather(*self._tasks, return_exceptions=True)
 
 
-def _expire(future: asyncio.Future) -> None:
+def _expire(future: asyncio.Future[Answer]) -> None:
     if not future.done():
         future.set_exception(DeadlineExceeded("deadline passed before the chain answered"))
 

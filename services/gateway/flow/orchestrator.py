@@ -137,7 +137,7 @@ class Orchestrator:
         return None
 
 
-def _flight_key(req: ClientRequest, route: Route) -> tuple:
+def _flight_key(req: ClientRequest, route: Route) -> tuple[object, ...]:
     """What the requests of one flight must share (`route`: the request's arm); a request
     without a batch dimension, or of a sequence, shares with none (its own identity, while
     it waits)."""

@@ -118,7 +118,7 @@ class Sizes:
         self._batch_limit = batch_limit
         self._seen: dict[Arm, Heaviest] = {}
         self._batches: dict[tuple[str, str, str], int | None] = {}
-        self._asking: set[asyncio.Task] = set()
+        self._asking: set[asyncio.Task[None]] = set()
 
     def configure(self, limit: int, margin: float) -> None:
         self._limit, self._budget = limit, int(limit * (1 - margin))

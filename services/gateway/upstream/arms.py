@@ -14,7 +14,7 @@ from services.gateway.metrics import ARM_LATENCY, ARM_REQUESTS
 class ArmFigures:
     requests: int = 0
     errors: int = 0
-    latencies: deque = field(default_factory=lambda: deque(maxlen=2000))
+    latencies: deque[float] = field(default_factory=lambda: deque(maxlen=2000))
 
     def percentiles_ms(self) -> tuple[float, float, float]:
         if not self.latencies:
