@@ -8,6 +8,7 @@ Registered only when an admin token is configured; every call must carry it as
 from __future__ import annotations
 
 import numpy as np
+from grpc.aio import ServicerContext as Context
 
 from services.gateway.door.concurrency import AdaptiveLimit
 from services.gateway.door.ladder import Reading
@@ -39,12 +40,20 @@ class AdminServicer(admin_pb2_grpc.AdminServicer):
         self._auth = auth
 
     @grpc_errors
-    async def Status(self, request, context) -> admin_pb2.StatusResponse:
+    async def Status(
+        self,
+        request: admin_pb2.StatusRequest,
+        context: Context[admin_pb2.StatusRequest, admin_pb2.StatusResponse],
+    ) -> admin_pb2.StatusResponse:
         self._auth.check(context)
         return await self._status()
 
     @grpc_errors
-    async def SetWeights(self, request, context) -> admin_pb2.StatusResponse:
+    async def SetWeights(
+        self,
+        request: admin_pb2.SetWeightsRequest,
+        context: Context[admin_pb2.SetWeightsRequest, admin_pb2.StatusResponse],
+    ) -> admin_pb2.StatusResponse:
         self._auth.check(context)
         self._runtime.changing_live("SetWeights")
         self._router(request.pipeline).set_weights(dict(request.weights))
@@ -68,7 +77,11 @@ class AdminServicer(admin_pb2_grpc.AdminServicer):
         return router
 
     @grpc_errors
-    async def ForceLevel(self, request, context) -> admin_pb2.StatusResponse:
+    async def ForceLevel(
+        self,
+        request: admin_pb2.ForceLevelRequest,
+        context: Context[admin_pb2.ForceLevelRequest, admin_pb2.StatusResponse],
+    ) -> admin_pb2.StatusResponse:
         self._auth.check(context)
         self._runtime.changing_live("ForceLevel")
         if request.release:
@@ -80,7 +93,11 @@ class AdminServicer(admin_pb2_grpc.AdminServicer):
         return await self._status()
 
     @grpc_errors
-    async def Reload(self, request, context) -> admin_pb2.ReloadResponse:
+    async def Reload(
+        self,
+        request: admin_pb2.ReloadRequest,
+        context: Context[admin_pb2.ReloadRequest, admin_pb2.ReloadResponse],
+    ) -> admin_pb2.ReloadResponse:
         self._auth.check(context)
         applied, restart, kept = self._runtime.reload()
         tell_siblings()  # other gateway processes re-read the file too

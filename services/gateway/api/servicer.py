@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import Any
 
-import grpc
+from grpc.aio import ServicerContext as Context
 
 from services.gateway.api.repository import Repository
-from services.gateway.api.server_settings import ServerSettings
+from services.gateway.api.server_settings import LogValue, ServerSettings
 from services.gateway.door.caller import grpc_caller
 from services.gateway.serving.pipelines import Pipelines
 from services.gateway.serving.shared_memory import CUDA_HINT, no_cuda_regions
@@ -22,6 +23,7 @@ from strata.security.occupancy import Shares, refuse
 
 LOG_FIELDS = {bool: "bool_param", int: "uint32_param", str: "string_param"}
 SERVER = "Strata's gateway"
+StreamContext = Context[v2.ModelInferRequest, v2.ModelStreamInferResponse]
 
 
 @answers_unimplemented(
@@ -42,56 +44,98 @@ class GatewayServicer(v2_grpc.GRPCInferenceServiceServicer):
         self._max_stream_in_flight = max_stream_in_flight
         self._streams = Shares(max_streams_per_client)
 
-    def _client(self, context: grpc.aio.ServicerContext) -> str:
+    def _client(self, context: Context[Any, Any]) -> str:
         return self._pipelines.identify(grpc_caller(context))
 
-    async def ServerLive(self, request, context) -> v2.ServerLiveResponse:
+    async def ServerLive(
+        self,
+        request: v2.ServerLiveRequest,
+        context: Context[v2.ServerLiveRequest, v2.ServerLiveResponse],
+    ) -> v2.ServerLiveResponse:
         return v2.ServerLiveResponse(live=True)
 
-    async def ServerReady(self, request, context) -> v2.ServerReadyResponse:
+    async def ServerReady(
+        self,
+        request: v2.ServerReadyRequest,
+        context: Context[v2.ServerReadyRequest, v2.ServerReadyResponse],
+    ) -> v2.ServerReadyResponse:
         return v2.ServerReadyResponse(ready=await self._pipelines.server_ready())
 
-    async def ServerMetadata(self, request, context) -> v2.ServerMetadataResponse:
+    async def ServerMetadata(
+        self,
+        request: v2.ServerMetadataRequest,
+        context: Context[v2.ServerMetadataRequest, v2.ServerMetadataResponse],
+    ) -> v2.ServerMetadataResponse:
         return self._pipelines.server_metadata()
 
     @grpc_errors
-    async def ModelReady(self, request, context) -> v2.ModelReadyResponse:
+    async def ModelReady(
+        self,
+        request: v2.ModelReadyRequest,
+        context: Context[v2.ModelReadyRequest, v2.ModelReadyResponse],
+    ) -> v2.ModelReadyResponse:
         self._client(context)
         ready = await self._pipelines.model_ready(request.name, request.version)
         return v2.ModelReadyResponse(ready=ready)
 
     @grpc_errors
-    async def ModelMetadata(self, request, context) -> v2.ModelMetadataResponse:
+    async def ModelMetadata(
+        self,
+        request: v2.ModelMetadataRequest,
+        context: Context[v2.ModelMetadataRequest, v2.ModelMetadataResponse],
+    ) -> v2.ModelMetadataResponse:
         self._client(context)
         return self._pipelines.model_metadata(request.name, request.version)
 
     @grpc_errors
-    async def ModelConfig(self, request, context) -> v2.ModelConfigResponse:
+    async def ModelConfig(
+        self,
+        request: v2.ModelConfigRequest,
+        context: Context[v2.ModelConfigRequest, v2.ModelConfigResponse],
+    ) -> v2.ModelConfigResponse:
         self._client(context)
         return self._pipelines.model_config(request.name, request.version)
 
     @grpc_errors
-    async def ModelStatistics(self, request, context) -> v2.ModelStatisticsResponse:
+    async def ModelStatistics(
+        self,
+        request: v2.ModelStatisticsRequest,
+        context: Context[v2.ModelStatisticsRequest, v2.ModelStatisticsResponse],
+    ) -> v2.ModelStatisticsResponse:
         self._client(context)
         return self._pipelines.model_statistics(request.name, request.version)
 
     @grpc_errors
-    async def RepositoryIndex(self, request, context) -> v2.RepositoryIndexResponse:
+    async def RepositoryIndex(
+        self,
+        request: v2.RepositoryIndexRequest,
+        context: Context[v2.RepositoryIndexRequest, v2.RepositoryIndexResponse],
+    ) -> v2.RepositoryIndexResponse:
         return await self._repository.index(grpc_caller(context), request.ready)
 
     @grpc_errors
-    async def RepositoryModelLoad(self, request, context) -> v2.RepositoryModelLoadResponse:
+    async def RepositoryModelLoad(
+        self,
+        request: v2.RepositoryModelLoadRequest,
+        context: Context[v2.RepositoryModelLoadRequest, v2.RepositoryModelLoadResponse],
+    ) -> v2.RepositoryModelLoadResponse:
         await self._repository.load(grpc_caller(context), request.model_name, request.parameters)
         return v2.RepositoryModelLoadResponse()
 
     @grpc_errors
-    async def RepositoryModelUnload(self, request, context) -> v2.RepositoryModelUnloadResponse:
+    async def RepositoryModelUnload(
+        self,
+        request: v2.RepositoryModelUnloadRequest,
+        context: Context[v2.RepositoryModelUnloadRequest, v2.RepositoryModelUnloadResponse],
+    ) -> v2.RepositoryModelUnloadResponse:
         await self._repository.unload(grpc_caller(context), request.model_name)
         return v2.RepositoryModelUnloadResponse()
 
     @grpc_errors
     async def SystemSharedMemoryStatus(
-        self, request, context
+        self,
+        request: v2.SystemSharedMemoryStatusRequest,
+        context: Context[v2.SystemSharedMemoryStatusRequest, v2.SystemSharedMemoryStatusResponse],
     ) -> v2.SystemSharedMemoryStatusResponse:
         regions = self._pipelines.memory.status(self._client(context), request.name)
         status = v2.SystemSharedMemoryStatusResponse.RegionStatus
@@ -104,7 +148,11 @@ class GatewayServicer(v2_grpc.GRPCInferenceServiceServicer):
 
     @grpc_errors
     async def SystemSharedMemoryRegister(
-        self, request, context
+        self,
+        request: v2.SystemSharedMemoryRegisterRequest,
+        context: Context[
+            v2.SystemSharedMemoryRegisterRequest, v2.SystemSharedMemoryRegisterResponse
+        ],
     ) -> v2.SystemSharedMemoryRegisterResponse:
         client = self._client(context)
         memory = self._pipelines.memory
@@ -113,13 +161,21 @@ class GatewayServicer(v2_grpc.GRPCInferenceServiceServicer):
 
     @grpc_errors
     async def SystemSharedMemoryUnregister(
-        self, request, context
+        self,
+        request: v2.SystemSharedMemoryUnregisterRequest,
+        context: Context[
+            v2.SystemSharedMemoryUnregisterRequest, v2.SystemSharedMemoryUnregisterResponse
+        ],
     ) -> v2.SystemSharedMemoryUnregisterResponse:
         self._pipelines.memory.unregister(self._client(context), request.name)
         return v2.SystemSharedMemoryUnregisterResponse()
 
     @grpc_errors
-    async def CudaSharedMemoryStatus(self, request, context) -> v2.CudaSharedMemoryStatusResponse:
+    async def CudaSharedMemoryStatus(
+        self,
+        request: v2.CudaSharedMemoryStatusRequest,
+        context: Context[v2.CudaSharedMemoryStatusRequest, v2.CudaSharedMemoryStatusResponse],
+    ) -> v2.CudaSharedMemoryStatusResponse:
         self._client(context)
         no_cuda_regions(
             request.name, f"CudaSharedMemoryStatus of one region is not implemented by {SERVER}"
@@ -128,7 +184,11 @@ class GatewayServicer(v2_grpc.GRPCInferenceServiceServicer):
 
     @grpc_errors
     async def CudaSharedMemoryUnregister(
-        self, request, context
+        self,
+        request: v2.CudaSharedMemoryUnregisterRequest,
+        context: Context[
+            v2.CudaSharedMemoryUnregisterRequest, v2.CudaSharedMemoryUnregisterResponse
+        ],
     ) -> v2.CudaSharedMemoryUnregisterResponse:
         self._client(context)
         no_cuda_regions(
@@ -137,9 +197,13 @@ class GatewayServicer(v2_grpc.GRPCInferenceServiceServicer):
         return v2.CudaSharedMemoryUnregisterResponse()
 
     @grpc_errors
-    async def LogSettings(self, request, context) -> v2.LogSettingsResponse:
+    async def LogSettings(
+        self,
+        request: v2.LogSettingsRequest,
+        context: Context[v2.LogSettingsRequest, v2.LogSettingsResponse],
+    ) -> v2.LogSettingsResponse:
         self._client(context)
-        changes = {
+        changes: dict[str, LogValue] = {
             key: getattr(value, value.WhichOneof("parameter_choice") or "string_param")
             for key, value in request.settings.items()
         }
@@ -150,7 +214,11 @@ class GatewayServicer(v2_grpc.GRPCInferenceServiceServicer):
         return response
 
     @grpc_errors
-    async def TraceSetting(self, request, context) -> v2.TraceSettingResponse:
+    async def TraceSetting(
+        self,
+        request: v2.TraceSettingRequest,
+        context: Context[v2.TraceSettingRequest, v2.TraceSettingResponse],
+    ) -> v2.TraceSettingResponse:
         self._client(context)
         changes = {key: list(value.value) for key, value in request.settings.items()}
         settings = self._settings.set_trace(grpc_caller(context), request.model_name, changes)
@@ -161,12 +229,16 @@ class GatewayServicer(v2_grpc.GRPCInferenceServiceServicer):
 
     @grpc_errors
     async def ModelInfer(
-        self, request: v2.ModelInferRequest, context: grpc.aio.ServicerContext
+        self,
+        request: v2.ModelInferRequest,
+        context: Context[v2.ModelInferRequest, v2.ModelInferResponse],
     ) -> v2.ModelInferResponse:
         return await self._pipelines.infer(request, grpc_caller(context))
 
     async def ModelStreamInfer(
-        self, requests: AsyncIterator[v2.ModelInferRequest], context: grpc.aio.ServicerContext
+        self,
+        requests: AsyncIterator[v2.ModelInferRequest],
+        context: StreamContext,
     ) -> AsyncIterator[v2.ModelStreamInferResponse]:
         """Each request of the stream through the pipeline on its own (strata.calls.v2stream), once
         the stream's caller is known and within its share of streams: its response, or a
@@ -180,7 +252,7 @@ class GatewayServicer(v2_grpc.GRPCInferenceServiceServicer):
                 yield answer
 
     @asynccontextmanager
-    async def _stream_held(self, context: grpc.aio.ServicerContext) -> AsyncIterator[None]:
+    async def _stream_held(self, context: StreamContext) -> AsyncIterator[None]:
         """The block's stream counted as its client's, or refused before it is held:
         UNAUTHENTICATED without a valid key (when required), RESOURCE_EXHAUSTED past the
         client's `max_streams_per_client`."""

@@ -3,6 +3,8 @@ rest/app.py)."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import grpc
 
 from services.gateway.request import Caller
@@ -13,8 +15,8 @@ from strata.telemetry.propagation import call_metadata
 PRINCIPAL = "strata.principal"
 
 
-def grpc_caller(context: grpc.aio.ServicerContext[object, object]) -> Caller:
-    """The caller of a gRPC call."""
+def grpc_caller(context: grpc.aio.ServicerContext[Any, Any]) -> Caller:
+    """The caller of any gRPC call (its context's message types are invariant, so Any)."""
     names = context.peer_identities() or ()
     return Caller(
         call_metadata(context),

@@ -32,7 +32,7 @@ from services.gateway.flow.sizing import Sizes, arm_of, is_too_large, too_large
 from services.gateway.flow.statistics import STATISTICS, Hops
 from services.gateway.request import Answer, ClientRequest
 from services.gateway.upstream.router import Router
-from services.gateway.upstream.upstreams import Hop, Upstreams
+from services.gateway.upstream.upstreams import ProcessHop, Upstreams
 from strata.calls import gathering
 from strata.config.pipelines import Route
 from strata.errors import StrataError, from_code
@@ -251,7 +251,7 @@ class Chain:
         self._sizes.saw(arm_of(_request(members[0])), sum(m.rows for m in members), size)
 
     async def _layer(
-        self, hop: Hop, members: list[Member], tensors: WireTensors, flags: dict[str, str]
+        self, hop: ProcessHop, members: list[Member], tensors: WireTensors, flags: dict[str, str]
     ) -> tuple[list[Member], WireTensors, dict[str, str]]:
         """One strata.v1 Process call for the flight: who is left, their tensors, the info."""
         members, tensors = _aboard(members, tensors)

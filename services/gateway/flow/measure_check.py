@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from services.gateway.flow.rows import measure
+from services.gateway.flow.rows import measure, sends
 from strata.config.pipelines import Condition, ModelRef, Pipeline, Stage
 from strata.models import repository
 
@@ -82,10 +82,7 @@ def _output(path: Path, name: str) -> np.ndarray | None:
 def _sent(values: np.ndarray, when: Condition, kind: str) -> int:
     """How many rows the condition, with measure `kind`, sends to its stage (as the chain
     does: a row whose measure is not a number is sent)."""
-    taken = measure(values, kind)
-    with np.errstate(invalid="ignore"):
-        kept = taken >= when.below if when.below is not None else taken <= when.above
-    return int((~kept).sum())
+    return int(sends(when, measure(values, kind)).sum())
 
 
 def _judged(pipeline: str, stage: Stage, when: Condition, rows: Rows) -> list[str]:

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from itertools import accumulate
 
 import numpy as np
+from numpy.typing import NDArray
 
 from services.gateway.flow.flights import Member
 from strata.config.pipelines import Condition, Stage
@@ -40,11 +41,11 @@ class Table:
 
     def __post_init__(self) -> None:
         self.rows = [m.rows for m in self.members]
-        self.starts = np.array([0, *accumulate(self.rows)])
+        self.starts: NDArray[np.intp] = np.array([0, *accumulate(self.rows)])
         self.total = int(self.starts[-1])
 
     @functools.cached_property
-    def owner(self) -> np.ndarray:
+    def owner(self) -> NDArray[np.intp]:
         """Each row's member (its index)."""
         return np.repeat(np.arange(len(self.rows)), self.rows)
 
@@ -75,7 +76,7 @@ class Table:
         self.arrays.pop(tensor.name, None)
         self.wire[tensor.name] = tensor
 
-    def inputs(self, stage: Stage, rows: np.ndarray) -> list[v1.Tensor]:
+    def inputs(self, stage: Stage, rows: NDArray[np.intp]) -> list[v1.Tensor]:
         """The stage's model inputs over `rows`: forwarded as they are where that is every
         row (the rows are ascending, so as many as the table has are all of them)."""
         if len(rows) == self.total:
@@ -84,12 +85,15 @@ class Table:
             codec.to_tensor(name, self.array(source)[rows]) for name, source in stage.inputs.items()
         ]
 
-    def chosen_by_member(self, chosen: np.ndarray) -> np.ndarray:
+    def chosen_by_member(self, chosen: NDArray[np.bool_]) -> NDArray[np.intp]:
         """How many of each member's rows `chosen` picks."""
-        counts = np.concatenate(([0], np.cumsum(chosen)))
-        return counts[self.starts[1:]] - counts[self.starts[:-1]]
+        counts: NDArray[np.intp] = np.concatenate(([0], np.cumsum(chosen)))
+        taking: NDArray[np.intp] = counts[self.starts[1:]] - counts[self.starts[:-1]]
+        return taking
 
-    def picked(self, indices: list[int], chosen: np.ndarray) -> tuple[np.ndarray, list[int]]:
+    def picked(
+        self, indices: list[int], chosen: NDArray[np.bool_]
+    ) -> tuple[NDArray[np.intp], list[int]]:
         """The chosen rows of members `indices` (ascending) as row numbers of the table, and
         how many of them each member has."""
         taking = self.chosen_by_member(chosen)
@@ -107,34 +111,43 @@ def named(tensor: v1.Tensor, name: str) -> v1.Tensor:
     return v1.Tensor(name=name, datatype=tensor.datatype, shape=tensor.shape, data=tensor.data)
 
 
-def chosen_rows(table: Table, when: Condition | None) -> np.ndarray:
-    """Which rows of the flight the stage runs for (a row whose measure is not a number
-    runs it: nothing says it is sure)."""
+def chosen_rows(table: Table, when: Condition | None) -> NDArray[np.bool_]:
+    """Which rows of the flight the stage runs for."""
     if when is None:
         return np.ones(table.total, dtype=bool)
-    values = measure(table.array(when.tensor).reshape(table.total, -1), when.measure)
+    return sends(when, measure(table.array(when.tensor).reshape(table.total, -1), when.measure))
+
+
+def sends(when: Condition, measures: NDArray[np.float64]) -> NDArray[np.bool_]:
+    """Which rows `when` sends to its stage, by their `measures` (a row whose measure is not
+    a number is sent: nothing says it is sure)."""
     with np.errstate(invalid="ignore"):
         if when.below is not None:
-            return ~(values >= when.below)
-        return ~(values <= when.above)
+            return ~(measures >= when.below)
+        assert when.above is not None  # a condition has exactly one bound (its validator)
+        return ~(measures <= when.above)
 
 
-def measure(values: np.ndarray, kind: str) -> np.ndarray:
+def measure(values: np.ndarray, kind: str) -> NDArray[np.float64]:
     """One number per row of `values` ([rows, n]). Worked on as [n, rows]: numpy reduces
     across a long axis several times faster than along a short one (a row of 10 logits)."""
     columns = np.array(values.T, dtype=np.float64, order="C")
+    measured: NDArray[np.float64]  # numpy's stubs type a reduction over an axis as Any
     with np.errstate(invalid="ignore", over="ignore"):
         if kind == "max":
-            return columns.max(axis=0)
-        if kind == "min":
-            return columns.min(axis=0)
-        columns -= columns.max(axis=0)
-        np.exp(columns, out=columns)  # the top one is exp(0) = 1
-        if kind == "top_probability":
-            return 1.0 / columns.sum(axis=0)
-        columns /= columns.sum(axis=0)
-        top = np.sort(columns, axis=0)
-        return top[-1] - (top[-2] if len(top) > 1 else 0.0)
+            measured = columns.max(axis=0)
+        elif kind == "min":
+            measured = columns.min(axis=0)
+        else:
+            columns -= columns.max(axis=0)
+            np.exp(columns, out=columns)  # the top one is exp(0) = 1
+            if kind == "top_probability":
+                measured = 1.0 / columns.sum(axis=0)
+            else:
+                columns /= columns.sum(axis=0)
+                top = np.sort(columns, axis=0)
+                measured = top[-1] - (top[-2] if len(top) > 1 else 0.0)
+    return measured
 
 
 def renamed(outputs: list[v1.Tensor], names: dict[str, str]) -> list[v1.Tensor]:
@@ -142,7 +155,7 @@ def renamed(outputs: list[v1.Tensor], names: dict[str, str]) -> list[v1.Tensor]:
 
 
 def write(
-    table: Table, stage: Stage, outputs: list[v1.Tensor], rows: np.ndarray, fresh: set[str]
+    table: Table, stage: Stage, outputs: list[v1.Tensor], rows: NDArray[np.intp], fresh: set[str]
 ) -> None:
     """Write a stage's outputs into `rows` of the table (as they came where they are every
     row); a conditional stage writes over tensors an earlier stage gave, which must have the

@@ -21,7 +21,6 @@ one's.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
@@ -41,7 +40,7 @@ class Load:
     bytes: int = 0
 
     @classmethod
-    def of(cls, request: Any) -> Load:
+    def of(cls, request: object) -> Load:
         """The load of a strata.v1 Process or v2 ModelInfer request (another: one row)."""
         if isinstance(request, v2.ModelInferRequest):
             shape = request.inputs[0].shape if request.inputs else []

@@ -12,11 +12,10 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import grpc
 
 from services.gateway.upstream.lanes import Metadata, StreamMethod, rpc_error
+from services.gateway.upstream.stubs import InferenceStub, ProcessStub
 from strata.proto.inference import grpc_service_pb2 as v2
 from strata.proto.v1 import tensor_pb2 as v1
 from strata.wire.flight import is_flight, set_call_traceparent
@@ -28,16 +27,15 @@ _CODES = {code.value[0]: code for code in grpc.StatusCode}
 _NAMES = {code.name: code for code in grpc.StatusCode}
 
 
-# Named whole, so that the untyped stub's stream method leaves the functions checked.
 ProcessStream = StreamMethod[v1.ProcessRequest, v1.ProcessResponse, v1.ProcessResponse]
 InferStream = StreamMethod[v2.ModelInferRequest, v2.ModelStreamInferResponse, v2.ModelInferResponse]
 
 
-def process_stream(stub: Any) -> ProcessStream:
+def process_stream(stub: ProcessStub) -> ProcessStream:
     return ProcessStream(stub.ProcessStream, _tag_process, _process_tag, _process_result)
 
 
-def infer_stream(stub: Any) -> InferStream:
+def infer_stream(stub: InferenceStub) -> InferStream:
     return InferStream(stub.ModelStreamInfer, _tag_infer, _infer_tag, _infer_result)
 
 

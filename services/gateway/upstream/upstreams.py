@@ -17,7 +17,7 @@ import asyncio
 import functools
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Generic, TypeVar
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -25,9 +25,19 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from services.gateway.metrics import BREAKER_OPEN, UPSTREAM_CALLS
 from services.gateway.upstream.breaker import Breakers, CircuitBreaker
 from services.gateway.upstream.hoptime import HopTimer, Load, Timing
-from services.gateway.upstream.lanes import LaneBroken, Lanes, Spread, StreamMethod
+from services.gateway.upstream.lanes import (
+    Answer,
+    LaneBroken,
+    Lanes,
+    Metadata,
+    Reply,
+    Request,
+    Spread,
+    StreamMethod,
+)
 from services.gateway.upstream.sequences import replica
 from services.gateway.upstream.stream_methods import infer_stream, process_stream
+from services.gateway.upstream.stubs import InferenceStub, ProcessStub
 from strata.config import Settings
 from strata.config.endpoints import ServiceEndpoint
 from strata.config.gateway import GatewaySettings
@@ -35,6 +45,7 @@ from strata.errors import Unavailable, from_code, hinted_retry
 from strata.proto.inference import grpc_service_pb2 as v2
 from strata.proto.inference import grpc_service_pb2_grpc as v2_grpc
 from strata.proto.v1 import postprocess_pb2_grpc, preprocess_pb2_grpc
+from strata.proto.v1 import tensor_pb2 as v1
 from strata.rpc.grpc_channels import open_channel
 from strata.telemetry.tracing import annotate, outgoing, recording
 from strata.wire.deadline import Deadline
@@ -58,17 +69,21 @@ class HopTimedOut(Unavailable):
     """The hop missed its own timeout: hung, or far slower than it normally is."""
 
 
-class Hop:
-    """One upstream: a traced channel with retries, a stub, and a circuit breaker."""
+Stub = TypeVar("Stub")  # what the generated stub class makes of a channel (upstream/stubs.py)
+
+
+class Hop(Generic[Stub, Request, Answer, Reply]):
+    """One upstream: a traced channel with retries, a stub, and a circuit breaker. A hop's
+    calls (`call`) are of one kind: `Request` answered by `Reply`, or by `Answer` on a lane."""
 
     def __init__(
         self,
         name: str,
         channel: grpc.aio.Channel,
-        stub: type,
+        stub: Callable[[grpc.aio.Channel], Stub],
         gateway: GatewaySettings,
         replicated: bool,
-        streams: Mapping[str, Callable[[Any], StreamMethod]] | None = None,
+        streams: Mapping[str, Callable[[Stub], StreamMethod[Request, Answer, Reply]]] | None = None,
         lane_lifetime: float = LANE_SECONDS,
         replicas: Sequence[grpc.aio.Channel] = (),
     ) -> None:
@@ -109,11 +124,11 @@ class Hop:
     async def call(
         self,
         method: str,
-        request: Any,
+        request: Request,
         deadline: Deadline,
-        metadata: Sequence = (),
+        metadata: Metadata = (),
         spare: bool | None = None,
-    ) -> Any:
+    ) -> Reply:
         """Call `method` by the caller's `deadline` (DEADLINE_EXCEEDED without a call once it
         has passed), and within this hop's own timeout when another replica or arm could
         answer instead (`spare`; by default, when the hop has several replicas).
@@ -155,13 +170,13 @@ class Hop:
     async def _call(
         self,
         method: str,
-        request: Any,
+        request: Request,
         budget: float,
-        metadata: Sequence,
+        metadata: Metadata,
         breaker: CircuitBreaker,
         timing: Timing,
         first: bool = True,
-    ) -> Any:
+    ) -> Reply:
         """One attempt; `timing`: what the call carries and the hop's own timeout for it."""
         load, timeout = timing.load, timing.timeout
         hop_bound = timeout < budget
@@ -202,13 +217,13 @@ class Hop:
     async def _send(
         self,
         method: str,
-        request: Any,
+        request: Request,
         budget: float,
         timing: Timing,
-        metadata: Sequence,
+        metadata: Metadata,
         hop_bound: bool,
         first: bool,
-    ) -> Any:
+    ) -> Reply:
         """The reply within `budget` and the attempt's own window (`timing.timeout`): as a
         message on a lane of the least loaded replica where the hop has lanes for `method`;
         as a unary call otherwise, when the lane broke (a fresh window: the lane's wait was
@@ -231,7 +246,7 @@ class Hop:
                     raise
             budget -= time.monotonic() - started
         timeout = max(min(budget, window), 0.0)
-        call = getattr(self.stub, method)
+        call: grpc.aio.UnaryUnaryMultiCallable[Request, Reply] = getattr(self.stub, method)
         return await call(
             request, timeout=timeout, metadata=metadata, wait_for_ready=not self._reached
         )
@@ -249,14 +264,16 @@ class Hop:
         stub = health_pb2_grpc.HealthStub(self.channel)
         try:
             # The health stubs declare HealthStub without its methods (sync and aio differ).
-            reply = await stub.Check(  # type: ignore[attr-defined]
+            reply: health_pb2.HealthCheckResponse = await stub.Check(  # type: ignore[attr-defined]
                 health_pb2.HealthCheckRequest(), timeout=timeout
             )
         except grpc.aio.AioRpcError:
             return False
         return reply.status == health_pb2.HealthCheckResponse.SERVING
 
-    async def model_ready(self, probe: Any, timeout: float = READY_PROBE_SECONDS) -> bool:
+    async def model_ready(
+        self: InferenceHop, probe: v2.ModelReadyRequest, timeout: float = READY_PROBE_SECONDS
+    ) -> bool:
         """The upstream's answer to a v2 ModelReady `probe`: False without a call while the
         model's breaker is open, and a failed call counts for the breaker, as ModelInfer's
         do; the call carries the caller's trace. Not timed: a probe's latency is not the
@@ -287,14 +304,20 @@ def _ready(channel: grpc.aio.Channel) -> bool:
     return channel.get_state(try_to_connect=True) == grpc.ChannelConnectivity.READY
 
 
+ProcessHop = Hop[ProcessStub, v1.ProcessRequest, v1.ProcessResponse, v1.ProcessResponse]
+InferenceHop = Hop[
+    InferenceStub, v2.ModelInferRequest, v2.ModelStreamInferResponse, v2.ModelInferResponse
+]
+
+
 def open_hop(
     name: str,
     endpoint: ServiceEndpoint,
-    stub: type,
+    stub: Callable[[grpc.aio.Channel], Stub],
     service: str,
     settings: Settings,
-    streams: Mapping[str, Callable[[Any], StreamMethod]] | None = None,
-) -> Hop:
+    streams: Mapping[str, Callable[[Stub], StreamMethod[Request, Answer, Reply]]] | None = None,
+) -> Hop[Stub, Request, Answer, Reply]:
     """A hop to `endpoint`, over a channel with the deployment's server and TLS settings
     that balances over its replicas (unary calls, retries), and where it lists several local
     replicas, a channel to each for its lanes."""
@@ -328,7 +351,7 @@ class Upstreams:
 
     def __init__(self, settings: Settings) -> None:
         services = settings.services
-        self.preprocess = open_hop(
+        self.preprocess: ProcessHop = open_hop(
             "preprocess",
             services.preprocess,
             preprocess_pb2_grpc.PreprocessStub,
@@ -336,7 +359,7 @@ class Upstreams:
             settings,
             {"Process": process_stream},
         )
-        self.postprocess = open_hop(
+        self.postprocess: ProcessHop = open_hop(
             "postprocess",
             services.postprocess,
             postprocess_pb2_grpc.PostprocessStub,
@@ -348,9 +371,9 @@ class Upstreams:
         self.inference = {
             name: self._inference(name, endpoint) for name, endpoint in services.inference.items()
         }
-        self._replicas: dict[str, Hop] = {}  # a sequence's one replica, by its address
+        self._replicas: dict[str, InferenceHop] = {}  # a sequence's one replica, by its address
 
-    def _inference(self, name: str, endpoint: ServiceEndpoint) -> Hop:
+    def _inference(self, name: str, endpoint: ServiceEndpoint) -> InferenceHop:
         return open_hop(
             f"inference-{name}",
             endpoint,
@@ -360,7 +383,7 @@ class Upstreams:
             {"ModelInfer": infer_stream},
         )
 
-    def inference_hop(self, deployment: str, sequence: Flags | None = None) -> Hop:
+    def inference_hop(self, deployment: str, sequence: Flags | None = None) -> InferenceHop:
         """The hop to `deployment`; for a request of a sequence, to the one replica that
         holds it, among those its endpoint lists (upstream/sequences.py). An endpoint
         reached through a `target` is one hop: its name must lead to one replica."""
@@ -400,7 +423,7 @@ class Upstreams:
             hop.configure(gateway)
 
     @property
-    def hops(self) -> list[Hop]:
+    def hops(self) -> list[ProcessHop | InferenceHop]:
         return [self.preprocess, *self.inference.values(), self.postprocess]
 
     async def healthy(self, timeout: float = 1.0) -> dict[str, bool]:
