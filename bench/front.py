@@ -30,10 +30,13 @@ START_TIMEOUT = 10.0
 @dataclass(frozen=True)
 class FrontSettings:
     """What the front lets through: `places` requests in the gateway at once, the rest
-    waiting at most `queue_ms` in the front's queue before it refuses them."""
+    waiting at most `queue_ms` in the front's queue before it refuses them; a request that
+    finds more queued than `rate` answers a second clear within that wait is refused on
+    arrival."""
 
     places: int = 64
     queue_ms: int = 100
+    rate: int = 1000
 
 
 def haproxy() -> str | None:
@@ -51,6 +54,7 @@ def environment(listen: str, gateway: str, readyz: str, settings: FrontSettings)
         "STRATA_GATEWAY_READYZ_PORT": port,
         "STRATA_FRONT_MAXCONN": str(settings.places),
         "STRATA_FRONT_QUEUE_MS": str(settings.queue_ms),
+        "STRATA_FRONT_RATE": str(settings.rate),
     }
 
 
