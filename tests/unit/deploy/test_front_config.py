@@ -1,0 +1,28 @@
+"""The front's configuration (deploy/front/haproxy.cfg) and those who start it agree: every
+variable it reads is set by the compose service and by bench/front.py, besides the TLS pair
+that only a front with a certificate reads."""
+
+from __future__ import annotations
+
+import re
+
+import yaml
+
+from bench.front import CONFIG, FrontSettings, environment
+from tests.unit.deploy.test_deploy import COMPOSE_FILE
+
+TLS_ONLY = {"STRATA_FRONT_PEM", "STRATA_GATEWAY_CA"}
+
+
+def read() -> set[str]:
+    return set(re.findall(r"\$\{(\w+)\}", CONFIG.read_text()))
+
+
+def test_the_compose_front_sets_every_variable_the_config_reads() -> None:
+    compose = yaml.safe_load(COMPOSE_FILE.read_text())
+    assert set(compose["services"]["front"]["environment"]) == read()
+
+
+def test_the_bench_sets_every_variable_the_plaintext_config_reads() -> None:
+    variables = environment("127.0.0.1:1", "127.0.0.1:2", "127.0.0.1:3", FrontSettings())
+    assert set(variables) == read() - TLS_ONLY
