@@ -59,14 +59,22 @@ def environment(listen: str, gateway: str, readyz: str, settings: FrontSettings)
 
 
 @contextmanager
-def front(gateway: str, readyz: str, settings: FrontSettings = FrontSettings()) -> Iterator[str]:
+def front(
+    gateway: str,
+    readyz: str,
+    settings: FrontSettings = FrontSettings(),
+    metrics: str | None = None,
+) -> Iterator[str]:
     """HAProxy before `gateway` (host:port, plaintext gRPC) whose /readyz is at `readyz`
-    (host:port); yields the front's address once a call through it is answered."""
+    (host:port), its Prometheus page at `metrics` (host:port) if given; yields the front's
+    address once a call through it is answered."""
     binary = haproxy()
     if binary is None:
         raise RuntimeError("no haproxy on PATH (Debian: apt-get install haproxy)")
     listen = f"127.0.0.1:{free_port()}"
     env = {**os.environ, **environment(listen, gateway, readyz, settings)}
+    if metrics is not None:
+        env["STRATA_FRONT_METRICS"] = metrics
     # -db: in the foreground, so that it stops with this process; -W: master-worker.
     process = subprocess.Popen([binary, "-db", "-W", "-f", str(CONFIG)], env=env)
     try:

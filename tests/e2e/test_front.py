@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import time
+import urllib.request
 from collections.abc import Iterator
 
 import grpc
@@ -103,9 +104,14 @@ def test_a_flood_on_one_connection_is_refused_on_arrival_and_the_rest_answered(
     # and its queue's bound: a refusal after the queue's wait would hold each of their
     # streams for 3 s; on arrival it takes no more than the burst takes to send.
     calls = 256
-    with front(system.address("gateway"), readyz(system), FLOODED) as address:
+    metrics = f"127.0.0.1:{free_port()}"
+    with front(system.address("gateway"), readyz(system), FLOODED, metrics) as address:
         codes, slowest = asyncio.run(at_once(address, calls))
+        counted = scraped(metrics)
     refused = codes.pop((grpc.StatusCode.RESOURCE_EXHAUSTED, "100"), 0)
+    # Counted by reason: every refusal here was on arrival, none after the queue's wait.
+    assert counted["haproxy_backend_requests_denied_total"] == refused, counted
+    assert counted["haproxy_backend_connection_errors_total"] == 0, counted
     # Past the places and the queue (20 calls), only what the gateway answers while the burst
     # is still arriving gets in (236 refused, the burst sent in 0.1-0.2 s at load average 24).
     assert refused > calls // 4, f"the front let the flood in: {refused} refused, {dict(codes)}"
@@ -114,3 +120,14 @@ def test_a_flood_on_one_connection_is_refused_on_arrival_and_the_rest_answered(
     # Wide margin: half the queue's wait, where a refusal on arrival takes milliseconds.
     wait = FLOODED.queue_ms / 1e3
     assert slowest < wait / 2, f"a refusal took {slowest:.2f} s: it waited in the queue"
+
+
+def scraped(metrics: str) -> dict[str, float]:
+    """The front's backend counters for the gateway, from its Prometheus page."""
+    with urllib.request.urlopen(f"http://{metrics}/metrics", timeout=10) as page:
+        lines = page.read().decode().splitlines()
+    return {
+        line.partition("{")[0]: float(line.rpartition(" ")[2])
+        for line in lines
+        if line.startswith("haproxy_backend_") and '{proxy="gateway"}' in line
+    }

@@ -1,6 +1,6 @@
 """The front's configuration (deploy/front/haproxy.cfg) and those who start it agree: every
-variable it reads is set by the compose service and by bench/front.py, besides the TLS pair
-that only a front with a certificate reads."""
+variable it reads is set by the compose service, and by bench/front.py besides the TLS pair
+(a front with a certificate) and the metrics address (which a caller may ask for)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import yaml
 from bench.front import CONFIG, FrontSettings, environment
 from tests.unit.deploy.test_deploy import COMPOSE_FILE
 
-TLS_ONLY = {"STRATA_FRONT_PEM", "STRATA_GATEWAY_CA"}
+OPTIONAL = {"STRATA_FRONT_PEM", "STRATA_GATEWAY_CA", "STRATA_FRONT_METRICS"}
 
 
 def read() -> set[str]:
@@ -25,4 +25,4 @@ def test_the_compose_front_sets_every_variable_the_config_reads() -> None:
 
 def test_the_bench_sets_every_variable_the_plaintext_config_reads() -> None:
     variables = environment("127.0.0.1:1", "127.0.0.1:2", "127.0.0.1:3", FrontSettings())
-    assert set(variables) == read() - TLS_ONLY
+    assert set(variables) == read() - OPTIONAL
