@@ -30,10 +30,13 @@ START_TIMEOUT = 10.0
 @dataclass(frozen=True)
 class FrontSettings:
     """What the front lets through: `places` requests in the gateway at once, the rest
-    waiting at most `queue_ms` in the front's queue before it refuses them."""
+    waiting at most `queue_ms` in the front's queue before it refuses them; a request that
+    finds more queued than `rate` answers a second clear within that wait is refused on
+    arrival."""
 
     places: int = 64
     queue_ms: int = 100
+    rate: int = 1000
 
 
 def haproxy() -> str | None:
@@ -51,18 +54,27 @@ def environment(listen: str, gateway: str, readyz: str, settings: FrontSettings)
         "STRATA_GATEWAY_READYZ_PORT": port,
         "STRATA_FRONT_MAXCONN": str(settings.places),
         "STRATA_FRONT_QUEUE_MS": str(settings.queue_ms),
+        "STRATA_FRONT_RATE": str(settings.rate),
     }
 
 
 @contextmanager
-def front(gateway: str, readyz: str, settings: FrontSettings = FrontSettings()) -> Iterator[str]:
+def front(
+    gateway: str,
+    readyz: str,
+    settings: FrontSettings = FrontSettings(),
+    metrics: str | None = None,
+) -> Iterator[str]:
     """HAProxy before `gateway` (host:port, plaintext gRPC) whose /readyz is at `readyz`
-    (host:port); yields the front's address once a call through it is answered."""
+    (host:port), its Prometheus page at `metrics` (host:port) if given; yields the front's
+    address once a call through it is answered."""
     binary = haproxy()
     if binary is None:
         raise RuntimeError("no haproxy on PATH (Debian: apt-get install haproxy)")
     listen = f"127.0.0.1:{free_port()}"
     env = {**os.environ, **environment(listen, gateway, readyz, settings)}
+    if metrics is not None:
+        env["STRATA_FRONT_METRICS"] = metrics
     # -db: in the foreground, so that it stops with this process; -W: master-worker.
     process = subprocess.Popen([binary, "-db", "-W", "-f", str(CONFIG)], env=env)
     try:

@@ -17,8 +17,11 @@ it shares the machine's cores).
 
 `--front` (haproxy on PATH) also sends every step through HAProxy before the same gateway
 (deploy/front/haproxy.cfg: `--front-places` requests in the gateway at once, the rest queued for
-at most `--front-queue-ms`, then refused RESOURCE_EXHAUSTED in C), in turn with the direct
-runs, so that the two are compared under the same machine load.
+at most `--front-queue-ms`, then refused RESOURCE_EXHAUSTED in C; refused on arrival once the
+queue holds what `--front-rate`, by default the capacity found, clears within that wait), in
+turn with the direct runs, so that the two are compared under the same machine load. The
+capacity search is run through the front as well and reported beside the direct one (the
+front's own CPU shares the machine), but the steps' rates stay the direct gateway's.
 
 `--against gateway.KEY=VALUE` (repeatable, e.g. `ladder.door_wait_share=0`) runs a second
 system with those gateway settings changed beside the configured one, both up at once: the same
@@ -195,6 +198,21 @@ def capacity(pool: LoadPool, plan: Plan, seconds: float, in_flight: tuple[int, .
     return max(rates)
 
 
+def searched(
+    what: str,
+    system: System,
+    pool: LoadPool,
+    connections: int,
+    seconds: float,
+    in_flight: tuple[int, ...],
+) -> tuple[float, str]:
+    """`system`'s capacity from `connections`, and a line that says it as `what`."""
+    best = capacity(pool, replace(system.plan, connections=connections), seconds, in_flight)
+    line = f"{what} (the best of {in_flight} in flight): {best:.0f}/s"
+    print(line, flush=True)
+    return best, line
+
+
 @dataclass
 class System:
     """One running system under test, with its admin client and level watch."""
@@ -233,7 +251,10 @@ def fronted(system: System, settings: FrontSettings) -> Iterator[System]:
     """The same running system reached through HAProxy (deploy/front) instead of directly."""
     _, metrics = system.probes
     with front(system.plan.target, metrics, settings) as address:
-        name = f"{system.name}, behind the front ({settings.places} places, {settings.queue_ms} ms)"
+        name = (
+            f"{system.name}, behind the front ({settings.places} places, "
+            f"{settings.queue_ms} ms, {settings.rate}/s)"
+        )
         yield replace(system, name=name, plan=replace(system.plan, target=address))
 
 
@@ -384,20 +405,21 @@ def main(argv: list[str] | None = None) -> int:
     print(deadline, flush=True)
     with pools(CONNECTIONS) as made, ExitStack() as stack:
         systems = [stack.enter_context(started(n, args.config, g, plan)) for n, g in wanted]
-        if args.front:
-            settings = FrontSettings(args.front_places, args.front_queue_ms)
-            systems += [stack.enter_context(fronted(s, settings)) for s in list(systems)]
-        widest = made[max(made)]
-        best = capacity(widest, replace(systems[0].plan, connections=max(made)), seconds, in_flight)
-        print(f"capacity (the best of {in_flight} in flight): {best:.0f}/s", flush=True)
+        widest = (made[max(made)], max(made), seconds, in_flight)
+        best, found = searched("capacity", systems[0], *widest)
         if best <= 0:
             print("no full answer at any in-flight count: nothing to sweep")
             return 1
+        if args.front:
+            rate = args.front_rate or round(best)
+            places = FrontSettings(args.front_places, args.front_queue_ms, rate)
+            systems += [stack.enter_context(fronted(s, places)) for s in list(systems)]
+            found += "; " + searched("behind the front", systems[len(wanted)], *widest)[1]
         rates = [(f"{f:g}x", f * best) for f in fractions]
         steps = sweep(systems, made, rates, seconds, w.objective_seconds)
         crashed = [f"{f} exited ({s.name})" for s in systems if (f := s.supervisor.failed())]
     load = ", ".join(f"{n:.1f}" for n in os.getloadavg())
-    table = f"{report(steps)}\n\nThe machine's load average at the end: {load}."
+    table = f"{report(steps)}\n\n{found}.\n\nThe machine's load average at the end: {load}."
     print(table)
     print("; ".join(crashed) if crashed else "every process stayed up")
     args.out.mkdir(parents=True, exist_ok=True)
@@ -437,6 +459,12 @@ def arguments(argv: list[str] | None) -> argparse.Namespace:
         type=int,
         default=FrontSettings.queue_ms,
         help="the longest a call waits in the front's queue",
+    )
+    parser.add_argument(
+        "--front-rate",
+        type=int,
+        default=None,
+        help="answers a second the front counts on to clear its queue (default: capacity found)",
     )
     return parser.parse_args(argv)
 

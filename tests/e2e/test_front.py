@@ -1,11 +1,14 @@
 """The HAProxy front (deploy/front/haproxy.cfg) before a real gateway: an ordinary client
-passes through it unrefused, and what the front refuses reaches a gRPC client as
-RESOURCE_EXHAUSTED with a retry hint, not as HTTP's 503. Skipped without haproxy."""
+passes through it unrefused, what the front refuses reaches a gRPC client as
+RESOURCE_EXHAUSTED with a retry hint, not as HTTP's 503, and a flood is refused on arrival,
+not after the queue's wait. Skipped without haproxy."""
 
 from __future__ import annotations
 
 import asyncio
 import collections
+import time
+import urllib.request
 from collections.abc import Iterator
 
 import grpc
@@ -27,6 +30,10 @@ pytestmark = pytest.mark.skipif(haproxy() is None, reason="haproxy is not instal
 PATIENT = FrontSettings(places=64, queue_ms=5000)
 # One place and a wait shorter than any answer: calls sent at once are refused by the front.
 NARROW = FrontSettings(places=1, queue_ms=1)
+# A few places, a long wait and a rate that bounds the queue at 4/s x 3 s = 12: what a burst
+# brings past the places and those 12 is refused on arrival; the admitted ones never see the
+# wait out, since the gateway answers hundreds a second even on a busy machine.
+FLOODED = FrontSettings(places=8, queue_ms=3000, rate=4)
 
 
 @pytest.fixture(scope="module")
@@ -55,24 +62,27 @@ def test_tritonclient_through_the_front_sees_no_error(system: Supervisor, in_fli
     assert codes == {"OK": calls * in_flight}
 
 
-async def at_once(address: str, calls: int) -> collections.Counter:
-    """`calls` digits requests at once on one connection: answers, and each refusal by its
-    code and retry hint."""
+async def at_once(address: str, calls: int) -> tuple[collections.Counter, float]:
+    """`calls` digits requests at once on one connection: answers, each refusal by its
+    code and retry hint, and the seconds the slowest refusal took."""
     codes: collections.Counter = collections.Counter()
+    refusals = [0.0]
     async with grpc.aio.insecure_channel(address) as channel:
         stub = v2_grpc.GRPCInferenceServiceStub(channel)
         request = codec.build_request("digits", {"images": np.zeros((1, 8, 8), np.uint8)})
 
         async def call() -> None:
+            started = time.monotonic()
             try:
                 await stub.ModelInfer(request, timeout=30)
                 codes["OK"] += 1
             except grpc.aio.AioRpcError as exc:
+                refusals.append(time.monotonic() - started)
                 hint = dict(exc.trailing_metadata() or ()).get(RETRY_AFTER)
                 codes[(exc.code(), hint)] += 1
 
         await asyncio.gather(*(call() for _ in range(calls)))
-    return codes
+    return codes, max(refusals)
 
 
 def test_a_refusal_by_the_front_is_resource_exhausted_with_a_retry_hint(
@@ -80,8 +90,44 @@ def test_a_refusal_by_the_front_is_resource_exhausted_with_a_retry_hint(
 ) -> None:
     calls = 64
     with front(system.address("gateway"), readyz(system), NARROW) as address:
-        codes = asyncio.run(at_once(address, calls))
+        codes, _ = asyncio.run(at_once(address, calls))
     refused = codes.pop((grpc.StatusCode.RESOURCE_EXHAUSTED, "100"), 0)
     assert refused > 0, f"the front refused nothing: {dict(codes)}"
     assert set(codes) <= {"OK"}, f"other answers than refusals with a hint: {dict(codes)}"
     assert codes["OK"] >= 1, "the front's one place answered nothing"
+
+
+def test_a_flood_on_one_connection_is_refused_on_arrival_and_the_rest_answered(
+    system: Supervisor,
+) -> None:
+    # As many calls at once as one connection to the front may hold, far past its places
+    # and its queue's bound: a refusal after the queue's wait would hold each of their
+    # streams for 3 s; on arrival it takes no more than the burst takes to send.
+    calls = 256
+    metrics = f"127.0.0.1:{free_port()}"
+    with front(system.address("gateway"), readyz(system), FLOODED, metrics) as address:
+        codes, slowest = asyncio.run(at_once(address, calls))
+        counted = scraped(metrics)
+    refused = codes.pop((grpc.StatusCode.RESOURCE_EXHAUSTED, "100"), 0)
+    # Counted by reason: every refusal here was on arrival, none after the queue's wait.
+    assert counted["haproxy_backend_requests_denied_total"] == refused, counted
+    assert counted["haproxy_backend_connection_errors_total"] == 0, counted
+    # Past the places and the queue (20 calls), only what the gateway answers while the burst
+    # is still arriving gets in (236 refused, the burst sent in 0.1-0.2 s at load average 24).
+    assert refused > calls // 4, f"the front let the flood in: {refused} refused, {dict(codes)}"
+    assert set(codes) <= {"OK"}, f"other answers than refusals with a hint: {dict(codes)}"
+    assert codes["OK"] >= FLOODED.places, f"the admitted calls were not answered: {dict(codes)}"
+    # Wide margin: half the queue's wait, where a refusal on arrival takes milliseconds.
+    wait = FLOODED.queue_ms / 1e3
+    assert slowest < wait / 2, f"a refusal took {slowest:.2f} s: it waited in the queue"
+
+
+def scraped(metrics: str) -> dict[str, float]:
+    """The front's backend counters for the gateway, from its Prometheus page."""
+    with urllib.request.urlopen(f"http://{metrics}/metrics", timeout=10) as page:
+        lines = page.read().decode().splitlines()
+    return {
+        line.partition("{")[0]: float(line.rpartition(" ")[2])
+        for line in lines
+        if line.startswith("haproxy_backend_") and '{proxy="gateway"}' in line
+    }

@@ -35,6 +35,7 @@ COMPOSE_CONFIG = ROOT / "configs" / "compose.yaml"
 DEFAULT_CONFIG = ROOT / "configs" / "default.yaml"
 DOCKERFILE = DEPLOY / "Dockerfile"
 COLLECTOR = "otel-collector"
+FRONT = "front"  # HAProxy before the gateway (deploy/front), scraped when its profile runs
 CONTAINER_CONFIGS = "/app/configs"  # where compose and Kubernetes mount configs/
 GATEWAY_SECRETS = {ADMIN_SECRET, KEYS_SECRET}  # `make certs` folders the gateway alone mounts
 # The gateway's door: where compose.yaml may differ from default.yaml besides services and tls.
@@ -337,7 +338,7 @@ def test_prometheus_scrapes_every_metrics_port() -> None:
     expected = {(e.name, e.metrics_port) for e in endpoints(container_settings()).values()}
     assert None not in {port for _, port in expected}, "every endpoint needs a metrics port"
     assert expected <= scraped
-    assert {(host, port) for host, port in scraped if host != COLLECTOR} == expected
+    assert {(host, port) for host, port in scraped if host not in {COLLECTOR, FRONT}} == expected
 
 
 def test_layers_speak_mutual_tls_each_with_its_own_certificate() -> None:

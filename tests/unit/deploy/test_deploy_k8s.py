@@ -53,6 +53,7 @@ OVERLAYS = {"dev": "strata-dev", "prod": "strata"}
 KUBERNETES_VERSIONS = ("1.29", "1.37")
 CONFIG_MAP = "strata-config"
 PROBE_ENV = "STRATA_TLS__PROBE_LISTEN"
+FRONT_SECRET = "strata-tls-gateway-public"  # the front beside the gateway serves its certificate
 
 
 @pytest.fixture(scope="module", params=sorted(OVERLAYS))
@@ -70,9 +71,12 @@ def strata_workloads(resources: list[Resource]) -> dict[str, Resource]:
 
 
 def container(deployment: Resource) -> dict[str, Any]:
-    """The one container of a Strata pod."""
+    """The Strata container of a Strata pod: its one container, but for the gateway's front
+    (deploy/front) beside it."""
     containers = deployment["spec"]["template"]["spec"]["containers"]
-    assert len(containers) == 1, f"{deployment['metadata']['name']}: one container per pod"
+    name = deployment["metadata"]["name"]
+    others = [c["name"] for c in containers[1:]]
+    assert others == (["front"] if name == GATEWAY else []), f"{name}: one container per pod"
     return containers[0]
 
 
@@ -300,6 +304,9 @@ def test_each_pod_holds_only_its_own_identity(overlay: tuple[str, list[Resource]
         mounts = {m["name"]: m for m in container(deployment)["volumeMounts"]}
         held = set()
         for volume, secret in secrets.items():
+            if volume not in mounts:  # the front's: the gateway's public identity, its own
+                assert (name, secret) == (GATEWAY, FRONT_SECRET), f"{name} holds {secret}"
+                continue
             if secret in (ADMIN_SECRET, KEYS_SECRET):
                 assert name == GATEWAY, f"{name} mounts the gateway's {secret}"
                 continue

@@ -87,7 +87,8 @@ def generate(kind: str, generator: dict, folder: Path, options: dict) -> Resourc
     data: dict[str, str] = {}
     for entry in generator.get("files", []):
         key, _, path = entry.rpartition("=")
-        data[key or Path(path).name] = (folder / path).read_text()
+        # As the file is, line ends and all (deploy/front's refusal is an HTTP response: CRLF).
+        data[key or Path(path).name] = (folder / path).read_bytes().decode()
     for entry in generator.get("literals", []):
         key, _, value = entry.partition("=")
         data[key] = value
