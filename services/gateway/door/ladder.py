@@ -3,18 +3,30 @@
 Levels: 0 normal; 1 core postprocess rules only; 2 inference skips batching; 3 answers from
 the cache or the pipeline's default answer, marked degraded; 4 shed load with
 RESOURCE_EXHAUSTED. Each signal is read against its threshold, its pressure 1 at the
-threshold: each pipeline's queueing delay (from a request's arrival to its flight leaving,
-plus the event loop's lag: work queued before any handler starts) against a share of its
-latency objective; each pipeline's P95 latency against its objective; the upstream error
-share; the share of upstream queue rejections; the event loop's lag alone; and the wait
-before the door, for each pipeline that has calls: how long the gateway's own probe, a health
-check through the public server's door, took to be answered (calls wait unseen in gRPC's own
-queue before any handler runs; services/gateway/door/probe.py), counted from the probes
-answered after the level last moved. The level steps up
-after `up_after` ticks at pressure >= 1 and down after `down_after` ticks below `down_below`.
-A step is taken only where it helps: level 3 gives up full answers, so it is entered only
-when the full pipeline cannot meet its objective (latency, or the wait before the door, which
-no full answer can make up) or its upstreams fail (errors).
+threshold. Overload, per pipeline: the share of the window's calls that the door refused
+because the pipeline's capacity was spent (its limit full, its queue full, a place not freed
+in time, or shedding; not a client over its own share) against `overload_share`. Congestion:
+each pipeline's queueing delay (from a request's admission through the door to its flight
+leaving, plus the event loop's lag) against a share of its latency objective; each
+pipeline's P95 latency from admission against its objective; the event loop's lag alone;
+and the wait before the door, for each pipeline that has calls: how long the gateway's own
+probe, a health check through the public server's door, took to be answered (calls wait
+unseen in gRPC's own queue before any handler runs; services/gateway/door/probe.py), counted
+from the probes answered after the level last moved. Failure: the upstream error share and
+the share of upstream queue rejections.
+
+Overload moves no level itself; it lets congestion move it: congestion counts only while
+overload shows (for a pipeline's signal, that pipeline's; for the event loop's lag, any
+pipeline's), failure always. A closed loop is at capacity, not past
+it, and the wait its calls spend in the gateway is its own choice of how many it keeps in
+flight (64 in flight from one connection took the ladder to shedding in 1.5 s), while an
+open loop past capacity arrives faster than it is answered and is refused; a client without
+a deadline that waits at the door is never refused, so no closed loop can raise overload.
+The level steps up after `up_after` ticks at pressure >= 1 and down after `down_after` ticks
+below `down_below`, both over the signals that count. A step is taken only where it helps:
+level 3 gives up full answers, so it is entered only when the full pipeline cannot meet its
+objective while overloaded (latency, or the wait before the door, which no full answer can
+make up) or its upstreams fail (errors).
 """
 
 from __future__ import annotations
@@ -37,6 +49,12 @@ LEVELS = ("normal", "core_rules_only", "skip_batching", "cache_or_default", "she
 MIN_SAMPLES = 5
 # Signals for which giving up full answers (level 3 and beyond) can help.
 FULL_ANSWERS_FAIL = ("latency:", "door_wait:", "errors")
+# The door's refusals that say a pipeline's capacity is spent, not that a client is past its
+# own share of it (services/gateway/door/concurrency.py's reasons).
+CAPACITY_REFUSALS = frozenset({"concurrency", "queue", "waited", "level"})
+# Per-pipeline signals that a client's own concurrency raises at capacity: they count only
+# while their pipeline is overloaded (the event loop's lag, while any is).
+CONGESTION = ("queue_delay", "latency", "door_wait")
 
 
 @dataclass(frozen=True)
@@ -70,6 +88,7 @@ class Slot:
     answered: dict[str, list[float] | np.ndarray] = field(default_factory=dict)  # seconds
     waited: dict[str, list[float] | np.ndarray] = field(default_factory=dict)
     arrivals: dict[str, int] = field(default_factory=dict)  # calls reaching a handler
+    refused: dict[str, int] = field(default_factory=dict)  # refused for want of capacity
     door_probes: list[float] = field(default_factory=list)  # seconds each probe took
 
     def seal(self) -> None:
@@ -93,6 +112,12 @@ class Signals:
         arrivals = self._slot().arrivals
         arrivals[pipeline] = arrivals.get(pipeline, 0) + 1
 
+    def refused(self, pipeline: str, reason: str) -> None:
+        """The door refused a call of `pipeline` for `reason` (its refusal reasons)."""
+        if reason in CAPACITY_REFUSALS:
+            refused = self._slot().refused
+            refused[pipeline] = refused.get(pipeline, 0) + 1
+
     def probed(self, seconds: float) -> None:
         """The gateway's own probe through the door was answered after `seconds`."""
         self._slot().door_probes.append(seconds)
@@ -109,7 +134,8 @@ class Signals:
             slot.rejected += 1
 
     def queued(self, pipeline: str, seconds: float) -> None:
-        """A request of `pipeline` waited `seconds` between arriving and its flight leaving."""
+        """A request of `pipeline` waited `seconds` between its admission and its flight
+        leaving."""
         _add(self._slot().waited, pipeline, seconds)
 
     def recent(self, seconds: float) -> list[Slot]:
@@ -154,6 +180,10 @@ def readings(
         parts["errors"] = Reading(errors / outcomes, settings.error_rate_limit)
         parts["rejections"] = Reading(rejected / outcomes, settings.rejection_rate_limit)
     for pipeline, objective in objectives.items():
+        arrivals = sum(slot.arrivals.get(pipeline, 0) for slot in slots)
+        if arrivals and arrivals >= settings.min_error_samples:
+            refused = sum(slot.refused.get(pipeline, 0) for slot in slots)
+            parts[f"overload:{pipeline}"] = Reading(refused / arrivals, settings.overload_share)
         latencies = _joined(slot.answered.get(pipeline) for slot in slots)
         if len(latencies) >= MIN_SAMPLES:
             parts[f"latency:{pipeline}"] = Reading(_p95(latencies), objective, " s")
@@ -163,6 +193,26 @@ def readings(
             parts[f"queue_delay:{pipeline}"] = Reading(_p95(waits) + lag, threshold, " s")
     parts.update(_before_door(signals, settings, objectives, moved))
     return parts
+
+
+def counted(readings: Mapping[str, Reading]) -> dict[str, Reading]:
+    """The readings that may move the level: failures always, congestion only where
+    overload shows; overload itself moves nothing (see the module's docstring)."""
+    overloaded = {
+        name.removeprefix("overload:")
+        for name, reading in readings.items()
+        if name.startswith("overload:") and reading.pressure >= 1.0
+    }
+
+    def counts(name: str) -> bool:
+        kind, _, pipeline = name.partition(":")
+        if kind == "overload":
+            return False
+        if kind == "event_loop":
+            return bool(overloaded)
+        return kind not in CONGESTION or pipeline in overloaded
+
+    return {name: reading for name, reading in readings.items() if counts(name)}
 
 
 def _before_door(
@@ -218,7 +268,8 @@ class LadderController:
         self.signals = Signals(clock)
         self.level = 0
         self.forced: int | None = None
-        self.readings: dict[str, Reading] = {}
+        self.readings: dict[str, Reading] = {}  # every signal's, shown
+        self._counted: dict[str, Reading] = {}  # those that may move the level
         self.reason = "no signal has reached its threshold"
         self._on_change = on_change
         self._above = 0
@@ -243,6 +294,7 @@ class LadderController:
 
     def tick(self) -> int:
         self.readings = readings(self.signals, self.settings, self.objectives, self._moved)
+        self._counted = counted(self.readings)
         for name, reading in self.readings.items():
             LADDER_SIGNAL(name, "value").set(reading.value)
             LADDER_SIGNAL(name, "threshold").set(reading.threshold)
@@ -262,16 +314,18 @@ class LadderController:
         return self.level
 
     def _worst(self) -> tuple[str, Reading]:
-        return max(self.readings.items(), key=lambda item: item[1].pressure)
+        if not self._counted:  # no failures read yet, and no overload
+            return "overload", Reading(0.0, self.settings.overload_share)
+        return max(self._counted.items(), key=lambda item: item[1].pressure)
 
     def _may_climb(self) -> bool:
         """Whether the next level up can help: levels 3 and 4 give up full answers, worth it
-        only while full answers miss the objective or fail."""
+        only while full answers miss the objective past capacity or fail."""
         if self.level >= self.settings.max_level:
             return False
         return self.level < 2 or any(
             name.startswith(FULL_ANSWERS_FAIL) and reading.pressure >= 1.0
-            for name, reading in self.readings.items()
+            for name, reading in self._counted.items()
         )
 
     def _move(self, level: int, why: str) -> None:
