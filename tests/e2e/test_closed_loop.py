@@ -64,11 +64,13 @@ def test_a_closed_loop_of_64_without_deadlines_is_answered_whole(tmp_path: Path)
 
 def test_a_closed_loop_of_64_without_deadlines_moves_no_level(tmp_path: Path) -> None:
     # A 2 ms objective, which 64 in flight miss many times over (the latency and queueing
-    # signals read far above their thresholds): the ladder as shipped otherwise. Before
-    # congestion counted only past capacity, the default 250 ms objective took a closed loop
-    # of 64 photos to shedding in 1.5 s; this objective takes any such ladder there at once.
+    # signals read far above their thresholds): before congestion counted only past
+    # capacity, the default 250 ms objective took a closed loop of 64 photos to shedding in
+    # 1.5 s, and this one took 64 digits to degraded answers at once. The wait before the
+    # door, a queue every client shares, keeps its default threshold (250 ms): a closed loop
+    # of 64 waits there a small part of that, even on a busy machine (docs/gateway.md).
     changes = {
-        "gateway": {"admin_token": TOKEN},
+        "gateway": {"admin_token": TOKEN, "ladder": {"door_wait_share": 125}},
         "pipelines": {"digits": {"latency_objective_ms": 2}},
     }
     rounds = 15
@@ -82,5 +84,6 @@ def test_a_closed_loop_of_64_without_deadlines_moves_no_level(tmp_path: Path) ->
     assert ended == Counter({"OK": IN_FLIGHT * rounds})  # every answer full
     assert status.level == 0
     assert status.signals["overload:digits"].value == 0.0  # none refused: it waited
+    assert status.signals["latency:digits"].pressure > 1  # read, and shown, but not counted
     log = (tmp_path / "gateway.log").read_text(errors="replace")
     assert [line for line in log.splitlines() if "degradation level" in line] == []

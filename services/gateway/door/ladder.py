@@ -3,30 +3,34 @@
 Levels: 0 normal; 1 core postprocess rules only; 2 inference skips batching; 3 answers from
 the cache or the pipeline's default answer, marked degraded; 4 shed load with
 RESOURCE_EXHAUSTED. Each signal is read against its threshold, its pressure 1 at the
-threshold. Overload, per pipeline: the share of the window's calls that the door refused
-because the pipeline's capacity was spent (its limit full, its queue full, a place not freed
-in time, or shedding; not a client over its own share) against `overload_share`. Congestion:
-each pipeline's queueing delay (from a request's admission through the door to its flight
-leaving, plus the event loop's lag) against a share of its latency objective; each
-pipeline's P95 latency from admission against its objective; the event loop's lag alone;
-and the wait before the door, for each pipeline that has calls: how long the gateway's own
-probe, a health check through the public server's door, took to be answered (calls wait
-unseen in gRPC's own queue before any handler runs; services/gateway/door/probe.py), counted
-from the probes answered after the level last moved. Failure: the upstream error share and
-the share of upstream queue rejections.
+threshold. Three kinds:
 
-Overload moves no level itself; it lets congestion move it: congestion counts only while
-overload shows (for a pipeline's signal, that pipeline's; for the event loop's lag, any
-pipeline's), failure always. A closed loop is at capacity, not past
-it, and the wait its calls spend in the gateway is its own choice of how many it keeps in
-flight (64 in flight from one connection took the ladder to shedding in 1.5 s), while an
-open loop past capacity arrives faster than it is answered and is refused; a client without
-a deadline that waits at the door is never refused, so no closed loop can raise overload.
-The level steps up after `up_after` ticks at pressure >= 1 and down after `down_after` ticks
-below `down_below`, both over the signals that count. A step is taken only where it helps:
-level 3 gives up full answers, so it is entered only when the full pipeline cannot meet its
-objective while overloaded (latency, or the wait before the door, which no full answer can
-make up) or its upstreams fail (errors).
+- Past capacity, per pipeline: overload, the share of the window's calls that the door
+  refused because the pipeline's capacity was spent (its limit full, its queue full, no
+  place freed in time, or shedding; not a client past its own share) against
+  `overload_share`; and the wait before the door, for each pipeline with calls: how long the
+  gateway's own probe, a health check through the public server's door, took to be answered
+  (calls pile up unseen in gRPC's own queue before any handler runs, where the door cannot
+  refuse them; services/gateway/door/probe.py), counted from the probes answered after the
+  level last moved.
+- Congestion inside the gateway: each pipeline's queueing delay (from a request's admission
+  through the door to its flight leaving, plus the event loop's lag) against a share of its
+  latency objective; each pipeline's P95 latency from admission against its objective; the
+  event loop's lag.
+- Failure: the upstream error share and the share of upstream queue rejections.
+
+Congestion counts only while its pipeline is past capacity (the event loop's lag, while any
+is); overload itself moves nothing, it only lets congestion count; the wait before the door
+and failures always count. A closed loop is at capacity, not past it: the time its calls
+spend in the gateway is its own choice of how many it keeps in flight (64 photos in flight
+from one connection took the ladder to shedding in 1.5 s on queueing delay alone), and a
+caller without a deadline waits at the door and is never refused, so no such loop raises
+overload; an open loop past capacity arrives faster than it is answered, and its excess is
+refused at the door or waits before it. The level steps up after `up_after` ticks at
+pressure >= 1 and down after `down_after` ticks below `down_below`, over the readings that
+count. A step is taken only where it helps: level 3 gives up full answers, so it is entered
+only when full answers cannot meet the objective past capacity (latency, or the wait before
+the door, which no full answer can make up) or fail (errors).
 """
 
 from __future__ import annotations
@@ -53,8 +57,11 @@ FULL_ANSWERS_FAIL = ("latency:", "door_wait:", "errors")
 # own share of it (services/gateway/door/concurrency.py's reasons).
 CAPACITY_REFUSALS = frozenset({"concurrency", "queue", "waited", "level"})
 # Per-pipeline signals that a client's own concurrency raises at capacity: they count only
-# while their pipeline is overloaded (the event loop's lag, while any is).
-CONGESTION = ("queue_delay", "latency", "door_wait")
+# while their pipeline is past it (the event loop's lag, while any is).
+CONGESTION = ("queue_delay", "latency")
+# Per-pipeline signals that show a pipeline past capacity: the door refusing its calls, or
+# calls piling up before the door, where the door cannot refuse them.
+PAST_CAPACITY = ("overload", "door_wait")
 
 
 @dataclass(frozen=True)
@@ -196,12 +203,13 @@ def readings(
 
 
 def counted(readings: Mapping[str, Reading]) -> dict[str, Reading]:
-    """The readings that may move the level: failures always, congestion only where
-    overload shows; overload itself moves nothing (see the module's docstring)."""
+    """The readings that may move the level: congestion inside the gateway only where
+    overload shows; the rest always (see the module's docstring)."""
     overloaded = {
-        name.removeprefix("overload:")
+        pipeline
         for name, reading in readings.items()
-        if name.startswith("overload:") and reading.pressure >= 1.0
+        for kind, _, pipeline in [name.partition(":")]
+        if kind in PAST_CAPACITY and reading.pressure >= 1.0
     }
 
     def counts(name: str) -> bool:

@@ -1,9 +1,8 @@
-"""The wait before the door: the gateway's own probe through it, as a ladder signal that
-counts past capacity (the door refusing calls for want of it), never at it."""
+"""The wait before the door: the gateway's own probe through it, as a ladder signal."""
 
 import pytest
 
-from services.gateway.door.ladder import LadderController
+from services.gateway.door.ladder import LadderController, counted
 from strata.config.gateway import Ladder
 from tests.support.clock import Clock
 
@@ -11,27 +10,17 @@ from tests.support.clock import Clock
 def controller(clock: Clock, **overrides) -> LadderController:
     # Half the objective, as the scenarios below were written against (the default is all of it).
     settings = Ladder(
-        up_after=2,
-        down_after=3,
-        down_below=0.5,
-        min_error_samples=1,
-        **{"door_wait_share": 0.5, **overrides},
+        up_after=2, down_after=3, down_below=0.5, **{"door_wait_share": 0.5, **overrides}
     )
     return LadderController(settings, {"digits": 0.1, "text": 0.4}, clock=clock)
 
 
-def probing(
-    ladder: LadderController, clock: Clock, waited: float, ticks: int, past: bool = True
-) -> list[int]:
-    """The level after each tick, a digits call and a probe answered after `waited` each;
-    `past` capacity, another digits call refused for want of it."""
+def probing(ladder: LadderController, clock: Clock, waited: float, ticks: int) -> list[int]:
+    """The level after each tick, a digits call and a probe answered after `waited` each."""
     levels = []
     for _ in range(ticks):
         clock.now += 0.25
         ladder.signals.arrived("digits")
-        if past:
-            ladder.signals.arrived("digits")
-            ladder.signals.refused("digits", "waited")
         ladder.signals.probed(waited)
         levels.append(ladder.tick())
     return levels
@@ -56,14 +45,6 @@ def test_waiting_before_the_door_climbs_past_batching_to_cheaper_answers() -> No
     assert probing(ladder, clock, 0.2, 6) == [0, 1, 1, 2, 2, 3]
     assert "door_wait:digits 0.2 s against 0.05 s" in ladder.reason
     assert probing(ladder, clock, 0.2, 2)[-1] == 4  # still late at level 3: shed
-
-
-def test_waiting_before_the_door_at_capacity_moves_nothing() -> None:
-    # A closed loop keeps its calls queued however long; none is refused: its own choice.
-    clock = Clock()
-    ladder = controller(clock)
-    assert probing(ladder, clock, 0.2, 8, past=False) == [0] * 8
-    assert ladder.readings["door_wait:digits"].pressure == pytest.approx(4.0)
 
 
 def test_one_late_probe_among_several_moves_nothing() -> None:
@@ -104,3 +85,19 @@ def test_a_share_of_0_turns_it_off() -> None:
     off = controller(clock, door_wait_share=0)
     assert probing(off, clock, 0.5, 8) == [0] * 8
     assert "door_wait:digits" not in off.readings
+
+
+def test_waiting_before_the_door_lets_the_queueing_inside_count() -> None:
+    # Past capacity the excess piles up before the door, which refuses none of it.
+    clock = Clock()
+    ladder = controller(clock, door_wait_share=1.0, queue_delay_share=0.1, max_level=0)
+    for waited in (0.05, 0.2):  # half the 100 ms objective, then twice it
+        clock.now += 0.25
+        for _ in range(5):
+            ladder.signals.arrived("digits")
+            ladder.signals.queued("digits", 0.05)
+        ladder.signals.probed(waited)
+        ladder.tick()
+        moving = counted(ladder.readings)
+        assert ("queue_delay:digits" in moving) is (waited > 0.1)
+        assert "door_wait:digits" in moving
