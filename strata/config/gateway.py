@@ -84,8 +84,8 @@ class Ladder(Strict):
         default=0.1,
         gt=0,
         le=1,
-        description="Share of a pipeline's calls (over `window_seconds`, once it holds "
-        "`min_error_samples`) the door may refuse for want of capacity before pressure is 1: "
+        description="Share of a pipeline's calls (over `window_seconds`) the door may refuse "
+        "for want of capacity before pressure is 1: "
         "overload, which an open loop past capacity shows and a closed loop never does. The "
         "congestion signals (queueing delay, latency, the wait before the door, the event "
         "loop's lag) move the level only while it is at 1 or more (docs/gateway.md, ladder).",
@@ -106,9 +106,8 @@ class Ladder(Strict):
         default=50,
         ge=1,
         description="Upstream outcomes the window must hold before the error and rejection "
-        "shares count, and calls of a pipeline before its overload share does, so that a "
-        "handful of failures (one client's bad input, say) at low load cannot raise the "
-        "level for everyone.",
+        "shares count, so that a handful of failures (one client's bad input, say) at low "
+        "load cannot raise the level for everyone.",
     )
     loop_lag_limit_ms: float = Field(
         default=100.0,

@@ -20,7 +20,8 @@ threshold. Three kinds:
 - Failure: the upstream error share and the share of upstream queue rejections.
 
 Congestion counts only while its pipeline is past capacity (the event loop's lag, while any
-is); overload itself moves nothing, it only lets congestion count; the wait before the door
+is): a signal of it at pressure 1 or more, or, once the level is above 0, at `down_below` or
+more, so that the level does not fall while the excess is still refused; overload itself moves nothing, it only lets congestion count; the wait before the door
 and failures always count. A closed loop is at capacity, not past it: the time its calls
 spend in the gateway is its own choice of how many it keeps in flight (64 photos in flight
 from one connection took the ladder to shedding in 1.5 s on queueing delay alone), and a
@@ -188,7 +189,7 @@ def readings(
         parts["rejections"] = Reading(rejected / outcomes, settings.rejection_rate_limit)
     for pipeline, objective in objectives.items():
         arrivals = sum(slot.arrivals.get(pipeline, 0) for slot in slots)
-        if arrivals and arrivals >= settings.min_error_samples:
+        if arrivals >= MIN_SAMPLES:
             refused = sum(slot.refused.get(pipeline, 0) for slot in slots)
             parts[f"overload:{pipeline}"] = Reading(refused / arrivals, settings.overload_share)
         latencies = _joined(slot.answered.get(pipeline) for slot in slots)
@@ -202,14 +203,15 @@ def readings(
     return parts
 
 
-def counted(readings: Mapping[str, Reading]) -> dict[str, Reading]:
-    """The readings that may move the level: congestion inside the gateway only where
-    overload shows; the rest always (see the module's docstring)."""
+def counted(readings: Mapping[str, Reading], past: float = 1.0) -> dict[str, Reading]:
+    """The readings that may move the level: congestion inside the gateway only where a
+    signal of being past capacity reads at pressure `past` or more; the rest always (see the
+    module's docstring)."""
     overloaded = {
         pipeline
         for name, reading in readings.items()
         for kind, _, pipeline in [name.partition(":")]
-        if kind in PAST_CAPACITY and reading.pressure >= 1.0
+        if kind in PAST_CAPACITY and reading.pressure >= past
     }
 
     def counts(name: str) -> bool:
@@ -302,7 +304,10 @@ class LadderController:
 
     def tick(self) -> int:
         self.readings = readings(self.signals, self.settings, self.objectives, self._moved)
-        self._counted = counted(self.readings)
+        # Past capacity at pressure 1, and still so until calm: a gate that closed at once
+        # would step down while the excess is still refused.
+        past = 1.0 if self.level == 0 else self.settings.down_below
+        self._counted = counted(self.readings, past)
         for name, reading in self.readings.items():
             LADDER_SIGNAL(name, "value").set(reading.value)
             LADDER_SIGNAL(name, "threshold").set(reading.threshold)

@@ -25,13 +25,13 @@ def ladder(**overrides) -> LadderController:
 CLOCK = Clock()
 
 
-def calls(controller: LadderController, refused: int, reason: str = "waited") -> None:
-    """Ten calls of digits, `refused` of them refused by the door for `reason`: past
-    capacity, an open loop's excess is refused; a closed loop's waits and none is."""
+def calls(controller: LadderController, refused: float, reason: str = "waited") -> None:
+    """A hundred calls of digits, `refused` in ten of them refused by the door for `reason`:
+    past capacity, an open loop's excess is refused; a closed loop's waits and none is."""
     signals = controller.signals
-    for i in range(10):
+    for i in range(100):
         signals.arrived("digits")
-        if i < refused:
+        if i < refused * 10:
             signals.refused("digits", reason)
 
 
@@ -39,7 +39,7 @@ def queueing(
     controller: LadderController, seconds: float, ticks: int, refused: int = 5
 ) -> list[int]:
     """The level after each of `ticks` ticks, requests queueing `seconds` meanwhile and
-    `refused` of each tick's ten calls refused for want of capacity."""
+    `refused` in ten of each tick's calls refused for want of capacity."""
     levels = []
     for _ in range(ticks):
         CLOCK.now += 0.25
@@ -66,7 +66,7 @@ def test_queueing_alone_never_gives_up_full_answers() -> None:
 
 def slow(controller: LadderController, ticks: int, refused: int) -> list[int]:
     """The level after each tick of ten calls answered in 500 ms (five times the objective),
-    `refused` of ten more refused for want of capacity."""
+    `refused` in ten of a hundred more calls refused for want of capacity."""
     levels = []
     for _ in range(ticks):
         CLOCK.now += 0.25
@@ -108,17 +108,27 @@ def test_a_clients_refusals_for_its_own_share_are_not_overload() -> None:
     assert controller.readings["overload:digits"].value == 0.0
 
 
-def test_overload_is_the_share_of_calls_refused_for_capacity_once_there_are_enough() -> None:
-    controller = ladder(min_error_samples=20)
+def test_overload_is_the_share_of_calls_refused_for_capacity_once_there_are_some() -> None:
+    controller = ladder()
     CLOCK.now += 0.25
-    calls(controller, 3, "concurrency")
+    for _ in range(4):
+        controller.signals.arrived("digits")
+    controller.signals.refused("digits", "concurrency")
     controller.tick()
-    assert "overload:digits" not in controller.readings  # 10 calls, fewer than 20
+    assert "overload:digits" not in controller.readings  # 4 calls, fewer than 5
     CLOCK.now += 0.25
-    calls(controller, 3, "level")
+    calls(controller, 2, "level")
     controller.tick()
-    assert controller.readings["overload:digits"].value == pytest.approx(0.3)
+    assert controller.readings["overload:digits"].value == pytest.approx(21 / 104)
     assert controller.readings["overload:digits"].threshold == pytest.approx(0.1)
+
+
+def test_once_climbed_congestion_counts_until_overload_is_calm() -> None:
+    # Refused share 0.07: under the threshold (0.1), above calm (down_below: 0.05).
+    controller = ladder()
+    assert queueing(controller, 0.05, 4)[-1] == 2
+    assert queueing(controller, 0.05, 12, refused=0.7) == [2] * 12
+    assert queueing(controller, 0.05, 12, refused=0)[-1] == 0
 
 
 def test_overload_alone_moves_no_level() -> None:
