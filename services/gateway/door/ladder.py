@@ -21,13 +21,14 @@ threshold. Three kinds:
 
 Congestion counts only while its pipeline is past capacity (the event loop's lag, while any
 is): a signal of it at pressure 1 or more, or, once the level is above 0, at `down_below` or
-more, so that the level does not fall while the excess is still refused; overload itself moves nothing, it only lets congestion count; the wait before the door
-and failures always count. A closed loop is at capacity, not past it: the time its calls
-spend in the gateway is its own choice of how many it keeps in flight (64 photos in flight
-from one connection took the ladder to shedding in 1.5 s on queueing delay alone), and a
-caller without a deadline waits at the door and is never refused, so no such loop raises
-overload; an open loop past capacity arrives faster than it is answered, and its excess is
-refused at the door or waits before it. The level steps up after `up_after` ticks at
+more, so that the level does not fall while the excess is still refused. Overload itself
+moves nothing, it only lets congestion count; the wait before the door and failures always
+count. A closed loop is at capacity, not past it: the time its calls spend in the gateway is
+its own choice of how many it keeps in flight (64 photos in flight from one connection took
+the ladder to shedding in 1.5 s on queueing delay alone), and a caller without a deadline
+waits at the door and is never refused, so no such loop raises overload; an open loop past
+capacity arrives faster than it is answered, and its excess is refused at the door or waits
+before it. The level steps up after `up_after` ticks at
 pressure >= 1 and down after `down_after` ticks below `down_below`, over the readings that
 count. A step is taken only where it helps: level 3 gives up full answers, so it is entered
 only when full answers cannot meet the objective past capacity (latency, or the wait before
