@@ -280,8 +280,9 @@ def markdown(
 ) -> str:
     """One table row per server: each concurrency's throughput, CPU and failures."""
     concurrencies = sorted({r.concurrency for r in rows}) or [1]
-    head = ["server", "c=1 P50 / P99 ms", *(f"c={c} req/s" for c in concurrencies)]
-    head += ["CPU ms/request (" + ", ".join(f"c={c}" for c in concurrencies) + ")", "errors"]
+    head = ["server", "c=1 P50 / P99 ms", *(f"c={c} full answers/s" for c in concurrencies)]
+    head += ["CPU ms/request (" + ", ".join(f"c={c}" for c in concurrencies) + ")"]
+    head += ["errors", "degraded"]
     lines = [f"# {heading}", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     by_server: dict[str, list[Row]] = {}
     for row in rows:
@@ -289,14 +290,15 @@ def markdown(
     for title, points in by_server.items():
         first = points[0].point
         cells = [title, f"{first.p50_ms:.1f} / {first.p99_ms:.1f}"]
-        cells += [f"{p.point.throughput:.1f}" for p in points]
+        cells += [f"{p.full_throughput:.1f}" for p in points]
         cells += [" / ".join(f"{p.cpu_total_ms:.1f}" for p in points)]
         cells += [" / ".join(str(sum(p.point.errors.values())) for p in points)]
+        cells += [" / ".join(str(p.point.degraded) for p in points)]
         lines.append("| " + " | ".join(cells) + " |")
     for c in ceiling:  # a loop, not a server: its requests/s stand in the c=1 column
         cells = [_loop_title(c)]
         cells += [f"{c['p50_ms']:.1f} / {c['p99_ms']:.1f}", f"{c['per_second']:.1f}"]
-        cells += ["-"] * (len(concurrencies) - 1) + [f"{c['cpu_ms']:.1f}", "0"]
+        cells += ["-"] * (len(concurrencies) - 1) + [f"{c['cpu_ms']:.1f}", "0", "0"]
         lines.append("| " + " | ".join(cells) + " |")
     lines += ["", "CPU ms per answered request, by process (utime + stime, /proc):", ""]
     lines += cpu_table(

@@ -32,3 +32,10 @@ class Row:
     @property
     def cpu_total_ms(self) -> float:
         return sum(self.cpu_ms.values())
+
+    @property
+    def full_throughput(self) -> float:
+        """Full answers per second: the answered less those the gateway marked degraded
+        (from its cache or the pipeline's default), which no client asked for."""
+        p = self.point
+        return p.throughput - (p.degraded / p.seconds if p.seconds else 0.0)

@@ -123,7 +123,8 @@ def measure(pool: LoadPool, target: Target, timing: Timing, objective: float) ->
 def _line(row: Row) -> str:
     p = row.point
     return (
-        f"{row.server} c={row.concurrency}: {p.throughput:.0f}/s, P50 {p.p50_ms:.2f} ms, "
+        f"{row.server} c={row.concurrency}: {row.full_throughput:.0f} full answers/s "
+        f"({p.degraded} degraded, {sum(p.errors.values())} failed), P50 {p.p50_ms:.2f} ms, "
         f"P99 {p.p99_ms:.2f} ms, CPU {row.cpu_total_ms:.2f} ms/request"
     )
 

@@ -165,7 +165,7 @@ def compose(settings: Settings) -> Runtime:
     upstreams = Upstreams(settings)
     gateway = settings.gateway
     ladder = LadderController(gateway.ladder, objectives(settings), level_changed)
-    concurrency = AdaptiveLimits(gateway.concurrency, objectives(settings))
+    concurrency = AdaptiveLimits(gateway.concurrency, objectives(settings), ladder.signals.refused)
     available_for = _available_for(upstreams)
     routers = _routers(settings, available_for)
     admission = _admission(settings, routers, concurrency, ladder)

@@ -80,10 +80,20 @@ class RateLimits(Strict):
 class Ladder(Strict):
     """When the gateway degrades: live signals against limits, with hysteresis."""
 
+    overload_share: float = Field(
+        default=0.1,
+        gt=0,
+        le=1,
+        description="Share of a pipeline's calls (over `window_seconds`) the door may refuse "
+        "for want of capacity before pressure is 1: "
+        "overload, which an open loop past capacity shows and a closed loop never does. The "
+        "congestion signals (queueing delay, latency, the wait before the door, the event "
+        "loop's lag) move the level only while it is at 1 or more (docs/gateway.md, ladder).",
+    )
     queue_delay_share: float = Field(
         default=0.25,
         gt=0,
-        description="Share of a pipeline's latency objective its P95 queueing delay (arrival "
+        description="Share of a pipeline's latency objective its P95 queueing delay (admission "
         "to its flight leaving, plus the event loop's lag) may reach before pressure is 1.",
     )
     error_rate_limit: float = Field(

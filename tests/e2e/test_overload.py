@@ -1,5 +1,6 @@
 """Overload at the gateway, with real processes: refusals are fast, distinct and hinted, and
-the ladder follows queueing delay up and back down without giving up full answers."""
+past capacity the ladder follows queueing delay up and back down without giving up full
+answers."""
 
 import threading
 import time
@@ -112,9 +113,12 @@ def test_a_full_inference_queue_refusal_carries_its_hint_through_the_gateway(
 
 @pytest.fixture
 def admin_system(tmp_path: Path):
+    # Two places, refused at once beyond them: 32 callers are past capacity, the door refuses
+    # their excess (overload), and the queueing of what it admits then counts.
     changes = {
         "gateway": {
             "admin_token": TOKEN,
+            "concurrency": {"initial": 2, "min_limit": 2, "max_limit": 2, "wait_share": 0},
             "flights": {"max_in_air": 1},
             "ladder": {
                 "queue_delay_share": 0.001,  # 0.25 ms of the 250 ms objective: any queue
@@ -131,7 +135,9 @@ def admin_system(tmp_path: Path):
 
 
 @pytest.mark.timing
-def test_the_ladder_climbs_on_queueing_delay_says_why_and_comes_back_down(admin_system) -> None:
+def test_past_capacity_the_ladder_climbs_on_queueing_delay_says_why_and_comes_back_down(
+    admin_system,
+) -> None:
     address = admin_system.address("gateway")
     admin = admin_pb2_grpc.AdminStub(grpc.insecure_channel(address))
     admin.ForceLevel(admin_pb2.ForceLevelRequest(release=True), metadata=AUTH)
@@ -163,6 +169,7 @@ def test_the_ladder_climbs_on_queueing_delay_says_why_and_comes_back_down(admin_
     assert max(levels) <= 2, "queueing alone never gives up full answers"
     assert any(r.startswith("queue_delay:digits") and "against" in r for r in reasons), reasons
     assert readings["queue_delay:digits"].threshold == pytest.approx(0.00025)
+    assert readings["overload:digits"].pressure >= 1, readings["overload:digits"]
     calmed = admin.Status(admin_pb2.StatusRequest(), metadata=AUTH).level_reason
     assert calmed.startswith("calm"), calmed
 

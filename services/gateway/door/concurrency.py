@@ -244,12 +244,19 @@ class Ticket:
 
 
 class AdaptiveLimits:
-    """The pipelines' adaptive limits; settings and objectives reload live."""
+    """The pipelines' adaptive limits; settings and objectives reload live. `refused` is
+    told of each refusal's pipeline and reason (the ladder reads overload from them)."""
 
-    def __init__(self, settings: Concurrency, objectives: Mapping[str, float]) -> None:
+    def __init__(
+        self,
+        settings: Concurrency,
+        objectives: Mapping[str, float],
+        refused: Callable[[str, str], None] = lambda pipeline, reason: None,
+    ) -> None:
         self.settings = settings
         self.limits: dict[str, AdaptiveLimit] = {}
         self.refusals = Refusals(settings)
+        self._refused = refused
         self.configure(settings, objectives)
 
     def configure(self, settings: Concurrency, objectives: Mapping[str, float]) -> None:
@@ -295,6 +302,7 @@ class AdaptiveLimits:
         message = _refused(pipeline, client, reason, limit)
         SHED.labels(reason).inc()
         self.refusals.record(reason, client, message)
+        self._refused(pipeline, reason)
         retry = max(MIN_RETRY_SECONDS, limit.recent)
         if shedding:
             retry = max(retry, shedding.shed_retry_ms / 1000)

@@ -3,18 +3,36 @@
 Levels: 0 normal; 1 core postprocess rules only; 2 inference skips batching; 3 answers from
 the cache or the pipeline's default answer, marked degraded; 4 shed load with
 RESOURCE_EXHAUSTED. Each signal is read against its threshold, its pressure 1 at the
-threshold: each pipeline's queueing delay (from a request's arrival to its flight leaving,
-plus the event loop's lag: work queued before any handler starts) against a share of its
-latency objective; each pipeline's P95 latency against its objective; the upstream error
-share; the share of upstream queue rejections; the event loop's lag alone; and the wait
-before the door, for each pipeline that has calls: how long the gateway's own probe, a health
-check through the public server's door, took to be answered (calls wait unseen in gRPC's own
-queue before any handler runs; services/gateway/door/probe.py), counted from the probes
-answered after the level last moved. The level steps up
-after `up_after` ticks at pressure >= 1 and down after `down_after` ticks below `down_below`.
-A step is taken only where it helps: level 3 gives up full answers, so it is entered only
-when the full pipeline cannot meet its objective (latency, or the wait before the door, which
-no full answer can make up) or its upstreams fail (errors).
+threshold. Three kinds:
+
+- Past capacity, per pipeline: overload, the share of the window's calls that the door
+  refused because the pipeline's capacity was spent (its limit full, its queue full, no
+  place freed in time, or shedding; not a client past its own share) against
+  `overload_share`; and the wait before the door, for each pipeline with calls: how long the
+  gateway's own probe, a health check through the public server's door, took to be answered
+  (calls pile up unseen in gRPC's own queue before any handler runs, where the door cannot
+  refuse them; services/gateway/door/probe.py), counted from the probes answered after the
+  level last moved.
+- Congestion inside the gateway: each pipeline's queueing delay (from a request's admission
+  through the door to its flight leaving, plus the event loop's lag) against a share of its
+  latency objective; each pipeline's P95 latency from admission against its objective; the
+  event loop's lag.
+- Failure: the upstream error share and the share of upstream queue rejections.
+
+Congestion counts only while its pipeline is past capacity (the event loop's lag, while any
+is): a signal of it at pressure 1 or more, or, once the level is above 0, at `down_below` or
+more, so that the level does not fall while the excess is still refused. Overload itself
+moves nothing, it only lets congestion count; the wait before the door and failures always
+count. A closed loop is at capacity, not past it: the time its calls spend in the gateway is
+its own choice of how many it keeps in flight (64 photos in flight from one connection took
+the ladder to shedding in 1.5 s on queueing delay alone), and a caller without a deadline
+waits at the door and is never refused, so no such loop raises overload; an open loop past
+capacity arrives faster than it is answered, and its excess is refused at the door or waits
+before it. The level steps up after `up_after` ticks at
+pressure >= 1 and down after `down_after` ticks below `down_below`, over the readings that
+count. A step is taken only where it helps: level 3 gives up full answers, so it is entered
+only when full answers cannot meet the objective past capacity (latency, or the wait before
+the door, which no full answer can make up) or fail (errors).
 """
 
 from __future__ import annotations
@@ -37,6 +55,15 @@ LEVELS = ("normal", "core_rules_only", "skip_batching", "cache_or_default", "she
 MIN_SAMPLES = 5
 # Signals for which giving up full answers (level 3 and beyond) can help.
 FULL_ANSWERS_FAIL = ("latency:", "door_wait:", "errors")
+# The door's refusals that say a pipeline's capacity is spent, not that a client is past its
+# own share of it (services/gateway/door/concurrency.py's reasons).
+CAPACITY_REFUSALS = frozenset({"concurrency", "queue", "waited", "level"})
+# Per-pipeline signals that a client's own concurrency raises at capacity: they count only
+# while their pipeline is past it (the event loop's lag, while any is).
+CONGESTION = ("queue_delay", "latency")
+# Per-pipeline signals that show a pipeline past capacity: the door refusing its calls, or
+# calls piling up before the door, where the door cannot refuse them.
+PAST_CAPACITY = ("overload", "door_wait")
 
 
 @dataclass(frozen=True)
@@ -70,6 +97,7 @@ class Slot:
     answered: dict[str, list[float] | np.ndarray] = field(default_factory=dict)  # seconds
     waited: dict[str, list[float] | np.ndarray] = field(default_factory=dict)
     arrivals: dict[str, int] = field(default_factory=dict)  # calls reaching a handler
+    refused: dict[str, int] = field(default_factory=dict)  # refused for want of capacity
     door_probes: list[float] = field(default_factory=list)  # seconds each probe took
 
     def seal(self) -> None:
@@ -93,6 +121,12 @@ class Signals:
         arrivals = self._slot().arrivals
         arrivals[pipeline] = arrivals.get(pipeline, 0) + 1
 
+    def refused(self, pipeline: str, reason: str) -> None:
+        """The door refused a call of `pipeline` for `reason` (its refusal reasons)."""
+        if reason in CAPACITY_REFUSALS:
+            refused = self._slot().refused
+            refused[pipeline] = refused.get(pipeline, 0) + 1
+
     def probed(self, seconds: float) -> None:
         """The gateway's own probe through the door was answered after `seconds`."""
         self._slot().door_probes.append(seconds)
@@ -109,7 +143,8 @@ class Signals:
             slot.rejected += 1
 
     def queued(self, pipeline: str, seconds: float) -> None:
-        """A request of `pipeline` waited `seconds` between arriving and its flight leaving."""
+        """A request of `pipeline` waited `seconds` between its admission and its flight
+        leaving."""
         _add(self._slot().waited, pipeline, seconds)
 
     def recent(self, seconds: float) -> list[Slot]:
@@ -154,6 +189,10 @@ def readings(
         parts["errors"] = Reading(errors / outcomes, settings.error_rate_limit)
         parts["rejections"] = Reading(rejected / outcomes, settings.rejection_rate_limit)
     for pipeline, objective in objectives.items():
+        arrivals = sum(slot.arrivals.get(pipeline, 0) for slot in slots)
+        if arrivals >= MIN_SAMPLES:
+            refused = sum(slot.refused.get(pipeline, 0) for slot in slots)
+            parts[f"overload:{pipeline}"] = Reading(refused / arrivals, settings.overload_share)
         latencies = _joined(slot.answered.get(pipeline) for slot in slots)
         if len(latencies) >= MIN_SAMPLES:
             parts[f"latency:{pipeline}"] = Reading(_p95(latencies), objective, " s")
@@ -163,6 +202,28 @@ def readings(
             parts[f"queue_delay:{pipeline}"] = Reading(_p95(waits) + lag, threshold, " s")
     parts.update(_before_door(signals, settings, objectives, moved))
     return parts
+
+
+def counted(readings: Mapping[str, Reading], past: float = 1.0) -> dict[str, Reading]:
+    """The readings that may move the level: congestion inside the gateway only where a
+    signal of being past capacity reads at pressure `past` or more; the rest always (see the
+    module's docstring)."""
+    overloaded = {
+        pipeline
+        for name, reading in readings.items()
+        for kind, _, pipeline in [name.partition(":")]
+        if kind in PAST_CAPACITY and reading.pressure >= past
+    }
+
+    def counts(name: str) -> bool:
+        kind, _, pipeline = name.partition(":")
+        if kind == "overload":
+            return False
+        if kind == "event_loop":
+            return bool(overloaded)
+        return kind not in CONGESTION or pipeline in overloaded
+
+    return {name: reading for name, reading in readings.items() if counts(name)}
 
 
 def _before_door(
@@ -218,7 +279,8 @@ class LadderController:
         self.signals = Signals(clock)
         self.level = 0
         self.forced: int | None = None
-        self.readings: dict[str, Reading] = {}
+        self.readings: dict[str, Reading] = {}  # every signal's, shown
+        self._counted: dict[str, Reading] = {}  # those that may move the level
         self.reason = "no signal has reached its threshold"
         self._on_change = on_change
         self._above = 0
@@ -243,6 +305,10 @@ class LadderController:
 
     def tick(self) -> int:
         self.readings = readings(self.signals, self.settings, self.objectives, self._moved)
+        # Past capacity at pressure 1, and still so until calm: a gate that closed at once
+        # would step down while the excess is still refused.
+        past = 1.0 if self.level == 0 else self.settings.down_below
+        self._counted = counted(self.readings, past)
         for name, reading in self.readings.items():
             LADDER_SIGNAL(name, "value").set(reading.value)
             LADDER_SIGNAL(name, "threshold").set(reading.threshold)
@@ -262,16 +328,18 @@ class LadderController:
         return self.level
 
     def _worst(self) -> tuple[str, Reading]:
-        return max(self.readings.items(), key=lambda item: item[1].pressure)
+        if not self._counted:  # no failures read yet, and no overload
+            return "overload", Reading(0.0, self.settings.overload_share)
+        return max(self._counted.items(), key=lambda item: item[1].pressure)
 
     def _may_climb(self) -> bool:
         """Whether the next level up can help: levels 3 and 4 give up full answers, worth it
-        only while full answers miss the objective or fail."""
+        only while full answers miss the objective past capacity or fail."""
         if self.level >= self.settings.max_level:
             return False
         return self.level < 2 or any(
             name.startswith(FULL_ANSWERS_FAIL) and reading.pressure >= 1.0
-            for name, reading in self.readings.items()
+            for name, reading in self._counted.items()
         )
 
     def _move(self, level: int, why: str) -> None:

@@ -396,3 +396,14 @@ async def test_one_client_cannot_fill_the_queue_and_keep_the_next_client_out() -
     assert door.limits["digits"].waiters == {} and door.limits["digits"].queued == 0
     for ticket in held:
         door.leave(ticket, counts=True)
+
+
+def test_the_door_tells_each_refusals_pipeline_and_reason() -> None:
+    told: list[tuple[str, str]] = []
+    settings = Concurrency(initial=1, min_limit=1, max_limit=1, contention=1.0)
+    door = AdaptiveLimits(settings, {"digits": 1.0}, lambda *refusal: told.append(refusal))
+    door.enter("digits", "c")
+    door.enter("digits", "newcomer")  # its headroom
+    with pytest.raises(Overloaded):
+        door.enter("digits", "c")
+    assert told == [("digits", "concurrency")]

@@ -2,7 +2,7 @@
 
 import pytest
 
-from services.gateway.door.ladder import LadderController
+from services.gateway.door.ladder import LadderController, counted
 from strata.config.gateway import Ladder
 from tests.support.clock import Clock
 
@@ -85,3 +85,19 @@ def test_a_share_of_0_turns_it_off() -> None:
     off = controller(clock, door_wait_share=0)
     assert probing(off, clock, 0.5, 8) == [0] * 8
     assert "door_wait:digits" not in off.readings
+
+
+def test_waiting_before_the_door_lets_the_queueing_inside_count() -> None:
+    # Past capacity the excess piles up before the door, which refuses none of it.
+    clock = Clock()
+    ladder = controller(clock, door_wait_share=1.0, queue_delay_share=0.1, max_level=0)
+    for waited in (0.05, 0.2):  # half the 100 ms objective, then twice it
+        clock.now += 0.25
+        for _ in range(5):
+            ladder.signals.arrived("digits")
+            ladder.signals.queued("digits", 0.05)
+        ladder.signals.probed(waited)
+        ladder.tick()
+        moving = counted(ladder.readings)
+        assert ("queue_delay:digits" in moving) is (waited > 0.1)
+        assert "door_wait:digits" in moving
