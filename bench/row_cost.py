@@ -13,7 +13,8 @@ sentences of bench/text.py (4 to 43 tokens), and the stand-in image classifier
   workers and batching, sent one request of N rows at a time (`flight`: what the gateway
   sends for a flight of N), and N one-row requests kept in flight (`N in flight`: a closed
   loop whose requests the batcher groups); the process's CPU seconds (/proc) per row
-  answered, and the rows its batches held (v2 statistics).
+  answered, and, N in flight, the rows its batches held and how busy its worker slots were
+  (the batches' run time over the wall time of `inference.workers` slots; v2 statistics).
 
 CPU milliseconds per row, printed and written to `--out` as row_cost.md with the load
 average. CPU time is disturbed by other work less than wall time, but a loaded machine still
@@ -70,6 +71,7 @@ class Line:
     size: int
     ms: dict[str, float] = field(default_factory=dict)
     rows_per_batch: float = math.nan
+    busy: float = math.nan  # the share of the worker slots running batches, N in flight
 
 
 @dataclass(frozen=True)
@@ -138,7 +140,7 @@ def in_process(
 
 
 async def through_service(
-    service: ServiceProcess, work: Work, lines: list[Line], rows: int
+    service: ServiceProcess, workers: int, work: Work, lines: list[Line], rows: int
 ) -> None:
     """The service's CPU per row at each line's batch size, both ways."""
     async with grpc.aio.insecure_channel(service.address) as channel:
@@ -151,22 +153,34 @@ async def through_service(
             ]
             singles = [codec.build_request(work.model, work.batch(i, 1)) for i in range(rows)]
             await stub.ModelInfer(requests[0])
-            line.ms["flight"], _ = await _spent(service, stub, work.model, _one_by_one(requests))
-            line.ms["N in flight"], line.rows_per_batch = await _spent(
-                service, stub, work.model, _kept_in_flight(singles, n)
-            )
+            flights = await _spent(service, stub, work.model, _one_by_one(requests))
+            line.ms["flight"] = flights.ms
+            loop = await _spent(service, stub, work.model, _kept_in_flight(singles, n))
+            line.ms["N in flight"], line.rows_per_batch = loop.ms, loop.rows / loop.batches
+            line.busy = loop.compute / (loop.wall * workers)
+
+
+@dataclass(frozen=True)
+class Spent:
+    """What the service did for some calls."""
+
+    ms: float  # CPU milliseconds per row
+    rows: int
+    batches: int
+    compute: float  # seconds its batches ran, summed
+    wall: float  # seconds from the first call to the last answer
 
 
 async def _spent(
     service: ServiceProcess, stub: v2_grpc.GRPCInferenceServiceStub, model: str, calls: Calls
-) -> tuple[float, float]:
-    """CPU ms per row the service spent on `calls`, and the rows its batches held."""
-    before, cpu = await _counts(stub, model), cpu_seconds(service.pid)
+) -> Spent:
+    before, cpu, start = await _counts(stub, model), cpu_seconds(service.pid), time.monotonic()
     await calls(stub)
-    spent, after = cpu_seconds(service.pid), await _counts(stub, model)
+    wall, spent = time.monotonic() - start, cpu_seconds(service.pid)
+    after = await _counts(stub, model)
     assert cpu is not None and spent is not None, "the inference service has exited"
-    rows, batches = after[0] - before[0], after[1] - before[1]
-    return (spent - cpu) * 1e3 / rows, rows / batches
+    rows, batches, compute = (a - b for a, b in zip(after, before, strict=True))
+    return Spent((spent - cpu) * 1e3 / rows, int(rows), int(batches), compute, wall)
 
 
 def _one_by_one(requests: list[v2.ModelInferRequest]) -> Calls:
@@ -192,12 +206,14 @@ def _kept_in_flight(requests: list[v2.ModelInferRequest], n: int) -> Calls:
     return calls
 
 
-async def _counts(stub: v2_grpc.GRPCInferenceServiceStub, model: str) -> tuple[int, int]:
-    """Rows answered and batches run so far."""
+async def _counts(stub: v2_grpc.GRPCInferenceServiceStub, model: str) -> tuple[float, float, float]:
+    """Rows answered, batches run and their run time in seconds, so far."""
     reply = await stub.ModelStatistics(v2.ModelStatisticsRequest(name=model))
+    stats = reply.model_stats
     return (
-        sum(s.inference_count for s in reply.model_stats),
-        sum(s.execution_count for s in reply.model_stats),
+        sum(s.inference_count for s in stats),
+        sum(s.execution_count for s in stats),
+        sum(s.inference_stats.compute_infer.ns for s in stats) / 1e9,
     )
 
 
@@ -223,15 +239,12 @@ def deployment(
 
 
 def table(lines: list[Line]) -> str:
-    head = "| model | N | " + " | ".join(COLUMNS) + " | rows a batch, N in flight |"
-    rows = [head, "|---|---:|" + "---:|" * (len(COLUMNS) + 1)]
+    head = "| model | N | " + " | ".join(COLUMNS) + " | rows a batch | workers busy |"
+    rows = [head, "|---|---:|" + "---:|" * (len(COLUMNS) + 2)]
     for line in lines:
         cells = [f"{line.ms[c]:.2f}" if c in line.ms else "" for c in COLUMNS]
-        rows.append(
-            f"| {line.model} | {line.size} | "
-            + " | ".join(cells)
-            + f" | {line.rows_per_batch:.1f} |"
-        )
+        cells += [f"{line.rows_per_batch:.1f}", f"{line.busy:.2f}"]
+        rows.append(f"| {line.model} | {line.size} | " + " | ".join(cells) + " |")
     return "\n".join(rows)
 
 
@@ -254,11 +267,12 @@ def main(argv: list[str] | None = None) -> None:
             for work in works:
                 folder_of = scratch / "repository" / repository.check_name(work.model)
                 found = in_process(settings, folder_of, work, sizes_of(work, sizes), rows)
-                asyncio.run(through_service(service, work, found, rows))
+                asyncio.run(through_service(service, settings.workers, work, found, rows))
                 lines += found
     text = (
         f"Inference's CPU ms per row (load average {load[0]:.1f} before, "
-        f"{os.getloadavg()[0]:.1f} after)\n\n{table(lines)}\n"
+        f"{os.getloadavg()[0]:.1f} after; rows a batch and workers busy: N in flight)"
+        f"\n\n{table(lines)}\n"
     )
     print(text)
     args.out.mkdir(parents=True, exist_ok=True)

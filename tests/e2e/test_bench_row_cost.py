@@ -1,5 +1,6 @@
 """bench.row_cost in a short run: every model it measures has a row at batch 1 and 4 with a
-CPU figure each way, and one request a batch at batch 1."""
+CPU figure each way, the rows a batch and how busy the workers were, and a batch of one
+row at batch 1."""
 
 import subprocess
 import sys
@@ -24,6 +25,6 @@ def test_each_model_reports_its_cpu_per_row_each_way(tmp_path: Path) -> None:
     assert {(model, size) for model, size, *_ in rows} >= {("vision", "1"), ("vision", "4")}
     for model, size, *cells in rows:
         figures = [float(cell) for cell in cells]
-        assert len(figures) == WAYS + 1 and all(f >= 0 for f in figures), (model, size)
+        assert len(figures) == WAYS + 2 and all(f >= 0 for f in figures), (model, size)
         if size == "1":
-            assert figures[-1] == 1.0  # one request in flight: a batch of one row
+            assert figures[WAYS] == 1.0  # one request in flight: a batch of one row
