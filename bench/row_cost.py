@@ -213,7 +213,8 @@ async def _counts(stub: v2_grpc.GRPCInferenceServiceStub, model: str) -> tuple[f
     return (
         sum(s.inference_count for s in stats),
         sum(s.execution_count for s in stats),
-        sum(s.inference_stats.compute_infer.ns for s in stats) / 1e9,
+        # Per batch: the request statistics count a batch's run once for each request.
+        sum(b.compute_infer.ns for s in stats for b in s.batch_stats) / 1e9,
     )
 
 
