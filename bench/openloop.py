@@ -148,6 +148,12 @@ class ServiceProcess:
                 command, cwd=ROOT, stdout=log, stderr=log, env=dict(os.environ)
             )
 
+    @property
+    def pid(self) -> int:
+        """The running service's process id."""
+        assert self._process is not None, "the service is not started"
+        return self._process.pid
+
     def ready(self, timeout: float = 120) -> None:
         if not serving(self.address, timeout):
             self.stop()

@@ -11,7 +11,11 @@ saves, and each bucket runs cut to its own longest row; the answers go back to t
 places. model.yaml's `padding` says that padding a row leaves its answer as it was, so
 cutting the padding off does too.
 
-A session call's own cost, in padded cells, comes from two timed calls at load (`calibrate`).
+A bucket of `rows` rows cut to `longest` cells costs, in padded cells, `call + rows * (longest
++ square * longest**2)`: the call's own cost (MiniLM streams its weights once a call, some
+2 ms, whatever the rows), each cell's, and attention's scores, which grow with the square of
+the length. A row's own fixed cost is paid however the rows are split, so it is left out.
+The three are fitted at load from timed calls (`calibrate`).
 """
 
 from __future__ import annotations
@@ -28,8 +32,20 @@ from strata.errors import StrataError
 from strata.wire.codec import DTYPES, Arrays
 
 Run = Callable[[Arrays], Arrays]
-_LONG = 33  # the longer calibration row: long enough that its tokens outweigh the call
+# One row at three lengths (cells), far enough apart that the square term shows, and
+# _ROWS rows of one cell: what a call costs beyond its rows is what merging them saves.
+_LENGTHS = (1, 33, 65)
+_ROWS = 8
 _TRIES = 5  # the quickest of so many timed calls
+
+
+@dataclass(frozen=True)
+class Costs:
+    """A bucket's cost in padded cells: `call` for the session call, and `longest + square *
+    longest**2` for each of its rows. An infinite `call` never splits a batch."""
+
+    call: float = math.inf
+    square: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -37,13 +53,13 @@ class Buckets:
     """How one model's padded inputs are cut: the axis-1 `sequence` dimension of each."""
 
     pads: dict[str, float]  # padded input -> its pad value
-    call_cells: float  # a session call's own cost, in padded cells (inf: never split)
+    costs: Costs
 
     def run(self, batch: Arrays, run: Run) -> Arrays:
         """`run` over `batch` in buckets; its outputs in the batch's row order."""
         lengths = self.lengths(batch)
         order = np.argsort(lengths, kind="stable")
-        groups = plan(lengths[order], self.call_cells)
+        groups = plan(lengths[order], self.costs)
         parts = []
         for start, stop in groups:
             rows = order[start:stop]
@@ -99,33 +115,45 @@ def buckets_of(signature: Signature) -> dict[str, float] | None:
     return dict(signature.padded)
 
 
-def calibrate(signature: Signature, pads: dict[str, float], run: Run) -> float:
-    """A session call's own cost in padded cells: one row of 1 and one of `_LONG` cells, the
-    quickest of a few calls each (blocking). inf where the length costs nothing measurable
-    (then a batch is only cut, never split), as where the model refuses such rows."""
+def calibrate(signature: Signature, pads: dict[str, float], run: Run) -> Costs:
+    """The costs of a bucket, fitted to timed calls (the quickest of a few each, blocking):
+    one row at each of _LENGTHS cells and _ROWS rows of one cell. Never split (an infinite
+    call) where the length costs nothing measurable, as where the model refuses such rows."""
     try:
-        short, long = (_quickest(run, _row(signature, pads, n)) for n in (1, _LONG))
+        one = [_quickest(run, _rows(signature, pads, 1, n)) for n in _LENGTHS]
+        many = _quickest(run, _rows(signature, pads, _ROWS, 1))
     except StrataError:
-        return math.inf
-    per_cell = (long - short) / (_LONG - 1)
-    if per_cell <= 0:
-        return math.inf
-    return max(0.0, short / per_cell - 1)
+        return Costs()
+    return fit(one, many)
 
 
-def plan(lengths: np.ndarray, call_cells: float) -> list[tuple[int, int]]:
+def fit(one: list[float], many: float) -> Costs:
+    """Costs from the seconds of one row at each of _LENGTHS and of _ROWS rows of one cell,
+    taking t(rows, n) = call + rows * (own + cell * n + square * n**2)."""
+    (a, b, c), (ta, tb, tc) = _LENGTHS, one
+    low, high = (tb - ta) / (b - a), (tc - tb) / (c - b)  # cell + square * (a + b), (b + c)
+    square = max(0.0, (high - low) / (c - a))
+    cell = low - square * (a + b)
+    if cell <= 0:
+        return Costs()
+    call = max(0.0, (_ROWS * ta - many) / (_ROWS - 1))
+    return Costs(call / cell, square / cell)
+
+
+def plan(lengths: np.ndarray, costs: Costs) -> list[tuple[int, int]]:
     """Sorted `lengths` split into [start, stop) runs so that the calls' own cost plus every
-    row padded to its run's longest is least (each run costs call_cells + rows * longest)."""
+    row padded to its run's longest is least (Costs says what a run costs)."""
     count = len(lengths)
-    if math.isinf(call_cells) or count == 1:
+    if math.isinf(costs.call) or count == 1:
         return [(0, count)]
+    padded = lengths + costs.square * lengths.astype(np.float64) ** 2  # a row at each length
     best = np.zeros(count + 1)
     cut = np.zeros(count + 1, dtype=np.int64)
     starts = np.arange(count)
     for stop in range(1, count + 1):
-        costs = best[:stop] + call_cells + (stop - starts[:stop]) * lengths[stop - 1]
-        cut[stop] = int(np.argmin(costs))
-        best[stop] = costs[cut[stop]]
+        runs = best[:stop] + costs.call + (stop - starts[:stop]) * padded[stop - 1]
+        cut[stop] = int(np.argmin(runs))
+        best[stop] = runs[cut[stop]]
     runs, stop = [], count
     while stop > 0:
         runs.append((int(cut[stop]), stop))
@@ -155,17 +183,17 @@ def _in_order(rows: np.ndarray) -> bool:
     return bool(np.all(rows == np.arange(len(rows))))
 
 
-def _row(signature: Signature, pads: dict[str, float], length: int) -> Arrays:
-    """One row of `length` cells along the padded dimension, of pad values (the model
+def _rows(signature: Signature, pads: dict[str, float], rows: int, length: int) -> Arrays:
+    """`rows` rows of `length` cells along the padded dimension, of pad values (the model
     passed zeros and its pad values at load already; the values cost nothing here)."""
-    row = {}
+    batch = {}
     for info in signature.inputs:
-        shape = [1, *(max(d, 1) for d in info.shape[1:])]
+        shape = [rows, *(max(d, 1) for d in info.shape[1:])]
         if info.name in pads:
             shape[1] = length
         fill = pads.get(info.name, 0.0)
-        row[info.name] = np.full(shape, fill, dtype=DTYPES[info.datatype])
-    return row
+        batch[info.name] = np.full(shape, fill, dtype=DTYPES[info.datatype])
+    return batch
 
 
 def _quickest(run: Run, row: Arrays) -> float:

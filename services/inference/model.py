@@ -117,16 +117,22 @@ class ModelVersion:
             spec.padding,
         )
         self.providers = session.get_providers()
+        self._pads = buckets.buckets_of(self.signature)
         self._buckets: buckets.Buckets | None = None
         self.stats = VersionStats(
             name, str(version), queue_capacity_rows=spec.batching.max_queue_rows
         )
         max_rows = spec.max_batch_size if self.signature.batchable else 1
+        batching = spec.batching
+        if self._pads is not None:
+            # Each row's padding is cut off before it runs, so padding costs a batch nothing
+            # and any lengths may share one: the more rows, the fewer calls buckets need.
+            batching = batching.model_copy(update={"max_padding": 1.0})
         self.batcher = Batcher(
             f"model {name!r} version {version}",
             self.run_requests,
             executor,
-            spec.batching,
+            batching,
             max_rows,
             spec.concurrency,
             self.stats,
@@ -183,10 +189,9 @@ class ModelVersion:
     def bucket(self) -> None:
         """Run batches in buckets of like length from now on, where the model pads along a
         dimension its answers do not have; the cost of a call timed here (blocking)."""
-        pads = buckets.buckets_of(self.signature)
-        if pads is not None:
-            call_cells = buckets.calibrate(self.signature, pads, self.run)
-            self._buckets = buckets.Buckets(pads, call_cells)
+        if self._pads is not None:
+            costs = buckets.calibrate(self.signature, self._pads, self.run)
+            self._buckets = buckets.Buckets(self._pads, costs)
 
     async def retire(self) -> None:
         """Stop taking requests, finish the queued and running ones, release the session."""

@@ -81,9 +81,10 @@ class InferenceSettings(Strict):
             default=0.5,
             gt=0,
             le=1,
-            description="Models with padded inputs: the largest share of a batch's cells that "
-            "padding may fill. A request that would push a batch past it waits for one of "
-            "lengths nearer its own (a batch pays for its longest request); 1 pads anything.",
+            description="Models with padded inputs not run in buckets of like length "
+            "(docs/inference.md): the largest share of a batch's cells that padding may fill. "
+            "A request that would push a batch past it waits for one of lengths nearer its "
+            "own (a batch pays for its longest request); 1 pads anything.",
         )
         inline_max_ms: float = Field(
             default=0.2,
