@@ -190,3 +190,21 @@ def test_a_fixed_width_tensor_is_sized_by_its_shape_without_reading_its_data() -
     assert stack.size("BYTES", [2], lambda: strings) == len(strings) == 4 + 1 + 4 + 3
     tensor = codec.to_tensor("x", np.zeros((5, 7), np.int16))
     assert stack.tensor_size(tensor) == len(tensor.data) == 70
+
+
+def test_a_requests_inputs_come_decoded_and_as_they_came() -> None:
+    x = np.arange(6, dtype=np.float32).reshape(2, 3)
+    text = np.array([[b"ab"], [b"c"]], dtype=object)
+    arrays, raw = codec.client_inputs(codec.build_request("m", {"x": x, "s": text}))
+    np.testing.assert_array_equal(arrays["x"], x)
+    assert arrays["s"].tolist() == text.tolist()
+    assert [(r.name, r.datatype, r.shape) for r in raw] == [
+        ("x", "FP32", (2, 3)),
+        ("s", "BYTES", (2, 1)),
+    ]
+    assert raw[0].data == x.tobytes() and raw[1].data == codec.to_raw(text)
+    typed = v2.ModelInferRequest(model_name="m")
+    tensor = typed.inputs.add(name="n", datatype="INT32", shape=[2])
+    tensor.contents.int_contents.extend([7, 8])
+    arrays, raw = codec.client_inputs(typed)
+    assert arrays["n"].tolist() == [7, 8] and raw[0].data == np.array([7, 8], "<i4").tobytes()
