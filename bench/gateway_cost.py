@@ -1,12 +1,13 @@
 """The gateway's own CPU per answer against a bare grpc.aio server's per call:
 `python -m bench.gateway_cost [--config configs/default.yaml] [--pipeline digits]
-[--other TREE ...] [--rounds 3] [--seconds 10]`.
+[--other TREE ...] [--rounds 3] [--seconds 10] [--in-flight 16]`.
 
 One system from the config, and beside its gateway the gateways of other checkouts (`--other`,
 e.g. main's, to set a change against what it replaces), each named after its folder: all in
 front of the same preprocess, inference and postprocess processes, so only their code differs.
 For the digits pipeline bench.bare serves the digits model too: grpc.aio, decode, a tiny
-model, encode, nothing else. One closed-loop client, 16 in flight on one connection, measures
+model, encode, nothing else. One closed-loop client, 16 in flight (`--in-flight`) on one
+connection, measures
 each server in turn, in rounds whose order alternates, so that a neighbour's load hits every
 server alike. The figure is CPU time (user + system, read from /proc) over answers, not
 wall-clock time; each line gives the load average it ran under, and the end the medians.
@@ -143,13 +144,13 @@ def measure(args: argparse.Namespace) -> dict[str, list[float]]:
                 pin_level(address, token)
         print(f"process ids (for py-spy): {pids}", flush=True)
         for plan in plans.values():
-            closed(pool, plan, IN_FLIGHT, WARMUP_SECONDS)
+            closed(pool, plan, args.in_flight, WARMUP_SECONDS)
         for round_ in range(args.rounds):
             order = list(plans) if round_ % 2 == 0 else list(plans)[::-1]
             for name in order:
                 load = os.getloadavg()[0]
                 before = cpu_seconds(pids[name]) or 0.0
-                results = closed(pool, plans[name], IN_FLIGHT, args.seconds)
+                results = closed(pool, plans[name], args.in_flight, args.seconds)
                 answers = results.codes().get("OK", 0)
                 spent = (cpu_seconds(pids[name]) or 0.0) - before
                 ms = spent * 1000 / max(1, answers)
@@ -178,6 +179,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--seconds", type=float, default=10.0)
+    parser.add_argument("--in-flight", type=int, default=IN_FLIGHT)
     args = parser.parse_args(argv)
     figures = measure(args)
     for name, values in figures.items():

@@ -349,16 +349,18 @@ def arrays_to_tensors(arrays: Mapping[str, np.ndarray]) -> list[v1.Tensor]:
     return [to_tensor(name, array) for name, array in arrays.items()]
 
 
-def raw_inputs(request: v2.ModelInferRequest, arrays: Mapping[str, np.ndarray]) -> list[Raw]:
-    """Each input of a v2 request as it came: raw contents as they are, typed contents
-    (already decoded into `arrays`) encoded once."""
-    raw = request.raw_input_contents
+def client_inputs(request: v2.ModelInferRequest) -> tuple[dict[str, np.ndarray], list[Raw]]:
+    """A v2 request's inputs decoded, and each as it came: raw contents as they are, typed
+    contents encoded once. Each raw content is read from the message once (every read of a
+    protobuf bytes field copies it), the arrays viewing the same bytes."""
+    raw = list(request.raw_input_contents)
+    arrays = _decode_all(request.inputs, raw)
     if not raw:
-        return [
+        return arrays, [
             Raw(t.name, t.datatype, tuple(t.shape[:]), to_raw(arrays[t.name]))
             for t in request.inputs
         ]
-    return [
+    return arrays, [
         Raw(t.name, t.datatype, tuple(t.shape[:]), data)
         for t, data in zip(request.inputs, raw, strict=False)
     ]

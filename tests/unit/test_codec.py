@@ -6,7 +6,7 @@ import pytest
 
 from strata.errors import InvalidArgument, MalformedReply
 from strata.proto.inference import grpc_service_pb2 as v2
-from strata.wire import codec
+from strata.wire import codec, stack
 
 NUMERIC = [name for name in codec.DTYPES if name != "BYTES"]
 
@@ -179,3 +179,32 @@ def test_a_malformed_response_is_the_servers_fault_not_the_callers(break_it, say
     message = str(caught.value)
     assert message.startswith("inference deployment 'a' answered a malformed reply: ")
     assert says in message
+
+
+def test_a_fixed_width_tensor_is_sized_by_its_shape_without_reading_its_data() -> None:
+    def unread() -> bytes:
+        raise AssertionError("a fixed-width tensor's data was read to size it")
+
+    assert stack.size("FP32", [2, 3, 224, 224], unread) == 2 * 3 * 224 * 224 * 4
+    strings = codec.to_raw(np.array([b"a", b"bcd"], dtype=object))
+    assert stack.size("BYTES", [2], lambda: strings) == len(strings) == 4 + 1 + 4 + 3
+    tensor = codec.to_tensor("x", np.zeros((5, 7), np.int16))
+    assert stack.tensor_size(tensor) == len(tensor.data) == 70
+
+
+def test_a_requests_inputs_come_decoded_and_as_they_came() -> None:
+    x = np.arange(6, dtype=np.float32).reshape(2, 3)
+    text = np.array([[b"ab"], [b"c"]], dtype=object)
+    arrays, raw = codec.client_inputs(codec.build_request("m", {"x": x, "s": text}))
+    np.testing.assert_array_equal(arrays["x"], x)
+    assert arrays["s"].tolist() == text.tolist()
+    assert [(r.name, r.datatype, r.shape) for r in raw] == [
+        ("x", "FP32", (2, 3)),
+        ("s", "BYTES", (2, 1)),
+    ]
+    assert raw[0].data == x.tobytes() and raw[1].data == codec.to_raw(text)
+    typed = v2.ModelInferRequest(model_name="m")
+    tensor = typed.inputs.add(name="n", datatype="INT32", shape=[2])
+    tensor.contents.int_contents.extend([7, 8])
+    arrays, raw = codec.client_inputs(typed)
+    assert arrays["n"].tolist() == [7, 8] and raw[0].data == np.array([7, 8], "<i4").tobytes()

@@ -32,6 +32,14 @@ def cache_key(pipeline: str, version: str, inputs: Sequence[Raw], principal: str
     return digest.hexdigest()
 
 
+def consulted(settings: Cache, own_cache: bool, highest_level: int) -> bool:
+    """Whether a pipeline's answers may ever be looked up, so that each is worth its key (a
+    SHA-256 of its inputs) and its place: the cache holds some (`max_entries`), and the
+    pipeline caches its answers (`own_cache`) or the ladder may reach level 3, where cached
+    answers stand in for the chain's."""
+    return settings.max_entries > 0 and (own_cache or highest_level >= 3)
+
+
 @dataclass(frozen=True)
 class Cached:
     outputs: dict[str, np.ndarray]

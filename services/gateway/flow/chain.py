@@ -247,7 +247,7 @@ class Chain:
 
     def _saw(self, members: list[Member], tensors: WireTensors) -> None:
         """A message of the flight's, between two layers, for its size per row."""
-        size = sum(len(t.data) for t in tensors)
+        size = sum(stack.tensor_size(t) for t in tensors)
         self._sizes.saw(arm_of(_request(members[0])), sum(m.rows for m in members), size)
 
     async def _layer(

@@ -18,7 +18,7 @@ import numpy as np
 from services.gateway.door.admission import Admission
 from services.gateway.door.ladder import LadderController
 from services.gateway.door.policy import Checkpoint, Entry
-from services.gateway.flow.cache import Cached, ResultCache, cache_key
+from services.gateway.flow.cache import Cached, ResultCache, cache_key, consulted
 from services.gateway.flow.flights import Flights, Member
 from services.gateway.flow.sizing import Sizes, arm_of
 from services.gateway.metrics import CACHE, DEGRADED, INFLIGHT
@@ -68,9 +68,7 @@ class Orchestrator:
         route = self._route(req)
         req.route, req.version = route, route.version or pipeline.model.version
         req.level = level = self.ladder.level
-        # The client's parameters are part of what it asked: `when:` rules depend on them.
-        variant = f"{route.deployment}:{req.version}:{sorted(req.parameters.items())}"
-        key = cache_key(name, variant, req.inputs, "" if pipeline.shared_cache else req.client)
+        key = self._cache_key(req, route)
         # A sequence's answer depends on its state: never a cached or default one.
         early = None if req.sequence else self._answer_without_chain(req, route, key, level, rows)
         if early is not None:
@@ -98,10 +96,22 @@ class Orchestrator:
         if answer.degraded:  # a model's fallback, or an early exit from a cascade
             DEGRADED.labels(answer.degraded).inc()
         # A partial, degraded or sequence's answer is never served as a full one.
-        if not (answer.skipped_rules or answer.degraded or req.sequence):
+        if key is not None and not (answer.skipped_rules or answer.degraded or req.sequence):
             cached = Cached(answer.outputs, answer.arm, answer.model_version, answer.stages)
             self.cache.put(key, cached)
         return answer
+
+    def _cache_key(self, req: ClientRequest, route: Route) -> str | None:
+        """The request's key in the result cache; None where the cache is never consulted
+        for its pipeline (no key to hash, no answer to keep)."""
+        pipeline, ladder = req.pipeline, self.ladder
+        highest = max(ladder.settings.max_level, ladder.forced or 0)
+        if not consulted(self.cache.settings, pipeline.cache, highest):
+            return None
+        # The client's parameters are part of what it asked: `when:` rules depend on them.
+        variant = f"{route.deployment}:{req.version}:{sorted(req.parameters.items())}"
+        principal = "" if pipeline.shared_cache else req.client
+        return cache_key(req.pipeline_name, variant, req.inputs, principal)
 
     def _route(self, req: ClientRequest) -> Route:
         """The request's arm; where none is available and the pipeline's model has a
@@ -116,11 +126,11 @@ class Orchestrator:
             return router.sticky(req.client)
 
     def _answer_without_chain(
-        self, req: ClientRequest, route: Route, key: str, level: int, rows: int
+        self, req: ClientRequest, route: Route, key: str | None, level: int, rows: int
     ) -> Answer | None:
         """A cached or default answer where the level or the pipeline allows."""
         pipeline = req.pipeline
-        if pipeline.cache or level >= 3:
+        if key is not None and (pipeline.cache or level >= 3):
             hit = self.cache.get(key)
             CACHE("hit" if hit else "miss").inc()
             if hit is not None:

@@ -125,14 +125,14 @@ def _client_request(
     request: v2.ModelInferRequest, pipeline: Pipeline, entry: Entry, sequence: Flags | None
 ) -> ClientRequest:
     """The request as the gateway carries it, its inputs decoded (their shapes on its span)."""
-    arrays = codec.request_inputs(request)
+    arrays, inputs = codec.client_inputs(request)
     if recording():
         annotate(pipeline=request.model_name, input_shapes=shapes(arrays))
     return ClientRequest(
         pipeline_name=request.model_name,
         pipeline=pipeline,
         arrays=arrays,
-        inputs=codec.raw_inputs(request, arrays),
+        inputs=inputs,
         request_id=request.id,
         client=entry.client,
         forced_arm=entry.forced_arm,

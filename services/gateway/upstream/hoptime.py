@@ -27,6 +27,7 @@ import numpy as np
 from strata.config.gateway import HopTimeouts
 from strata.proto.inference import grpc_service_pb2 as v2
 from strata.proto.v1 import tensor_pb2 as v1
+from strata.wire import stack
 
 RECOMPUTE_EVERY = 32  # answered calls between two P99 estimates
 
@@ -43,14 +44,25 @@ class Load:
     def of(cls, request: object) -> Load:
         """The load of a strata.v1 Process or v2 ModelInfer request (another: one row)."""
         if isinstance(request, v2.ModelInferRequest):
-            shape = request.inputs[0].shape if request.inputs else []
-            size = sum(len(c) for c in request.raw_input_contents)
+            inputs = request.inputs
+            shape = inputs[0].shape if inputs else []
+            size = sum(_v2_size(request, i, tensor) for i, tensor in enumerate(inputs))
             return cls(request.model_name, int(shape[0]) if shape else 1, size)
         if isinstance(request, v1.ProcessRequest) and request.requests:
             rows = sum(_rows(item) for item in request.requests)
-            size = sum(len(t.data) for item in request.requests for t in item.tensors)
+            size = sum(stack.tensor_size(t) for item in request.requests for t in item.tensors)
             return cls(request.requests[0].pipeline, rows, size)
         return cls()
+
+
+def _v2_size(
+    request: v2.ModelInferRequest, index: int, tensor: v2.ModelInferRequest.InferInputTensor
+) -> int:
+    """Input `index`'s bytes, without copying its raw contents where its shape says."""
+    raw = request.raw_input_contents
+    if index >= len(raw):  # typed contents: not a message the gateway sends
+        return 0
+    return stack.size(tensor.datatype, tensor.shape, lambda: raw[index])
 
 
 def _rows(item: v1.Request) -> int:

@@ -38,7 +38,7 @@ import random
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Generic, TypeVar, cast
+from typing import Any, Generic, TypeVar, cast
 
 import grpc
 from google.protobuf.message import Message
@@ -99,16 +99,24 @@ class Lane(Generic[Request, Answer, Reply]):
     ) -> Reply:
         """The reply to `request` (carrying `rows`), within `timeout` seconds."""
         tag = next(_TAGS)
-        answer: asyncio.Future[Answer] = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        answer: asyncio.Future[Answer] = loop.create_future()
         self.owed[tag] = answer
         self.rows += rows
+        limit = _Limit(answer)
+        timer = loop.call_later(timeout, limit.expire)
         try:
-            async with asyncio.timeout(timeout):
-                await self._write(self._method.tag(request, tag, timeout, metadata))
-                reply = await answer
-        except TimeoutError:
-            raise rpc_error(grpc.StatusCode.DEADLINE_EXCEEDED, "no answer in time") from None
+            await self._write(self._method.tag(request, tag, timeout, metadata))
+            limit.writing = False
+            reply = await answer
+        except asyncio.CancelledError:
+            if not limit.uncancelled():
+                raise
+            raise _late() from None
+        except _Expired:
+            raise _late() from None
         finally:
+            timer.cancel()
             self.owed.pop(tag, None)
             self.rows -= rows
             _settle(answer)
@@ -163,6 +171,43 @@ class Lane(Generic[Request, Answer, Reply]):
         async with self._writing:
             with contextlib.suppress(grpc.aio.AioRpcError, asyncio.InvalidStateError):
                 await self._call.done_writing()  # unless it already ended
+
+
+class _Expired(Exception):
+    """A message's time ran out before its answer came."""
+
+
+class _Limit:
+    """A message's time limit, as asyncio.timeout's but for a fraction of its cost (3 hops a
+    flight): when it passes, the answer fails, and a write still under way (its stream's flow
+    control full, a replica that hangs) is cancelled."""
+
+    __slots__ = ("_answer", "_cancelled", "_task", "writing")
+
+    def __init__(self, answer: asyncio.Future[Any]) -> None:
+        self._answer = answer
+        self._task = asyncio.current_task()
+        self._cancelled = False
+        self.writing = True
+
+    def expire(self) -> None:
+        if self._answer.done():
+            return
+        self._answer.set_exception(_Expired())
+        if self.writing and self._task is not None:
+            self._cancelled = True
+            self._task.cancel()
+
+    def uncancelled(self) -> bool:
+        """Whether the task's cancellation was this limit's alone (now undone), rather than
+        its caller's."""
+        if not self._cancelled or self._task is None:
+            return False
+        return self._task.uncancel() == 0
+
+
+def _late() -> grpc.aio.AioRpcError:
+    return rpc_error(grpc.StatusCode.DEADLINE_EXCEEDED, "no answer in time")
 
 
 def _settle(answer: asyncio.Future[Answer]) -> None:

@@ -295,3 +295,36 @@ def test_a_stream_ending_while_a_message_waits_to_be_written_leaves_no_stray_err
         return stray
 
     assert asyncio.run(scenario()) == []
+
+
+def test_a_message_that_cannot_be_written_in_time_fails_at_its_timeout() -> None:
+    """The time limit covers the write too (a stream whose flow control is full, another
+    message's write that hangs): the send fails DEADLINE_EXCEEDED at its timeout; and a
+    caller's own cancellation of a send is a cancellation still, not a timeout."""
+
+    async def scenario() -> tuple[grpc.StatusCode, float, bool]:
+        loop = asyncio.get_running_loop()
+        server, address = await serve(Layer(echo))
+        async with grpc.aio.insecure_channel(address) as channel:
+            stub = preprocess_pb2_grpc.PreprocessStub(channel)
+            lane = Lane(process_stream(stub), expires=loop.time() + 30)
+            async with lane._writing:  # another message's write holds the stream
+                started = loop.time()
+                with pytest.raises(grpc.aio.AioRpcError) as late:
+                    await asyncio.wait_for(lane.send(request("late"), 0.2), 5)
+                waited = loop.time() - started
+                sending = asyncio.create_task(lane.send(request("dropped"), 0.2))
+                await asyncio.sleep(0.05)
+                sending.cancel()
+                await asyncio.sleep(0.3)  # past its timeout: the caller's cancel must stand
+            cancelled = sending.cancelled()
+            answer = await lane.send(request("after"), 5)
+            lane.cancel()
+        await server.stop(0)
+        assert answer.results[0].id == "after"
+        return late.value.code(), waited, cancelled
+
+    code, waited, cancelled = asyncio.run(scenario())
+    assert code == grpc.StatusCode.DEADLINE_EXCEEDED
+    assert 0.15 < waited < 5
+    assert cancelled

@@ -38,8 +38,8 @@ def settings(**changes: Any) -> Settings:
 def request(
     pipeline: Pipeline, images: int, client: str = "client", **fields: Any
 ) -> ClientRequest:
-    arrays = {"images": np.zeros((images, 8, 8), np.uint8)}
-    raw = codec.raw_inputs(codec.build_request("digits", arrays), arrays)
+    sent = {"images": np.zeros((images, 8, 8), np.uint8)}
+    arrays, raw = codec.client_inputs(codec.build_request("digits", sent))
     return ClientRequest(
         "digits", pipeline, arrays, raw, "r1", client, "", Deadline.after(2.0), **fields
     )

@@ -4,7 +4,7 @@ client."""
 
 import numpy as np
 
-from services.gateway.flow.cache import Cached, ResultCache, cache_key
+from services.gateway.flow.cache import Cached, ResultCache, cache_key, consulted
 from strata.config.gateway import Cache
 from strata.wire import codec
 from strata.wire.stack import Raw
@@ -47,3 +47,13 @@ def test_cache_key_depends_on_inputs_version_and_pipeline() -> None:
     assert key != cache_key("p", "a:1", raw("x", np.arange(4, dtype=np.float64)))
     assert key != cache_key("p", "a:1", raw("x", np.arange(4, dtype=np.float32).reshape(2, 2)))
     assert key != cache_key("p", "a:1", x, "id:alice") != cache_key("p", "a:1", x, "id:bob")
+
+
+def test_answers_are_keyed_only_where_the_cache_may_be_consulted() -> None:
+    """A pipeline's own cache, or a ladder that may reach level 3 (cached answers stand in
+    there), makes its answers worth a key; a cache of no entries never does."""
+    held, disabled = Cache(max_entries=10), Cache(max_entries=0)
+    assert consulted(held, own_cache=True, highest_level=0)
+    assert consulted(held, own_cache=False, highest_level=3)
+    assert not consulted(held, own_cache=False, highest_level=2)
+    assert not consulted(disabled, own_cache=True, highest_level=4)

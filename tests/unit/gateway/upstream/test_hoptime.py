@@ -6,6 +6,7 @@ import pytest
 
 from services.gateway.upstream.hoptime import HopTimer, Load
 from strata.config.gateway import HopTimeouts
+from strata.proto.inference import grpc_service_pb2 as v2
 from strata.proto.v1 import tensor_pb2 as v1
 from strata.wire import codec
 
@@ -84,3 +85,13 @@ def test_a_process_call_carries_its_members_rows_and_its_tensors_bytes() -> None
     item.members.add(id="a", rows=1)
     item.members.add(id="b", rows=2)
     assert Load.of(v1.ProcessRequest(requests=[item])) == Load("images", rows=3, bytes=24)
+
+
+def test_a_model_call_carries_its_rows_and_its_inputs_bytes() -> None:
+    """Fixed-width inputs are sized by their shapes, strings by their encoded bytes."""
+    request = v2.ModelInferRequest(model_name="digits")
+    request.inputs.add(name="x", datatype="FP32", shape=[4, 64])
+    request.raw_input_contents.append(bytes(4 * 64 * 4))
+    request.inputs.add(name="s", datatype="BYTES", shape=[4, 1])
+    request.raw_input_contents.append(codec.to_raw(np.array([[b"ab"]] * 4, dtype=object)))
+    assert Load.of(request) == Load("digits", rows=4, bytes=4 * 64 * 4 + 4 * (4 + 2))
