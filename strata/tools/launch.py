@@ -38,6 +38,7 @@ from strata.config.pipelines import TensorSpec
 from strata.config.preprocess import DecodeStep
 from strata.config.tls import TlsSettings
 from strata.process.exits import PERMANENT, AddressUnusable, ConfigInvalid, one_line
+from strata.process.forked import Child, Zygote, ZygoteRefused, enabled
 from strata.process.launched import LAUNCH_ID, launch_service
 
 log = logging.getLogger("strata.tools.launch")
@@ -158,7 +159,9 @@ class Supervisor:
         self.env = env
         self.backoff = backoff
         self.instances = {i.name: i for i in instances(settings)}
-        self.processes: dict[str, subprocess.Popen[bytes]] = {}
+        self.processes: dict[str, Child] = {}
+        self._forks: Zygote | None = None
+        self._fork_refusal: str | None = None
         self.restarts: dict[str, int] = {}
         # Instances that exited for a reason no restart fixes, with their exit codes.
         self.left_down: dict[str, int] = {}
@@ -172,21 +175,44 @@ class Supervisor:
     def address(self, name: str) -> str:
         return self.instances[name].listen
 
-    def spawn(self, name: str) -> subprocess.Popen[bytes]:
-        """Start one instance's process without waiting for it."""
+    def spawn(self, name: str) -> Child:
+        """Start one instance's process without waiting for it: a fork of this deployment's
+        zygote (strata.process.zygote), or its own interpreter where there is none."""
         instance = self.instances[name]
-        command = [
-            *(sys.executable, "-m", f"services.{instance.service}"),
-            *("--config", str(self.config), "--listen", instance.listen),
-        ]
-        output = None
-        if self.log_dir is not None:
-            output = open(self.log_dir / f"{name}.log", "ab")  # noqa: SIM115  (child owns it)
-        env = {**os.environ, **(self.env or {}), LAUNCH_ID: self.launch_id}
-        process = subprocess.Popen(command, cwd=ROOT, stdout=output, stderr=output, env=env)
+        module = f"services.{instance.service}"
+        argv = ["--config", str(self.config), "--listen", instance.listen]
+        log = None if self.log_dir is None else self.log_dir / f"{name}.log"
+        common = {**os.environ, **(self.env or {})}
+        env = {**common, LAUNCH_ID: self.launch_id}
+        zygote = self._zygote(common)
+        if zygote is not None:
+            process: Child = zygote.fork(name, module, argv, env, log)
+        else:
+            process = _executed([sys.executable, "-m", module, *argv], env, log)
         self.processes[name] = process
         self._started[name] = time.monotonic()
         return process
+
+    def _zygote(self, env: dict[str, str]) -> Zygote | None:
+        """The zygote that forks instances started with `env`, started on first use; None
+        where forking is off, the zygote refused, or `env` is not the one it started with
+        (what an interpreter reads as it starts cannot change after a fork)."""
+        if self._forks is not None and self._forks.gone:
+            self._close_zygote()
+        if self._forks is None and self._fork_refusal is None and enabled(env):
+            try:
+                self._forks = Zygote(env, ROOT)
+            except ZygoteRefused as exc:
+                self._fork_refusal = str(exc)
+                log.warning("services start without a zygote: %s", exc)
+        if self._forks is None or self._forks.env != env:
+            return None
+        return self._forks
+
+    def _close_zygote(self) -> None:
+        if self._forks is not None:
+            self._forks.close()
+            self._forks = None
 
     def await_serving(self, *names: str, timeout: float = 60.0) -> None:
         """Wait until each of `names` is SERVING, as this launcher's own child (not another
@@ -210,7 +236,7 @@ class Supervisor:
         self.stop_all()
         raise StartFailed(name, code, self.config)
 
-    def start(self, name: str, timeout: float = 60.0) -> subprocess.Popen[bytes]:
+    def start(self, name: str, timeout: float = 60.0) -> Child:
         """Start one instance and wait until it is SERVING."""
         process = self.spawn(name)
         self.await_serving(name, timeout=timeout)
@@ -238,7 +264,9 @@ class Supervisor:
         """Stop front to back, so no layer loses its upstream while it still drains."""
         self._due.clear()
         running = [name for name in reversed(self.instances) if name in self.processes]
-        return {name: self.stop(name) for name in running}
+        codes = {name: self.stop(name) for name in running}
+        self._close_zygote()
+        return codes
 
     def failed(self) -> str | None:
         """The name of an instance that has exited on its own, if any."""
@@ -252,18 +280,19 @@ class Supervisor:
         when a restart cannot help; start those due."""
         now = time.monotonic()
         for name, process in list(self.processes.items()):
-            if process.poll() is None or name in self._due:
+            code = process.poll()
+            if code is None or name in self._due:
                 continue
             ran = now - self._started[name]
-            if process.returncode in PERMANENT:
-                self._leave_down(name, ran)
+            if code in PERMANENT:
+                self._leave_down(name, code, ran)
                 continue
             delay = self.backoff.after(self._delay.get(name, 0.0), ran)
             self._delay[name] = delay
             self._due[name] = now + delay
             log.warning(
                 "%s %s after %.1f s; restarting it in %.1f s",
-                *(name, exit_reason(process.returncode), ran, delay),
+                *(name, exit_reason(code), ran, delay),
             )
         for name in [n for n, due in self._due.items() if due <= now]:
             del self._due[name]
@@ -277,13 +306,20 @@ class Supervisor:
             return None
         return next(iter(self.left_down.values()))
 
-    def _leave_down(self, name: str, ran: float) -> None:
-        code = self.left_down[name] = self.processes.pop(name).returncode
+    def _leave_down(self, name: str, code: int, ran: float) -> None:
+        self.left_down[name] = code
+        del self.processes[name]
         log.error(
             "%s %s after %.1f s; a restart cannot fix that, so it stays down and the rest "
             "keep serving",
             *(name, exit_reason(code), ran),
         )
+
+
+def _executed(command: list[str], env: dict[str, str], log: Path | None) -> Child:
+    """`command` started as a process of its own, its output appended to `log` (None: ours)."""
+    output = None if log is None else open(log, "ab")  # noqa: SIM115  (the child owns it)
+    return subprocess.Popen(command, cwd=ROOT, stdout=output, stderr=output, env=env)
 
 
 def exit_reason(code: int) -> str:
