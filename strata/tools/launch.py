@@ -11,7 +11,8 @@ An instance that exits with a code no restart can change (strata.process.exits: 
 model, a certificate, an address in use) is said once and left down; the rest keep serving,
 and once none is left the launcher stops with that code.
 Ctrl-C or SIGTERM stops every service (front to back), each draining within its grace period.
-Services run as `python -m services.<layer>`; nothing here imports them.
+Services run as forks of one zygote that has imported what they share (strata.process.zygote),
+or, with STRATA_FORK=0 or no fork, as `python -m services.<layer>`; nothing here imports them.
 """
 
 from __future__ import annotations
