@@ -21,6 +21,7 @@ import subprocess
 import sys
 import threading
 import time
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -49,6 +50,18 @@ class Child(Protocol):
     def kill(self) -> None: ...
 
 
+@dataclass(frozen=True)
+class Start:
+    """A service process to start: `module` run as `python -m` would, with `argv` and `env`,
+    its stdout and stderr appended to `log` (None: the starter's own), known as `name`."""
+
+    name: str
+    module: str
+    argv: list[str]
+    env: dict[str, str]
+    log: Path | None
+
+
 class ZygoteRefused(RuntimeError):
     """The zygote could not start or serve; the caller starts its services another way."""
 
@@ -66,32 +79,33 @@ class Zygote:
         theirs.close()
         self.cwd = cwd
         self._buffer = b""
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # the socket's reader
+        self._forking = threading.Lock()  # one request and its reply at a time
+        self._poll = select.poll()
+        self._poll.register(self._sock, select.POLLIN)
         self._codes: dict[int, int] = {}  # children that ended, not yet asked about
         self._running: set[int] = set()
         self._replies: list[dict[str, Any]] = []
         self.gone = False
-        ready = self._reply(timeout)
-        if "refused" in ready:
+        try:
+            ready = self._reply(timeout)
+            if "refused" in ready:
+                raise ZygoteRefused(ready["refused"])
+        except ZygoteRefused:
             self.close()
-            raise ZygoteRefused(ready["refused"])
+            raise
 
-    def fork(
-        self, name: str, module: str, argv: list[str], env: dict[str, str], log_path: Path | None
-    ) -> Forked:
-        """A new process running `module` as `python -m` would, with `argv`, `env` and
-        stdout and stderr appended to `log_path` (None: this process's own)."""
+    def fork(self, start: Start) -> Forked:
+        """A new process for `start`, forked from the zygote."""
         request = {
-            "name": name,
-            "module": module,
-            "argv": argv,
-            "env": env,
+            **asdict(start),
             "cwd": str(self.cwd),
-            "log": None if log_path is None else str(log_path),
+            "log": None if start.log is None else str(start.log),
         }
-        with self._lock:
-            self._sock.sendall(json.dumps(request).encode() + b"\n")
-        pid: int = self._reply(60.0)["pid"]
+        with self._forking:
+            with self._lock:
+                self._sock.sendall(json.dumps(request).encode() + b"\n")
+            pid: int = self._reply(60.0)["pid"]
         self._running.add(pid)
         return Forked(pid, self)
 
@@ -118,8 +132,7 @@ class Zygote:
             if self.gone:
                 self._orphans_ended()
                 return
-            readable, _, _ = select.select([self._sock], [], [], timeout)
-            if not readable:
+            if not self._poll.poll(timeout * 1000):
                 return
             received = self._sock.recv(65536)
             if not received:
@@ -149,7 +162,11 @@ class Zygote:
     def close(self) -> None:
         """Hang up: the zygote exits; children it forked run on."""
         self._sock.close()
-        self.process.wait()
+        try:
+            self.process.wait(timeout=10)
+        except subprocess.TimeoutExpired:  # still importing, say, on a crowded machine
+            self.process.kill()
+            self.process.wait()
 
 
 class Forked:

@@ -10,7 +10,9 @@ those pages with the zygote and its siblings until it writes to them, and starts
 service's own work.
 
 gRPC is imported here, never initialised: gRPC starts threads and opens its polling engine on
-the first channel or server, which a fork does not carry over, so each child makes its own.
+the first channel or server, which a fork does not carry over, so each child makes its own
+(gRPC supports fork without exec before any server or channel exists: its Python
+multiprocessing example does the same; GRPC_ENABLE_FORK_SUPPORT is for forks after).
 The zygote runs no thread of its own (it refuses to serve if a preloaded library started
 one) and no event loop; it only waits on its socket and reaps its children.
 

@@ -39,7 +39,7 @@ from strata.config.pipelines import TensorSpec
 from strata.config.preprocess import DecodeStep
 from strata.config.tls import TlsSettings
 from strata.process.exits import PERMANENT, AddressUnusable, ConfigInvalid, one_line
-from strata.process.forked import Child, Zygote, ZygoteRefused, enabled
+from strata.process.forked import Child, Start, Zygote, ZygoteRefused, enabled
 from strata.process.launched import LAUNCH_ID, launch_service
 
 log = logging.getLogger("strata.tools.launch")
@@ -180,16 +180,15 @@ class Supervisor:
         """Start one instance's process without waiting for it: a fork of this deployment's
         zygote (strata.process.zygote), or its own interpreter where there is none."""
         instance = self.instances[name]
-        module = f"services.{instance.service}"
-        argv = ["--config", str(self.config), "--listen", instance.listen]
-        log = None if self.log_dir is None else self.log_dir / f"{name}.log"
         common = {**os.environ, **(self.env or {})}
-        env = {**common, LAUNCH_ID: self.launch_id}
-        zygote = self._zygote(common)
-        if zygote is not None:
-            process: Child = zygote.fork(name, module, argv, env, log)
-        else:
-            process = _executed([sys.executable, "-m", module, *argv], env, log)
+        start = Start(
+            name,
+            f"services.{instance.service}",
+            ["--config", str(self.config), "--listen", instance.listen],
+            {**common, LAUNCH_ID: self.launch_id},
+            None if self.log_dir is None else self.log_dir / f"{name}.log",
+        )
+        process = self._forked(start, self._zygote(common)) or _executed(start)
         self.processes[name] = process
         self._started[name] = time.monotonic()
         return process
@@ -204,11 +203,25 @@ class Supervisor:
             try:
                 self._forks = Zygote(env, ROOT)
             except ZygoteRefused as exc:
-                self._fork_refusal = str(exc)
-                log.warning("services start without a zygote: %s", exc)
+                self._refused(exc)
         if self._forks is None or self._forks.env != env:
             return None
         return self._forks
+
+    def _forked(self, start: Start, zygote: Zygote | None) -> Child | None:
+        """`start` forked by `zygote`; None where there is none or it stopped answering."""
+        if zygote is None:
+            return None
+        try:
+            return zygote.fork(start)
+        except ZygoteRefused as exc:
+            self._refused(exc)
+            return None
+
+    def _refused(self, exc: ZygoteRefused) -> None:
+        self._fork_refusal = str(exc)
+        self._close_zygote()
+        log.warning("services start without a zygote: %s", exc)
 
     def _close_zygote(self) -> None:
         if self._forks is not None:
@@ -317,10 +330,11 @@ class Supervisor:
         )
 
 
-def _executed(command: list[str], env: dict[str, str], log: Path | None) -> Child:
-    """`command` started as a process of its own, its output appended to `log` (None: ours)."""
-    output = None if log is None else open(log, "ab")  # noqa: SIM115  (the child owns it)
-    return subprocess.Popen(command, cwd=ROOT, stdout=output, stderr=output, env=env)
+def _executed(start: Start) -> Child:
+    """`start` as a process with an interpreter of its own."""
+    output = None if start.log is None else open(start.log, "ab")  # noqa: SIM115  (the child's)
+    command = [sys.executable, "-m", start.module, *start.argv]
+    return subprocess.Popen(command, cwd=ROOT, stdout=output, stderr=output, env=start.env)
 
 
 def exit_reason(code: int) -> str:

@@ -15,7 +15,7 @@ import psutil
 import pytest
 
 from strata.config import load_settings
-from strata.process.forked import SWITCH, Forked, Zygote
+from strata.process.forked import SWITCH, Forked, Start, Zygote, ZygoteRefused
 from strata.tools.launch import Supervisor, exit_reason
 from tests.support.system import ROOT, make_config
 
@@ -33,7 +33,7 @@ def zygote() -> Iterator[Zygote]:
 
 def fork(zygote: Zygote, log: Path, mark: str, *argv: str) -> Forked:
     env = {**os.environ, "ZYGOTE_TEST_MARK": mark}
-    return zygote.fork(log.stem, CHILD, list(argv), env, log)
+    return zygote.fork(Start(log.stem, CHILD, list(argv), env, log))
 
 
 def said(log: Path) -> dict:
@@ -105,3 +105,26 @@ def test_fork_off_starts_each_service_with_its_own_interpreter(tmp_path: Path) -
         assert psutil.Process(process.pid).parent().pid == os.getpid()
     finally:
         assert system.stop_all() == {"postprocess": 0}
+
+
+def test_an_instance_started_with_another_environment_gets_its_own_interpreter(
+    tmp_path: Path,
+) -> None:
+    """What Python and the preloaded libraries read as they load cannot change after a
+    fork, so only an instance with the zygote's environment is forked."""
+    system = supervisor(tmp_path)
+    try:
+        assert isinstance(system.start("postprocess"), Forked)
+        system.stop("postprocess")
+        system.env = {"PYTHONTRACEMALLOC": "1"}
+        assert isinstance(system.start("postprocess"), subprocess.Popen)
+    finally:
+        system.stop_all()
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="OpenBLAS starts no thread on 1 core")
+def test_a_zygote_that_finds_a_thread_after_preloading_refuses_to_fork() -> None:
+    """numpy's OpenBLAS, told to use two threads, starts one as it loads; a fork would keep
+    only the thread that forks, so the zygote says so and the launcher execs instead."""
+    with pytest.raises(ZygoteRefused, match="2 threads after preloading"):
+        Zygote({**os.environ, "OPENBLAS_NUM_THREADS": "2"}, ROOT)
