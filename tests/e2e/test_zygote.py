@@ -8,6 +8,7 @@ import json
 import os
 import signal
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -73,6 +74,21 @@ def test_death_by_signal_reads_as_popen_gives_it(zygote: Zygote, tmp_path: Path)
     assert waiting.wait(timeout=60) == -signal.SIGKILL
     assert exit_reason(waiting.returncode or 0) == "was killed by SIGKILL"
     waiting.send_signal(signal.SIGTERM)  # once reaped, a signal goes nowhere
+
+
+def test_a_signal_once_the_service_has_stopped_does_not_cut_its_exit_short(
+    zygote: Zygote, tmp_path: Path
+) -> None:
+    """After a Ctrl-C to the terminal's group each service stops, and the launcher's SIGTERM
+    may reach one on its way out: its code stays that of its own clean stop."""
+    log = tmp_path / "linger.log"
+    lingering = fork(zygote, log, "l", "linger")
+    deadline = time.monotonic() + 60
+    while not log.exists() or "exiting" not in log.read_text():
+        assert time.monotonic() < deadline and lingering.poll() is None
+        time.sleep(0.05)
+    lingering.send_signal(signal.SIGTERM)
+    assert lingering.wait(timeout=60) == 0
 
 
 def supervisor(folder: Path, env: dict[str, str] | None = None) -> Supervisor:
