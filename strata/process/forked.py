@@ -160,8 +160,11 @@ class Zygote:
                 self._codes[pid] = UNKNOWN
 
     def close(self) -> None:
-        """Hang up: the zygote exits; children it forked run on."""
-        self._sock.close()
+        """Hang up: the zygote exits; children it forked run on, as orphans (their codes
+        are lost: see _orphans_ended)."""
+        with self._lock:
+            self.gone = True
+            self._sock.close()
         try:
             self.process.wait(timeout=10)
         except subprocess.TimeoutExpired:  # still importing, say, on a crowded machine

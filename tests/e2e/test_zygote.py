@@ -17,7 +17,7 @@ import pytest
 
 from strata.config import load_settings
 from strata.process.forked import SWITCH, Forked, Start, Zygote, ZygoteRefused
-from strata.tools.launch import Supervisor, exit_reason
+from strata.tools.launch import Supervisor, exit_reason, start_on_fresh_ports
 from tests.support.system import ROOT, make_config
 
 CHILD = "tests.e2e.clients.forked_child"
@@ -91,16 +91,24 @@ def test_a_signal_once_the_service_has_stopped_does_not_cut_its_exit_short(
     assert lingering.wait(timeout=60) == 0
 
 
-def supervisor(folder: Path, env: dict[str, str] | None = None) -> Supervisor:
-    config = make_config(folder)
-    return Supervisor(config, load_settings(config), log_dir=folder, env=env)
+def alone(folder: Path, env: dict[str, str] | None = None) -> Supervisor:
+    """A supervisor of the default config's postprocess alone, started (on fresh ports if
+    another process took one first)."""
+
+    def build() -> Supervisor:
+        config = make_config(folder)
+        system = Supervisor(config, load_settings(config), log_dir=folder, env=env)
+        system.instances = {"postprocess": system.instances["postprocess"]}
+        return system
+
+    return start_on_fresh_ports(build)
 
 
 def test_a_forked_service_serves_for_its_launcher_and_drains_on_sigterm(tmp_path: Path) -> None:
-    system = supervisor(tmp_path)
+    # Started means SERVING for this launcher's id, read from the environment it was given.
+    system = alone(tmp_path)
     try:
-        # SERVING for this launcher's id: read from the environment the service was given.
-        process = system.start("postprocess")
+        process = system.processes["postprocess"]
         zygote = psutil.Process(process.pid).parent()
         assert isinstance(process, Forked)
         assert zygote is not None and zygote.parent().pid == os.getpid()
@@ -114,9 +122,9 @@ def test_a_forked_service_serves_for_its_launcher_and_drains_on_sigterm(tmp_path
 
 
 def test_fork_off_starts_each_service_with_its_own_interpreter(tmp_path: Path) -> None:
-    system = supervisor(tmp_path, env={SWITCH: "0"})
+    system = alone(tmp_path, env={SWITCH: "0"})
     try:
-        process = system.start("postprocess")
+        process = system.processes["postprocess"]
         assert isinstance(process, subprocess.Popen)
         assert psutil.Process(process.pid).parent().pid == os.getpid()
     finally:
@@ -128,9 +136,9 @@ def test_an_instance_started_with_another_environment_gets_its_own_interpreter(
 ) -> None:
     """What Python and the preloaded libraries read as they load cannot change after a
     fork, so only an instance with the zygote's environment is forked."""
-    system = supervisor(tmp_path)
+    system = alone(tmp_path)
     try:
-        assert isinstance(system.start("postprocess"), Forked)
+        assert isinstance(system.processes["postprocess"], Forked)
         system.stop("postprocess")
         system.env = {"PYTHONTRACEMALLOC": "1"}
         assert isinstance(system.start("postprocess"), subprocess.Popen)
