@@ -4,7 +4,8 @@ Each run starts the launcher as `make run` does (strata/ and services/ byte-comp
 `python -m strata.tools.launch`), on the config moved to free loopback ports (every service's
 metrics page too), and waits until every process's `/readyz` answers 200. It prints one
 JSON line: the seconds from the launcher's start to the last ready, and each process's CPU
-seconds (user + system), PSS and USS (MB) at that moment, with their sums; then it stops
+seconds (user + system), PSS and USS (MB) at that moment (the launcher's, the zygote's its
+services are forked from, and each service's), with their sums; then it stops
 the launcher (SIGTERM stops every service). With several runs it prints the medians last.
 Start-up is mostly CPU, so on a busy machine the CPU seconds vary less than the wall time:
 quote medians, beside the load average. PSS splits a library's pages among every process
@@ -108,13 +109,11 @@ def run_once(config: Path) -> dict[str, Any]:
 
 
 def _footprint(launcher: psutil.Process) -> dict[str, dict[str, float]]:
-    """The launcher's and each service's CPU seconds, PSS and USS (MB), by name and port."""
+    """The launcher's, its zygote's and each service's CPU seconds, PSS and USS (MB), by name
+    and port."""
     out = {}
     for process in [launcher, *launcher.children(recursive=True)]:
-        args = process.cmdline()
-        name = args[args.index("-m") + 1].removeprefix("services.")
-        if "--listen" in args:
-            name += ":" + args[args.index("--listen") + 1].rpartition(":")[2]
+        name = _name(process)
         if name in out:  # a gateway's workers run their parent's command line
             name += f"#{process.pid}"
         cpu, memory = process.cpu_times(), process.memory_full_info()
@@ -124,6 +123,18 @@ def _footprint(launcher: psutil.Process) -> dict[str, dict[str, float]]:
             "uss_mb": round(memory.uss / 2**20, 1),
         }
     return out
+
+
+def _name(process: psutil.Process) -> str:
+    """`strata.tools.launch`, `strata.process.zygote`, `inference:PORT`..., or a forked
+    service's own name (the zygote's command line is all its forks have: strata.process.zygote
+    names each after its instance, `inference-a`)."""
+    args = process.cmdline()
+    name = args[args.index("-m") + 1].removeprefix("services.")
+    if "--listen" in args:
+        return name + ":" + args[args.index("--listen") + 1].rpartition(":")[2]
+    own = process.name()
+    return name if own.startswith("python") else own
 
 
 def main(argv: list[str] | None = None) -> int:

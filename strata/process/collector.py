@@ -8,6 +8,13 @@ start-up made out of the collector's sight (gc.freeze), so a full collection wal
 was made since. Frozen objects freed by reference counting go as ever; garbage in reference
 cycles among them (a model swapped out, a replaced config) would stay, so every
 `REFREEZE_SECONDS` they are handed back, collected once, and frozen again.
+
+In a service forked from the zygote (strata.process.zygote) the frozen objects include the
+zygote's, shared with its siblings page by page. gc.unfreeze() has no way to hand back only
+this process's, so the first refreeze writes to each of the zygote's objects once and the
+service then holds its own copy of their pages: measured on configs/default.yaml, the
+deployment's PSS went from 236 MB at ready to 296 MB after it (one copy each, once), against
+345 MB with every service in an interpreter of its own.
 """
 
 from __future__ import annotations

@@ -11,7 +11,8 @@ An instance that exits with a code no restart can change (strata.process.exits: 
 model, a certificate, an address in use) is said once and left down; the rest keep serving,
 and once none is left the launcher stops with that code.
 Ctrl-C or SIGTERM stops every service (front to back), each draining within its grace period.
-Services run as `python -m services.<layer>`; nothing here imports them.
+Services run as forks of one zygote that has imported what they share (strata.process.zygote),
+or, with STRATA_FORK=0 or no fork, as `python -m services.<layer>`; nothing here imports them.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from strata.config.pipelines import TensorSpec
 from strata.config.preprocess import DecodeStep
 from strata.config.tls import TlsSettings
 from strata.process.exits import PERMANENT, AddressUnusable, ConfigInvalid, one_line
+from strata.process.forked import Child, Start, Zygote, ZygoteRefused, enabled
 from strata.process.launched import LAUNCH_ID, launch_service
 
 log = logging.getLogger("strata.tools.launch")
@@ -158,7 +160,9 @@ class Supervisor:
         self.env = env
         self.backoff = backoff
         self.instances = {i.name: i for i in instances(settings)}
-        self.processes: dict[str, subprocess.Popen[bytes]] = {}
+        self.processes: dict[str, Child] = {}
+        self._forks: Zygote | None = None
+        self._fork_refusal: str | None = None
         self.restarts: dict[str, int] = {}
         # Instances that exited for a reason no restart fixes, with their exit codes.
         self.left_down: dict[str, int] = {}
@@ -172,21 +176,57 @@ class Supervisor:
     def address(self, name: str) -> str:
         return self.instances[name].listen
 
-    def spawn(self, name: str) -> subprocess.Popen[bytes]:
-        """Start one instance's process without waiting for it."""
+    def spawn(self, name: str) -> Child:
+        """Start one instance's process without waiting for it: a fork of this deployment's
+        zygote (strata.process.zygote), or its own interpreter where there is none."""
         instance = self.instances[name]
-        command = [
-            *(sys.executable, "-m", f"services.{instance.service}"),
-            *("--config", str(self.config), "--listen", instance.listen),
-        ]
-        output = None
-        if self.log_dir is not None:
-            output = open(self.log_dir / f"{name}.log", "ab")  # noqa: SIM115  (child owns it)
-        env = {**os.environ, **(self.env or {}), LAUNCH_ID: self.launch_id}
-        process = subprocess.Popen(command, cwd=ROOT, stdout=output, stderr=output, env=env)
+        common = {**os.environ, **(self.env or {})}
+        start = Start(
+            name,
+            f"services.{instance.service}",
+            ["--config", str(self.config), "--listen", instance.listen],
+            {**common, LAUNCH_ID: self.launch_id},
+            None if self.log_dir is None else self.log_dir / f"{name}.log",
+        )
+        process = self._forked(start, self._zygote(common)) or _executed(start)
         self.processes[name] = process
         self._started[name] = time.monotonic()
         return process
+
+    def _zygote(self, env: dict[str, str]) -> Zygote | None:
+        """The zygote that forks instances started with `env`, started on first use; None
+        where forking is off, the zygote refused, or `env` is not the one it started with
+        (what an interpreter reads as it starts cannot change after a fork)."""
+        if self._forks is not None and self._forks.gone:
+            self._close_zygote()
+        if self._forks is None and self._fork_refusal is None and enabled(env):
+            try:
+                self._forks = Zygote(env, ROOT)
+            except ZygoteRefused as exc:
+                self._refused(exc)
+        if self._forks is None or self._forks.env != env:
+            return None
+        return self._forks
+
+    def _forked(self, start: Start, zygote: Zygote | None) -> Child | None:
+        """`start` forked by `zygote`; None where there is none or it stopped answering."""
+        if zygote is None:
+            return None
+        try:
+            return zygote.fork(start)
+        except ZygoteRefused as exc:
+            self._refused(exc)
+            return None
+
+    def _refused(self, exc: ZygoteRefused) -> None:
+        self._fork_refusal = str(exc)
+        self._close_zygote()
+        log.warning("services start without a zygote: %s", exc)
+
+    def _close_zygote(self) -> None:
+        if self._forks is not None:
+            self._forks.close()
+            self._forks = None
 
     def await_serving(self, *names: str, timeout: float = 60.0) -> None:
         """Wait until each of `names` is SERVING, as this launcher's own child (not another
@@ -210,7 +250,7 @@ class Supervisor:
         self.stop_all()
         raise StartFailed(name, code, self.config)
 
-    def start(self, name: str, timeout: float = 60.0) -> subprocess.Popen[bytes]:
+    def start(self, name: str, timeout: float = 60.0) -> Child:
         """Start one instance and wait until it is SERVING."""
         process = self.spawn(name)
         self.await_serving(name, timeout=timeout)
@@ -238,7 +278,9 @@ class Supervisor:
         """Stop front to back, so no layer loses its upstream while it still drains."""
         self._due.clear()
         running = [name for name in reversed(self.instances) if name in self.processes]
-        return {name: self.stop(name) for name in running}
+        codes = {name: self.stop(name) for name in running}
+        self._close_zygote()
+        return codes
 
     def failed(self) -> str | None:
         """The name of an instance that has exited on its own, if any."""
@@ -252,18 +294,19 @@ class Supervisor:
         when a restart cannot help; start those due."""
         now = time.monotonic()
         for name, process in list(self.processes.items()):
-            if process.poll() is None or name in self._due:
+            code = process.poll()
+            if code is None or name in self._due:
                 continue
             ran = now - self._started[name]
-            if process.returncode in PERMANENT:
-                self._leave_down(name, ran)
+            if code in PERMANENT:
+                self._leave_down(name, code, ran)
                 continue
             delay = self.backoff.after(self._delay.get(name, 0.0), ran)
             self._delay[name] = delay
             self._due[name] = now + delay
             log.warning(
                 "%s %s after %.1f s; restarting it in %.1f s",
-                *(name, exit_reason(process.returncode), ran, delay),
+                *(name, exit_reason(code), ran, delay),
             )
         for name in [n for n, due in self._due.items() if due <= now]:
             del self._due[name]
@@ -277,13 +320,21 @@ class Supervisor:
             return None
         return next(iter(self.left_down.values()))
 
-    def _leave_down(self, name: str, ran: float) -> None:
-        code = self.left_down[name] = self.processes.pop(name).returncode
+    def _leave_down(self, name: str, code: int, ran: float) -> None:
+        self.left_down[name] = code
+        del self.processes[name]
         log.error(
             "%s %s after %.1f s; a restart cannot fix that, so it stays down and the rest "
             "keep serving",
             *(name, exit_reason(code), ran),
         )
+
+
+def _executed(start: Start) -> Child:
+    """`start` as a process with an interpreter of its own."""
+    output = None if start.log is None else open(start.log, "ab")  # noqa: SIM115  (the child's)
+    command = [sys.executable, "-m", start.module, *start.argv]
+    return subprocess.Popen(command, cwd=ROOT, stdout=output, stderr=output, env=start.env)
 
 
 def exit_reason(code: int) -> str:

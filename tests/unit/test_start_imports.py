@@ -10,6 +10,8 @@ import sys
 
 import pytest
 
+from strata.process.zygote import PRELOAD
+
 pytestmark = pytest.mark.slow  # each test starts a Python process that imports a service
 
 # Imports a module as `python -m` would start it, and says which modules were loaded and
@@ -81,3 +83,13 @@ def test_a_process_imports_only_what_it_serves_with(module: str) -> None:
     # pydantic's own plugin search reads every installed distribution's metadata
     # (strata/process/pydantic_plugins.py).
     assert "pydantic" not in seen["searched"]
+
+
+LAYERS = sorted(module for module in NEVER if module.startswith("services."))
+
+
+@pytest.mark.parametrize("module", LAYERS)
+def test_the_zygote_preloads_only_what_every_layer_imports(module: str) -> None:
+    """A module the zygote preloads that a layer does not import would be memory and a
+    start's CPU spent for nothing in that layer (strata/process/zygote.py)."""
+    assert sorted(set(PRELOAD) - set(started(module)["modules"])) == []
