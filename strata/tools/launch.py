@@ -84,7 +84,9 @@ def start_on_fresh_ports(build: Callable[[], Supervisor], timeout: float = 60.0)
     """A started supervisor from `build`, built again when an instance exits because an
     address it must bind was taken: a caller that picks free ports and starts services on
     them (tests, benchmarks) can lose one to another process in between. Any other failure,
-    or the third such one, is raised."""
+    or the third such one, is raised. A lost attempt's logs are set aside (`attempt-N/` in
+    the log folder), so the folder's logs are those of the processes that serve: what each
+    process says once at start is there once."""
     attempt = 1
     while True:
         supervisor = build()
@@ -95,6 +97,7 @@ def start_on_fresh_ports(build: Callable[[], Supervisor], timeout: float = 60.0)
             supervisor.stop_all()
             if exc.code != AddressUnusable.code or attempt == START_ATTEMPTS:
                 raise
+            supervisor.set_logs_aside(f"attempt-{attempt}")
         attempt += 1
 
 
@@ -261,6 +264,19 @@ class Supervisor:
         for name in self.instances:
             self.spawn(name)
         self.await_serving(*self.instances, timeout=timeout)
+
+    def set_logs_aside(self, folder: str) -> None:
+        """Move each instance's log into `folder` under the log folder, where a log folder
+        is set: a deployment started after this one then writes logs of its own there, not
+        after these (spawn appends, for a restarted instance)."""
+        if self.log_dir is None:
+            return
+        aside = self.log_dir / folder
+        aside.mkdir(exist_ok=True)
+        for name in self.instances:
+            log_file = self.log_dir / f"{name}.log"
+            if log_file.exists():
+                log_file.rename(aside / log_file.name)
 
     def stop(self, name: str, sig: int = signal.SIGTERM) -> int:
         """Signal one instance (SIGTERM drains) and wait; kill it if it overstays."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import random
 import socket
 import subprocess
 import sys
@@ -25,10 +26,13 @@ CLIENTS = ROOT / "tests" / "e2e" / "clients"
 
 # Ports are drawn below the kernel's ephemeral range (32768 and up by default), so no client
 # connection's local port can take one between its choice and the service's bind, and each
-# pytest-xdist worker draws from its own slice, so two workers never choose the same one.
+# pytest-xdist worker draws from its own slice, so two workers never choose the same one. A
+# process starts at a random place in its slice: suites run side by side (several checkouts
+# on one machine) would otherwise count up from the slice's start in step, choosing the same
+# ports at the same moments, and lose starts to each other.
 _SLICE = 2000
 _FIRST = 12000 + _SLICE * int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw"))
-_next_port = itertools.count(_FIRST)
+_next_port = itertools.count(_FIRST + random.randrange(_SLICE))
 
 
 def free_port(count: int = 1) -> int:
