@@ -38,7 +38,7 @@ from strata.calls import gathering
 from strata.errors import InvalidArgument, StrataError, shown, status_of
 from strata.proto.v1 import tensor_pb2 as v1
 from strata.telemetry import propagation
-from strata.wire.codec import Arrays, arrays_to_tensors, tensors_to_arrays
+from strata.wire.codec import Arrays, add_tensors, arrays_to_tensors, tensors_to_arrays
 
 TRACER = trace.get_tracer("strata.calls.v1process")
 Info = dict[str, str]
@@ -54,39 +54,48 @@ T = TypeVar("T")
 _SAMPLED_FLAGS = frozenset(f"{flags:02x}" for flags in range(256) if flags & 1)
 
 
+# Each result is written in place in the response, its tensors in place in the result: a
+# message made apart is copied whole when added to another (a 150 KB crop, twice: about 30 us).
+
+
 def process_all(request: v1.ProcessRequest, handler: Handler) -> v1.ProcessResponse:
     """Every request of the call in order, on this thread: the caller hands the whole call
     to one worker thread, never one hand-off per request."""
     run = _as_async(handler)
-    return v1.ProcessResponse(results=[_complete(process(item, run)) for item in request.requests])
+    response = v1.ProcessResponse()
+    for item in request.requests:
+        _complete(process(item, run, response.results.add()))
+    return response
 
 
 async def process_all_async(
     request: v1.ProcessRequest, handler: AsyncHandler
 ) -> v1.ProcessResponse:
     """Every request of the call concurrently, so none waits for another's handler."""
-    results = await gathering.gather([process(item, handler) for item in request.requests])
-    return v1.ProcessResponse(results=results)
+    response = v1.ProcessResponse()
+    await gathering.gather(
+        [process(item, handler, response.results.add()) for item in request.requests]
+    )
+    return response
 
 
-async def process(item: v1.Request, handler: AsyncHandler) -> v1.Result:
-    """One request's result: a flight's (see the module docstring), or a plain request's."""
+async def process(item: v1.Request, handler: AsyncHandler, result: v1.Result) -> None:
+    """One request's `result`: a flight's (see the module docstring), or a plain request's."""
+    result.id = item.id
     if item.members:
-        return await _flight(item, handler)
+        await _flight(item, handler, result)
+        return
     with in_own_trace(item):
         try:
             arrays, info = await handler(
                 item.pipeline, tensors_to_arrays(item.tensors), item.parameters
             )
-            tensors = arrays_to_tensors(arrays)
+            add_tensors(result.tensors, arrays)
         except Exception as exc:  # each request answers for itself, bug or not
-            return failed(item, exc)
-    return v1.Result(id=item.id, tensors=tensors, info=info)
-
-
-def failed(item: v1.Request, exc: Exception) -> v1.Result:
-    """The result of a request whose handler raised: its status code and message."""
-    return v1.Result(id=item.id, error=error(status_of(exc)))
+            del result.tensors[:]  # any added before the one that failed
+            result.error.CopyFrom(error(status_of(exc)))
+            return
+    result.info.update(info)
 
 
 @contextlib.contextmanager
@@ -147,13 +156,13 @@ def _roster(item: v1.Request) -> _Roster:
     return _Roster(ids, counts, contexts)
 
 
-async def _flight(item: v1.Request, handler: AsyncHandler) -> v1.Result:
+async def _flight(item: v1.Request, handler: AsyncHandler, result: v1.Result) -> None:
     roster = _roster(item)
     with _flight_span(item, roster) as span:
         landing = await _fly(item, roster.counts, handler)
         if span is not None and span.is_recording():
             _record_failures(span, roster, landing.failures)
-    return _flight_result(item, roster, landing)
+    _flight_result(roster, landing, result)
 
 
 def _flight_span(
@@ -280,15 +289,15 @@ def _land(failures: list[Failure | None], outcome: Outputs | Exception | None) -
     return _Landing(failures)
 
 
-def _flight_result(item: v1.Request, roster: _Roster, landing: _Landing) -> v1.Result:
-    result = v1.Result(id=item.id, tensors=landing.tensors, info=landing.info)
+def _flight_result(roster: _Roster, landing: _Landing, result: v1.Result) -> None:
+    result.tensors.extend(landing.tensors)
+    result.info.update(landing.info)
     add = result.members.add  # in place: a third of the cost of building a list first
     for rid, count, failure in zip(roster.ids, roster.counts, landing.failures, strict=True):
         if failure is None:
             add(id=rid, rows=count)
         else:
             add(id=rid, error=error(failure))
-    return result
 
 
 # A flight: its rows.

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from prometheus_client import Histogram
 
-from strata.telemetry.metrics import LATENCY_BUCKETS
+from strata.telemetry.metrics import LATENCY_BUCKETS, Children
 
 # (pipeline, stage, seconds)
 Hook = Callable[[str, str, float], None]
@@ -35,7 +35,9 @@ class Timings:
         self._lock = threading.Lock()
         self._summaries: dict[tuple[str, str], Summary] = {}
         self._hooks: list[Hook] = []
-        self._histogram = histogram
+        # Each (pipeline, stage)'s child resolved once: labels() per stage per call cost
+        # about as much again as the observation.
+        self._histogram = Children(histogram) if histogram is not None else None
 
     def add_hook(self, hook: Hook) -> None:
         """Call `hook(pipeline, stage, seconds)` for every stage run from now on."""
@@ -48,7 +50,7 @@ class Timings:
             summary.total_seconds += seconds
             summary.max_seconds = max(summary.max_seconds, seconds)
         if self._histogram is not None:
-            self._histogram.labels(pipeline, stage).observe(seconds)
+            self._histogram(pipeline, stage).observe(seconds)
         for hook in self._hooks:
             hook(pipeline, stage, seconds)
 

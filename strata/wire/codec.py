@@ -14,6 +14,7 @@ import struct
 from collections.abc import Iterable, Mapping, Sequence
 
 import numpy as np
+from google.protobuf.internal.containers import RepeatedCompositeFieldContainer
 
 from strata.errors import InvalidArgument, MalformedReply, shown
 from strata.proto.inference import grpc_service_pb2 as v2
@@ -347,6 +348,17 @@ def tensors_to_arrays(tensors: Iterable[v1.Tensor]) -> dict[str, np.ndarray]:
 
 def arrays_to_tensors(arrays: Mapping[str, np.ndarray]) -> list[v1.Tensor]:
     return [to_tensor(name, array) for name, array in arrays.items()]
+
+
+def add_tensors(tensors: RepeatedCompositeFieldContainer[v1.Tensor], arrays: Arrays) -> None:
+    """Append `arrays` to a message's strata.v1 tensors, each made in place: a tensor made
+    apart is copied whole when added (14 us for a 150 KB crop)."""
+    for name, array in arrays.items():
+        tensor = tensors.add()  # field by field, as add_outputs: add()'s keywords cost more
+        tensor.name = name
+        tensor.datatype = datatype_of(array)
+        tensor.shape.extend(array.shape)
+        tensor.data = to_raw(array)
 
 
 def client_inputs(request: v2.ModelInferRequest) -> tuple[dict[str, np.ndarray], list[Raw]]:

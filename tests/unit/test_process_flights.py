@@ -172,6 +172,18 @@ def test_a_plain_request_is_unchanged_beside_a_flight(drive: Drive) -> None:
     assert not results[2].members and results[2].error.code == INVALID
 
 
+@DRIVERS
+def test_a_plain_request_whose_outputs_cannot_be_sent_answers_only_its_error(drive: Drive) -> None:
+    def unsendable(pipeline: str, arrays: Arrays, parameters: Mapping[str, str]):
+        return {"y": arrays["x"], "z": np.zeros(1, np.complex64)}, {"note": "n"}
+
+    item = v1.Request(id="r", pipeline="p", tensors=codec.arrays_to_tensors({"x": rows(5)}))
+    (result,) = drive(unsendable, item)
+    assert result.id == "r" and result.error.code == INVALID
+    assert "complex64" in result.error.message
+    assert not result.tensors and not result.info  # not the output encoded before it failed
+
+
 @dataclass
 class Spans:
     tracer: trace.Tracer

@@ -122,6 +122,20 @@ def test_topk_best_first_and_k_above_the_class_count() -> None:
     assert empty["i"].shape == (0, 2)
 
 
+@pytest.mark.parametrize("shape", [(16, 40), (3, 4, 40)])
+@pytest.mark.parametrize("ties", [False, True])
+def test_topk_over_several_rows_is_the_sorts_first_k(shape: tuple[int, ...], ties: bool) -> None:
+    rng = np.random.default_rng(3)
+    # Few distinct scores make ties across the k-th place, which the lower index wins.
+    scores = rng.integers(0, 4, shape) if ties else rng.normal(size=shape)
+    tensors = {"s": scores.astype(np.float32)}
+    ordered = apply("sort", tensors, input="s", values="v", indices="i")
+    for k in (1, 5, 39):
+        top = apply("topk", tensors, input="s", k=k, values="v", indices="i")
+        assert top["i"].tolist() == ordered["i"][..., :k].tolist()
+        assert top["v"].tolist() == ordered["v"][..., :k].tolist()
+
+
 @pytest.mark.parametrize(
     ("k", "words"),
     [(0, "greater than 0"), (-1, "greater than 0"), (1.5, "a valid int"), (True, "a valid int")],
