@@ -1,12 +1,23 @@
 """How the suite is spread over pytest-xdist's workers (`make test` runs `pytest -n N`):
 by unit, heaviest first (tests/support/spread.py), whatever `--dist` says. Without xdist the
-order is collection's, as ever."""
+order is collection's, as ever. Before the workers start, the controller writes pytest's
+rewritten test modules once for all of them (tests/support/rewritten.py)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
-from tests.support import spread
+from tests.support import rewritten, spread
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist starts the workers (its own hook is trylast)
+def pytest_sessionstart(session: pytest.Session) -> None:
+    config = session.config
+    controller = config.getoption("dist", "no") != "no" and not hasattr(config, "workerinput")
+    if controller and config.getoption("assertmode") == "rewrite":
+        rewritten.write_all(config, Path(__file__).parent)
 
 
 @pytest.hookimpl(optionalhook=True)

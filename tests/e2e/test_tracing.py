@@ -29,6 +29,10 @@ def all_spans(receiver: Receiver) -> list[Span]:
 
 LAYERS = {f"strata-{name}" for name in ("gateway", "preprocess", "inference", "postprocess")}
 TOKEN = "gateway-admin-token-for-the-tracing-tests-0123"
+# How long a trace may take to arrive whole: each process exports on its own 0.1 s schedule,
+# which a busy machine (the suite's other workers) can stretch to seconds. A whole trace ends
+# the wait at once, so a generous bound costs nothing and keeps these tests out of the timing part.
+ARRIVAL = 60.0
 
 
 @pytest.fixture(scope="module")
@@ -70,7 +74,7 @@ def test_one_trace_through_all_layers_with_steps_and_rules(traced) -> None:
     system, receiver = traced
     trace_id = secrets.token_hex(16)
     assert send(system, {"images": np.zeros((2, 16, 16), np.uint8)}, trace_id) is None
-    spans = receiver.wait_for(trace_id, LAYERS)
+    spans = receiver.wait_for(trace_id, LAYERS, ARRIVAL)
     assert {s.service for s in spans} == LAYERS
     root = root_of(spans)
     assert root.service == "strata-gateway"
@@ -169,7 +173,7 @@ def test_a_flight_of_several_is_in_its_leads_trace_and_the_others_link_to_it(tra
     # span, linked to every request it carried.
     assert {s.service for s in receiver.trace(follower.trace_id)} == {"strata-gateway"}
     assert not [s for s in all_spans(receiver) if s.name == "flight"], "no span for the flight"
-    shared = receiver.wait_for(lead.trace_id, LAYERS - {"strata-inference"})
+    shared = receiver.wait_for(lead.trace_id, LAYERS - {"strata-inference"}, ARRIVAL)
     assert not [s for s in shared if s.name == "flight digits"], "no span more for the flight"
     for layer in ("preprocess", "postprocess"):
         work = layer_span_of(shared, lead, layer)
@@ -232,7 +236,6 @@ def test_the_log_of_a_failing_request_carries_its_trace_id(traced) -> None:
     assert ours and ours[0]["error_kind"] == "client" and "rank" in ours[0]["msg"]
 
 
-@pytest.mark.timing
 def test_a_rest_request_joins_the_trace_of_its_traceparent_header(traced) -> None:
     system, receiver = traced
     trace_id, parent = secrets.token_hex(16), secrets.token_hex(8)
@@ -248,7 +251,7 @@ def test_a_rest_request_joins_the_trace_of_its_traceparent_header(traced) -> Non
             timeout=10,
         )
     assert response.status_code == 200, response.text
-    spans = receiver.wait_for(trace_id, LAYERS)
+    spans = receiver.wait_for(trace_id, LAYERS, ARRIVAL)
     assert {s.service for s in spans} == LAYERS
     root = root_of(spans)
     assert (root.service, root.name) == ("strata-gateway", "POST /v2/models/{name}/infer")

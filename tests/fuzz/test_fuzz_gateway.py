@@ -8,8 +8,6 @@ a documented error code, never INTERNAL, never a hang, and every process must st
 strategies are shared with tests/hostile, which sends hostile input to every port.
 """
 
-from collections.abc import Iterator
-
 import grpc
 import numpy as np
 import pytest
@@ -20,17 +18,7 @@ from strata.proto.inference import grpc_service_pb2 as v2
 from strata.proto.inference import grpc_service_pb2_grpc as v2_grpc
 from strata.tools.launch import Supervisor
 from strata.wire import codec
-from tests.support.hostile import CLIENT, answer, finite, v2_requests
-from tests.support.system import running_system
-
-MAX_MESSAGE = 1 << 20
-
-
-@pytest.fixture(scope="module")
-def system(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Supervisor]:
-    changes = {"server": {"max_message_bytes": MAX_MESSAGE}}
-    with running_system(tmp_path_factory.mktemp("fuzz"), changes) as supervisor:
-        yield supervisor
+from tests.support.hostile import CLIENT, MAX_MESSAGE, answer, finite, v2_requests
 
 
 @pytest.fixture(scope="module")

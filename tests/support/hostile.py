@@ -31,6 +31,9 @@ settings.register_profile("short", max_examples=120, derandomize=True, **PATIENT
 settings.register_profile("long", max_examples=5000, **PATIENT)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "short"))
 
+# The message limit of the systems the fuzz suite starts: oversized messages are cheap to make.
+MAX_MESSAGE = 1 << 20
+
 
 def share(fraction: float) -> settings:
     """Settings for a test that runs `fraction` of the profile's examples (at least 5)."""

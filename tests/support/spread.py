@@ -1,8 +1,8 @@
 """The units of work pytest-xdist hands its workers (tests/conftest.py wires this in).
 
 A unit is a test module, so a module-scoped system starts once, on one worker; a package
-whose fixtures are package-scoped (tests/hostile, tests/e2e/default_system: one system for
-the whole package) is one unit, so its system starts once in the whole run. Units go out
+whose fixtures are package-scoped (tests/hostile, tests/fuzz, tests/e2e/default_system: one
+system for the whole package) is one unit, so its system starts once in the whole run. Units go out
 heaviest first: those with a test marked slow, then those that start whole systems (the
 shared packages and fuzz before single e2e modules), then those that start single services,
 then the rest, so the last minutes are spent on short units on every worker rather than on
@@ -20,7 +20,7 @@ from collections.abc import Iterable
 from xdist.scheduler import LoadScopeScheduling
 
 # Packages whose tests share package-scoped fixtures: one unit each.
-SHARED_PACKAGES = ("tests/hostile", "tests/e2e/default_system")
+SHARED_PACKAGES = ("tests/hostile", "tests/fuzz", "tests/e2e/default_system")
 # Units with a test marked slow go first (a model build); then, by folder (the first that
 # holds the test), those that start whole systems (the shared packages and fuzz, a minute or
 # more each, before the e2e modules), then those that start services, then the rest.

@@ -10,6 +10,7 @@ def test_a_module_is_a_unit_and_a_package_sharing_fixtures_is_one() -> None:
     assert unit("tests/e2e/test_rest.py::TestA::test_b") == "tests/e2e/test_rest.py"
     assert unit("tests/hostile/test_v2.py::test_a") == unit("tests/hostile/test_flights.py::t")
     assert unit("tests/hostile/test_v2.py::test_a") == "tests/hostile"
+    assert unit("tests/fuzz/test_fuzz_rest.py::t") == unit("tests/fuzz/test_fuzz_gateway.py::t")
     shared = "tests/e2e/default_system"
     assert unit(f"{shared}/test_chain.py::test_a") == unit(f"{shared}/test_stages.py::t") == shared
 
