@@ -20,6 +20,7 @@ from services.inference.app import build as build_inference
 from services.postprocess.app import build as build_postprocess
 from services.preprocess.app import build as build_preprocess
 from strata.config import Settings, load_settings
+from strata.config.endpoints import ServiceEndpoint
 from strata.rpc.server import Registration, Running, start_server
 from tests.support.system import make_config
 
@@ -51,32 +52,34 @@ def servers_in_process(
     thread.start()
     world = InProcess(settings, loop)
 
-    async def start(builder, listen: str | None = None, serving: Settings = settings):
+    async def start(builder, listen: str, serving: Settings = settings):
         service = await builder(serving)
         running = await start_server(
-            service.registrations,
-            listen or service.endpoint.listen,
-            settings.server,
-            settings.tls,
-            service.public,
+            service.registrations, listen, settings.server, settings.tls, service.public
         )
         world.running.append((running, service))
         return service
 
-    for name, endpoint in settings.services.inference.items():
-        world.run(start(build_inference, endpoint.listen, settings.as_deployment(name)))
-    world.run(start(build_preprocess))
-    world.run(start(build_postprocess))
-    if before_gateway is not None:
-        before_gateway(world)
-    world.gateway = world.run(start(build_gateway))
-    try:
+    def start_each(builder, endpoint: ServiceEndpoint, serving: Settings = settings):
+        """A server for each replica the config names: a caller spreads over all of them, so
+        one left unstarted would send its share to whatever else takes that port."""
+        return [world.run(start(builder, listen, serving)) for listen in endpoint.listens]
+
+    services = settings.services
+    try:  # a start that fails stops those before it
+        for name, endpoint in services.inference.items():
+            start_each(build_inference, endpoint, settings.as_deployment(name))
+        start_each(build_preprocess, services.preprocess)
+        start_each(build_postprocess, services.postprocess)
+        if before_gateway is not None:
+            before_gateway(world)
+        (world.gateway,) = start_each(build_gateway, services.gateway)
         yield world
     finally:
 
         async def stop() -> None:
             for running, service in reversed(world.running):
-                await running.server.stop(0)
+                await running.stop(0)
                 if service is not None and service.on_stop is not None:
                     await service.on_stop()
 
