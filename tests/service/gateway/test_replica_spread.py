@@ -42,9 +42,10 @@ def flight(number: int, rows: int = 4) -> v1.ProcessRequest:
 
 
 async def start(layer: Layer, address: str) -> grpc.aio.Server:
-    server = grpc.aio.server()
+    # Without SO_REUSEPORT: a server already on `address` makes the bind fail, not share it.
+    server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
     preprocess_pb2_grpc.add_PreprocessServicer_to_server(layer, server)
-    server.add_insecure_port(address)
+    assert server.add_insecure_port(address), f"{address} is taken"
     await server.start()
     return server
 
