@@ -136,10 +136,11 @@ async def connected(hop: Hop, within: float = 15.0) -> None:
 
 def test_a_slower_replica_gets_fewer_flights_than_a_faster_one(settings) -> None:
     """Each call goes to the replica owing the fewest rows, not to each in turn: one that
-    answers in a fifth of the time gets most of the flights."""
+    answers in a tenth of the time gets most of the flights. A tenth, not less: the time a
+    loaded machine adds to every call, on either replica, narrows the gap."""
 
     async def slow(request: v1.ProcessRequest) -> v1.ProcessResponse:
-        await asyncio.sleep(0.02)
+        await asyncio.sleep(0.1)
         return await busy(request)
 
     async def go() -> list[Layer]:
