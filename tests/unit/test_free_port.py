@@ -4,8 +4,13 @@ however long the worker has been handing them out, and a port something holds is
 from __future__ import annotations
 
 import socket
+from pathlib import Path
 
-from tests.support.system import PortSlice, bindable
+import pytest
+
+from strata.config import load_settings
+from tests.support import system
+from tests.support.system import PortSlice, bindable, make_config
 
 FIRST = 12000
 # What make_config takes for one system: gateway, REST, two preprocess replicas, postprocess,
@@ -54,3 +59,20 @@ def test_a_port_a_socket_listens_on_is_not_bindable() -> None:
         listening.listen()
         port = listening.getsockname()[1]
         assert not bindable(range(port, port + 1))
+
+
+def test_the_configs_written_across_the_lap_name_each_address_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every address of every replica (and the REST port) of two configs written back to
+    back across the end of the worker's slice, as a long worker writes them."""
+    ports = PortSlice(system._FIRST, system._SLICE, start=system._SLICE - 3)
+    monkeypatch.setattr(system, "_PORTS", ports)
+    addresses = []
+    for name in ("first", "second"):
+        (tmp_path / name).mkdir()
+        services = load_settings(make_config(tmp_path / name)).services
+        endpoints = [services.gateway, services.preprocess, services.postprocess]
+        addresses += [a for e in [*endpoints, *services.inference.values()] for a in e.listens]
+        addresses.append(services.gateway.rest)
+    assert len(set(addresses)) == len(addresses), sorted(addresses)
