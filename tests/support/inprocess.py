@@ -54,9 +54,14 @@ def servers_in_process(
 
     async def start(builder, listen: str, serving: Settings = settings):
         service = await builder(serving)
-        running = await start_server(
-            service.registrations, listen, settings.server, settings.tls, service.public
-        )
+        try:
+            running = await start_server(
+                service.registrations, listen, settings.server, settings.tls, service.public
+            )
+        except BaseException:
+            if service.on_stop is not None:
+                await service.on_stop()
+            raise
         world.running.append((running, service))
         return service
 
