@@ -1,20 +1,25 @@
 """Every address a server of strata.rpc.server binds is its own while it runs and free again
 once it stops: a second server asked for a port in use fails to start and says so, never
 shares the port (gRPC's SO_REUSEPORT, on by default, would let it), and a stopped server
-leaves nothing bound, its plaintext probe port included."""
+leaves nothing bound, its plaintext probe port included. An in-process world that loses a
+port before binding it starts again on new ones, leaving none of the first try's bound."""
 
 from __future__ import annotations
 
 import asyncio
+import socket
+from pathlib import Path
 
 import pytest
 
+from strata.config import load_settings
 from strata.config.server import ServerSettings
 from strata.config.tls import TlsSettings
 from strata.process.exits import AddressUnusable, bind_problem
 from strata.rpc import server as rpc_server
 from strata.rpc.server import start_server
-from tests.support.system import free_port
+from tests.support import inprocess
+from tests.support.system import free_port, make_config
 
 
 def address() -> str:
@@ -56,3 +61,26 @@ def test_a_stopped_server_leaves_its_listen_and_probe_ports_free() -> None:
     asyncio.run(start_and_stop())
     assert bind_problem(listen) is None
     assert bind_problem(probe) is None
+
+
+def test_a_world_that_loses_a_port_starts_on_new_ones(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    written = []
+
+    def config_whose_postprocess_port_is_taken(folder: Path, changes: dict | None) -> Path:
+        path = make_config(folder, changes)
+        written.append(load_settings(path).services)
+        if len(written) == 1:
+            port = int(written[0].postprocess.listen.rpartition(":")[2])
+            taken.bind(("127.0.0.1", port))
+            taken.listen()
+        return path
+
+    with socket.socket() as taken:
+        monkeypatch.setattr(inprocess, "make_config", config_whose_postprocess_port_is_taken)
+        with inprocess.servers_in_process(tmp_path) as world:
+            assert world.settings.services == written[1]
+        lost = written[0]
+        started = [*lost.preprocess.listens, *(e.listen for e in lost.inference.values())]
+        assert all(bind_problem(address) is None for address in started)
