@@ -80,7 +80,11 @@ class Receiver(trace_service_pb2_grpc.TraceServiceServicer):
         self._lock = threading.Lock()
         self._traces: OrderedDict[str, list[Span]] = OrderedDict()
         self._touched: dict[str, float] = {}
-        self._server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
+        # Without SO_REUSEPORT (gRPC's default): on a port another receiver holds, the bind
+        # fails instead of splitting the spans between the two.
+        self._server = grpc.server(
+            futures.ThreadPoolExecutor(max_workers=4), options=[("grpc.so_reuseport", 0)]
+        )
         trace_service_pb2_grpc.add_TraceServiceServicer_to_server(self, self._server)
         self.port = self._server.add_insecure_port(listen)
 

@@ -184,7 +184,9 @@ def test_set_weights_that_cannot_route_are_refused_and_change_nothing(system, wa
 
 
 def test_rotating_client_ids_stays_limited_by_the_peer(system) -> None:
-    limits = {"per_client": {"rate": 2, "burst": 2}, "peer_clients": 5}  # a peer: 10/s, 10 at once
+    # A peer: 1/s, 10 at once. Slow enough that 60 calls in a row outrun it however loaded the
+    # machine (each would have to take a second for none to be refused).
+    limits = {"per_client": {"rate": 0.2, "burst": 2}, "peer_clients": 5}
     applied = reload_with(system, lambda raw: raw["gateway"].update(rate_limits=limits)).applied
     gateway = stub(system)
     started = time.monotonic()
@@ -202,7 +204,7 @@ def test_rotating_client_ids_stays_limited_by_the_peer(system) -> None:
     admitted = outcomes.count("OK")
     refused = [o for o in outcomes if o != "OK"]
     assert list(applied) == ["gateway.rate_limits"] and list(restored) == ["gateway.rate_limits"]
-    assert admitted <= 10 + 10 * elapsed + 1
+    assert admitted <= 10 + 1 * elapsed + 1
     assert refused and all(o.startswith("RESOURCE_EXHAUSTED: rate limit (peer)") for o in refused)
 
 

@@ -27,6 +27,9 @@ CALLS, PER_CLIENT = 64, 16  # server.max_concurrent_rpcs and .max_calls_per_clie
 STREAMS = 8  # gateway.max_streams_per_client
 KEY = (("x-api-key", "alice-key-for-door-tests"),)
 HEADER_TIMEOUT = 1.0
+# What a loaded machine (load average 8) may add to a timer or to a new client's health
+# check; a server held up by an attack would keep them past the clients' 5 s timeouts.
+LATE = 3.0
 MiB = 1 << 20
 BOMB = 256 * MiB  # inflated; gzip makes it 0.25 MiB on the wire
 LIVE, CHECK = v2.ServerLiveRequest(), health_pb2.HealthCheckRequest()
@@ -94,7 +97,7 @@ def test_a_gzip_bomb_is_refused_before_it_inflates(system: Supervisor) -> None:
     code, grown = peak_growth(system.processes["gateway"].pid, lambda: gzip_bomb(address))
     assert code == grpc.StatusCode.UNIMPLEMENTED
     assert grown < 64, f"the gateway's RSS peaked {grown} MiB higher"
-    assert grpc_health_seconds(address) < 1
+    assert grpc_health_seconds(address) < LATE
 
 
 async def hold(calls: list) -> list:
@@ -135,7 +138,7 @@ def test_idle_streams_leave_health_to_others(system: Supervisor) -> None:
     assert f"this client holds {STREAMS} open streams" in alice.details()
     assert watch.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
     assert f"your address holds {PER_CLIENT} open calls" in watch.details()
-    assert seconds < 1
+    assert seconds < LATE
 
 
 def rest_address(system: Supervisor) -> tuple[str, int]:
@@ -177,7 +180,7 @@ def test_idle_connections_leave_health_to_others(system: Supervisor) -> None:
         assert b"\r\nretry-after-ms: 100\r\n" in refusal, refusal
         time.sleep(0.2)
         status, seconds = get(address, "/v2/health/live")
-        assert (status, seconds < 1) == (200, True)
+        assert (status, seconds < LATE) == (200, True)
         assert get(address, "/v2")[0] == 503  # anything but a probe waits for a free slot
 
 
@@ -190,7 +193,7 @@ def test_a_stalled_header_is_closed(system: Supervisor) -> None:
         waited = time.monotonic() - started
         assert read_all(silent).startswith(b"HTTP/1.1 408 ")
     assert reply.startswith(b"HTTP/1.1 408 ") and b"no whole request header" in reply
-    assert HEADER_TIMEOUT - 0.2 < waited < HEADER_TIMEOUT + 1
+    assert HEADER_TIMEOUT - 0.2 < waited < HEADER_TIMEOUT + LATE
 
 
 def test_a_stalled_grpc_handshake_is_closed(system: Supervisor) -> None:
@@ -200,7 +203,7 @@ def test_a_stalled_grpc_handshake_is_closed(system: Supervisor) -> None:
         started = time.monotonic()
         read_all(stalled)  # the server's SETTINGS, then the close
         waited = time.monotonic() - started
-    assert HEADER_TIMEOUT - 0.2 < waited < HEADER_TIMEOUT + 1
+    assert HEADER_TIMEOUT - 0.2 < waited < HEADER_TIMEOUT + LATE
 
 
 async def write_without_reading(address: str, count: int, seconds: float) -> int:
@@ -232,4 +235,4 @@ def test_an_unread_stream_is_read_only_as_fast_as_it_is_answered(system: Supervi
     )
     # 4,000 x 64 KiB is 250 MiB written; the server holds at most max_stream_in_flight.
     assert grown < 64, f"the gateway's RSS peaked {grown} MiB higher ({written} written)"
-    assert grpc_health_seconds(address) < 1
+    assert grpc_health_seconds(address) < LATE

@@ -23,9 +23,6 @@ def system(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Supervisor]:
         "services": {"gateway": {"metrics": f"127.0.0.1:{free_port()}"}},
     }
     with running_system(tmp_path_factory.mktemp("hostile"), changes) as supervisor:
-        listens = [instance.listen for instance in supervisor.instances.values()]
-        # gRPC binds with SO_REUSEPORT: two servers given one port would share it silently.
-        assert len(set(listens)) == len(listens), f"free_port gave a port twice: {listens}"
         yield supervisor
 
 

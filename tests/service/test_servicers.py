@@ -53,6 +53,17 @@ def test_health_reports_serving(settings: Settings, service: str) -> None:
     assert reply.status == health_pb2.HealthCheckResponse.SERVING
 
 
+def test_every_replica_the_config_names_serves_its_own_service(settings: Settings) -> None:
+    """The gateway spreads over every replica's address: one left unstarted would hand its
+    share to whatever server took that port next."""
+    listens = settings.services.preprocess.listens
+    assert len(listens) == 2  # the default config's two replicas
+    for listen in listens:
+        stub = health_pb2_grpc.HealthStub(grpc.insecure_channel(listen))
+        reply = stub.Check(health_pb2.HealthCheckRequest(service="strata.v1.Preprocess"))
+        assert reply.status == health_pb2.HealthCheckResponse.SERVING, listen
+
+
 def test_preprocess_keeps_each_request_apart(settings: Settings) -> None:
     stub = preprocess_pb2_grpc.PreprocessStub(channel(settings, "preprocess"))
     big = np.full((2, 32, 32), 255, np.uint8)

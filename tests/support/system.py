@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import itertools
 import json
 import os
 import random
 import socket
 import subprocess
 import sys
+import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -24,29 +24,8 @@ DEFAULT_CONFIG = ROOT / "configs" / "default.yaml"
 CLIENTS = ROOT / "tests" / "e2e" / "clients"
 
 
-# Ports are drawn below the kernel's ephemeral range (32768 and up by default), so no client
-# connection's local port can take one between its choice and the service's bind, and each
-# pytest-xdist worker draws from its own slice, so two workers never choose the same one. A
-# process starts at a random place in its slice: suites run side by side (several checkouts
-# on one machine) would otherwise count up from the slice's start in step, choosing the same
-# ports at the same moments, and lose starts to each other.
-_SLICE = 2000
-_FIRST = 12000 + _SLICE * int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw"))
-_next_port = itertools.count(_FIRST + random.randrange(_SLICE))
-
-
-def free_port(count: int = 1) -> int:
-    """The first of `count` consecutive loopback ports that are free now, from this worker's
-    slice (wrapping round within it)."""
-    while True:
-        base = _FIRST + (next(_next_port) - _FIRST) % (_SLICE - count)
-        if _bindable(range(base, base + count)):
-            for _ in range(count - 1):  # the rest of the block is taken too
-                next(_next_port)
-            return base
-
-
-def _bindable(ports: range) -> bool:
+def bindable(ports: range) -> bool:
+    """Whether each of `ports` can be bound on loopback now."""
     sockets = []
     try:
         for port in ports:
@@ -59,6 +38,47 @@ def _bindable(ports: range) -> bool:
     finally:
         for sock in sockets:
             sock.close()
+
+
+class PortSlice:
+    """Blocks of consecutive ports from `size` ports at `first`, handed out in turn from
+    `start`, wrapping round to `first`: a port comes round again only after every other port
+    of the slice has, and only if nothing holds it then."""
+
+    def __init__(
+        self, first: int, size: int, start: int = 0, free: Callable[[range], bool] = bindable
+    ) -> None:
+        self.first, self.size, self._at, self._free = first, size, start, free
+        self._lock = threading.Lock()
+
+    def take(self, count: int = 1) -> int:
+        """The first of `count` consecutive ports that are free now."""
+        with self._lock:
+            for _ in range(self.size):
+                if self._at + count > self.size:  # a block never straddles the wrap
+                    self._at = 0
+                base = self.first + self._at
+                self._at += count
+                if self._free(range(base, base + count)):
+                    return base
+        raise RuntimeError(f"no {count} free ports in a row in {self.first}+{self.size}")
+
+
+# Ports are drawn below the kernel's ephemeral range (32768 and up by default), so no client
+# connection's local port can take one between its choice and the service's bind, and each
+# pytest-xdist worker draws from its own slice, so two workers never choose the same one. A
+# process starts at a random place in its slice: suites run side by side (several checkouts
+# on one machine) would otherwise count up from the slice's start in step, choosing the same
+# ports at the same moments, and lose starts to each other.
+_SLICE = 2000
+_FIRST = 12000 + _SLICE * int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw"))
+_PORTS = PortSlice(_FIRST, _SLICE, random.randrange(_SLICE))
+
+
+def free_port(count: int = 1) -> int:
+    """The first of `count` consecutive loopback ports that are free now, from this worker's
+    slice."""
+    return _PORTS.take(count)
 
 
 def endpoint(replicas: int = 1) -> dict[str, Any]:

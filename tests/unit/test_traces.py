@@ -1,5 +1,6 @@
 """The OTLP receiver behind `make trace`: it receives real OTLP exports and prints trees."""
 
+import pytest
 from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
@@ -26,3 +27,8 @@ def test_receiver_collects_exported_spans_and_renders_the_tree() -> None:
     assert lines[0] == f"trace {trace_id}"
     assert lines[1].startswith("  svc: root ") and "strata.pipeline=digits" in lines[1]
     assert lines[2].startswith("    svc: child ")
+
+
+def test_a_second_receiver_on_a_port_in_use_fails_instead_of_sharing_it() -> None:
+    with Receiver() as first, pytest.raises(RuntimeError, match="Failed to bind"):
+        Receiver(f"127.0.0.1:{first.port}")

@@ -198,7 +198,9 @@ def test_huge_declarations_hold_up_no_one(system: Supervisor, port: str) -> None
         took = time.perf_counter() - start
         codes = {future.result().code() for future in refused}
     assert codes == {grpc.StatusCode.INVALID_ARGUMENT}
-    assert took < 1.0  # four such requests used to hold the gateway's loop for about 5 s
+    # Four such requests used to hold the gateway's loop for about 5 s; a good request takes
+    # milliseconds, and well under the bound at a load average of 8.
+    assert took < 2.5
 
 
 def fail_when_bright(path: Path) -> None:
