@@ -102,11 +102,11 @@ class Orchestrator:
         return answer
 
     def _cache_key(self, req: ClientRequest, route: Route) -> str | None:
-        """The request's key in the result cache; None where the cache is never consulted
-        for its pipeline (no key to hash, no answer to keep)."""
+        """The request's key in the result cache; None where no lookup could read its
+        answer (no key to hash, no answer to keep): flow/cache.py `consulted`."""
         pipeline, ladder = req.pipeline, self.ladder
         highest = max(ladder.settings.max_level, ladder.forced or 0)
-        if not consulted(self.cache.settings, pipeline.cache, highest):
+        if not consulted(self.cache.settings, pipeline.cache, req.level, highest):
             return None
         # The client's parameters are part of what it asked: `when:` rules depend on them.
         variant = f"{route.deployment}:{req.version}:{sorted(req.parameters.items())}"
