@@ -32,12 +32,15 @@ def cache_key(pipeline: str, version: str, inputs: Sequence[Raw], principal: str
     return digest.hexdigest()
 
 
-def consulted(settings: Cache, own_cache: bool, highest_level: int) -> bool:
-    """Whether a pipeline's answers may ever be looked up, so that each is worth its key (a
-    SHA-256 of its inputs) and its place: the cache holds some (`max_entries`), and the
-    pipeline caches its answers (`own_cache`) or the ladder may reach level 3, where cached
-    answers stand in for the chain's."""
-    return settings.max_entries > 0 and (own_cache or highest_level >= 3)
+def consulted(settings: Cache, own_cache: bool, level: int, highest_level: int) -> bool:
+    """Whether a request's answer is worth its key (a SHA-256 of its inputs) and its place:
+    the cache holds some (`max_entries`), and the pipeline caches its answers (`own_cache`),
+    or the ladder may reach level 3 (`highest_level`), where cached answers stand in for the
+    chain's, and is at `keep_from_level` or above now (`level`): below it, no lookup could
+    read the answer before the ladder had climbed there, keeping answers on its way."""
+    if settings.max_entries <= 0:
+        return False
+    return own_cache or (highest_level >= 3 and level >= settings.keep_from_level)
 
 
 @dataclass(frozen=True)

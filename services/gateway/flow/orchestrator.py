@@ -95,18 +95,21 @@ class Orchestrator:
         signals.record(name, time.monotonic() - started, "ok")
         if answer.degraded:  # a model's fallback, or an early exit from a cascade
             DEGRADED.labels(answer.degraded).inc()
-        # A partial, degraded or sequence's answer is never served as a full one.
-        if key is not None and not (answer.skipped_rules or answer.degraded or req.sequence):
+        # A partial or degraded answer is never served as a full one (a sequence's has no key).
+        if key is not None and not (answer.skipped_rules or answer.degraded):
             cached = Cached(answer.outputs, answer.arm, answer.model_version, answer.stages)
             self.cache.put(key, cached)
         return answer
 
     def _cache_key(self, req: ClientRequest, route: Route) -> str | None:
-        """The request's key in the result cache; None where the cache is never consulted
-        for its pipeline (no key to hash, no answer to keep)."""
+        """The request's key in the result cache; None where no lookup could read its
+        answer (no key to hash, no answer to keep): a sequence's, which depends on its
+        state, and where flow/cache.py `consulted` says so."""
+        if req.sequence is not None:
+            return None
         pipeline, ladder = req.pipeline, self.ladder
         highest = max(ladder.settings.max_level, ladder.forced or 0)
-        if not consulted(self.cache.settings, pipeline.cache, highest):
+        if not consulted(self.cache.settings, pipeline.cache, req.level, highest):
             return None
         # The client's parameters are part of what it asked: `when:` rules depend on them.
         variant = f"{route.deployment}:{req.version}:{sorted(req.parameters.items())}"

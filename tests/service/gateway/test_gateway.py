@@ -324,13 +324,20 @@ def test_slow_inference_drives_the_ladder_up_and_back_down(world, gateway, admin
 
 
 def test_level_three_answers_from_the_cache_marked_degraded(gateway, admin) -> None:
-    fresh = infer(gateway, "cache-client")
-    assert not fresh.parameters["strata.degraded"].bool_param
-    admin.ForceLevel(admin_pb2.ForceLevelRequest(level=3), metadata=AUTH)
+    """Answers are kept on the ladder's climb (from `keep_from_level`, 1), not while calm: a
+    calm gateway hashes no request for a lookup that cannot come."""
+    calm = infer(gateway, "calm-client")
+    admin.ForceLevel(admin_pb2.ForceLevelRequest(level=2), metadata=AUTH)
     try:
+        fresh = infer(gateway, "cache-client")
+        admin.ForceLevel(admin_pb2.ForceLevelRequest(level=3), metadata=AUTH)
         cached = infer(gateway, "cache-client")
+        unkept = infer(gateway, "calm-client")
     finally:
         admin.ForceLevel(admin_pb2.ForceLevelRequest(release=True), metadata=AUTH)
+    assert not calm.parameters["strata.cached"].bool_param
+    assert not unkept.parameters["strata.cached"].bool_param, "no answer kept at level 0"
+    assert not fresh.parameters["strata.degraded"].bool_param
     assert cached.parameters["strata.degraded"].bool_param
     assert cached.parameters["strata.degraded_source"].string_param == "cache"
     assert cached.raw_output_contents == fresh.raw_output_contents

@@ -50,10 +50,15 @@ def test_cache_key_depends_on_inputs_version_and_pipeline() -> None:
 
 
 def test_answers_are_keyed_only_where_the_cache_may_be_consulted() -> None:
-    """A pipeline's own cache, or a ladder that may reach level 3 (cached answers stand in
-    there), makes its answers worth a key; a cache of no entries never does."""
+    """A pipeline's own cache makes its answers worth a key at every level; a ladder that
+    may reach level 3 (cached answers stand in there) only from `keep_from_level` up, so
+    that a calm gateway hashes nothing; a cache of no entries never does."""
     held, disabled = Cache(max_entries=10), Cache(max_entries=0)
-    assert consulted(held, own_cache=True, highest_level=0)
-    assert consulted(held, own_cache=False, highest_level=3)
-    assert not consulted(held, own_cache=False, highest_level=2)
-    assert not consulted(disabled, own_cache=True, highest_level=4)
+    every = Cache(max_entries=10, keep_from_level=0)
+    assert consulted(held, own_cache=True, level=0, highest_level=0)
+    assert not consulted(held, own_cache=False, level=0, highest_level=4)
+    assert consulted(held, own_cache=False, level=1, highest_level=4)
+    assert consulted(held, own_cache=False, level=3, highest_level=3)
+    assert consulted(every, own_cache=False, level=0, highest_level=4)
+    assert not consulted(held, own_cache=False, level=2, highest_level=2)
+    assert not consulted(disabled, own_cache=True, level=4, highest_level=4)
