@@ -16,6 +16,15 @@ sentences of bench/text.py (4 to 43 tokens), and the stand-in image classifier
   answered, and, N in flight, the rows its batches held and how busy its worker slots were
   (the batches' run time over the wall time of `inference.workers` slots; v2 statistics).
 
+For a flight, `flight loop` is the part of `flight` its main thread spent: the event loop,
+where gRPC's Python side, the request's decoding, the queue and the reply run, while the
+session calls run in worker threads; it says whether the service's rows cost more in the
+model run or around it. Each size is measured every way back to back, in `--rounds` rounds,
+and each figure is the median of its rounds: the machine's speed drifting between one way
+and another cannot pass for a difference between them. The fitted bucket costs of the two
+copies of MiniLM (docs/inference.md) are printed under the table: the one per-process choice
+that sets what a padded batch costs.
+
 CPU milliseconds per row, printed and written to `--out` as row_cost.md with the load
 average. CPU time is disturbed by other work less than wall time, but a loaded machine still
 inflates it: compare figures only within one run.
@@ -25,8 +34,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import math
 import os
+import statistics
 import tempfile
 import time
 from collections.abc import Awaitable, Callable, Iterator
@@ -43,8 +54,9 @@ from tokenizers import Tokenizer
 from bench.image_chain import MODEL as VISION
 from bench.image_chain import image_config
 from bench.openloop import ServiceProcess
-from bench.peers.cpu import cpu_seconds
+from bench.peers.cpu import cpu_seconds, thread_seconds
 from bench.text import SENTENCES
+from services.inference.buckets import Costs
 from services.inference.manifest import read_spec
 from services.inference.model import load_version, open_session
 from strata.config import load_settings
@@ -59,19 +71,28 @@ RESULTS = Path(__file__).resolve().parent / "results"
 TEXT = "minilm"
 SIZES = (1, 2, 4, 8, 16, 32, 64)
 ROWS = 96  # rows measured at each batch size and way
-COLUMNS = ("one call", "served", "flight", "N in flight")
+COLUMNS = ("one call", "served", "flight", "flight loop", "N in flight")
+SHARES = {"rows a batch": ".1f", "workers busy": ".2f"}  # N in flight
+ROUNDS = 3
+SERVICE_LOG = "inference.log"
 Calls = Callable[[v2_grpc.GRPCInferenceServiceStub], Awaitable[None]]
 
 
 @dataclass
 class Line:
-    """One model at one batch size: CPU ms per row each way, and rows per batch in flight."""
+    """One model at one batch size: CPU ms per row each way, and rows per batch in flight;
+    one figure a round each (`add`), the median read."""
 
     model: str
     size: int
-    ms: dict[str, float] = field(default_factory=dict)
-    rows_per_batch: float = math.nan
-    busy: float = math.nan  # the share of the worker slots running batches, N in flight
+    rounds: dict[str, list[float]] = field(default_factory=dict)
+
+    def add(self, figures: dict[str, float]) -> None:
+        for name, value in figures.items():
+            self.rounds.setdefault(name, []).append(value)
+
+    def get(self, name: str) -> float:
+        return statistics.median(self.rounds[name]) if name in self.rounds else math.nan
 
 
 @dataclass(frozen=True)
@@ -114,10 +135,16 @@ def sizes_of(work: Work, sizes: tuple[int, ...]) -> list[int]:
     return [n for n in sizes if n <= work.max_rows]
 
 
-def in_process(
-    settings: InferenceSettings, folder: Path, work: Work, sizes: list[int], rows: int
-) -> list[Line]:
-    """The model alone in this thread: one session call a batch, and the service's own run."""
+@dataclass(frozen=True)
+class InProcess:
+    """The model alone in this process, with the deployment's session options, two ways."""
+
+    ways: dict[str, Callable[[Arrays], object]]
+    costs: Costs | None  # the fitted bucket costs of its served copy
+
+
+def in_process(settings: InferenceSettings, folder: Path, work: Work) -> InProcess:
+    """One session call a batch, and the service's own run (buckets.py)."""
     spec = read_spec(folder / "model.yaml", settings)
     model = load_version(folder / "1", work.model, 1, spec, ThreadPoolExecutor(1), "bench")
     session = open_session(folder / "1" / "model.onnx", spec.session)
@@ -125,39 +152,67 @@ def in_process(
         "one call": lambda batch: session.run(None, batch),
         "served": lambda batch: model.run_requests([batch]),
     }
-    lines = []
-    for n in sizes:
-        line = Line(work.model, n)
-        batches = [work.batch(i * n, n) for i in range(max(2, rows // n))]
-        for way, run in ways.items():
-            run(batches[0])
-            start = time.thread_time()
-            for batch in batches:
-                run(batch)
-            line.ms[way] = (time.thread_time() - start) * 1e3 / (len(batches) * n)
-        lines.append(line)
-    return lines
+    return InProcess(ways, model.bucket_costs)
+
+
+def run_in_process(alone: InProcess, work: Work, line: Line, rows: int) -> None:
+    """One round of the line's batch size, each way: the calling thread's CPU per row."""
+    n = line.size
+    batches = [work.batch(i * n, n) for i in range(max(2, rows // n))]
+    for way, run in alone.ways.items():
+        run(batches[0])
+        start = time.thread_time()
+        for batch in batches:
+            run(batch)
+        line.add({way: (time.thread_time() - start) * 1e3 / (len(batches) * n)})
 
 
 async def through_service(
-    service: ServiceProcess, workers: int, work: Work, lines: list[Line], rows: int
+    service: ServiceProcess,
+    stub: v2_grpc.GRPCInferenceServiceStub,
+    workers: int,
+    work: Work,
+    line: Line,
+    rows: int,
 ) -> None:
-    """The service's CPU per row at each line's batch size, both ways."""
+    """One round of the service's CPU per row at the line's batch size, both ways."""
+    n = line.size
+    requests = [
+        codec.build_request(work.model, work.batch(i * n, n)) for i in range(max(2, rows // n))
+    ]
+    singles = [codec.build_request(work.model, work.batch(i, 1)) for i in range(rows)]
+    await stub.ModelInfer(requests[0])
+    flights = await _spent(service, stub, work.model, _one_by_one(requests))
+    loop = await _spent(service, stub, work.model, _kept_in_flight(singles, n))
+    line.add(
+        {
+            "flight": flights.ms,
+            "flight loop": flights.loop_ms,
+            "N in flight": loop.ms,
+            "rows a batch": loop.rows / loop.batches,
+            "workers busy": loop.compute / (loop.wall * workers),
+        }
+    )
+
+
+async def measure(
+    service: ServiceProcess,
+    settings: InferenceSettings,
+    alone: InProcess,
+    work: Work,
+    sizes: list[int],
+    rounds: int,
+    rows: int,
+) -> list[Line]:
+    """Every size every way, back to back, `rounds` times over."""
+    lines = [Line(work.model, n) for n in sizes]
     async with grpc.aio.insecure_channel(service.address) as channel:
         stub = v2_grpc.GRPCInferenceServiceStub(channel)
-        for line in lines:
-            n = line.size
-            requests = [
-                codec.build_request(work.model, work.batch(i * n, n))
-                for i in range(max(2, rows // n))
-            ]
-            singles = [codec.build_request(work.model, work.batch(i, 1)) for i in range(rows)]
-            await stub.ModelInfer(requests[0])
-            flights = await _spent(service, stub, work.model, _one_by_one(requests))
-            line.ms["flight"] = flights.ms
-            loop = await _spent(service, stub, work.model, _kept_in_flight(singles, n))
-            line.ms["N in flight"], line.rows_per_batch = loop.ms, loop.rows / loop.batches
-            line.busy = loop.compute / (loop.wall * workers)
+        for _ in range(rounds):
+            for line in lines:
+                run_in_process(alone, work, line, rows)
+                await through_service(service, stub, settings.workers, work, line, rows)
+    return lines
 
 
 @dataclass(frozen=True)
@@ -165,6 +220,7 @@ class Spent:
     """What the service did for some calls."""
 
     ms: float  # CPU milliseconds per row
+    loop_ms: float  # of which the main thread's: the event loop
     rows: int
     batches: int
     compute: float  # seconds its batches ran, summed
@@ -174,13 +230,21 @@ class Spent:
 async def _spent(
     service: ServiceProcess, stub: v2_grpc.GRPCInferenceServiceStub, model: str, calls: Calls
 ) -> Spent:
-    before, cpu, start = await _counts(stub, model), cpu_seconds(service.pid), time.monotonic()
+    before = await _counts(stub, model)
+    cpu, start = _cpu(service.pid), time.monotonic()
     await calls(stub)
-    wall, spent = time.monotonic() - start, cpu_seconds(service.pid)
+    wall, spent = time.monotonic() - start, _cpu(service.pid)
     after = await _counts(stub, model)
-    assert cpu is not None and spent is not None, "the inference service has exited"
     rows, batches, compute = (a - b for a, b in zip(after, before, strict=True))
-    return Spent((spent - cpu) * 1e3 / rows, int(rows), int(batches), compute, wall)
+    process, loop = ((b - a) * 1e3 / rows for a, b in zip(cpu, spent, strict=True))
+    return Spent(process, loop, int(rows), int(batches), compute, wall)
+
+
+def _cpu(pid: int) -> tuple[float, float]:
+    """The process's CPU seconds so far, and its main thread's."""
+    process, main = cpu_seconds(pid), thread_seconds(pid, pid)
+    assert process is not None and main is not None, "the inference service has exited"
+    return process, main
 
 
 def _one_by_one(requests: list[v2.ModelInferRequest]) -> Calls:
@@ -233,27 +297,38 @@ def deployment(
     raw.setdefault("inference", {})["models"] = sorted({*models, first["model"]["name"]})
     for endpoint in raw["services"]["inference"].values():
         endpoint.pop("metrics", None)
+    raw.setdefault("telemetry", {})["log_level"] = "INFO"  # the fitted bucket costs' line
     path = scratch / "row_cost.yaml"
     path.write_text(yaml.safe_dump(raw, allow_unicode=True))
-    with ServiceProcess(path, scratch / "inference.log") as service:
+    with ServiceProcess(path, scratch / SERVICE_LOG) as service:
         yield service, load_settings(path).inference
 
 
 def table(lines: list[Line]) -> str:
-    head = "| model | N | " + " | ".join(COLUMNS) + " | rows a batch | workers busy |"
-    rows = [head, "|---|---:|" + "---:|" * (len(COLUMNS) + 2)]
+    head = "| model | N | " + " | ".join((*COLUMNS, *SHARES)) + " |"
+    rows = [head, "|---|---:|" + "---:|" * (len(COLUMNS) + len(SHARES))]
     for line in lines:
-        cells = [f"{line.ms[c]:.2f}" if c in line.ms else "" for c in COLUMNS]
-        cells += [f"{line.rows_per_batch:.1f}", f"{line.busy:.2f}"]
+        cells = [f"{line.get(c):.2f}" for c in COLUMNS]
+        cells += [f"{line.get(c):{form}}" for c, form in SHARES.items()]
         rows.append(f"| {line.model} | {line.size} | " + " | ".join(cells) + " |")
     return "\n".join(rows)
 
 
+def service_costs(log: Path, model: str) -> str:
+    """The bucket costs the service logged for `model` at load (its JSON log lines)."""
+    start = f"model {model} version 1 runs in buckets: "
+    for line in log.read_text().splitlines():
+        message = json.loads(line).get("msg", "") if line.startswith("{") else ""
+        if message.startswith(start):
+            return message.removeprefix(start)
+    return "not logged (runs whole)"
+
+
 def main(argv: list[str] | None = None) -> None:
-    """Measure every batch size both ways for each model, and write the table."""
+    """Measure every batch size every way for each model, and write the table."""
     args = _parser().parse_args(argv)
     sizes = (1, 4) if args.quick else SIZES
-    rows = 8 if args.quick else args.rows
+    rows, rounds = (8, 1) if args.quick else (args.rows, args.rounds)
     load = os.getloadavg()
     with tempfile.TemporaryDirectory(prefix="strata-rowcost-") as folder:
         scratch = Path(folder)
@@ -264,16 +339,22 @@ def main(argv: list[str] | None = None) -> None:
         else:
             print(f"MiniLM is not built ({built}): run `make models-text`; images only")
         lines: list[Line] = []
+        notes = []
         with deployment(args.config, scratch, [w.model for w in works]) as (service, settings):
             for work in works:
                 folder_of = scratch / "repository" / repository.check_name(work.model)
-                found = in_process(settings, folder_of, work, sizes_of(work, sizes), rows)
-                asyncio.run(through_service(service, settings.workers, work, found, rows))
-                lines += found
+                alone = in_process(settings, folder_of, work)
+                lines += asyncio.run(
+                    measure(service, settings, alone, work, sizes_of(work, sizes), rounds, rows)
+                )
+                if alone.costs is not None:
+                    there = service_costs(scratch / SERVICE_LOG, work.model)
+                    notes.append(f"{work.model} buckets: in process {alone.costs}; service {there}")
     text = (
-        f"Inference's CPU ms per row (load average {load[0]:.1f} before, "
-        f"{os.getloadavg()[0]:.1f} after; rows a batch and workers busy: N in flight)"
-        f"\n\n{table(lines)}\n"
+        f"Inference's CPU ms per row, the median of {rounds} rounds (load average "
+        f"{load[0]:.1f} before, {os.getloadavg()[0]:.1f} after; flight loop: the service's "
+        f"event loop's share of flight; rows a batch and workers busy: N in flight)"
+        f"\n\n{table(lines)}\n\n" + "".join(f"{note}\n" for note in notes)
     )
     print(text)
     args.out.mkdir(parents=True, exist_ok=True)
@@ -284,6 +365,7 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", type=Path, default=Path("configs/text.yaml"))
     parser.add_argument("--rows", type=int, default=ROWS, help="rows at each size and way")
+    parser.add_argument("--rounds", type=int, default=ROUNDS, help="rounds, each way each size")
     parser.add_argument("--quick", action="store_true", help="batch 1 and 4, 8 rows: a smoke run")
     parser.add_argument("--out", type=Path, default=RESULTS)
     return parser

@@ -17,8 +17,18 @@ PROC = Path("/proc")
 
 def cpu_seconds(pid: int) -> float | None:
     """The process's user + system CPU seconds so far (None: it is gone)."""
+    return _seconds(PROC / str(pid) / "stat")
+
+
+def thread_seconds(pid: int, tid: int) -> float | None:
+    """One thread's user + system CPU seconds so far (None: it is gone); a process's main
+    thread has its process's id."""
+    return _seconds(PROC / str(pid) / "task" / str(tid) / "stat")
+
+
+def _seconds(path: Path) -> float | None:
     try:
-        stat = (PROC / str(pid) / "stat").read_text()
+        stat = path.read_text()
     except OSError:
         return None
     # The command name (field 2) may hold spaces and parentheses: split after its last ")".

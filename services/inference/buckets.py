@@ -47,6 +47,11 @@ class Costs:
     call: float = math.inf
     square: float = 0.0
 
+    def __str__(self) -> str:
+        if math.isinf(self.call):
+            return "never split (a call's cost is not measurable)"
+        return f"a call costs {self.call:.1f} cells, square {self.square:.5f}"
+
 
 @dataclass(frozen=True)
 class Buckets:

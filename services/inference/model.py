@@ -192,6 +192,14 @@ class ModelVersion:
         if self._pads is not None:
             costs = buckets.calibrate(self.signature, self._pads, self.run)
             self._buckets = buckets.Buckets(self._pads, costs)
+            # What a padded batch costs hangs on this fit, made once per process: logged, so
+            # two processes' plans can be compared.
+            log.info("model %s version %s runs in buckets: %s", self.name, self.version, costs)
+
+    @property
+    def bucket_costs(self) -> buckets.Costs | None:
+        """The fitted costs its batches are split by; None where they run whole."""
+        return None if self._buckets is None else self._buckets.costs
 
     async def retire(self) -> None:
         """Stop taking requests, finish the queued and running ones, release the session."""
