@@ -156,3 +156,42 @@ def test_a_slower_replica_gets_fewer_flights_than_a_faster_one(settings) -> None
     slower, faster = shares(asyncio.run(go()))
     print(f"slower {slower:.2f}, faster {faster:.2f}")
     assert faster > 0.6
+
+
+async def members_echo(request: v1.ProcessRequest) -> v1.ProcessResponse:
+    """Each member answered with its own rows, as a layer answers a flight."""
+    item = request.requests[0]
+    result = v1.Result(id=item.id, tensors=item.tensors)
+    for member in item.members:
+        result.members.add(id=member.id, rows=member.rows)
+    return v1.ProcessResponse(results=[result])
+
+
+def test_a_big_flight_is_cut_between_the_replicas_and_answered_whole(settings) -> None:
+    """A flight of 8 members, 4 rows of 64 KiB each (gateway.split_flight_bytes 256 KiB):
+    a part to each replica, the answer stacked back in member order."""
+    rows = 8
+    data = bytes(range(256)) * (rows * 256)
+    tensor = v1.Tensor(name="x", datatype="UINT8", shape=[rows, 65536], data=data)
+    item = v1.Request(id="big", pipeline="p", tensors=[tensor])
+    for number in range(rows):
+        item.members.add(id=f"m{number}", rows=1)
+    request = v1.ProcessRequest(requests=[item])
+
+    async def go() -> tuple[list[Layer], v1.ProcessResponse]:
+        base = free_port(2)
+        layers = [Layer(members_echo), Layer(members_echo)]
+        servers = [await start(layer, f"127.0.0.1:{base + i}") for i, layer in enumerate(layers)]
+        hop = hop_to(settings, f"127.0.0.1:{base}")
+        await connected(hop)
+        reply = await hop.call("Process", request, Deadline.after(10))
+        await hop.close()
+        for server in servers:
+            await server.stop(0)
+        return layers, reply
+
+    layers, reply = asyncio.run(go())
+    assert [layer.streamed for layer in layers] == [1, 1]
+    (result,) = reply.results
+    assert [m.id for m in result.members] == [f"m{n}" for n in range(rows)]
+    assert list(result.tensors) == [tensor]
