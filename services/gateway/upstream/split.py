@@ -30,13 +30,16 @@ def parts(request: v1.ProcessRequest, count: int, min_bytes: int) -> list[v1.Pro
     if count < 2 or len(request.requests) != 1:
         return []
     item = request.requests[0]
-    members = list(item.members)
-    size = sum(stack.tensor_size(t) for t in item.tensors)
-    count = min(count, len(members), size // max(min_bytes, 1))
+    rows = [member.rows for member in item.members]
+    tensors = [stack.raw(t) for t in item.tensors]
+    size = sum(len(t.data) for t in tensors)
+    count = min(count, len(rows), size // max(min_bytes, 1))
     if count < 2:
         return []
-    rows = [member.rows for member in members]
-    return [_part(item, rows, group) for group in _groups(rows, count)]
+    runs = _groups(rows, count)
+    pieces = [_piece(item, run) for run in runs]
+    stack.cut(tensors, rows, runs, [piece.requests[0] for piece in pieces])
+    return pieces
 
 
 def _groups(rows: Sequence[int], count: int) -> list[range]:
@@ -56,16 +59,14 @@ def _groups(rows: Sequence[int], count: int) -> list[range]:
     return cuts
 
 
-def _part(item: v1.Request, rows: Sequence[int], group: range) -> v1.ProcessRequest:
-    part = v1.Request(
-        id=item.id,
-        pipeline=item.pipeline,
-        tensors=stack.take(item.tensors, rows, group),
-        parameters=item.parameters,
-        trace_context=item.trace_context,
-        members=item.members[group.start : group.stop],
-    )
-    return v1.ProcessRequest(requests=[part])
+def _piece(item: v1.Request, run: range) -> v1.ProcessRequest:
+    """A part's call without its tensors (stack.cut adds them in place)."""
+    piece = v1.ProcessRequest()
+    part = piece.requests.add(id=item.id, pipeline=item.pipeline)
+    part.parameters.update(item.parameters)
+    part.trace_context.update(item.trace_context)
+    part.members.extend(item.members[run.start : run.stop])
+    return piece
 
 
 def merge(replies: Sequence[v1.ProcessResponse]) -> v1.ProcessResponse | None:
@@ -74,30 +75,26 @@ def merge(replies: Sequence[v1.ProcessResponse]) -> v1.ProcessResponse | None:
     results = [reply.results[0] for reply in replies if len(reply.results) == 1]
     if len(results) != len(replies):
         return None
-    merged = v1.Result(id=results[0].id)
+    answered = [r.tensors for r in results if any(m.rows > 0 for m in r.members)]
+    if not _stackable(answered):
+        return None
+    whole = v1.ProcessResponse()
+    merged = whole.results.add(id=results[0].id)
     for result in results:
         merged.members.extend(result.members)
         merged.info.update(result.info)
-    answered = [list(r.tensors) for r in results if any(m.rows > 0 for m in r.members)]
     if answered:
-        tensors = _stacked(answered)
-        if tensors is None:
-            return None
-        merged.tensors.extend(tensors)
-    return v1.ProcessResponse(results=[merged])
+        for i, tensor in enumerate(answered[0]):
+            merged.tensors.add(
+                name=tensor.name,
+                datatype=tensor.datatype,
+                shape=(sum(part[i].shape[0] for part in answered), *tensor.shape[1:]),
+                data=b"".join(part[i].data for part in answered),
+            )
+    return whole
 
 
-def _stacked(parts: Sequence[Sequence[v1.Tensor]]) -> list[v1.Tensor] | None:
-    first = parts[0]
-    shape = [(t.name, t.datatype, tuple(t.shape[1:])) for t in first]
-    if any([(t.name, t.datatype, tuple(t.shape[1:])) for t in part] != shape for part in parts):
-        return None
-    return [
-        v1.Tensor(
-            name=tensor.name,
-            datatype=tensor.datatype,
-            shape=(sum(part[i].shape[0] for part in parts), *tensor.shape[1:]),
-            data=b"".join(part[i].data for part in parts),
-        )
-        for i, tensor in enumerate(first)
-    ]
+def _stackable(parts: Sequence[Sequence[v1.Tensor]]) -> bool:
+    """Whether the parts' outputs share their names, datatypes and row shapes."""
+    shapes = [[(t.name, t.datatype, tuple(t.shape[1:])) for t in part] for part in parts]
+    return all(shape == shapes[0] for shape in shapes)
