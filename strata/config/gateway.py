@@ -419,6 +419,17 @@ class GatewaySettings(Strict):
         "`target` share them); a flight's call to the layer is one message on the least busy "
         "replica's least busy one, at about half a unary call's cost. 0: a unary call each.",
     )
+    split_flight_bytes: int = Field(
+        default=262144,
+        ge=1,
+        description="A flight's call to a layer whose replicas the gateway knows (local "
+        "replicas, each on its own address) is cut into a part for each replica that takes "
+        "messages, where each part carries at least this many bytes of tensors: the replicas "
+        "then work on one big flight at once (photos through preprocess) instead of one "
+        "replica on all of it while another idles. Parts are whole requests; a pipeline "
+        "whose outputs differ in shape by part (padded text) is sent whole from then on.",
+        json_schema_extra=LIVE,
+    )
     rate_limits: RateLimits = Field(
         default_factory=RateLimits, description="Token buckets.", json_schema_extra=LIVE
     )

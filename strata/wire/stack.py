@@ -80,8 +80,7 @@ def take(tensors: Sequence[v1.Tensor], rows: Sequence[int], keep: Sequence[int])
     total = starts[-1]
     kept = sum(rows[i] for i in keep)
     out = []
-    for tensor in tensors:
-        _check_stacked(tensor, total)
+    for tensor in map(raw, tensors):
         bounds = _row_bounds(tensor, total)
         data = b"".join(tensor.data[bounds[starts[i]] : bounds[starts[i + 1]]] for i in keep)
         shape = (kept, *tensor.shape[1:])
@@ -89,7 +88,33 @@ def take(tensors: Sequence[v1.Tensor], rows: Sequence[int], keep: Sequence[int])
     return out
 
 
-def _check_stacked(tensor: v1.Tensor, total: int) -> None:
+def cut(
+    tensors: Sequence[Raw], rows: Sequence[int], runs: Sequence[range], into: Sequence[v1.Request]
+) -> None:
+    """Stacked `tensors` cut into runs of consecutive members (`runs`: indices into `rows`),
+    each run's rows, one slice of each tensor's bytes, added to its request of `into`."""
+    starts = [0, *accumulate(rows)]
+    total = starts[-1]
+    for tensor in tensors:
+        bounds = _row_bounds(tensor, total)
+        for request, run in zip(into, runs, strict=True):
+            first, last = starts[run.start], starts[run.stop]
+            # Added in place: a message made apart is copied again when added.
+            request.tensors.add(
+                name=tensor.name,
+                datatype=tensor.datatype,
+                shape=(last - first, *tensor.shape[1:]),
+                data=tensor.data[bounds[first] : bounds[last]],
+            )
+
+
+def raw(tensor: v1.Tensor) -> Raw:
+    """A strata.v1 tensor with its bytes read out once: each read of a protobuf message's
+    bytes field copies them, and a stack of photos is megabytes."""
+    return Raw(tensor.name, tensor.datatype, tuple(tensor.shape), tensor.data)
+
+
+def _check_stacked(tensor: Raw, total: int) -> None:
     """ValueError unless `tensor` is a well-formed stack over `total` rows: what is cut here
     was decoded (and checked) once already or is a layer's answer, so a malformed stack is a
     bug, not the client's mistake."""
@@ -103,8 +128,9 @@ def _check_stacked(tensor: v1.Tensor, total: int) -> None:
         )
 
 
-def _row_bounds(tensor: v1.Tensor, total: int) -> list[int]:
-    """Byte offset of the start of each row, and of the end."""
+def _row_bounds(tensor: Raw, total: int) -> list[int]:
+    """Byte offset of the start of each row, and of the end, of a checked stack."""
+    _check_stacked(tensor, total)
     if total == 0:
         return [0]
     per_row = 1

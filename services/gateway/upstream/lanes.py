@@ -321,6 +321,11 @@ class Spread(Generic[Request, Answer, Reply]):
         """Whether any replica serves the stream method."""
         return any(replica.usable for replica in self.replicas)
 
+    @property
+    def taking(self) -> int:
+        """How many replicas take messages now."""
+        return sum(replica.open() for replica in self.replicas)
+
     async def call(
         self,
         request: Request,

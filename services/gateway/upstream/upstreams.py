@@ -15,14 +15,16 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import Generic, TypeVar
+from typing import Generic, TypeVar, cast
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from services.gateway.metrics import BREAKER_OPEN, UPSTREAM_CALLS
+from services.gateway.upstream import split
 from services.gateway.upstream.breaker import Breakers, CircuitBreaker
 from services.gateway.upstream.hoptime import HopTimer, Load, Timing
 from services.gateway.upstream.lanes import (
@@ -50,6 +52,8 @@ from strata.rpc.grpc_channels import open_channel
 from strata.telemetry.tracing import annotate, outgoing, recording
 from strata.wire.deadline import Deadline
 from strata.wire.triton_sequences import Flags
+
+log = logging.getLogger(__name__)
 
 INFERENCE_SERVICE = "inference.GRPCInferenceService"
 
@@ -114,14 +118,62 @@ class Hop(Generic[Stub, Request, Answer, Reply]):
         self.breaker = Breakers(name, gateway.breaker)
         self.timer = HopTimer(gateway.hop_timeouts, gateway.upstream_timeout_seconds)
         self.replicated = replicated
+        self._split_bytes = gateway.split_flight_bytes
+        self._whole: set[str] = set()  # pipelines whose outputs cannot be stacked again
         self._reached = False  # whether the channel has connected since the gateway started
 
     def configure(self, gateway: GatewaySettings) -> None:
         """New breaker thresholds and hop timeouts, live."""
         self.breaker.settings = gateway.breaker
+        self._split_bytes = gateway.split_flight_bytes
         self.timer.configure(gateway.hop_timeouts, gateway.upstream_timeout_seconds)
 
     async def call(
+        self,
+        method: str,
+        request: Request,
+        deadline: Deadline,
+        metadata: Metadata = (),
+        spare: bool | None = None,
+    ) -> Reply:
+        """Call `method` by the caller's `deadline` (`_call_whole`), a big flight cut into a
+        part for each replica that takes messages (upstream/split.py)."""
+        pieces = self._pieces(method, request)
+        if not pieces:
+            return await self._call_whole(method, request, deadline, metadata, spare)
+        calls = [
+            asyncio.ensure_future(self._call_whole(method, piece, deadline, metadata, spare))
+            for piece in pieces
+        ]
+        try:
+            replies = await asyncio.gather(*calls)
+        except BaseException:
+            for call in calls:  # a part failed (or the caller gave up): the others are moot
+                if call.done() and not call.cancelled():
+                    call.exception()  # seen: only the first part's error is raised
+                call.cancel()
+            raise
+        merged = split.merge(cast(list[v1.ProcessResponse], replies))
+        if merged is not None:
+            return cast(Reply, merged)
+        pipeline = cast(v1.ProcessRequest, request).requests[0].pipeline
+        log.warning(
+            "%s: pipeline %r's outputs differ by part; its flights go whole", self.name, pipeline
+        )
+        self._whole.add(pipeline)
+        return await self._call_whole(method, request, deadline, metadata, spare)
+
+    def _pieces(self, method: str, request: Request) -> list[Request]:
+        """A strata.v1 flight's parts, one a replica, where it is worth cutting."""
+        lanes = self.lanes.get(method)
+        if lanes is None or not self._replicas or not isinstance(request, v1.ProcessRequest):
+            return []
+        if any(item.pipeline in self._whole for item in request.requests):
+            return []
+        # A strata.v1 hop's Request is a ProcessRequest (checked above).
+        return cast(list[Request], split.parts(request, lanes.taking, self._split_bytes))
+
+    async def _call_whole(
         self,
         method: str,
         request: Request,

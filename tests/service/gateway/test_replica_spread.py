@@ -158,3 +158,72 @@ def test_a_slower_replica_gets_fewer_flights_than_a_faster_one(settings) -> None
     slower, faster = shares(asyncio.run(go()))
     print(f"slower {slower:.2f}, faster {faster:.2f}")
     assert faster > 0.6
+
+
+async def members_echo(request: v1.ProcessRequest) -> v1.ProcessResponse:
+    """Each member answered with its own rows, as a layer answers a flight."""
+    item = request.requests[0]
+    result = v1.Result(id=item.id, tensors=item.tensors)
+    for member in item.members:
+        result.members.add(id=member.id, rows=member.rows)
+    return v1.ProcessResponse(results=[result])
+
+
+def big_flight(rows: int = 8) -> v1.ProcessRequest:
+    """A flight of `rows` members, a row of 64 KiB each: 4 rows pass
+    gateway.split_flight_bytes (256 KiB)."""
+    data = bytes(range(256)) * (rows * 256)
+    tensor = v1.Tensor(name="x", datatype="UINT8", shape=[rows, 65536], data=data)
+    item = v1.Request(id="big", pipeline="p", tensors=[tensor])
+    for number in range(rows):
+        item.members.add(id=f"m{number}", rows=1)
+    return v1.ProcessRequest(requests=[item])
+
+
+async def padded(request: v1.ProcessRequest) -> v1.ProcessResponse:
+    """Rows whose width depends on the call (its first member's number, plus one), as a
+    tokenizer pads each call to its own longest row: parts' outputs then differ in shape."""
+    item = request.requests[0]
+    rows, width = len(item.members), int(item.members[0].id[1:]) + 1
+    result = v1.Result(id=item.id)
+    result.tensors.add(name="y", datatype="UINT8", shape=[rows, width], data=bytes(rows * width))
+    for member in item.members:
+        result.members.add(id=member.id, rows=member.rows)
+    return v1.ProcessResponse(results=[result])
+
+
+def calls(settings, handler, requests: list[v1.ProcessRequest]):
+    """Each of `requests` in turn over a hop to two replicas serving `handler`: the replicas
+    (their counts) and the replies."""
+
+    async def go() -> tuple[list[Layer], list[v1.ProcessResponse]]:
+        base = free_port(2)
+        layers = [Layer(handler), Layer(handler)]
+        servers = [await start(layer, f"127.0.0.1:{base + i}") for i, layer in enumerate(layers)]
+        hop = hop_to(settings, f"127.0.0.1:{base}")
+        await connected(hop)
+        replies = [await hop.call("Process", r, Deadline.after(10)) for r in requests]
+        await hop.close()
+        for server in servers:
+            await server.stop(0)
+        return layers, replies
+
+    return asyncio.run(go())
+
+
+def test_a_big_flight_is_cut_between_the_replicas_and_answered_whole(settings) -> None:
+    request = big_flight()
+    layers, (reply,) = calls(settings, members_echo, [request])
+    assert [layer.streamed for layer in layers] == [1, 1]  # a part each
+    (result,) = reply.results
+    assert [m.id for m in result.members] == [f"m{n}" for n in range(8)]
+    assert list(result.tensors) == list(request.requests[0].tensors)
+
+
+def test_a_pipeline_whose_parts_answer_in_other_shapes_goes_whole(settings) -> None:
+    """The parts' answers cannot be stacked: the flight goes again whole, and the next
+    flight of its pipeline goes whole at once."""
+    layers, replies = calls(settings, padded, [big_flight(), big_flight()])
+    assert sum(layer.streamed for layer in layers) == 2 + 1 + 1  # two parts, then whole twice
+    for reply in replies:
+        assert list(reply.results[0].tensors[0].shape) == [8, 1]  # as the whole call answers

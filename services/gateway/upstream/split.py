@@ -1,0 +1,100 @@
+"""A big flight's call cut into one part per replica, and the parts' answers made one again.
+
+A flight's strata.v1 call goes whole to one replica (upstream/lanes.py's Spread). Where a
+layer has several replicas and the flight carries heavy rows (photos), that replica works
+through all of them while the others idle: with two preprocess replicas and the gateway's two
+flights in the air, a flight of 15 photos on one replica and a flight of one on the other is
+the common case under a closed loop. So a flight of at least `min_bytes` of tensors a part is
+cut, by its members, into as many parts as replicas take messages, each with about the same
+rows; the parts go out at once (Spread gives each to the replica owing the fewest rows), and
+their results are stacked back in member order, as the whole call's would have been.
+
+A layer's outputs can only be stacked again where every part's have one row shape (a
+tokenizer pads each call to its own longest row): where they differ, the flight is sent again
+whole and its pipeline is not cut again.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from itertools import accumulate
+
+from strata.proto.v1 import tensor_pb2 as v1
+from strata.wire import stack
+
+
+def parts(request: v1.ProcessRequest, count: int, min_bytes: int) -> list[v1.ProcessRequest]:
+    """`request` cut into at most `count` parts of whole members, of about equal rows and at
+    least `min_bytes` each; [] where it is not worth cutting (one request, not a flight of
+    several members, or too few bytes)."""
+    if count < 2 or len(request.requests) != 1:
+        return []
+    item = request.requests[0]
+    rows = [member.rows for member in item.members]
+    tensors = [stack.raw(t) for t in item.tensors]
+    size = sum(len(t.data) for t in tensors)
+    count = min(count, len(rows), size // max(min_bytes, 1))
+    if count < 2:
+        return []
+    runs = _groups(rows, count)
+    pieces = [_piece(item, run) for run in runs]
+    stack.cut(tensors, rows, runs, [piece.requests[0] for piece in pieces])
+    return pieces
+
+
+def _groups(rows: Sequence[int], count: int) -> list[range]:
+    """`count` runs of consecutive members, none empty, cut where the rows so far are
+    nearest each part's even share."""
+    ends = list(accumulate(rows))
+    total = ends[-1]
+    cuts, start = [], 0
+    for part in range(1, count):
+        share = total * part / count
+        # The first member whose running rows reach the share, leaving one for each part after.
+        stop = next(i + 1 for i in range(start, len(rows)) if ends[i] >= share)
+        stop = max(start + 1, min(stop, len(rows) - (count - part)))
+        cuts.append(range(start, stop))
+        start = stop
+    cuts.append(range(start, len(rows)))
+    return cuts
+
+
+def _piece(item: v1.Request, run: range) -> v1.ProcessRequest:
+    """A part's call without its tensors (stack.cut adds them in place)."""
+    piece = v1.ProcessRequest()
+    part = piece.requests.add(id=item.id, pipeline=item.pipeline)
+    part.parameters.update(item.parameters)
+    part.trace_context.update(item.trace_context)
+    part.members.extend(item.members[run.start : run.stop])
+    return piece
+
+
+def merge(replies: Sequence[v1.ProcessResponse]) -> v1.ProcessResponse | None:
+    """The parts' replies (in order) as the whole call's; None where their outputs cannot
+    be stacked (row shapes or names differ)."""
+    results = [reply.results[0] for reply in replies if len(reply.results) == 1]
+    if len(results) != len(replies):
+        return None
+    answered = [r.tensors for r in results if any(m.rows > 0 for m in r.members)]
+    if not _stackable(answered):
+        return None
+    whole = v1.ProcessResponse()
+    merged = whole.results.add(id=results[0].id)
+    for result in results:
+        merged.members.extend(result.members)
+        merged.info.update(result.info)
+    if answered:
+        for i, tensor in enumerate(answered[0]):
+            merged.tensors.add(
+                name=tensor.name,
+                datatype=tensor.datatype,
+                shape=(sum(part[i].shape[0] for part in answered), *tensor.shape[1:]),
+                data=b"".join(part[i].data for part in answered),
+            )
+    return whole
+
+
+def _stackable(parts: Sequence[Sequence[v1.Tensor]]) -> bool:
+    """Whether the parts' outputs share their names, datatypes and row shapes."""
+    shapes = [[(t.name, t.datatype, tuple(t.shape[1:])) for t in part] for part in parts]
+    return all(shape == shapes[0] for shape in shapes)
