@@ -263,6 +263,16 @@ class Concurrency(Strict):
         "1.0, none. One whose caller set no deadline waits in turn until a place frees or "
         "`gateway.default_timeout_seconds` runs out (docs/gateway.md, Admission).",
     )
+    backlog_share: float = Field(
+        default=1.0,
+        ge=0,
+        le=1,
+        description="A call whose caller set a deadline is refused on arrival (RESOURCE_EXHAUSTED, "
+        "reason `backlog`), before its inputs are read, while calls wait before the door (in "
+        "gRPC's queue, measured by the gateway's own probe) so long that with the chain's recent "
+        "median added they exceed this share of the pipeline's latency objective: a full answer "
+        "would be late. 0 never refuses for it (docs/gateway.md, Past capacity).",
+    )
     max_waiting: int = Field(
         default=1024,
         ge=0,

@@ -279,13 +279,21 @@ class AdaptiveLimits:
         return Ticket(pipeline, client, time.monotonic())
 
     async def admit(
-        self, pipeline: str, client: str, shedding: Ladder | None, budget: float, deadline: bool
+        self,
+        pipeline: str,
+        client: str,
+        shedding: Ladder | None,
+        budget: float,
+        waited: float | None,
     ) -> Ticket:
         """A place for one request of `client`, waiting for one when only the limit is in
-        the way: up to `budget` seconds, and where its caller set a `deadline`, up to
-        `wait_share` of the objective too."""
+        the way: up to `budget` seconds, and where its caller set a deadline (`waited` is
+        then how long calls now wait before the door), up to `wait_share` of the objective
+        less that wait, so that the two waits together stay within it."""
         limit = self.limits[pipeline]
-        patience = min(budget, self.settings.wait_share * limit.objective) if deadline else budget
+        patience = budget
+        if waited is not None:
+            patience = min(budget, self.settings.wait_share * limit.objective - waited)
         busy = shedding is None and limit.refusal(client) == "concurrency"
         if not busy or patience <= 0:
             return self.enter(pipeline, client, shedding)
@@ -293,19 +301,23 @@ class AdaptiveLimits:
             self._refuse(pipeline, client, "queue", None)
         if limit.waiters.get(client, 0) + 1 > limit.queue_share(client, self.settings.max_waiting):
             self._refuse(pipeline, client, "queue_share", None)
-        if not await limit.wait(client, patience, deadline):
+        if not await limit.wait(client, patience, waited is not None):
             self._refuse(pipeline, client, "waited", None)
         return Ticket(pipeline, client, time.monotonic())
 
     def _refuse(self, pipeline: str, client: str, reason: str, shedding: Ladder | None) -> None:
         limit = self.limits[pipeline]
-        message = _refused(pipeline, client, reason, limit)
-        SHED.labels(reason).inc()
-        self.refusals.record(reason, client, message)
-        self._refused(pipeline, reason)
         retry = max(MIN_RETRY_SECONDS, limit.recent)
         if shedding:
             retry = max(retry, shedding.shed_retry_ms / 1000)
+        self.refuse(pipeline, client, reason, _refused(pipeline, client, reason, limit), retry)
+
+    def refuse(self, pipeline: str, client: str, reason: str, message: str, retry: float) -> None:
+        """Refuse `client`'s request for `reason` (RESOURCE_EXHAUSTED, retry in `retry` s),
+        counted, logged and told to the ladder."""
+        SHED.labels(reason).inc()
+        self.refusals.record(reason, client, message)
+        self._refused(pipeline, reason)
         raise Overloaded(message, retry)
 
     def leave(self, ticket: Ticket, counts: bool) -> None:
@@ -323,9 +335,12 @@ class ChainLimit:
 
     checkpoint = Checkpoint.BOARDING
 
-    def __init__(self, limits: AdaptiveLimits, ladder: LadderController) -> None:
+    def __init__(
+        self, limits: AdaptiveLimits, ladder: LadderController, before_door: Callable[[], float]
+    ) -> None:
         self.limits = limits
         self._ladder = ladder
+        self._before_door = before_door  # how long calls now wait before the door, seconds
 
     def configure(self, settings: Settings) -> None:
         self.limits.configure(settings.gateway.concurrency, objectives(settings))
@@ -334,7 +349,8 @@ class ChainLimit:
         shedding = self._ladder.settings if entry.level >= 4 else None
         budget = entry.deadline.left()
         deadline = entry.caller is not None and entry.caller.time_remaining is not None
-        return await self.limits.admit(entry.pipeline, entry.client, shedding, budget, deadline)
+        waited = self._before_door() if deadline else None
+        return await self.limits.admit(entry.pipeline, entry.client, shedding, budget, waited)
 
     def leave(self, ticket: Ticket, telling: bool) -> None:
         self.limits.leave(ticket, telling)

@@ -56,8 +56,8 @@ MIN_SAMPLES = 5
 # Signals for which giving up full answers (level 3 and beyond) can help.
 FULL_ANSWERS_FAIL = ("latency:", "door_wait:", "errors")
 # The door's refusals that say a pipeline's capacity is spent, not that a client is past its
-# own share of it (services/gateway/door/concurrency.py's reasons).
-CAPACITY_REFUSALS = frozenset({"concurrency", "queue", "waited", "level"})
+# own share of it (services/gateway/door/concurrency.py's reasons, and backlog.py's).
+CAPACITY_REFUSALS = frozenset({"concurrency", "queue", "waited", "level", "backlog"})
 # Per-pipeline signals that a client's own concurrency raises at capacity: they count only
 # while their pipeline is past it (the event loop's lag, while any is).
 CONGESTION = ("queue_delay", "latency")
