@@ -7,7 +7,8 @@ threshold. Three kinds:
 
 - Past capacity, per pipeline: overload, the share of the window's calls that the door
   refused because the pipeline's capacity was spent (its limit full, its queue full, no
-  place freed in time, or shedding; not a client past its own share) against
+  place freed in time, shedding, or a call made late before the door; not a client past its
+  own share) against
   `overload_share`; and the wait before the door, for each pipeline with calls: how long the
   gateway's own probe, a health check through the public server's door, took to be answered
   (calls pile up unseen in gRPC's own queue before any handler runs, where the door cannot
