@@ -264,14 +264,15 @@ class Concurrency(Strict):
         "`gateway.default_timeout_seconds` runs out (docs/gateway.md, Admission).",
     )
     backlog_share: float = Field(
-        default=1.0,
+        default=0.5,
         ge=0,
         le=1,
-        description="A call whose caller set a deadline is refused on arrival (RESOURCE_EXHAUSTED, "
-        "reason `backlog`), before its inputs are read, while calls wait before the door (in "
-        "gRPC's queue, measured by the gateway's own probe) so long that with the chain's recent "
-        "median added they exceed this share of the pipeline's latency objective: a full answer "
-        "would be late. 0 never refuses for it (docs/gateway.md, Past capacity).",
+        description="While calls wait before the door (in gRPC's queue, measured by the "
+        "gateway's own probe) longer than this share of a pipeline's latency objective, a call "
+        "whose caller set a deadline is refused on arrival (RESOURCE_EXHAUSTED, reason "
+        "`backlog`), before its inputs are read: the queue is held near it, and what is "
+        "admitted has the rest of the objective. 0 never refuses for it (docs/gateway.md, "
+        "Admission).",
     )
     max_waiting: int = Field(
         default=1024,

@@ -17,6 +17,12 @@ from strata.wire.deadline import Deadline
 from tests.support.clock import Clock
 
 
+def answered(backlog: Backlog, *waits: float) -> None:
+    for seconds in waits:
+        backlog.sent()
+        backlog.answered(seconds)
+
+
 def test_the_wait_is_the_last_probes_less_the_loops_lag() -> None:
     lag = [0.0]
     backlog = Backlog(lambda: lag[0], clock=Clock(0.0))
@@ -25,16 +31,24 @@ def test_the_wait_is_the_last_probes_less_the_loops_lag() -> None:
     lag[0] = 0.2  # a stall of the whole machine delays the probe without any call queued
     backlog.sent()
     assert backlog.answered(0.25) == pytest.approx(0.05)
-    assert backlog.wait() == pytest.approx(0.05)
     backlog.sent()
     assert backlog.answered(0.1) == 0.0, "never below nothing"
+
+
+def test_a_queue_stands_when_two_probes_in_a_row_wait_one_late_probe_moves_nothing() -> None:
+    backlog = Backlog(lambda: 0.0, clock=Clock(0.0))
+    answered(backlog, 0.01, 0.4)
+    assert backlog.wait() == pytest.approx(0.01)
+    answered(backlog, 0.3)
+    assert backlog.wait() == pytest.approx(0.3)
+    answered(backlog, 0.002)
+    assert backlog.wait() == pytest.approx(0.002), "drained: the door stops refusing at once"
 
 
 def test_a_probe_still_in_flight_reads_at_least_as_long_as_it_has_waited() -> None:
     clock = Clock(0.0)
     backlog = Backlog(lambda: 0.0, clock=clock)
-    backlog.sent()
-    backlog.answered(0.01)
+    answered(backlog, 0.01, 0.01)
     backlog.sent()
     clock.now += 0.4  # a queue building up shows before the probe comes back
     assert backlog.wait() == pytest.approx(0.4)
@@ -47,15 +61,12 @@ def entry(deadline: float | None, pipeline: str = "digits") -> Entry:
     return Entry(caller, pipeline, "id:c", "", Deadline.after(deadline or 30.0))
 
 
-def policy(share: float, waited: float, chain: float = 0.0) -> tuple[BacklogLimit, list[str]]:
-    """The policy for `digits` (objective 1 s, a recent median of `chain` s in the chain) with
-    calls waiting `waited` s before the door; the pipelines whose arrivals it told the ladder
-    of."""
+def policy(share: float, waited: float) -> tuple[BacklogLimit, list[str]]:
+    """The policy for `digits` (objective 1 s) with calls waiting `waited` s before the door;
+    the pipelines whose arrivals it told the ladder of."""
     backlog = Backlog(lambda: 0.0, clock=Clock(0.0))
-    backlog.sent()
-    backlog.answered(waited)
+    answered(backlog, waited, waited)
     limits = AdaptiveLimits(Concurrency(backlog_share=share), {"digits": 1.0})
-    limits.limits["digits"].recent = chain
     arrived: list[str] = []
     return BacklogLimit(backlog, limits, arrived.append), arrived
 
@@ -64,10 +75,10 @@ def refusals(reason: str) -> float:
     return REGISTRY.get_sample_value("strata_gateway_shed_total", {"reason": reason}) or 0.0
 
 
-def test_a_call_with_a_deadline_is_refused_on_arrival_once_it_would_be_late() -> None:
-    door, arrived = policy(share=0.5, waited=0.4, chain=0.2)
+def test_a_call_with_a_deadline_is_refused_on_arrival_while_calls_wait_too_long() -> None:
+    door, arrived = policy(share=0.25, waited=0.4)
     before = refusals("backlog")
-    message = "waiting 400 ms before the gateway's door and take 200 ms in it, more than 500 ms"
+    message = "waiting 400 ms before the gateway's door, more than 250 ms of its 1000 ms"
     with pytest.raises(Overloaded, match=message) as refused:
         asyncio.run(door.admit(entry(deadline=1.0)))
     assert refused.value.code.name == "RESOURCE_EXHAUSTED"
@@ -76,17 +87,13 @@ def test_a_call_with_a_deadline_is_refused_on_arrival_once_it_would_be_late() ->
     assert arrived == ["digits"], "the ladder counts the call it did not see arrive"
 
 
-def test_the_backlog_refuses_nothing_in_time_without_a_deadline_or_turned_off() -> None:
-    within, _ = policy(share=0.5, waited=0.4, chain=0.05)
+def test_the_backlog_refuses_nothing_within_its_share_without_a_deadline_or_turned_off() -> None:
+    within, _ = policy(share=0.5, waited=0.4)
     assert asyncio.run(within.admit(entry(deadline=1.0))) is None
     long_wait, arrived = policy(share=0.25, waited=0.4)
     # A caller without a deadline sends again at once: a refusal would buy nothing.
     assert asyncio.run(long_wait.admit(entry(deadline=None))) is None
     assert asyncio.run(long_wait.admit(entry(deadline=1.0, pipeline="unknown"))) is None
-    # A median past the objective, renewed only by answers, refuses nothing while no call
-    # waits before the door: it counts half the objective at most.
-    stale, _ = policy(share=1.0, waited=0.01, chain=5.0)
-    assert asyncio.run(stale.admit(entry(deadline=1.0))) is None
     off, _ = policy(share=0.0, waited=5.0)
     assert asyncio.run(off.admit(entry(deadline=1.0))) is None
     assert arrived == []
