@@ -11,8 +11,9 @@ what that drift can reach: a recent median above `objective_share` of the object
 the limit whatever the baseline says.
 
 A request beyond the limit waits for a place; how long depends on whether its caller set a
-deadline. One that did waits up to `wait_share` of the pipeline's objective (never past its
-deadline): an open loop past capacity is refused within the objective. Among those, places
+deadline. One that did waits up to `wait_share` of the pipeline's objective, less what calls
+now wait before the door (backlog.py), and never past its deadline: an open loop past
+capacity is refused within the objective. Among those, places
 go oldest first while the queue moves; once its oldest has waited half its patience, newest
 first (adaptive LIFO, as Facebook's servers do under overload): the places then go to
 requests that can still make their deadline while the oldest wait out their patience,
