@@ -15,6 +15,7 @@ from services.gateway.api.rest.server import RestServer
 from services.gateway.api.server_settings import ServerSettings
 from services.gateway.api.servicer import GatewayServicer
 from services.gateway.door.admission import Admission
+from services.gateway.door.backlog import Backlog, BacklogLimit
 from services.gateway.door.concurrency import AdaptiveLimits, ChainLimit, objectives
 from services.gateway.door.forced_arm import ForcedArm
 from services.gateway.door.identity import Identity
@@ -168,7 +169,8 @@ def compose(settings: Settings) -> Runtime:
     concurrency = AdaptiveLimits(gateway.concurrency, objectives(settings), ladder.signals.refused)
     available_for = _available_for(upstreams)
     routers = _routers(settings, available_for)
-    admission = _admission(settings, routers, concurrency, ladder)
+    backlog = Backlog(lambda: ladder.signals.loop_lag)
+    admission = _admission(settings, routers, concurrency, ladder, backlog)
     cache, shadow, arms = ResultCache(gateway.cache), ShadowRunner(upstreams), ArmBook()
     later = stage_routers(settings, available_for)
     usable = _available(upstreams)
@@ -191,7 +193,7 @@ def compose(settings: Settings) -> Runtime:
         settings=settings,
         upstreams=upstreams,
         ladder=ladder,
-        door_probe=DoorProbe(ladder.signals, lambda: ladder.settings.tick_seconds),
+        door_probe=DoorProbe(ladder.signals, backlog, lambda: ladder.settings.tick_seconds),
         cache=cache,
         limits=concurrency,
         routers=routers,
@@ -239,14 +241,16 @@ def _admission(
     routers: dict[str, Router],
     concurrency: AdaptiveLimits,
     ladder: LadderController,
+    backlog: Backlog,
 ) -> Admission:
     """The door: the caller named, then the admission policies asked in this order at their
-    checkpoints (door/policy.py)."""
+    checkpoints (door/policy.py); the backlog's first, the cheapest refusal past capacity."""
     gateway = settings.gateway
     policies: list[Policy] = [
+        BacklogLimit(backlog, concurrency, ladder.signals.arrived),
         RateLimit(settings, concurrency.refusals),
         ForcedArm(routers, KeyRing(gateway.api_keys), gateway.rate_limits.api_key_header),
-        ChainLimit(concurrency, ladder),
+        ChainLimit(concurrency, ladder, backlog.wait),
     ]
     return Admission(Identity(settings), policies)
 

@@ -11,8 +11,9 @@ what that drift can reach: a recent median above `objective_share` of the object
 the limit whatever the baseline says.
 
 A request beyond the limit waits for a place; how long depends on whether its caller set a
-deadline. One that did waits up to `wait_share` of the pipeline's objective (never past its
-deadline): an open loop past capacity is refused within the objective. Among those, places
+deadline. One that did waits up to `wait_share` of the pipeline's objective, less what calls
+now wait before the door (backlog.py), and never past its deadline: an open loop past
+capacity is refused within the objective. Among those, places
 go oldest first while the queue moves; once its oldest has waited half its patience, newest
 first (adaptive LIFO, as Facebook's servers do under overload): the places then go to
 requests that can still make their deadline while the oldest wait out their patience,
@@ -279,13 +280,21 @@ class AdaptiveLimits:
         return Ticket(pipeline, client, time.monotonic())
 
     async def admit(
-        self, pipeline: str, client: str, shedding: Ladder | None, budget: float, deadline: bool
+        self,
+        pipeline: str,
+        client: str,
+        shedding: Ladder | None,
+        budget: float,
+        waited: float | None,
     ) -> Ticket:
         """A place for one request of `client`, waiting for one when only the limit is in
-        the way: up to `budget` seconds, and where its caller set a `deadline`, up to
-        `wait_share` of the objective too."""
+        the way: up to `budget` seconds, and where its caller set a deadline (`waited` is
+        then how long calls now wait before the door), up to `wait_share` of the objective
+        less that wait, so that the two waits together stay within it."""
         limit = self.limits[pipeline]
-        patience = min(budget, self.settings.wait_share * limit.objective) if deadline else budget
+        patience = budget
+        if waited is not None:
+            patience = min(budget, self.settings.wait_share * limit.objective - waited)
         busy = shedding is None and limit.refusal(client) == "concurrency"
         if not busy or patience <= 0:
             return self.enter(pipeline, client, shedding)
@@ -293,19 +302,23 @@ class AdaptiveLimits:
             self._refuse(pipeline, client, "queue", None)
         if limit.waiters.get(client, 0) + 1 > limit.queue_share(client, self.settings.max_waiting):
             self._refuse(pipeline, client, "queue_share", None)
-        if not await limit.wait(client, patience, deadline):
+        if not await limit.wait(client, patience, waited is not None):
             self._refuse(pipeline, client, "waited", None)
         return Ticket(pipeline, client, time.monotonic())
 
     def _refuse(self, pipeline: str, client: str, reason: str, shedding: Ladder | None) -> None:
         limit = self.limits[pipeline]
-        message = _refused(pipeline, client, reason, limit)
-        SHED.labels(reason).inc()
-        self.refusals.record(reason, client, message)
-        self._refused(pipeline, reason)
         retry = max(MIN_RETRY_SECONDS, limit.recent)
         if shedding:
             retry = max(retry, shedding.shed_retry_ms / 1000)
+        self.refuse(pipeline, client, reason, _refused(pipeline, client, reason, limit), retry)
+
+    def refuse(self, pipeline: str, client: str, reason: str, message: str, retry: float) -> None:
+        """Refuse `client`'s request for `reason` (RESOURCE_EXHAUSTED, retry in `retry` s),
+        counted, logged and told to the ladder."""
+        SHED.labels(reason).inc()
+        self.refusals.record(reason, client, message)
+        self._refused(pipeline, reason)
         raise Overloaded(message, retry)
 
     def leave(self, ticket: Ticket, counts: bool) -> None:
@@ -323,9 +336,12 @@ class ChainLimit:
 
     checkpoint = Checkpoint.BOARDING
 
-    def __init__(self, limits: AdaptiveLimits, ladder: LadderController) -> None:
+    def __init__(
+        self, limits: AdaptiveLimits, ladder: LadderController, before_door: Callable[[], float]
+    ) -> None:
         self.limits = limits
         self._ladder = ladder
+        self._before_door = before_door  # how long calls now wait before the door, seconds
 
     def configure(self, settings: Settings) -> None:
         self.limits.configure(settings.gateway.concurrency, objectives(settings))
@@ -334,7 +350,8 @@ class ChainLimit:
         shedding = self._ladder.settings if entry.level >= 4 else None
         budget = entry.deadline.left()
         deadline = entry.caller is not None and entry.caller.time_remaining is not None
-        return await self.limits.admit(entry.pipeline, entry.client, shedding, budget, deadline)
+        waited = self._before_door() if deadline else None
+        return await self.limits.admit(entry.pipeline, entry.client, shedding, budget, waited)
 
     def leave(self, ticket: Ticket, telling: bool) -> None:
         self.limits.leave(ticket, telling)

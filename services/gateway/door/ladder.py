@@ -7,7 +7,8 @@ threshold. Three kinds:
 
 - Past capacity, per pipeline: overload, the share of the window's calls that the door
   refused because the pipeline's capacity was spent (its limit full, its queue full, no
-  place freed in time, or shedding; not a client past its own share) against
+  place freed in time, shedding, or a call made late before the door; not a client past its
+  own share) against
   `overload_share`; and the wait before the door, for each pipeline with calls: how long the
   gateway's own probe, a health check through the public server's door, took to be answered
   (calls pile up unseen in gRPC's own queue before any handler runs, where the door cannot
@@ -56,8 +57,8 @@ MIN_SAMPLES = 5
 # Signals for which giving up full answers (level 3 and beyond) can help.
 FULL_ANSWERS_FAIL = ("latency:", "door_wait:", "errors")
 # The door's refusals that say a pipeline's capacity is spent, not that a client is past its
-# own share of it (services/gateway/door/concurrency.py's reasons).
-CAPACITY_REFUSALS = frozenset({"concurrency", "queue", "waited", "level"})
+# own share of it (services/gateway/door/concurrency.py's reasons, and backlog.py's).
+CAPACITY_REFUSALS = frozenset({"concurrency", "queue", "waited", "level", "backlog"})
 # Per-pipeline signals that a client's own concurrency raises at capacity: they count only
 # while their pipeline is past it (the event loop's lag, while any is).
 CONGESTION = ("queue_delay", "latency")

@@ -7,6 +7,8 @@ socket of its own on the public server (its calls join the same queue as every c
 sends a health check through it once per ladder tick, one at a time, timing each from send
 to answer. Nothing a client sends (its deadlines above all) enters the measurement; only
 the queue that every client shares, and the event loop that answers them, can lengthen it.
+The loop's lag is taken off each time (backlog.py): a stall of the whole machine delays the
+loop's tick as much as the probe, with no call queued before the door.
 
 The socket is made in a folder only the gateway's user can open (mode 0700), so that it
 admits no one the public port would refuse: whoever can open it could read the gateway's
@@ -27,23 +29,30 @@ from pathlib import Path
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from services.gateway.door.backlog import Backlog
 from services.gateway.door.ladder import Signals
 
 log = logging.getLogger(__name__)
 
 # A probe still unanswered after this long is a wait at least this long: recorded as such.
 TIMEOUT_SECONDS = 10.0
+# A probe that waited this share of the interval or more is followed at once: the door
+# refuses from its reading while calls wait, and should stop as soon as they no longer do.
+BUSY_SHARE = 0.25
 # Reconnect within a second once the server is up (gRPC's own backoff grows to 2 minutes).
 RECONNECT = [("grpc.initial_reconnect_backoff_ms", 100), ("grpc.max_reconnect_backoff_ms", 1000)]
 
 
 class DoorProbe:
-    """Times a health check through the public server's door once per `interval()` seconds
-    and gives each time to `signals`. Started with the gateway's runtime, before the server:
-    until the server binds `address` its probes find no one and count for nothing."""
+    """Times a health check through the public server's door once per `interval()` seconds,
+    or again at once after one that waited a quarter of that or more (the door refuses on
+    arrival from this reading: backlog.py), and gives each time, less the event loop's lag,
+    to `signals` and `backlog`. Started with the gateway's runtime, before the server: until
+    the server binds `address` its probes find no one and count for nothing."""
 
-    def __init__(self, signals: Signals, interval: Callable[[], float]) -> None:
+    def __init__(self, signals: Signals, backlog: Backlog, interval: Callable[[], float]) -> None:
         self._signals = signals
+        self._backlog = backlog
         self._interval = interval
         self._folder = Path(tempfile.mkdtemp(prefix="strata-door-"))
         self.address = f"unix:{self._folder / 'door.sock'}"
@@ -65,10 +74,16 @@ class DoorProbe:
             check = health_pb2_grpc.HealthStub(channel).Check  # type: ignore[attr-defined]
             while True:
                 started = time.monotonic()
+                self._backlog.sent()
                 waited = await _timed(check, started)
-                if waited is not None:
-                    self._signals.probed(waited)
-                await asyncio.sleep(max(0.0, self._interval() - (time.monotonic() - started)))
+                if waited is None:
+                    self._backlog.lost()
+                    waited = 0.0
+                else:
+                    self._signals.probed(self._backlog.answered(waited))
+                interval = self._interval()
+                if waited < BUSY_SHARE * interval:
+                    await asyncio.sleep(max(0.0, interval - (time.monotonic() - started)))
 
 
 async def _timed(

@@ -9,6 +9,7 @@ import time
 
 import grpc
 
+from services.gateway.door.backlog import Backlog
 from services.gateway.door.ladder import Signals
 from services.gateway.door.probe import DoorProbe
 from strata.config.server import ServerSettings
@@ -56,7 +57,7 @@ def test_the_probe_waits_behind_the_calls_queued_at_the_door_and_no_longer() -> 
     registration = (servicer, add, v2.DESCRIPTOR.services_by_name["GRPCInferenceService"].full_name)
 
     async def go() -> list[float]:
-        probe = DoorProbe(signals, lambda: 0.05)
+        probe = DoorProbe(signals, Backlog(lambda: 0.0), lambda: 0.05)
         running = await start_server(
             [registration], "127.0.0.1:0", ServerSettings(), public=True, private=probe.address
         )

@@ -45,7 +45,11 @@ def door(*later) -> tuple[Admission, AdaptiveLimits]:
     settings = load_settings(DEFAULT_CONFIG)
     limits = AdaptiveLimits(Concurrency(initial=1, min_limit=1, contention=1.0), {"digits": 1.0})
     ladder = LadderController(Ladder(), {"digits": 1.0}, lambda *_: None)
-    policies = [RateLimit(settings, limits.refusals), ChainLimit(limits, ladder), *later]
+    policies = [
+        RateLimit(settings, limits.refusals),
+        ChainLimit(limits, ladder, lambda: 0.0),
+        *later,
+    ]
     return Admission(Identity(settings), policies), limits
 
 

@@ -114,7 +114,7 @@ def full_door(**settings: float) -> tuple[AdaptiveLimits, list]:
 @synchronously
 async def test_a_request_past_the_limit_waits_for_the_next_free_place() -> None:
     door, held = full_door(wait_share=0.5)
-    waiting = asyncio.create_task(door.admit("digits", "c", None, budget=10.0, deadline=True))
+    waiting = asyncio.create_task(door.admit("digits", "c", None, budget=10.0, waited=0.0))
     await asyncio.sleep(0.01)
     assert not waiting.done()
     door.leave(held[0], counts=True)
@@ -125,14 +125,14 @@ async def test_a_request_past_the_limit_waits_for_the_next_free_place() -> None:
 @synchronously
 async def test_places_go_oldest_first_until_the_oldest_has_waited_half_its_patience() -> None:
     door, held = full_door(wait_share=1.0)  # patience 1 s: 0.4 s of margin at any load
-    first = asyncio.create_task(door.admit("digits", "c", None, budget=10.0, deadline=True))
+    first = asyncio.create_task(door.admit("digits", "c", None, budget=10.0, waited=0.0))
     await asyncio.sleep(0.01)
-    second = asyncio.create_task(door.admit("digits", "c", None, budget=10.0, deadline=True))
+    second = asyncio.create_task(door.admit("digits", "c", None, budget=10.0, waited=0.0))
     await asyncio.sleep(0.01)
     door.leave(held[0], counts=True)
     ticket = await asyncio.wait_for(first, 1.0)
     await asyncio.sleep(0.55)  # the queue backs up: past half the oldest's patience
-    third = asyncio.create_task(door.admit("digits", "c", None, budget=10.0, deadline=True))
+    third = asyncio.create_task(door.admit("digits", "c", None, budget=10.0, waited=0.0))
     await asyncio.sleep(0.01)
     door.leave(ticket, counts=True)
     await asyncio.wait_for(third, 1.0)
@@ -146,11 +146,11 @@ async def test_a_request_waits_no_longer_than_its_share_of_the_objective_or_its_
     door, _ = full_door(wait_share=0.05)
     started = time.monotonic()
     with pytest.raises(Overloaded, match="no place freed in time"):
-        await door.admit("digits", "c", None, budget=10.0, deadline=True)
+        await door.admit("digits", "c", None, budget=10.0, waited=0.0)
     assert 0.04 < time.monotonic() - started < 0.5
     started = time.monotonic()
     with pytest.raises(Overloaded):
-        await door.admit("digits", "c", None, budget=0.01, deadline=True)
+        await door.admit("digits", "c", None, budget=0.01, waited=0.0)
     assert time.monotonic() - started < 0.04
     assert door.limits["digits"].waiting == []
 
@@ -158,7 +158,7 @@ async def test_a_request_waits_no_longer_than_its_share_of_the_objective_or_its_
 @synchronously
 async def test_a_caller_gone_while_waiting_takes_no_place() -> None:
     door, held = full_door(wait_share=0.5)
-    waiting = asyncio.create_task(door.admit("digits", "c", None, budget=10.0, deadline=True))
+    waiting = asyncio.create_task(door.admit("digits", "c", None, budget=10.0, waited=0.0))
     await asyncio.sleep(0.01)
     waiting.cancel()
     await asyncio.sleep(0)
@@ -170,9 +170,9 @@ async def test_a_caller_gone_while_waiting_takes_no_place() -> None:
 @synchronously
 async def test_a_place_freed_before_a_gone_waiter_unwinds_goes_to_the_next_one() -> None:
     door, held = full_door(wait_share=0.5)
-    gone = asyncio.create_task(door.admit("digits", "c", None, budget=10.0, deadline=True))
+    gone = asyncio.create_task(door.admit("digits", "c", None, budget=10.0, waited=0.0))
     await asyncio.sleep(0.01)
-    staying = asyncio.create_task(door.admit("digits", "c", None, budget=10.0, deadline=True))
+    staying = asyncio.create_task(door.admit("digits", "c", None, budget=10.0, waited=0.0))
     await asyncio.sleep(0.01)
     gone.cancel()  # its place is cancelled now; its own clean-up runs later
     door.leave(held[0], counts=True)  # the answer that frees the place is not refused
@@ -189,16 +189,16 @@ async def test_a_place_freed_before_a_gone_waiter_unwinds_goes_to_the_next_one()
 async def test_nothing_waits_while_shedding_or_once_the_queue_is_full() -> None:
     door, _ = full_door(wait_share=0.5, max_waiting=0)
     with pytest.raises(Overloaded, match="waiting"):
-        await door.admit("digits", "c", None, budget=10.0, deadline=True)
+        await door.admit("digits", "c", None, budget=10.0, waited=0.0)
     door, _ = full_door(wait_share=0.5)
     with pytest.raises(Overloaded, match="shedding"):
-        await door.admit("digits", "c", Ladder(), budget=10.0, deadline=True)
+        await door.admit("digits", "c", Ladder(), budget=10.0, waited=0.0)
 
 
 @synchronously
 async def test_a_caller_without_a_deadline_waits_past_the_objective_for_its_place() -> None:
     door, held = full_door(wait_share=0.05)  # patience 50 ms for a caller with a deadline
-    waiting = asyncio.create_task(door.admit("digits", "c", None, budget=10.0, deadline=False))
+    waiting = asyncio.create_task(door.admit("digits", "c", None, budget=10.0, waited=None))
     await asyncio.sleep(0.2)
     assert not waiting.done()
     door.leave(held[0], counts=True)
@@ -210,11 +210,11 @@ async def test_a_caller_without_a_deadline_waits_past_the_objective_for_its_plac
 async def test_callers_without_a_deadline_go_in_turn_after_those_with_one() -> None:
     door, held = full_door(wait_share=0.2)  # patience 200 ms
     calm = [
-        asyncio.create_task(door.admit("digits", "c", None, budget=10.0, deadline=False))
+        asyncio.create_task(door.admit("digits", "c", None, budget=10.0, waited=None))
         for _ in range(2)
     ]
     await asyncio.sleep(0.12)  # past half a deadline's patience: those go newest first
-    hurried = asyncio.create_task(door.admit("digits", "c", None, budget=10.0, deadline=True))
+    hurried = asyncio.create_task(door.admit("digits", "c", None, budget=10.0, waited=0.0))
     await asyncio.sleep(0.01)
     door.leave(held[0], counts=True)
     ticket = await asyncio.wait_for(hurried, 1.0)
@@ -233,10 +233,10 @@ async def test_callers_with_deadlines_go_first_only_within_their_clients_share()
     flood = [door.enter("digits", "flood") for _ in range(2)]
     calm = [door.enter("digits", "calm") for _ in range(2)]
     hurried = [
-        asyncio.create_task(door.admit("digits", "flood", None, budget=10.0, deadline=True))
+        asyncio.create_task(door.admit("digits", "flood", None, budget=10.0, waited=0.0))
         for _ in range(3)
     ]
-    waiting = asyncio.create_task(door.admit("digits", "calm", None, budget=10.0, deadline=False))
+    waiting = asyncio.create_task(door.admit("digits", "calm", None, budget=10.0, waited=None))
     await asyncio.sleep(0.01)
     door.leave(calm[0], counts=True)  # flood holds its share (2 of 4): calm's place is calm's
     ticket = await asyncio.wait_for(waiting, 1.0)
@@ -247,7 +247,7 @@ async def test_callers_with_deadlines_go_first_only_within_their_clients_share()
         door.leave(held, counts=True)
 
 
-async def closed_loop(door: AdaptiveLimits, clients: int, rounds: int, deadline: bool) -> int:
+async def closed_loop(door: AdaptiveLimits, clients: int, rounds: int, waited: float | None) -> int:
     """`clients` callers each sending `rounds` requests one after another, each answered
     10 ms after it gets its place; how many the door refused."""
 
@@ -255,7 +255,7 @@ async def closed_loop(door: AdaptiveLimits, clients: int, rounds: int, deadline:
         refused = 0
         for _ in range(rounds):
             try:
-                ticket = await door.admit("digits", "c", None, budget=10.0, deadline=deadline)
+                ticket = await door.admit("digits", "c", None, budget=10.0, waited=waited)
             except Overloaded:
                 refused += 1
                 continue
@@ -273,9 +273,9 @@ async def test_a_closed_loop_without_deadlines_is_never_refused_past_a_small_lim
     without would only send again at once."""
     settings = {"initial": 4, "max_limit": 4, "min_limit": 4, "wait_share": 1.0}
     door = AdaptiveLimits(Concurrency(**settings), {"digits": 0.05})
-    assert await closed_loop(door, clients=64, rounds=5, deadline=False) == 0
+    assert await closed_loop(door, clients=64, rounds=5, waited=None) == 0
     assert door.limits["digits"].inflight == 0 and door.limits["digits"].queued == 0
-    assert await closed_loop(door, clients=64, rounds=5, deadline=True) > 0
+    assert await closed_loop(door, clients=64, rounds=5, waited=0.0) > 0
 
 
 def test_a_client_below_its_share_floor_is_not_refused_when_the_limit_shrinks() -> None:
@@ -311,9 +311,9 @@ async def test_a_freed_place_goes_to_a_waiter_below_its_share_before_one_above()
     door = AdaptiveLimits(settings, {"digits": 1.0})
     big = [door.enter("digits", "big") for _ in range(4)]
     small, kept = (door.enter("digits", "small") for _ in range(2))
-    over = asyncio.create_task(door.admit("digits", "big", None, budget=10.0, deadline=True))
+    over = asyncio.create_task(door.admit("digits", "big", None, budget=10.0, waited=0.0))
     await asyncio.sleep(0.01)
-    under = asyncio.create_task(door.admit("digits", "small", None, budget=10.0, deadline=True))
+    under = asyncio.create_task(door.admit("digits", "small", None, budget=10.0, waited=0.0))
     await asyncio.sleep(0.01)
     door.leave(small, counts=True)
     ticket = await asyncio.wait_for(under, 1.0)
@@ -376,7 +376,7 @@ async def test_one_client_cannot_fill_the_queue_and_keep_the_next_client_out() -
     door, held = full_door(max_waiting=8)
     held.append(door.enter("digits", "flood"))  # its newcomer's headroom taken too
     flood = [
-        asyncio.create_task(door.admit("digits", "flood", None, budget=10.0, deadline=False))
+        asyncio.create_task(door.admit("digits", "flood", None, budget=10.0, waited=None))
         for _ in range(8)
     ]
     await asyncio.sleep(0.01)
@@ -385,11 +385,11 @@ async def test_one_client_cannot_fill_the_queue_and_keep_the_next_client_out() -
     for task in refused:
         with pytest.raises(Overloaded, match="its share of the queue"):
             task.result()
-    newcomer = asyncio.create_task(door.admit("digits", "calm", None, budget=10.0, deadline=False))
+    newcomer = asyncio.create_task(door.admit("digits", "calm", None, budget=10.0, waited=None))
     await asyncio.sleep(0.01)
     assert not newcomer.done()  # waiting for a place, not refused
     with pytest.raises(Overloaded, match="its share of the queue"):
-        await door.admit("digits", "flood", None, budget=10.0, deadline=False)
+        await door.admit("digits", "flood", None, budget=10.0, waited=None)
     for task in [*flood, newcomer]:
         task.cancel()
     await asyncio.gather(*flood, newcomer, return_exceptions=True)
