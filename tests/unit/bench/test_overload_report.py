@@ -1,10 +1,13 @@
-"""The overload report: side by side per step, and no division by a peak goodput of 0."""
+"""The overload report: side by side per step, no division by a peak goodput of 0, and the
+front's own times where a step went through it; and its options."""
 
+import argparse
 import math
+from dataclasses import replace
 
 import pytest
 
-from bench.overload import Step, overrides, report
+from bench.overload import Step, connection_counts, front_changes, overrides, report
 from strata.config import load_settings
 from tests.support.system import DEFAULT_CONFIG
 
@@ -59,3 +62,25 @@ def test_against_changes_one_setting_and_keeps_the_rest_of_its_section() -> None
     assert changed["ladder"]["tick_seconds"] == settings.gateway.ladder.tick_seconds
     with pytest.raises(SystemExit, match="expected KEY=VALUE"):
         overrides(["ladder.door_wait_share"], settings)
+
+
+def test_a_step_through_the_front_reports_its_queue_and_gateway_times() -> None:
+    fronted = replace(step("behind the front", "2x", 40), front_ms=(48.6, 51.2))
+    table = report([step("direct", "2x", 50), fronted])
+    assert "| 2x | direct |" in table and table.count("| - | - |") == 1
+    assert "| 20% | 49 | 51 |" in table
+
+
+def test_connection_counts_are_distinct_positive_numbers_in_order() -> None:
+    assert connection_counts("2,8") == (2, 8)
+    assert connection_counts("8,1,8") == (8, 1)
+    for wrong in ("", "0,8", "two", "2,-1"):
+        with pytest.raises(argparse.ArgumentTypeError, match="positive counts"):
+            connection_counts(wrong)
+
+
+def test_another_front_changes_only_its_sizing() -> None:
+    assert front_changes("places=64,queue_ms=100") == {"places": 64, "queue_ms": 100}
+    for wrong in ("maxconn=64", "places=0", "rate=fast", "places"):
+        with pytest.raises(argparse.ArgumentTypeError, match="places, queue_ms or rate"):
+            front_changes(wrong)
