@@ -1,8 +1,9 @@
 """The HAProxy front (deploy/front/haproxy.cfg) before a real gateway: an ordinary client
 passes through it unrefused, what the front refuses reaches a gRPC client as
 RESOURCE_EXHAUSTED with a retry hint, not as HTTP's 503, a flood is refused on arrival,
-not after the queue's wait, and a front sized from a capacity holds no more calls in the
-gateway and its queue than its sizing says. Skipped without haproxy."""
+not after the queue's wait, a front sized from a capacity holds no more calls in the
+gateway and its queue than its sizing says, and the gateway's health service is reached
+outside the places. Skipped without haproxy."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from collections.abc import Iterator
 import grpc
 import numpy as np
 import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from bench.front import FrontSettings, counters, front, haproxy
 from strata.errors import RETRY_AFTER
@@ -65,6 +67,10 @@ def test_tritonclient_through_the_front_sees_no_error(system: Supervisor, in_fli
     assert codes == {"OK": calls * in_flight}
 
 
+def digits_request():
+    return codec.build_request("digits", {"images": np.zeros((1, 8, 8), np.uint8)})
+
+
 async def at_once(address: str, calls: int) -> tuple[collections.Counter, float]:
     """`calls` digits requests at once on one connection: answers, each refusal by its
     code and retry hint, and the seconds the slowest refusal took."""
@@ -72,7 +78,7 @@ async def at_once(address: str, calls: int) -> tuple[collections.Counter, float]
     refusals = [0.0]
     async with grpc.aio.insecure_channel(address) as channel:
         stub = v2_grpc.GRPCInferenceServiceStub(channel)
-        request = codec.build_request("digits", {"images": np.zeros((1, 8, 8), np.uint8)})
+        request = digits_request()
 
         async def call() -> None:
             started = time.monotonic()
@@ -141,3 +147,30 @@ def test_a_sized_front_holds_its_places_in_the_gateway_and_its_bound_in_the_queu
     assert counted["haproxy_server_limit_sessions"] == SIZED.places, counted
     assert 0 < counted["haproxy_server_max_sessions"] <= SIZED.places, counted
     assert counted["haproxy_backend_max_queue"] <= SIZED.rate * SIZED.queue_ms / 1000, counted
+
+
+async def called_while_watched(address: str, calls: int) -> tuple[int, list[str]]:
+    """A health Watch opened through the front and held while `calls` digits requests are
+    made one after another: the status it first reads, and each call's outcome."""
+    outcomes = []
+    async with grpc.aio.insecure_channel(address) as channel:
+        watch = health_pb2_grpc.HealthStub(channel).Watch(health_pb2.HealthCheckRequest())
+        first = await watch.read()
+        stub = v2_grpc.GRPCInferenceServiceStub(channel)
+        for _ in range(calls):
+            try:
+                await stub.ModelInfer(digits_request(), timeout=30)
+                outcomes.append("OK")
+            except grpc.aio.AioRpcError as exc:
+                outcomes.append(exc.code().name)
+        watch.cancel()
+    return first.status, outcomes
+
+
+def test_a_health_watch_through_the_front_holds_none_of_its_places(system: Supervisor) -> None:
+    # NARROW has one place and a 1 ms queue: were the Watch, which lasts as long as its
+    # client, to take that place, every call after it would be refused.
+    with front(system.address("gateway"), readyz(system), NARROW) as address:
+        status, outcomes = asyncio.run(called_while_watched(address, 3))
+    assert status == health_pb2.HealthCheckResponse.SERVING
+    assert outcomes == ["OK"] * 3
