@@ -416,11 +416,18 @@ def fitted_front(
     plan = replace(system.plan, connections=connections)
     sizing = FrontSettings.sized(capacity, objective)
     for attempt in range(FIT_ROUNDS):
+        # After the capacity search's widest loop the ladder may still degrade every answer,
+        # and a loop of degraded answers has no full rate to size from.
+        if not system.admin.wait_calm(CALM_SECONDS):
+            print(f"{system.name}: the ladder was not calm within {CALM_SECONDS:.0f} s")
         rate = min(full_rate(closed(pool, plan, sizing.places, seconds)), capacity)
         print(f"closed loop, {sizing.places} in flight (the front's places): {rate:.0f}/s")
-        refit = FrontSettings.sized(rate, objective) if rate > 0 else sizing
+        if rate <= 0:
+            print("no full answer at the front's places: it keeps the sizing it had")
+            return sizing
+        refit = FrontSettings.sized(rate, objective)
         if refit.places >= sizing.places * SETTLED or attempt == FIT_ROUNDS - 1:
-            return replace(sizing, rate=max(1, round(rate)))
+            return replace(sizing, rate=round(rate))
         sizing = refit
     raise AssertionError("unreachable: the last round returns")
 
