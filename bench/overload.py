@@ -18,11 +18,14 @@ it shares the machine's cores).
 
 `--front` (haproxy on PATH) also sends every step through HAProxy before the same gateway
 (deploy/front/haproxy.cfg), in turn with the direct runs, so that the two are compared under
-the same machine load. The front is sized from the capacity found and the pipeline's objective
+the same machine load. The front is fitted to the capacity found and the pipeline's objective
 (bench/front.py `FrontSettings.sized`: places for a fifth of the objective in the gateway, a
-queue of a fifth of it, refused on arrival past what the capacity clears in that wait;
-`--front-places`, `--front-queue-ms` and `--front-rate` override each), and the variables a
-deployment sets for that sizing are printed and reported. Each front step also reports
+queue of a fifth of it, refused on arrival past what the rate clears in that wait), the rate
+being what a closed loop of its places reaches, resized until the places settle;
+`--front-places`, `--front-queue-ms` and `--front-rate` override each, and the variables a
+deployment sets are printed and reported. `--front-against places=64,queue_ms=100` runs
+another front beside it before the same gateway, with those values changed, so that two
+sizings meet the same machine load. Each front step also reports
 HAProxy's own average time in its queue and in the gateway over its last 1,024 calls, so that
 an admitted call's latency reads as the two. The capacity search is run through the front as
 well and reported beside the direct one (the front's own CPU shares the machine), but the
