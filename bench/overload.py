@@ -200,13 +200,15 @@ def full_rate(results: Results) -> float:
     return float(full.sum()) / seconds if seconds else 0.0
 
 
-def capacity(pool: LoadPool, plan: Plan, seconds: float, in_flight: tuple[int, ...]) -> float:
-    """The best rate of full answers over closed loops of `in_flight` requests."""
-    rates = []
+def capacity(
+    pool: LoadPool, plan: Plan, seconds: float, in_flight: tuple[int, ...]
+) -> dict[int, float]:
+    """The rate of full answers of a closed loop of each of `in_flight` requests."""
+    rates = {}
     for count in in_flight:
-        rates.append(full_rate(closed(pool, plan, count, seconds)))
-        print(f"closed loop, {count} in flight: {rates[-1]:.0f} full answers/s", flush=True)
-    return max(rates)
+        rates[count] = full_rate(closed(pool, plan, count, seconds))
+        print(f"closed loop, {count} in flight: {rates[count]:.0f} full answers/s", flush=True)
+    return rates
 
 
 def searched(
@@ -216,12 +218,13 @@ def searched(
     connections: int,
     seconds: float,
     in_flight: tuple[int, ...],
-) -> tuple[float, str]:
-    """`system`'s capacity from `connections`, and a line that says it as `what`."""
-    best = capacity(pool, replace(system.plan, connections=connections), seconds, in_flight)
-    line = f"{what} (the best of {in_flight} in flight): {best:.0f}/s"
+) -> tuple[dict[int, float], str]:
+    """`system`'s rates from `connections` by calls in flight (its capacity: the best), and a
+    line that says its capacity as `what`."""
+    rates = capacity(pool, replace(system.plan, connections=connections), seconds, in_flight)
+    line = f"{what} (the best of {in_flight} in flight): {max(rates.values()):.0f}/s"
     print(line, flush=True)
-    return best, line
+    return rates, line
 
 
 @dataclass
@@ -408,23 +411,30 @@ def fitted_front(
     pool: LoadPool,
     connections: int,
     seconds: float,
-    capacity: float,
+    rates: dict[int, float],
     objective: float,
 ) -> FrontSettings:
     """The front for `system`: places for its share of `objective` at the rate the gateway
-    reaches with that many calls in flight, and that rate. Sized from `capacity` first, then
-    from the rate a closed loop of its places finds (a gateway that needs more calls in
-    flight than that to reach `capacity` answers them later than the objective allows), until
-    the places settle."""
+    reaches with that many calls in flight, and that rate. Sized from its capacity (the best
+    of `rates`, full answers a second by calls in flight) first, then from the rate a closed
+    loop of its places finds (a gateway that needs more calls in flight than that to reach
+    its capacity answers them later than the objective allows), until the places settle."""
     plan = replace(system.plan, connections=connections)
+    capacity = max(rates.values())
+    seen = dict(rates)
     sizing = FrontSettings.sized(capacity, objective)
     for attempt in range(FIT_ROUNDS):
         # After the capacity search's widest loop the ladder may still degrade every answer,
         # and a loop of degraded answers has no full rate to size from.
         if not system.admin.wait_calm(CALM_SECONDS):
             print(f"{system.name}: the ladder was not calm within {CALM_SECONDS:.0f} s")
-        rate = min(full_rate(closed(pool, plan, sizing.places, seconds)), capacity)
-        print(f"closed loop, {sizing.places} in flight (the front's places): {rate:.0f}/s")
+        places = sizing.places
+        seen[places] = full_rate(closed(pool, plan, places, seconds))
+        print(f"closed loop, {places} in flight (the front's places): {seen[places]:.0f}/s")
+        # Below its capacity a gateway answers at least as fast with more calls in flight as
+        # with fewer: the best rate seen at no more than these places bounds a loop that a
+        # busy machine slowed, so that one slow loop does not shrink the places for good.
+        rate = min(capacity, max(r for count, r in seen.items() if count <= places))
         if rate <= 0:
             print("no full answer at the front's places: it keeps the sizing it had")
             return sizing
@@ -436,12 +446,16 @@ def fitted_front(
 
 
 def front_for(
-    args: argparse.Namespace, system: System, widest: tuple, capacity: float, objective: float
+    args: argparse.Namespace,
+    system: System,
+    widest: tuple,
+    rates: dict[int, float],
+    objective: float,
 ) -> tuple[FrontSettings, str]:
     """The front to run before `system`: fitted to its capacity and the objective, with any
     value the command line gave in its place; and a line that says what a deployment sets."""
     pool, connections, seconds, _ = widest
-    fitted = fitted_front(system, pool, connections, seconds, capacity, objective)
+    fitted = fitted_front(system, pool, connections, seconds, rates, objective)
     given = {"places": args.front_places, "queue_ms": args.front_queue_ms, "rate": args.front_rate}
     sizing = replace(fitted, **{key: value for key, value in given.items() if value is not None})
     variables = " ".join(f"{key}={value}" for key, value in sizing.variables().items())
@@ -487,12 +501,13 @@ def main(argv: list[str] | None = None) -> int:
     with pools(args.connections) as made, ExitStack() as stack:
         systems = [stack.enter_context(started(n, args.config, g, plan)) for n, g in wanted]
         widest = (made[max(made)], max(made), seconds, in_flight)
-        best, found = searched("capacity", systems[0], *widest)
+        rates, found = searched("capacity", systems[0], *widest)
+        best = max(rates.values())
         if best <= 0:
             print("no full answer at any in-flight count: nothing to sweep")
             return 1
         if args.front:
-            sizing, line = front_for(args, systems[0], widest, best, w.objective_seconds)
+            sizing, line = front_for(args, systems[0], widest, rates, w.objective_seconds)
             fronts = [sizing, *(replace(sizing, **changed) for changed in args.front_against)]
             systems += [stack.enter_context(fronted(s, f)) for f in fronts for s in list(systems)]
             found += f"; {line}; " + searched("behind the front", systems[len(wanted)], *widest)[1]
