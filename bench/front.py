@@ -63,7 +63,8 @@ class FrontSettings:
         if capacity <= 0 or objective_seconds <= 0:
             raise ValueError("a front is sized from a positive capacity and objective")
         return cls(
-            places=max(1, math.ceil(capacity * objective_seconds * in_gateway)),
+            # Rounded first, so that a product meant whole (380/s x 50 ms) is not one more.
+            places=max(1, math.ceil(round(capacity * objective_seconds * in_gateway, 6))),
             queue_ms=max(1, round(objective_seconds * queued * 1000)),
             rate=max(1, round(capacity)),
         )

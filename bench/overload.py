@@ -431,18 +431,26 @@ def fitted_front(
         places = sizing.places
         seen[places] = full_rate(closed(pool, plan, places, seconds))
         print(f"closed loop, {places} in flight (the front's places): {seen[places]:.0f}/s")
-        # Below its capacity a gateway answers at least as fast with more calls in flight as
-        # with fewer: the best rate seen at no more than these places bounds a loop that a
-        # busy machine slowed, so that one slow loop does not shrink the places for good.
-        rate = min(capacity, max(r for count, r in seen.items() if count <= places))
-        if rate <= 0:
-            print("no full answer at the front's places: it keeps the sizing it had")
-            return sizing
-        refit = FrontSettings.sized(rate, objective)
-        if refit.places >= sizing.places * SETTLED or attempt == FIT_ROUNDS - 1:
-            return replace(sizing, rate=round(rate))
+        kept, refit = refitted(sizing, seen, capacity, objective)
+        if refit.places >= places * SETTLED or attempt == FIT_ROUNDS - 1:
+            return kept
         sizing = refit
     raise AssertionError("unreachable: the last round returns")
+
+
+def refitted(
+    sizing: FrontSettings, seen: dict[int, float], capacity: float, objective: float
+) -> tuple[FrontSettings, FrontSettings]:
+    """`sizing` with the rate its places reach, and the sizing that rate calls for, from the
+    rates `seen` by calls in flight (no full answer: `sizing` both times)."""
+    # Below its capacity a gateway answers at least as fast with more calls in flight as with
+    # fewer: the best rate seen at no more than these places bounds a loop that a busy
+    # machine slowed, so that one slow loop does not shrink the places for good.
+    rate = min(capacity, max(r for count, r in seen.items() if count <= sizing.places))
+    if rate <= 0:
+        print("no full answer at the front's places: it keeps the sizing it had")
+        return sizing, sizing
+    return replace(sizing, rate=max(1, round(rate))), FrontSettings.sized(rate, objective)
 
 
 def front_for(

@@ -1,5 +1,5 @@
 """The overload report: side by side per step, no division by a peak goodput of 0, and the
-front's own times where a step went through it; and its options."""
+front's own times where a step went through it; its options, and how it fits a front."""
 
 import argparse
 import math
@@ -7,7 +7,8 @@ from dataclasses import replace
 
 import pytest
 
-from bench.overload import Step, connection_counts, front_changes, overrides, report
+from bench.front import FrontSettings
+from bench.overload import Step, connection_counts, front_changes, overrides, refitted, report
 from strata.config import load_settings
 from tests.support.system import DEFAULT_CONFIG
 
@@ -84,3 +85,20 @@ def test_another_front_changes_only_its_sizing() -> None:
     for wrong in ("maxconn=64", "places=0", "rate=fast", "places"):
         with pytest.raises(argparse.ArgumentTypeError, match="places, queue_ms or rate"):
             front_changes(wrong)
+
+
+def test_a_front_is_refitted_from_the_best_rate_at_no_more_places() -> None:
+    # The loaded run: 32 places read 306/s, slower than 16 in flight had (380/s).
+    seen = {16: 380.0, 64: 579.0, 256: 623.0, 32: 306.0}
+    sizing = FrontSettings.sized(623, 0.25)
+    kept, refit = refitted(sizing, seen, 623, 0.25)
+    assert kept == FrontSettings(places=32, queue_ms=50, rate=380)
+    assert refit == FrontSettings(places=19, queue_ms=50, rate=380)
+
+
+def test_a_refit_never_counts_on_more_than_the_capacity_nor_sizes_from_nothing() -> None:
+    sizing = FrontSettings.sized(500, 0.25)
+    kept, refit = refitted(sizing, {64: 500.0, sizing.places: 900.0}, 500, 0.25)
+    assert kept.rate == 500 and refit == sizing
+    nothing = {16: 0.0, sizing.places: 0.0}
+    assert refitted(sizing, nothing, 500, 0.25) == (sizing, sizing)
