@@ -418,7 +418,8 @@ def fitted_front(
     reaches with that many calls in flight, and that rate. Sized from its capacity (the best
     of `rates`, full answers a second by calls in flight) first, then from the rate a closed
     loop of its places finds (a gateway that needs more calls in flight than that to reach
-    its capacity answers them later than the objective allows), until the places settle."""
+    its capacity answers them later than the objective allows), until the places settle or
+    the rate calls for more places than were measured."""
     plan = replace(system.plan, connections=connections)
     capacity = max(rates.values())
     seen = dict(rates)
@@ -432,6 +433,8 @@ def fitted_front(
         seen[places] = full_rate(closed(pool, plan, places, seconds))
         print(f"closed loop, {places} in flight (the front's places): {seen[places]:.0f}/s")
         kept, refit = refitted(sizing, seen, capacity, objective)
+        if refit.places > places:
+            return refit  # more places than measured reach at least the rate measured
         if refit.places >= places * SETTLED or attempt == FIT_ROUNDS - 1:
             return kept
         sizing = refit
