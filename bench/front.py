@@ -9,10 +9,12 @@ front's own check start it, and both skip without an `haproxy` on PATH.
 
 from __future__ import annotations
 
+import math
 import os
 import shutil
 import subprocess
 import time
+import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -25,6 +27,12 @@ from bench.deployment import free_port
 
 CONFIG = Path(__file__).resolve().parents[1] / "deploy" / "front" / "haproxy.cfg"
 START_TIMEOUT = 10.0
+# Shares of the latency objective an admitted call may spend past capacity: in the gateway
+# (its places, at capacity, take places / capacity to clear) and in the front's queue (which
+# holds at most a wait's worth of answers). Their sum leaves the rest of the objective for
+# the tail of the gateway's own time.
+IN_GATEWAY = 0.2
+QUEUED = 0.2
 
 
 @dataclass(frozen=True)
@@ -34,9 +42,40 @@ class FrontSettings:
     finds more queued than `rate` answers a second clear within that wait is refused on
     arrival."""
 
-    places: int = 64
-    queue_ms: int = 100
+    # Sized for a gateway of 1,000 answers a second and the default 250 ms objective, as the
+    # deployments are until a measured capacity replaces them.
+    places: int = 50
+    queue_ms: int = 50
     rate: int = 1000
+
+    @classmethod
+    def sized(
+        cls,
+        capacity: float,
+        objective_seconds: float,
+        in_gateway: float = IN_GATEWAY,
+        queued: float = QUEUED,
+    ) -> FrontSettings:
+        """A front for a gateway that answers `capacity` calls a second, so that past
+        capacity an admitted call spends at most `in_gateway` of the objective in the
+        gateway and `queued` of it in the front's queue (Little's law: places = capacity x
+        the time in the gateway; the queue's bound, rate x wait, follows from the rate)."""
+        if capacity <= 0 or objective_seconds <= 0:
+            raise ValueError("a front is sized from a positive capacity and objective")
+        return cls(
+            # Rounded first, so that a product meant whole (380/s x 50 ms) is not one more.
+            places=max(1, math.ceil(round(capacity * objective_seconds * in_gateway, 6))),
+            queue_ms=max(1, round(objective_seconds * queued * 1000)),
+            rate=max(1, round(capacity)),
+        )
+
+    def variables(self) -> dict[str, str]:
+        """The sizing as the variables a deployment sets (compose, Kubernetes)."""
+        return {
+            "STRATA_FRONT_MAXCONN": str(self.places),
+            "STRATA_FRONT_QUEUE_MS": str(self.queue_ms),
+            "STRATA_FRONT_RATE": str(self.rate),
+        }
 
 
 def haproxy() -> str | None:
@@ -52,9 +91,7 @@ def environment(listen: str, gateway: str, readyz: str, settings: FrontSettings)
         "STRATA_GATEWAY": gateway,
         "STRATA_GATEWAY_READYZ_HOST": host,
         "STRATA_GATEWAY_READYZ_PORT": port,
-        "STRATA_FRONT_MAXCONN": str(settings.places),
-        "STRATA_FRONT_QUEUE_MS": str(settings.queue_ms),
-        "STRATA_FRONT_RATE": str(settings.rate),
+        **settings.variables(),
     }
 
 
@@ -103,3 +140,16 @@ def _wait_serving(listen: str, process: subprocess.Popen) -> None:
                         f"the front did not answer within {START_TIMEOUT:g} s"
                     ) from exc
                 time.sleep(0.1)
+
+
+def counters(metrics: str) -> dict[str, float]:
+    """The front's counters for the gateway, backend and server, from its Prometheus page at
+    `metrics` (host:port), by name (haproxy_backend_..., haproxy_server_...)."""
+    with urllib.request.urlopen(f"http://{metrics}/metrics", timeout=10) as page:
+        lines = page.read().decode().splitlines()
+    return {
+        line.partition("{")[0]: float(line.rpartition(" ")[2])
+        for line in lines
+        if line.startswith(("haproxy_backend_", "haproxy_server_"))
+        and 'proxy="gateway"' in line.partition(" ")[0]
+    }

@@ -4,10 +4,11 @@ What a user past capacity sees. The system from the config on free ports, the la
 first pipeline with a demo data set. Every call carries the same deadline (`--deadline`, 1 s),
 in the capacity search and the open loop alike, so that the sweep measures the server and no
 change of deadline between its phases. Capacity is the best rate of full
-answers (within the objective or not) over closed loops of 16, 64 and 256 in flight from 8
-connections; then an open loop (no coordinated omission) at 0.8, 1, 1.5, 2 and 4x that rate,
-from one connection (one load worker) and from 8 (two workers, four each), each step once the
-ladder is calm again. Per step: goodput (full answers within the pipeline's objective) and its
+answers (within the objective or not) over closed loops of 16, 64 and 256 in flight from the
+most connections asked for; then an open loop (no coordinated omission) at 0.8, 1, 1.5, 2 and
+4x that rate from each number of connections in `--connections` (by default 2 and 8, the
+issue's figure; one load worker for one connection, else two sharing them), each step once
+the ladder is calm again. Per step: goodput (full answers within the pipeline's objective) and its
 share of the best step's, the P99 of admitted requests (answered, full or degraded), the share
 refused (RESOURCE_EXHAUSTED or UNAVAILABLE) and the P99 of the time a refusal took, the
 degraded share, other errors, the highest level the ladder reached, the slowest health answer
@@ -16,12 +17,19 @@ the admin port; GET /readyz on the metrics port) and how late the load tool's se
 it shares the machine's cores).
 
 `--front` (haproxy on PATH) also sends every step through HAProxy before the same gateway
-(deploy/front/haproxy.cfg: `--front-places` requests in the gateway at once, the rest queued for
-at most `--front-queue-ms`, then refused RESOURCE_EXHAUSTED in C; refused on arrival once the
-queue holds what `--front-rate`, by default the capacity found, clears within that wait), in
-turn with the direct runs, so that the two are compared under the same machine load. The
-capacity search is run through the front as well and reported beside the direct one (the
-front's own CPU shares the machine), but the steps' rates stay the direct gateway's.
+(deploy/front/haproxy.cfg), in turn with the direct runs, so that the two are compared under
+the same machine load. The front is fitted to the capacity found and the pipeline's objective
+(bench/front.py `FrontSettings.sized`: places for a fifth of the objective in the gateway, a
+queue of a fifth of it, refused on arrival past what the rate clears in that wait), the rate
+being what a closed loop of its places reaches, resized until the places settle;
+`--front-places`, `--front-queue-ms` and `--front-rate` override each, and the variables a
+deployment sets are printed and reported. `--front-against places=64,queue_ms=100` runs
+another front beside it before the same gateway, with those values changed, so that two
+sizings meet the same machine load. Each front step also reports
+HAProxy's own average time in its queue and in the gateway over its last 1,024 calls, so that
+an admitted call's latency reads as the two. The capacity search is run through the front as
+well and reported beside the direct one (the front's own CPU shares the machine), but the
+steps' rates stay the direct gateway's.
 
 `--against gateway.KEY=VALUE` (repeatable, e.g. `ladder.door_wait_share=0`) runs a second
 system with those gateway settings changed beside the configured one, both up at once: the same
@@ -51,8 +59,8 @@ import yaml
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from bench.admin import Admin, LevelWatch
-from bench.deployment import running
-from bench.front import FrontSettings, front, haproxy
+from bench.deployment import free_port, running
+from bench.front import FrontSettings, counters, front, haproxy
 from bench.load import LoadPool, Plan, Results
 from bench.load.worker import INFER
 from bench.measure import closed, opened
@@ -64,9 +72,11 @@ RESULTS = Path(__file__).resolve().parent / "results"
 CLIENT = (("x-client-id", "strata-bench"),)
 FRACTIONS = (0.8, 1.0, 1.5, 2.0, 4.0)
 IN_FLIGHT = (16, 64, 256)
-CONNECTIONS = (1, 8)
+CONNECTIONS = "2,8"  # the issue's figure; 1 costs a sweep more
 REFUSED = (grpc.StatusCode.RESOURCE_EXHAUSTED.value[0], grpc.StatusCode.UNAVAILABLE.value[0])
 CALM_SECONDS = 30.0  # the most a step waits for the ladder to come back to level 0
+FIT_ROUNDS = 3  # closed loops at most to fit the front's places to the rate they reach
+SETTLED = 0.9  # places that shrink less than this between rounds have settled
 
 
 class HealthProbe:
@@ -146,6 +156,7 @@ class Step:
     health_ms: tuple[float, float, float]  # slowest: public port, admin port, /readyz
     late_p99_ms: float  # how late the load tool sent
     busiest: float  # the busiest load worker's share of a core
+    front_ms: tuple[float, float] | None = None  # HAProxy's average: in its queue, in the gateway
 
 
 def measured(system: str, label: str, results: Results, objective: float) -> Step:
@@ -189,13 +200,15 @@ def full_rate(results: Results) -> float:
     return float(full.sum()) / seconds if seconds else 0.0
 
 
-def capacity(pool: LoadPool, plan: Plan, seconds: float, in_flight: tuple[int, ...]) -> float:
-    """The best rate of full answers over closed loops of `in_flight` requests."""
-    rates = []
+def capacity(
+    pool: LoadPool, plan: Plan, seconds: float, in_flight: tuple[int, ...]
+) -> dict[int, float]:
+    """The rate of full answers of a closed loop of each of `in_flight` requests."""
+    rates = {}
     for count in in_flight:
-        rates.append(full_rate(closed(pool, plan, count, seconds)))
-        print(f"closed loop, {count} in flight: {rates[-1]:.0f} full answers/s", flush=True)
-    return max(rates)
+        rates[count] = full_rate(closed(pool, plan, count, seconds))
+        print(f"closed loop, {count} in flight: {rates[count]:.0f} full answers/s", flush=True)
+    return rates
 
 
 def searched(
@@ -205,12 +218,13 @@ def searched(
     connections: int,
     seconds: float,
     in_flight: tuple[int, ...],
-) -> tuple[float, str]:
-    """`system`'s capacity from `connections`, and a line that says it as `what`."""
-    best = capacity(pool, replace(system.plan, connections=connections), seconds, in_flight)
-    line = f"{what} (the best of {in_flight} in flight): {best:.0f}/s"
+) -> tuple[dict[int, float], str]:
+    """`system`'s rates from `connections` by calls in flight (its capacity: the best), and a
+    line that says its capacity as `what`."""
+    rates = capacity(pool, replace(system.plan, connections=connections), seconds, in_flight)
+    line = f"{what} (the best of {in_flight} in flight): {max(rates.values()):.0f}/s"
     print(line, flush=True)
-    return best, line
+    return rates, line
 
 
 @dataclass
@@ -223,6 +237,7 @@ class System:
     admin: Admin
     levels: LevelWatch
     probes: tuple[str, str]  # its admin port and metrics page
+    front_metrics: str | None = None  # the Prometheus page of the front it is reached through
 
     def step(
         self,
@@ -243,19 +258,33 @@ class System:
         step = measured(self.name, label, results, objective)
         step.level = self.levels.highest(since, time.time())
         step.health_ms = tuple(seconds * 1e3 for seconds in probe.slowest())
+        if self.front_metrics is not None:
+            step.front_ms = front_times(self.front_metrics)
         return step
+
+
+def front_times(metrics: str) -> tuple[float, float]:
+    """HAProxy's average time in its queue and in the gateway, ms, over its last 1,024
+    calls (the end of a step)."""
+    found = counters(metrics)
+    return tuple(
+        found[f"haproxy_backend_{what}_time_average_seconds"] * 1e3
+        for what in ("queue", "response")
+    )
 
 
 @contextmanager
 def fronted(system: System, settings: FrontSettings) -> Iterator[System]:
     """The same running system reached through HAProxy (deploy/front) instead of directly."""
-    _, metrics = system.probes
-    with front(system.plan.target, metrics, settings) as address:
+    _, readyz = system.probes
+    metrics = f"127.0.0.1:{free_port()}"
+    with front(system.plan.target, readyz, settings, metrics) as address:
         name = (
             f"{system.name}, behind the front ({settings.places} places, "
             f"{settings.queue_ms} ms, {settings.rate}/s)"
         )
-        yield replace(system, name=name, plan=replace(system.plan, target=address))
+        plan = replace(system.plan, target=address)
+        yield replace(system, name=name, plan=plan, front_metrics=metrics)
 
 
 @contextmanager
@@ -303,16 +332,23 @@ def row_text(step: Step) -> str:
         f"{step.refusal_p99_ms:.1f} ms), degraded {step.degraded:.0%}, other errors "
         f"{step.other_errors or 'none'}, level {step.level}, slowest gRPC health check "
         f"{public:.0f} ms (admin port {admin:.0f} ms), slowest /readyz {readyz:.0f} ms, "
-        f"sends late P99 {step.late_p99_ms:.1f} ms"
+        f"sends late P99 {step.late_p99_ms:.1f} ms{_front_text(step)}"
     )
+
+
+def _front_text(step: Step) -> str:
+    if step.front_ms is None:
+        return ""
+    queued, served = step.front_ms
+    return f", the front's averages: {queued:.0f} ms queued, {served:.0f} ms in the gateway"
 
 
 HEADER = (
     "| connections | load | system | offered/s | goodput/s | % of peak | admitted P99 ms "
     "| refused | refusal P99 ms | degraded | other errors | top level "
     "| slowest health ms: public port | admin port | /readyz | sends late P99 ms "
-    "| busiest client worker |\n"
-    "|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|"
+    "| busiest client worker | front's average ms: queued | in the gateway |\n"
+    "|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|"
 )
 
 
@@ -341,12 +377,13 @@ def _row(step: Step, peak: float) -> str:
     public, admin, readyz = step.health_ms
     other = ", ".join(f"{code} {n}" for code, n in step.other_errors.items()) or "-"
     level = "-" if step.level is None else step.level
+    queued, served = ("-", "-") if step.front_ms is None else (f"{t:.0f}" for t in step.front_ms)
     return (
         f"| {step.connections} | {step.label} | {step.system} | {step.offered:.0f} | "
         f"{step.goodput:.0f} | {share} | {step.admitted_p99_ms:.0f} | {step.refused:.0%} | "
         f"{refusal} | {step.degraded:.0%} | {other} | {level} | "
         f"{public:.0f} | {admin:.0f} | {readyz:.0f} | {step.late_p99_ms:.1f} | "
-        f"{step.busiest:.0%} |"
+        f"{step.busiest:.0%} | {queued} | {served} |"
     )
 
 
@@ -367,6 +404,75 @@ def overrides(pairs: list[str], settings: Any) -> dict[str, Any]:
             where = where.setdefault(section, dict(source))
         where[name] = yaml.safe_load(value)
     return changed
+
+
+def fitted_front(
+    system: System,
+    pool: LoadPool,
+    connections: int,
+    seconds: float,
+    rates: dict[int, float],
+    objective: float,
+) -> FrontSettings:
+    """The front for `system`: places for its share of `objective` at the rate the gateway
+    reaches with that many calls in flight, and that rate. Sized from its capacity (the best
+    of `rates`, full answers a second by calls in flight) first, then from the rate a closed
+    loop of its places finds (a gateway that needs more calls in flight than that to reach
+    its capacity answers them later than the objective allows), until the places settle or
+    the rate calls for more places than were measured."""
+    plan = replace(system.plan, connections=connections)
+    capacity = max(rates.values())
+    seen = dict(rates)
+    sizing = FrontSettings.sized(capacity, objective)
+    for attempt in range(FIT_ROUNDS):
+        # After the capacity search's widest loop the ladder may still degrade every answer,
+        # and a loop of degraded answers has no full rate to size from.
+        if not system.admin.wait_calm(CALM_SECONDS):
+            print(f"{system.name}: the ladder was not calm within {CALM_SECONDS:.0f} s")
+        places = sizing.places
+        seen[places] = full_rate(closed(pool, plan, places, seconds))
+        print(f"closed loop, {places} in flight (the front's places): {seen[places]:.0f}/s")
+        kept, refit = refitted(sizing, seen, capacity, objective)
+        if refit.places > places:
+            return refit  # more places than measured reach at least the rate measured
+        if refit.places >= places * SETTLED or attempt == FIT_ROUNDS - 1:
+            return kept
+        sizing = refit
+    raise AssertionError("unreachable: the last round returns")
+
+
+def refitted(
+    sizing: FrontSettings, seen: dict[int, float], capacity: float, objective: float
+) -> tuple[FrontSettings, FrontSettings]:
+    """`sizing` with the rate its places reach, and the sizing that rate calls for, from the
+    rates `seen` by calls in flight (no full answer: `sizing` both times)."""
+    # Below its capacity a gateway answers at least as fast with more calls in flight as with
+    # fewer: the best rate seen at no more than these places bounds a loop that a busy
+    # machine slowed, so that one slow loop does not shrink the places for good.
+    rate = min(capacity, max(r for count, r in seen.items() if count <= sizing.places))
+    if rate <= 0:
+        print("no full answer at the front's places: it keeps the sizing it had")
+        return sizing, sizing
+    return replace(sizing, rate=max(1, round(rate))), FrontSettings.sized(rate, objective)
+
+
+def front_for(
+    args: argparse.Namespace,
+    system: System,
+    widest: tuple,
+    rates: dict[int, float],
+    objective: float,
+) -> tuple[FrontSettings, str]:
+    """The front to run before `system`: fitted to its capacity and the objective, with any
+    value the command line gave in its place; and a line that says what a deployment sets."""
+    pool, connections, seconds, _ = widest
+    fitted = fitted_front(system, pool, connections, seconds, rates, objective)
+    given = {"places": args.front_places, "queue_ms": args.front_queue_ms, "rate": args.front_rate}
+    sizing = replace(fitted, **{key: value for key, value in given.items() if value is not None})
+    variables = " ".join(f"{key}={value}" for key, value in sizing.variables().items())
+    line = f"the front, fitted to it and the {objective * 1e3:g} ms objective: {variables}"
+    print(line, flush=True)
+    return sizing, line
 
 
 @contextmanager
@@ -403,18 +509,19 @@ def main(argv: list[str] | None = None) -> int:
     )
     deadline = f"every call's deadline: {args.deadline:g} s, capacity search and open loop alike"
     print(deadline, flush=True)
-    with pools(CONNECTIONS) as made, ExitStack() as stack:
+    with pools(args.connections) as made, ExitStack() as stack:
         systems = [stack.enter_context(started(n, args.config, g, plan)) for n, g in wanted]
         widest = (made[max(made)], max(made), seconds, in_flight)
-        best, found = searched("capacity", systems[0], *widest)
+        rates, found = searched("capacity", systems[0], *widest)
+        best = max(rates.values())
         if best <= 0:
             print("no full answer at any in-flight count: nothing to sweep")
             return 1
         if args.front:
-            rate = args.front_rate or round(best)
-            places = FrontSettings(args.front_places, args.front_queue_ms, rate)
-            systems += [stack.enter_context(fronted(s, places)) for s in list(systems)]
-            found += "; " + searched("behind the front", systems[len(wanted)], *widest)[1]
+            sizing, line = front_for(args, systems[0], widest, rates, w.objective_seconds)
+            fronts = [sizing, *(replace(sizing, **changed) for changed in args.front_against)]
+            systems += [stack.enter_context(fronted(s, f)) for f in fronts for s in list(systems)]
+            found += f"; {line}; " + searched("behind the front", systems[len(wanted)], *widest)[1]
         rates = [(f"{f:g}x", f * best) for f in fractions]
         steps = sweep(systems, made, rates, seconds, w.objective_seconds)
         crashed = [f"{f} exited ({s.name})" for s in systems if (f := s.supervisor.failed())]
@@ -452,21 +559,55 @@ def arguments(argv: list[str] | None) -> argparse.Namespace:
         help="run each system also behind HAProxy (deploy/front), in turn with it direct",
     )
     parser.add_argument(
-        "--front-places", type=int, default=FrontSettings.places, help="the front's maxconn"
+        "--connections",
+        type=connection_counts,
+        default=connection_counts(CONNECTIONS),
+        help=f"the open loop's numbers of connections, comma-separated (default {CONNECTIONS})",
     )
+    sizing = "(default: sized from the capacity found and the objective)"
+    parser.add_argument("--front-places", type=int, help=f"the front's maxconn {sizing}")
     parser.add_argument(
-        "--front-queue-ms",
-        type=int,
-        default=FrontSettings.queue_ms,
-        help="the longest a call waits in the front's queue",
+        "--front-queue-ms", type=int, help=f"the longest a call waits in its queue {sizing}"
     )
     parser.add_argument(
         "--front-rate",
         type=int,
-        default=None,
         help="answers a second the front counts on to clear its queue (default: capacity found)",
     )
+    parser.add_argument(
+        "--front-against",
+        action="append",
+        default=[],
+        type=front_changes,
+        metavar="KEY=VALUE[,KEY=VALUE]",
+        help="another front to run beside the sized one, before the same gateway, with those "
+        "of its places, queue_ms and rate changed (repeatable; e.g. places=64,queue_ms=100)",
+    )
     return parser.parse_args(argv)
+
+
+def front_changes(text: str) -> dict[str, int]:
+    """`places=64,queue_ms=100` as the FrontSettings fields it changes."""
+    changes = {}
+    for pair in text.split(","):
+        key, _, value = pair.partition("=")
+        if key not in {"places", "queue_ms", "rate"} or not value.isdigit() or int(value) < 1:
+            raise argparse.ArgumentTypeError(
+                f"{pair!r}: expected places, queue_ms or rate = a positive whole number"
+            )
+        changes[key] = int(value)
+    return changes
+
+
+def connection_counts(text: str) -> tuple[int, ...]:
+    """`2,8` as (2, 8): distinct positive counts, in order."""
+    try:
+        counts = tuple(dict.fromkeys(int(part) for part in text.split(",")))
+    except ValueError:
+        counts = ()
+    if not counts or min(counts) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected positive counts, e.g. 2,8")
+    return counts
 
 
 if __name__ == "__main__":

@@ -1,9 +1,12 @@
-"""The overload benchmark runs and reports every step (never how fast they were)."""
+"""The overload benchmark runs and reports every step (never how fast they were), directly and
+through a front it fits to the capacity it found."""
 
+import re
 from pathlib import Path
 
 import pytest
 
+from bench.front import haproxy
 from tests.support.bench import run_quick
 
 pytestmark = pytest.mark.bench
@@ -18,5 +21,20 @@ def test_the_overload_sweep_runs_and_reports_each_step(tmp_path: Path) -> None:
     assert "every call's deadline: 1 s" in table
     assert all(f"| {label} |" in table for label in ("0.8x", "2x", "4x"))
     assert all(f"| {column} |" in table for column in ("admin port", "refusal P99 ms", "degraded"))
-    assert all(f"| {n} | 2x | as configured |" in table for n in (1, 8))
+    assert all(f"| {n} | 2x | as configured |" in table for n in (2, 8))
     assert "(admin port " in out
+
+
+@pytest.mark.skipif(haproxy() is None, reason="haproxy is not installed")
+def test_the_sweep_through_the_front_fits_the_front_and_reports_its_times(tmp_path: Path) -> None:
+    out = run_quick("bench.overload", tmp_path, 300, "--front", "--connections", "2")
+    assert "in flight (the front's places):" in out
+    fitted = re.search(r"STRATA_FRONT_MAXCONN=(\d+) STRATA_FRONT_QUEUE_MS=50 ", out)
+    assert fitted, out
+    sizing = fitted.group(1)
+    table = (tmp_path / "overload.md").read_text()
+    fronted = [row for row in table.splitlines() if f"behind the front ({sizing} places" in row]
+    assert len(fronted) == 3, table
+    # Its last two columns: HAProxy's average times, queued and in the gateway, both measured.
+    assert all(re.search(r"\| \d+ \| \d+ \|$", row) for row in fronted), fronted
+    assert "every process stayed up" in out

@@ -1,21 +1,23 @@
 """The HAProxy front (deploy/front/haproxy.cfg) before a real gateway: an ordinary client
 passes through it unrefused, what the front refuses reaches a gRPC client as
-RESOURCE_EXHAUSTED with a retry hint, not as HTTP's 503, and a flood is refused on arrival,
-not after the queue's wait. Skipped without haproxy."""
+RESOURCE_EXHAUSTED with a retry hint, not as HTTP's 503, a flood is refused on arrival,
+not after the queue's wait, a front sized from a capacity holds no more calls in the
+gateway and its queue than its sizing says, and the gateway's health service is reached
+outside the places. Skipped without haproxy."""
 
 from __future__ import annotations
 
 import asyncio
 import collections
 import time
-import urllib.request
 from collections.abc import Iterator
 
 import grpc
 import numpy as np
 import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from bench.front import FrontSettings, front, haproxy
+from bench.front import FrontSettings, counters, front, haproxy
 from strata.errors import RETRY_AFTER
 from strata.proto.inference import grpc_service_pb2_grpc as v2_grpc
 from strata.tools.launch import Supervisor
@@ -34,6 +36,9 @@ NARROW = FrontSettings(places=1, queue_ms=1)
 # brings past the places and those 12 is refused on arrival; the admitted ones never see the
 # wait out, since the gateway answers hundreds a second even on a busy machine.
 FLOODED = FrontSettings(places=8, queue_ms=3000, rate=4)
+# Sized for a gateway of 100 answers/s and a 250 ms objective: 5 places (a fifth of the
+# objective at that rate) and a queue bounded at 100/s x 50 ms = 5 calls.
+SIZED = FrontSettings.sized(100, 0.25)
 
 
 @pytest.fixture(scope="module")
@@ -62,6 +67,10 @@ def test_tritonclient_through_the_front_sees_no_error(system: Supervisor, in_fli
     assert codes == {"OK": calls * in_flight}
 
 
+def digits_request():
+    return codec.build_request("digits", {"images": np.zeros((1, 8, 8), np.uint8)})
+
+
 async def at_once(address: str, calls: int) -> tuple[collections.Counter, float]:
     """`calls` digits requests at once on one connection: answers, each refusal by its
     code and retry hint, and the seconds the slowest refusal took."""
@@ -69,7 +78,7 @@ async def at_once(address: str, calls: int) -> tuple[collections.Counter, float]
     refusals = [0.0]
     async with grpc.aio.insecure_channel(address) as channel:
         stub = v2_grpc.GRPCInferenceServiceStub(channel)
-        request = codec.build_request("digits", {"images": np.zeros((1, 8, 8), np.uint8)})
+        request = digits_request()
 
         async def call() -> None:
             started = time.monotonic()
@@ -107,7 +116,7 @@ def test_a_flood_on_one_connection_is_refused_on_arrival_and_the_rest_answered(
     metrics = f"127.0.0.1:{free_port()}"
     with front(system.address("gateway"), readyz(system), FLOODED, metrics) as address:
         codes, slowest = asyncio.run(at_once(address, calls))
-        counted = scraped(metrics)
+        counted = counters(metrics)
     refused = codes.pop((grpc.StatusCode.RESOURCE_EXHAUSTED, "100"), 0)
     # Counted by reason: every refusal here was on arrival, none after the queue's wait.
     assert counted["haproxy_backend_requests_denied_total"] == refused, counted
@@ -122,12 +131,47 @@ def test_a_flood_on_one_connection_is_refused_on_arrival_and_the_rest_answered(
     assert slowest < wait / 2, f"a refusal took {slowest:.2f} s: it waited in the queue"
 
 
-def scraped(metrics: str) -> dict[str, float]:
-    """The front's backend counters for the gateway, from its Prometheus page."""
-    with urllib.request.urlopen(f"http://{metrics}/metrics", timeout=10) as page:
-        lines = page.read().decode().splitlines()
-    return {
-        line.partition("{")[0]: float(line.rpartition(" ")[2])
-        for line in lines
-        if line.startswith("haproxy_backend_") and '{proxy="gateway"}' in line
-    }
+def test_a_sized_front_holds_its_places_in_the_gateway_and_its_bound_in_the_queue(
+    system: Supervisor,
+) -> None:
+    calls = 64
+    metrics = f"127.0.0.1:{free_port()}"
+    with front(system.address("gateway"), readyz(system), SIZED, metrics) as address:
+        codes, _ = asyncio.run(at_once(address, calls))
+        counted = counters(metrics)
+    refused = codes.pop((grpc.StatusCode.RESOURCE_EXHAUSTED, "100"), 0)
+    assert set(codes) <= {"OK"}, f"other answers than refusals with a hint: {dict(codes)}"
+    assert codes["OK"] >= SIZED.places and refused > 0, dict(codes)
+    # What the sizing set is what HAProxy enforced: never more calls in the gateway at once
+    # than its places, never more queued than the rate clears within the wait. The places
+    # count calls, not connections: one client connection held more than one of them.
+    assert counted["haproxy_server_limit_sessions"] == SIZED.places, counted
+    assert 1 < counted["haproxy_server_max_sessions"] <= SIZED.places, counted
+    assert counted["haproxy_backend_max_queue"] <= SIZED.rate * SIZED.queue_ms / 1000, counted
+
+
+async def called_while_watched(address: str, calls: int) -> tuple[int, list[str]]:
+    """A health Watch opened through the front and held while `calls` digits requests are
+    made one after another: the status it first reads, and each call's outcome."""
+    outcomes = []
+    async with grpc.aio.insecure_channel(address) as channel:
+        watch = health_pb2_grpc.HealthStub(channel).Watch(health_pb2.HealthCheckRequest())
+        first = await watch.read()
+        stub = v2_grpc.GRPCInferenceServiceStub(channel)
+        for _ in range(calls):
+            try:
+                await stub.ModelInfer(digits_request(), timeout=30)
+                outcomes.append("OK")
+            except grpc.aio.AioRpcError as exc:
+                outcomes.append(exc.code().name)
+        watch.cancel()
+    return first.status, outcomes
+
+
+def test_a_health_watch_through_the_front_holds_none_of_its_places(system: Supervisor) -> None:
+    # NARROW has one place and a 1 ms queue: were the Watch, which lasts as long as its
+    # client, to take that place, every call after it would be refused.
+    with front(system.address("gateway"), readyz(system), NARROW) as address:
+        status, outcomes = asyncio.run(called_while_watched(address, 3))
+    assert status == health_pb2.HealthCheckResponse.SERVING
+    assert outcomes == ["OK"] * 3

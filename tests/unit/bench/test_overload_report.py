@@ -1,10 +1,14 @@
-"""The overload report: side by side per step, and no division by a peak goodput of 0."""
+"""The overload report: side by side per step, no division by a peak goodput of 0, and the
+front's own times where a step went through it; its options, and how it fits a front."""
 
+import argparse
 import math
+from dataclasses import replace
 
 import pytest
 
-from bench.overload import Step, overrides, report
+from bench.front import FrontSettings
+from bench.overload import Step, connection_counts, front_changes, overrides, refitted, report
 from strata.config import load_settings
 from tests.support.system import DEFAULT_CONFIG
 
@@ -59,3 +63,42 @@ def test_against_changes_one_setting_and_keeps_the_rest_of_its_section() -> None
     assert changed["ladder"]["tick_seconds"] == settings.gateway.ladder.tick_seconds
     with pytest.raises(SystemExit, match="expected KEY=VALUE"):
         overrides(["ladder.door_wait_share"], settings)
+
+
+def test_a_step_through_the_front_reports_its_queue_and_gateway_times() -> None:
+    fronted = replace(step("behind the front", "2x", 40), front_ms=(48.6, 51.2))
+    table = report([step("direct", "2x", 50), fronted])
+    assert "| 2x | direct |" in table and table.count("| - | - |") == 1
+    assert "| 20% | 49 | 51 |" in table
+
+
+def test_connection_counts_are_distinct_positive_numbers_in_order() -> None:
+    assert connection_counts("2,8") == (2, 8)
+    assert connection_counts("8,1,8") == (8, 1)
+    for wrong in ("", "0,8", "two", "2,-1"):
+        with pytest.raises(argparse.ArgumentTypeError, match="positive counts"):
+            connection_counts(wrong)
+
+
+def test_another_front_changes_only_its_sizing() -> None:
+    assert front_changes("places=64,queue_ms=100") == {"places": 64, "queue_ms": 100}
+    for wrong in ("maxconn=64", "places=0", "rate=fast", "places"):
+        with pytest.raises(argparse.ArgumentTypeError, match="places, queue_ms or rate"):
+            front_changes(wrong)
+
+
+def test_a_front_is_refitted_from_the_best_rate_at_no_more_places() -> None:
+    # The loaded run: 32 places read 306/s, slower than 16 in flight had (380/s).
+    seen = {16: 380.0, 64: 579.0, 256: 623.0, 32: 306.0}
+    sizing = FrontSettings.sized(623, 0.25)
+    kept, refit = refitted(sizing, seen, 623, 0.25)
+    assert kept == FrontSettings(places=32, queue_ms=50, rate=380)
+    assert refit == FrontSettings(places=19, queue_ms=50, rate=380)
+
+
+def test_a_refit_never_counts_on_more_than_the_capacity_nor_sizes_from_nothing() -> None:
+    sizing = FrontSettings.sized(500, 0.25)
+    kept, refit = refitted(sizing, {64: 500.0, sizing.places: 900.0}, 500, 0.25)
+    assert kept.rate == 500 and refit == sizing
+    nothing = {16: 0.0, sizing.places: 0.0}
+    assert refitted(sizing, nothing, 500, 0.25) == (sizing, sizing)
