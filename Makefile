@@ -109,9 +109,10 @@ trace: $(STAMP_PROTO)
 bench: $(STAMP_MODELS) $(STAMP_MODELS_TEXT)
 	$(PY) -m bench --config $(CONFIG)
 
-# Open-loop sweep from 0.1 to 4x capacity: goodput, admitted P99, refusals, health checks.
+# Open-loop sweep from 0.8 to 4x capacity: goodput, admitted P99, refusals, health checks;
+# through the HAProxy front as well, in turn with the direct runs, where haproxy is installed.
 bench-overload: $(STAMP_MODELS)
-	$(PY) -m bench.overload --config $(CONFIG)
+	$(PY) -m bench.overload --config $(CONFIG) $(if $(shell command -v haproxy),--front)
 
 # Strata against MLServer, KServe and a bare v2 server on the digits, then against MLServer
 # and the in-process loop on the image and text workloads (bench/peers; installs the peers'
