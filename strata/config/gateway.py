@@ -210,9 +210,10 @@ class FlightSettings(Strict):
     max_in_air: int = Field(
         default=2,
         ge=1,
-        description="Flights travelling the chain at once; below it a request leaves at once "
-        "(with whatever arrived in the same event-loop turn), beyond it requests queue for "
-        "the next flight.",
+        description="Flights travelling the chain at once. A request of a queue with nothing "
+        "in the air leaves at once (with whatever arrived in the same event-loop turn); while "
+        "some of the queue's requests are in the air, its next flight leaves once it holds the "
+        "queue's recent load over max_in_air, is full, or the queue's flights have landed.",
     )
     max_requests: int = Field(default=64, ge=1, description="Client requests one flight carries.")
     max_rows: int = Field(
