@@ -247,14 +247,18 @@ async def turns(count: int = 5) -> None:
         await asyncio.sleep(0)
 
 
+AIR = 1.0  # seconds the first flight of `busy` is in the air: a gathering flight waits 0.5 s
+
+
 async def busy(flights: Flights, gates: Gates, load: int) -> list[asyncio.Task]:
-    """Two flights of `load` / 2 in the air, the first landed once before them: the key's load
-    is `load` and one flight of it is in the air; the rest's requests then board again."""
+    """Two flights of `load` / 2 in the air, the first landed once after AIR seconds: the key's
+    load is `load` and one flight of it is in the air; the rest's requests then board again."""
     boarded = [asyncio.create_task(flights.board("k", member(f"a{i}"))) for i in range(load // 2)]
     await turns()
     boarded += [asyncio.create_task(flights.board("k", member(f"b{i}"))) for i in range(load // 2)]
     await turns()
     assert len(gates.flights) == 2, "with no landing seen yet, a flight leaves when a slot frees"
+    await asyncio.sleep(AIR)
     gates.land(0)  # the key had `load` requests in the system as it landed
     await turns()
     return boarded
@@ -292,6 +296,34 @@ async def test_a_gathering_flight_leaves_when_the_keys_flights_have_landed() -> 
 
 
 @run
+async def test_a_gathering_flight_waits_for_its_share_at_most_its_linger() -> None:
+    gates = Gates()
+    flights = Flights(FlightSettings(max_in_air=2), gates.fly, lambda member, waited: None)
+    boarded = await busy(flights, gates, load=16)
+    lone = asyncio.create_task(flights.board("k", member("lone")))
+    await asyncio.sleep(AIR / 10)
+    assert len(gates.flights) == 2, "it waits for company"
+    await until(lambda: len(gates.flights) == 3)
+    assert gates.flights[2] == ["lone"], "it leaves alone, the flight before it still in the air"
+    gates.land(1)
+    gates.land(2)
+    await asyncio.gather(*boarded, lone)
+
+
+@run
+async def test_with_no_linger_a_request_leaves_whenever_a_slot_is_free() -> None:
+    gates = Gates()
+    flights = Flights(FlightSettings(max_in_air=2, linger=0), gates.fly, lambda m, w: None)
+    boarded = await busy(flights, gates, load=16)
+    lone = asyncio.create_task(flights.board("k", member("lone")))
+    await turns()
+    assert gates.flights[2] == ["lone"]
+    gates.land(1)
+    gates.land(2)
+    await asyncio.gather(*boarded, lone)
+
+
+@run
 async def test_a_full_flight_leaves_below_its_share() -> None:
     gates = Gates()
     settings = FlightSettings(max_in_air=2, max_rows=4)
@@ -299,6 +331,7 @@ async def test_a_full_flight_leaves_below_its_share() -> None:
     boarded = [asyncio.create_task(flights.board("k", member(f"a{i}"))) for i in range(8)]
     await turns()
     assert gates.flights == [["a0", "a1", "a2", "a3"], ["a4", "a5", "a6", "a7"]]
+    await asyncio.sleep(AIR)
     gates.land(0)  # 8 in the system as it landed: a share of 4
     await turns()
     boarded += [asyncio.create_task(flights.board("k", member(n, 3))) for n in ("big", "next")]
