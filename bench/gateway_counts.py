@@ -1,9 +1,10 @@
-"""The gateway's own counts, read from its Prometheus /metrics page: refusals, answers.
+"""The gateway's own counts, read from its Prometheus /metrics page: refusals, answers, flights.
 
 The door counts each refusal in `strata_gateway_refusals_total{reason, client}` and the rate
 limiter in `strata_gateway_rate_limited_total{scope}`; every answer counts in
 `strata_gateway_requests_total{pipeline, code, protocol}`. A benchmark reads them to say what
-the server refused and why, beside what its clients saw.
+the server refused and why, beside what its clients saw; `strata_gateway_flight_requests`
+says how many flights carried how many requests (their mean size between two readings).
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ class GatewayCounts:
     refusals: Counter[tuple[str, str]] = field(default_factory=Counter)  # (reason, client)
     rate_limited: Counter[str] = field(default_factory=Counter)  # by scope
     answers: Counter[tuple[str, str]] = field(default_factory=Counter)  # (protocol, code)
+    flights: float = 0.0  # flights that left
+    flight_requests: float = 0.0  # the requests they carried
 
     @property
     def refused(self) -> int:
@@ -68,4 +71,8 @@ def parse(text: str) -> GatewayCounts:
                 counts.rate_limited[labels["scope"]] += sample.value
             elif sample.name == "strata_gateway_requests_total":
                 counts.answers[labels["protocol"], labels["code"]] += sample.value
+            elif sample.name == "strata_gateway_flight_requests_count":
+                counts.flights += sample.value
+            elif sample.name == "strata_gateway_flight_requests_sum":
+                counts.flight_requests += sample.value
     return counts

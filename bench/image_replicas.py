@@ -5,7 +5,8 @@ replicas with a `preprocess.threads`, in alternating rounds (1, 2, 1, 2 ...) so 
 machine's other work falls on every variant alike. In each: a warm-up, then `concurrency`
 requests in flight on one connection for `seconds`: throughput, P50, P99, the requests that
 failed, each preprocess replica's CPU (% of one core and ms per image), the gateway's and the
-other layers', the CPU the machine spent outside the system under test and the load tool
+other layers' (and their ms per image), the mean requests a flight carried (from the
+gateway's metrics page), the CPU the machine spent outside the system under test and the load tool
 (other work sharing the cores), and the 1-minute load average. Then the median throughput of
 each variant and its ratio to the first.
 """
@@ -22,6 +23,7 @@ from pathlib import Path
 
 import psutil
 
+from bench import gateway_counts
 from bench.deployment import running
 from bench.image_chain import CLIENT, WARM_SECONDS, image_config
 from bench.load import LoadPool, Plan
@@ -47,6 +49,7 @@ class Sample:
     layers: float  # inference and postprocess, % of one core
     others: float  # the machine's CPU outside the system under test, % of one core
     load: float  # 1-minute load average at the end
+    flight: float  # requests a flight carried, on average
 
 
 def compare(
@@ -64,8 +67,9 @@ def compare(
         "",
         "| round | replicas x threads | images/s | P50 ms | P99 ms | failed "
         "| each replica's CPU % | preprocess CPU ms/image | gateway CPU % "
-        "| inference+postprocess CPU % | other work CPU % | load avg |",
-        "|---:|---|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|",
+        "| inference+postprocess CPU % | gateway / other layers CPU ms/image "
+        "| requests a flight | other work CPU % | load avg |",
+        "|---:|---|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     samples: dict[Variant, list[Sample]] = defaultdict(list)
     with LoadPool(1) as pool:
@@ -74,7 +78,10 @@ def compare(
                 with tempfile.TemporaryDirectory(prefix="strata-") as tmp:
                     path = image_config(config, Path(tmp), objective_ms, variant)
                     (Path(tmp) / "run").mkdir()
-                    with running(path, Path(tmp) / "run") as (supervisor, _):
+                    with running(path, Path(tmp) / "run", gateway_metrics=True) as (
+                        supervisor,
+                        _,
+                    ):
                         plan = _plan(supervisor, requests)
                         sample = _sample(supervisor, pool, plan, concurrency, seconds)
                 samples[variant].append(sample)
@@ -103,9 +110,13 @@ def _sample(
     processes = {n: psutil.Process(p.pid) for n, p in supervisor.processes.items()}
     warm = closed(pool, plan, concurrency, WARM_SECONDS)
     failures = warm.error_counts()
+    metrics = supervisor.settings.services.gateway.metrics
+    assert metrics is not None, "started with gateway_metrics"
+    flown = gateway_counts.read(metrics)
     before, machine, start = _cpu(processes), _machine(), time.monotonic()
     results = closed(pool, plan, concurrency, seconds)
     after, busy, wall = _cpu(processes), _machine() - machine, time.monotonic() - start
+    landed = gateway_counts.read(metrics)
     used = {name: (after[name] - before[name]) * 100 / wall for name in processes}
     replicas = [used[n] for n in sorted(used) if n.startswith("preprocess")]
     gateway = sum(v for n, v in used.items() if n.startswith("gateway"))
@@ -123,6 +134,8 @@ def _sample(
         # The load tool's own process is among "other work": one client, the same in each.
         others=busy * 100 / wall - sum(used.values()),
         load=os.getloadavg()[0],
+        flight=(landed.flight_requests - flown.flight_requests)
+        / max(landed.flights - flown.flights, 1),
     )
 
 
@@ -138,10 +151,12 @@ def _machine() -> float:
 
 def _row(round_: int, variant: Variant, s: Sample) -> str:
     each = " / ".join(f"{c:.0f}" for c in s.replicas)
+    per_image = 10 / max(s.images, 1e-9)  # % of a core -> ms an image
     return (
         f"| {round_} | {variant[0]} x {variant[1]} | {s.images:.1f} | {s.p50_ms:.0f} "
         f"| {s.p99_ms:.0f} | {s.failed} | {each} | {s.per_image:.1f} | {s.gateway:.0f} "
-        f"| {s.layers:.0f} | {s.others:.0f} | {s.load:.1f} |"
+        f"| {s.layers:.0f} | {s.gateway * per_image:.2f} / {s.layers * per_image:.2f} "
+        f"| {s.flight:.1f} | {s.others:.0f} | {s.load:.1f} |"
     )
 
 

@@ -210,9 +210,18 @@ class FlightSettings(Strict):
     max_in_air: int = Field(
         default=2,
         ge=1,
-        description="Flights travelling the chain at once; below it a request leaves at once "
-        "(with whatever arrived in the same event-loop turn), beyond it requests queue for "
-        "the next flight.",
+        description="Flights travelling the chain at once. A request of a queue with nothing "
+        "in the air leaves at once (with whatever arrived in the same event-loop turn); while "
+        "some of the queue's requests are in the air, its next flight leaves once it holds the "
+        "queue's recent load over max_in_air, is full, has waited its `linger`, or the queue's "
+        "flights have landed.",
+    )
+    linger: float = Field(
+        default=0.5,
+        ge=0,
+        description="Of a queue's recent time in the air, how long its next flight may wait for "
+        "its share of the queue's load while some of the queue's requests are in the air "
+        "(docs/gateway.md, Flights). 0: it leaves whenever fewer than max_in_air travel.",
     )
     max_requests: int = Field(default=64, ge=1, description="Client requests one flight carries.")
     max_rows: int = Field(

@@ -220,3 +220,141 @@ async def test_a_flight_of_several_flies_in_its_leads_trace_and_the_others_link_
     assert [link.context for link in follower.links] == [lead.get_span_context()]
     assert lead.is_recording(), "the lead's span is its request's, ended by its request"
     assert not exporter.get_finished_spans(), "no span of the flight's own"
+
+
+class Gates:
+    """A chain whose flights each land when the test opens their gate."""
+
+    def __init__(self) -> None:
+        self.flights: list[list[str]] = []
+        self._gates: list[asyncio.Event] = []
+
+    async def fly(self, members: list[Member]) -> None:
+        self.flights.append([m.request for m in members])
+        gate = asyncio.Event()
+        self._gates.append(gate)
+        await gate.wait()
+        for member in members:
+            if member.waiting:
+                member.future.set_result(member.request)
+
+    def land(self, flight: int) -> None:
+        self._gates[flight].set()
+
+
+async def turns(count: int = 5) -> None:
+    for _ in range(count):
+        await asyncio.sleep(0)
+
+
+AIR = 1.0  # seconds the first flight of `busy` is in the air: a gathering flight waits 0.5 s
+
+
+async def busy(flights: Flights, gates: Gates, load: int) -> list[asyncio.Task]:
+    """Two flights of `load` / 2 in the air, the first landed once after AIR seconds: the key's
+    load is `load` and one flight of it is in the air; the rest's requests then board again."""
+    boarded = [asyncio.create_task(flights.board("k", member(f"a{i}"))) for i in range(load // 2)]
+    await turns()
+    boarded += [asyncio.create_task(flights.board("k", member(f"b{i}"))) for i in range(load // 2)]
+    await turns()
+    assert len(gates.flights) == 2, "with no landing seen yet, a flight leaves when a slot frees"
+    await asyncio.sleep(AIR)
+    gates.land(0)  # the key had `load` requests in the system as it landed
+    await turns()
+    return boarded
+
+
+@run
+async def test_a_request_sent_again_from_a_landed_flight_waits_for_its_share_of_the_load() -> None:
+    gates = Gates()
+    flights = Flights(FlightSettings(max_in_air=2), gates.fly, lambda member, waited: None)
+    boarded = await busy(flights, gates, load=16)
+    again = []
+    for i in range(8):  # the landed flight's clients send again, one event-loop turn apart
+        assert len(gates.flights) == 2, f"{i} gathered of a share of 8: they wait"
+        again.append(asyncio.create_task(flights.board("k", member(f"c{i}"))))
+        await turns()
+    assert gates.flights[2] == [f"c{i}" for i in range(8)], "the 8th fills the share: it leaves"
+    gates.land(1)
+    gates.land(2)
+    await asyncio.gather(*boarded, *again)
+
+
+@run
+async def test_a_gathering_flight_leaves_when_the_keys_flights_have_landed() -> None:
+    gates = Gates()
+    flights = Flights(FlightSettings(max_in_air=2), gates.fly, lambda member, waited: None)
+    boarded = await busy(flights, gates, load=16)
+    lone = asyncio.create_task(flights.board("k", member("lone")))
+    await turns()
+    assert len(gates.flights) == 2
+    gates.land(1)  # nothing of the key in the air: it is calm, and what gathered leaves
+    await turns()
+    assert gates.flights[2] == ["lone"]
+    gates.land(2)
+    await asyncio.gather(*boarded, lone)
+
+
+@run
+async def test_a_gathering_flight_waits_for_its_share_at_most_its_linger() -> None:
+    gates = Gates()
+    flights = Flights(FlightSettings(max_in_air=2), gates.fly, lambda member, waited: None)
+    boarded = await busy(flights, gates, load=16)
+    lone = asyncio.create_task(flights.board("k", member("lone")))
+    await asyncio.sleep(AIR / 10)
+    assert len(gates.flights) == 2, "it waits for company"
+    await until(lambda: len(gates.flights) == 3)
+    assert gates.flights[2] == ["lone"], "it leaves alone, the flight before it still in the air"
+    gates.land(1)
+    gates.land(2)
+    await asyncio.gather(*boarded, lone)
+
+
+@run
+async def test_with_no_linger_a_request_leaves_whenever_a_slot_is_free() -> None:
+    gates = Gates()
+    flights = Flights(FlightSettings(max_in_air=2, linger=0), gates.fly, lambda m, w: None)
+    boarded = await busy(flights, gates, load=16)
+    lone = asyncio.create_task(flights.board("k", member("lone")))
+    await turns()
+    assert gates.flights[2] == ["lone"]
+    gates.land(1)
+    gates.land(2)
+    await asyncio.gather(*boarded, lone)
+
+
+@run
+async def test_a_full_flight_leaves_below_its_share() -> None:
+    gates = Gates()
+    settings = FlightSettings(max_in_air=2, max_rows=4)
+    flights = Flights(settings, gates.fly, lambda member, waited: None)
+    boarded = [asyncio.create_task(flights.board("k", member(f"a{i}"))) for i in range(8)]
+    await turns()
+    assert gates.flights == [["a0", "a1", "a2", "a3"], ["a4", "a5", "a6", "a7"]]
+    await asyncio.sleep(AIR)
+    gates.land(0)  # 8 in the system as it landed: a share of 4
+    await turns()
+    boarded += [asyncio.create_task(flights.board("k", member(n, 3))) for n in ("big", "next")]
+    await turns()
+    assert gates.flights[2] == ["big"], "3 rows and the next 3 pass max_rows: it is full"
+    for flight in (1, 2):
+        gates.land(flight)
+    await until(lambda: len(gates.flights) == 4)
+    gates.land(3)
+    await asyncio.gather(*boarded)
+
+
+@run
+async def test_another_keys_lone_request_leaves_at_once_while_one_key_gathers() -> None:
+    gates = Gates()
+    flights = Flights(FlightSettings(max_in_air=2), gates.fly, lambda member, waited: None)
+    boarded = await busy(flights, gates, load=16)
+    waits = asyncio.create_task(flights.board("k", member("waits")))
+    other = asyncio.create_task(flights.board("j", member("other")))
+    await turns()
+    assert gates.flights[2:] == [["other"]], "key j is calm; key k gathers its share"
+    gates.land(1)
+    gates.land(2)
+    await until(lambda: len(gates.flights) == 4)
+    gates.land(3)
+    await asyncio.gather(*boarded, waits, other)
