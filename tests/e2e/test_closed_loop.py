@@ -46,10 +46,18 @@ async def closed_loop(address: str, timeout: float | None, rounds: int = ROUNDS)
 def test_a_closed_loop_of_64_without_deadlines_is_answered_whole(tmp_path: Path) -> None:
     # 4 places, and 5 ms of patience for a caller with a deadline (a 5 ms objective): 60
     # waiting behind 4 wait far longer. The ladder off: that objective would climb it to
-    # shedding, which refuses callers of every kind; the door's wait is what is tested here.
+    # shedding, which refuses callers of every kind; the door's wait is what is tested here,
+    # so no refusal on arrival for the wait before the door (backlog_share 0), which would
+    # refuse the hurried callers before they wait for a place.
     changes = {
         "gateway": {
-            "concurrency": {"initial": 4, "min_limit": 4, "max_limit": 4, "wait_share": 1.0},
+            "concurrency": {
+                "initial": 4,
+                "min_limit": 4,
+                "max_limit": 4,
+                "wait_share": 1.0,
+                "backlog_share": 0,
+            },
             "ladder": {"max_level": 0},
         },
         "pipelines": {"digits": {"latency_objective_ms": 5}},
