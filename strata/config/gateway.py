@@ -284,15 +284,16 @@ class Concurrency(Strict):
         "`gateway.default_timeout_seconds` runs out (docs/gateway.md, Admission).",
     )
     backlog_share: float = Field(
-        default=0.5,
+        default=0.0,
         ge=0,
         le=1,
         description="While calls wait before the door (in gRPC's queue, measured by the "
         "gateway's own probe) longer than this share of a pipeline's latency objective, a call "
         "whose caller set a deadline is refused on arrival (RESOURCE_EXHAUSTED, reason "
         "`backlog`), before its inputs are read: the queue is held near it, and what is "
-        "admitted has the rest of the objective. 0 never refuses for it (docs/gateway.md, "
-        "Admission).",
+        "admitted has the rest of the objective. 0 (the default) never refuses for it: the "
+        "wait is every client's, so a flooding client's queue would refuse the others' calls "
+        "too (docs/gateway.md, Admission).",
     )
     max_waiting: int = Field(
         default=1024,

@@ -20,7 +20,10 @@ from tests.support.system import running_system
 BURST = 1200  # at once, on two connections: seconds of work for any machine this runs on
 OBJECTIVE = 0.25
 REQUEST = codec.build_request("digits", {"images": np.zeros((1, 8, 8), np.uint8)})
-CHANGES = {"pipelines": {"digits": {"latency_objective_ms": OBJECTIVE * 1000}}}
+CHANGES = {
+    "gateway": {"concurrency": {"backlog_share": 0.5}},
+    "pipelines": {"digits": {"latency_objective_ms": OBJECTIVE * 1000}},
+}
 
 
 class Outcome(NamedTuple):
