@@ -57,7 +57,7 @@ class Bare(v2_grpc.GRPCInferenceServiceServicer):
 
 
 async def serve(model: Path, name: str, listen: str) -> None:
-    server = grpc.aio.server()
+    server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])  # a port in use fails
     v2_grpc.add_GRPCInferenceServiceServicer_to_server(Bare(name, session(model)), server)
     server.add_insecure_port(listen)
     await server.start()

@@ -51,7 +51,10 @@ async def serve(port: int, way: str) -> None:
             "Hold": grpc.unary_unary_rpc_method_handler(hold),
         },
     )
-    server = grpc.aio.server(maximum_concurrent_rpcs=1 if way == "limiter" else None)
+    server = grpc.aio.server(
+        maximum_concurrent_rpcs=1 if way == "limiter" else None,
+        options=[("grpc.so_reuseport", 0)],  # a port in use fails the start, never shared
+    )
     server.add_generic_rpc_handlers((handler,))
     server.add_insecure_port(f"127.0.0.1:{port}")
     await server.start()

@@ -73,6 +73,7 @@ async def serve(port: int, variant: Variant, work: float) -> None:
         options=[
             ("grpc.max_concurrent_streams", variant.streams),
             ("grpc.http.overload_protection", int(variant.protection)),
+            ("grpc.so_reuseport", 0),  # a port in use fails the start, never shared
         ]
     )
     server.add_generic_rpc_handlers((handler,))
