@@ -291,9 +291,10 @@ class Concurrency(Strict):
         "gateway's own probe) longer than this share of a pipeline's latency objective, a call "
         "whose caller set a deadline is refused on arrival (RESOURCE_EXHAUSTED, reason "
         "`backlog`), before its inputs are read: the queue is held near it, and what is "
-        "admitted has the rest of the objective. 0 (the default) never refuses for it: the "
-        "wait is every client's, so a flooding client's queue would refuse the others' calls "
-        "too (docs/gateway.md, Admission).",
+        "admitted has the rest of the objective. Only a client that sends at least half an "
+        "equal share of the recent calls is refused for it, so a flooding client's queue "
+        "does not refuse a polite client's calls. 0 (the default) never refuses for it "
+        "(docs/gateway.md, Admission).",
     )
     max_waiting: int = Field(
         default=1024,

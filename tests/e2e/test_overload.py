@@ -174,10 +174,17 @@ def test_past_capacity_the_ladder_climbs_on_queueing_delay_says_why_and_comes_ba
     assert calmed.startswith("calm"), calmed
 
 
-def test_a_flooding_client_cannot_take_another_clients_share(tmp_path: Path) -> None:
+# The refusal on arrival off (the default) and on at a share that any queue before the door
+# passes (0.25 ms of the 250 ms objective): the flood makes that queue, and only the flood
+# may be refused for it.
+@pytest.mark.parametrize("backlog_share", [0.0, 0.001])
+def test_a_flooding_client_cannot_take_another_clients_share(
+    tmp_path: Path, backlog_share: float
+) -> None:
     # A limit of 8 and a share floor of half of it: with the default floor (8) the flood's
     # share would be the whole limit, and it would wait for places rather than be refused.
     limit = {"initial": 8, "min_limit": 8, "max_limit": 8, "min_share": 4}
+    limit["backlog_share"] = backlog_share
     # The ladder off: on a busy machine the flood's queueing climbed it to shedding (level 4),
     # which refuses the quiet client too; shares are what is tested here.
     changes = {"gateway": {"concurrency": limit, "ladder": {"max_level": 0}}}

@@ -17,6 +17,13 @@ is admitted has the other half for the door and the chain. A caller without a de
 closed loop with a client library's defaults) is never refused here: it sends again at
 once, and its own concurrency bounds it.
 
+The wait is every client's, but only the clients that make it are refused for it: a call is
+refused only if its client sent at least half an equal share of the calls that arrived over
+the last `ARRIVAL_WINDOW` or two (equal among the clients that sent any), so a polite client
+beside a flooding one keeps being answered, while a lone client past capacity, or many alike,
+are refused as before. Arrivals are counted by the identity the door proved (identity.py),
+never by what a header claims.
+
 The wait is the gateway's own measurement, never a client's deadline: the lesser of the last
 two probes' times (a queue that stands; one late probe refuses nothing), or the time the
 probe in flight has waited so far where that is longer (a queue building up shows before the
@@ -35,6 +42,10 @@ from strata.config.settings import Settings
 
 # The shortest retry hint: the queue has not drained until a probe has passed it.
 MIN_RETRY_SECONDS = 0.01
+# Arrivals are counted over this window and the one before it (seconds).
+ARRIVAL_WINDOW = 1.0
+# A client sending less than this share of an equal share of the arrivals is not refused.
+FLOOD_SHARE = 0.5
 
 
 class Backlog:
@@ -71,9 +82,40 @@ class Backlog:
         return max(standing, self._clock() - self._sent - self._lag())
 
 
+class Arrivals:
+    """Calls that arrived, by client, over the current window and the one before it."""
+
+    def __init__(
+        self, window: float = ARRIVAL_WINDOW, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self._window = window
+        self._clock = clock
+        self._ends = clock() + window
+        self._now: dict[str, int] = {}
+        self._before: dict[str, int] = {}
+
+    def add(self, client: str) -> None:
+        now = self._clock()
+        if now >= self._ends:
+            late = now - self._ends >= self._window  # a whole window passed without a call
+            self._before, self._now = ({} if late else self._now), {}
+            self._ends = now + self._window
+        self._now[client] = self._now.get(client, 0) + 1
+
+    def flooding(self, client: str) -> bool:
+        """Whether `client` sent at least `FLOOD_SHARE` of an equal share of the calls that
+        arrived, among the clients that sent any."""
+        now, before = self._now, self._before
+        clients = now.keys() | before.keys()
+        total = sum(now.values()) + sum(before.values())
+        mine = now.get(client, 0) + before.get(client, 0)
+        return mine * len(clients) >= FLOOD_SHARE * total
+
+
 class BacklogLimit:
     """Refuses on arrival a call with a deadline while the wait before the door is longer
-    than `backlog_share` of its pipeline's objective."""
+    than `backlog_share` of its pipeline's objective, if its client sends its share of the
+    calls or more."""
 
     checkpoint = Checkpoint.ARRIVAL
 
@@ -83,19 +125,23 @@ class BacklogLimit:
         self.backlog = backlog
         self.limits = limits
         self._arrived = arrived  # told of each call refused here, as the ladder counts calls
+        self.arrivals = Arrivals()
 
     def configure(self, settings: Settings) -> None:
         return None  # reads the limits' settings and objectives, which reload themselves
 
     async def admit(self, entry: Entry) -> Ticket:
         caller, share = entry.caller, self.limits.settings.backlog_share
-        if caller is None or caller.time_remaining is None or not share:
+        if not share:
+            return None
+        self.arrivals.add(entry.client)
+        if caller is None or caller.time_remaining is None:
             return None
         limit = self.limits.limits.get(entry.pipeline)
         if limit is None:  # an unknown pipeline: NOT_FOUND, once its request is read
             return None
         wait, allowed = self.backlog.wait(), share * limit.objective
-        if wait <= allowed:
+        if wait <= allowed or not self.arrivals.flooding(entry.client):
             return None
         self._arrived(entry.pipeline)
         message = (

@@ -7,7 +7,7 @@ import asyncio
 import pytest
 from prometheus_client import REGISTRY
 
-from services.gateway.door.backlog import Backlog, BacklogLimit
+from services.gateway.door.backlog import Arrivals, Backlog, BacklogLimit
 from services.gateway.door.concurrency import AdaptiveLimits
 from services.gateway.door.policy import Entry
 from services.gateway.request import Caller
@@ -56,9 +56,9 @@ def test_a_probe_still_in_flight_reads_at_least_as_long_as_it_has_waited() -> No
     assert backlog.wait() == pytest.approx(0.01)
 
 
-def entry(deadline: float | None, pipeline: str = "digits") -> Entry:
+def entry(deadline: float | None, pipeline: str = "digits", client: str = "id:c") -> Entry:
     caller = Caller({}, "ipv4:127.0.0.1:5000", deadline)
-    return Entry(caller, pipeline, "id:c", "", Deadline.after(deadline or 30.0))
+    return Entry(caller, pipeline, client, "", Deadline.after(deadline or 30.0))
 
 
 def policy(share: float, waited: float) -> tuple[BacklogLimit, list[str]]:
@@ -110,3 +110,33 @@ def test_the_doors_own_wait_leaves_room_for_the_wait_before_it() -> None:
     with pytest.raises(Overloaded, match="at its concurrency limit"):
         asyncio.run(asyncio.wait_for(admitted(waited=1.0), timeout=5.0))
     assert door.limits["digits"].queued == 0, "refused at once, never queued"
+
+
+def test_a_client_sending_a_small_share_of_the_calls_is_not_refused_for_the_others_queue() -> None:
+    door, arrived = policy(share=0.25, waited=0.4)
+    for _ in range(50):
+        with pytest.raises(Overloaded):
+            asyncio.run(door.admit(entry(deadline=1.0, client="id:flood")))
+    assert asyncio.run(door.admit(entry(deadline=1.0, client="id:polite"))) is None
+    assert arrived == ["digits"] * 50, "only the flood's calls were refused"
+
+
+def test_arrivals_share_out_among_the_clients_of_the_last_two_windows() -> None:
+    clock = Clock(0.0)
+    arrivals = Arrivals(window=1.0, clock=clock)
+    for _ in range(30):
+        arrivals.add("a")
+    for _ in range(10):
+        arrivals.add("b")
+    arrivals.add("c")
+    assert arrivals.flooding("a") and arrivals.flooding("b"), "10 of 41 is half of a third"
+    assert not arrivals.flooding("c")
+    clock.now += 1.5  # a new window: the last one still counts
+    arrivals.add("c")
+    assert arrivals.flooding("a") and not arrivals.flooding("c")
+    clock.now += 1.0  # two windows on: only the newest calls count
+    arrivals.add("c")
+    assert arrivals.flooding("c") and not arrivals.flooding("a")
+    clock.now += 5.0  # quiet for longer than both windows: nothing before counts
+    arrivals.add("b")
+    assert arrivals.flooding("b") and not arrivals.flooding("c")
