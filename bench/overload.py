@@ -26,15 +26,16 @@ the same machine load. The front is fitted past capacity (bench/front.py
 of a fifth of it, refused on arrival past what that rate clears in that wait), fed the rate
 the gateway clears behind the front in an open loop at 2x capacity, where the load tool and
 HAProxy take cores a closed loop left it: sized from the capacity first, then refitted from
-each such loop's cleared rate until HAProxy's own average time in the gateway is near a
-fifth of the objective or the places settle (at most three loops). `--front-places`,
-`--front-queue-ms` and `--front-rate` override each (places and rate both given: no fit),
-and the variables a deployment sets are printed and reported. `--front-against
-places=64,queue_ms=100` runs another front beside it before the same gateway, with those
-values changed, so that two sizings meet the same machine load. Each front step also reports
-HAProxy's own average time in its queue and in the gateway over its last 1,024 calls, so that
-an admitted call's latency reads as the two. The steps' rates stay the direct gateway's
-capacity's for every system, so that all meet the same load.
+each such loop's cleared rate until the places settle, places / cleared (a call's time in
+the gateway, by Little's law, the places all taken) near a fifth of the objective (at most
+three loops; a cut of the places that clears less by more than a fifth keeps the places
+before it). `--front-places`, `--front-queue-ms` and `--front-rate` override each (places
+and rate both given: no fit), and the variables a deployment sets are printed and reported.
+`--front-against places=64,queue_ms=100` runs another front beside it before the same
+gateway, with those values changed, so that two sizings meet the same machine load. Each
+front step also reports HAProxy's own average time in its queue and in the gateway over its
+last 1,024 calls, so that an admitted call's latency reads as the two. The steps' rates stay
+the direct gateway's capacity's for every system, so that all meet the same load.
 
 `--against gateway.KEY=VALUE` (repeatable, e.g. `ladder.door_wait_share=0`) runs a second
 system with those gateway settings changed beside the configured one, both up at once: the same
@@ -474,11 +475,14 @@ def fitted_front(
     closed loop left the gateway, so it clears less there than a closed loop reaches, and
     places sized from the closed loop hold each call longer than the share. Sized from
     `capacity` first, then from each round's cleared rate until the places settle (at most
-    FIT_ROUNDS rounds)."""
+    FIT_ROUNDS rounds); only the places change between rounds."""
     sizing = FrontSettings.sized(capacity, objective)
+    measured = None
     for attempt in range(FIT_ROUNDS):
         system.calm()
-        with fronted(system, sizing) as behind:
+        # The queue's bound on arrival stays the capacity's: a bound from a lower rate refuses
+        # bursts that the places could have taken, and the round would measure the front.
+        with fronted(system, replace(sizing, rate=round(capacity))) as behind:
             plan = replace(behind.plan, connections=connections)
             cleared = opened(pool, plan, FIT_LOAD * capacity, seconds).throughput()
         # Past capacity every place is taken (the queue holds a wait's worth), so by Little's
@@ -492,20 +496,33 @@ def fitted_front(
             f"{objective * IN_GATEWAY * 1e3:.0f} ms)",
             flush=True,
         )
-        sizing, done = next_fit(sizing, cleared, objective)
-        if done or attempt == FIT_ROUNDS - 1:
-            return sizing
+        refit, done = next_fit(sizing, cleared, objective, measured)
+        measured = replace(sizing, rate=max(1, round(cleared)))
+        if done:
+            return refit
+        if attempt == FIT_ROUNDS - 1:
+            # More places than measured clear at least as much; fewer are not yet known to.
+            return refit if refit.places > sizing.places else measured
+        sizing = refit
     raise AssertionError("unreachable: the last round returns")
 
 
-def next_fit(sizing: FrontSettings, cleared: float, objective: float) -> tuple[FrontSettings, bool]:
+def next_fit(
+    sizing: FrontSettings, cleared: float, objective: float, before: FrontSettings | None
+) -> tuple[FrontSettings, bool]:
     """After a fitting round at `sizing` in which the gateway cleared `cleared` answers a
     second: the sizing that rate calls for, and whether it is the fit (places within
-    FIT_CLOSE of those measured: a call's time in the gateway near its share; or no answer
-    to size from, which keeps `sizing`)."""
+    FIT_CLOSE of those measured: a call's time in the gateway near its share). `before` is
+    the round before, its places and the rate they cleared: where fewer places than it had
+    cleared less by more than FIT_CLOSE, the gateway needs those places (its own time a
+    call is past the share, which no cut of the places shortens), and `before` is the fit.
+    No answer to size from: `before`, or `sizing` in the first round."""
     if cleared <= 0:
         print("no answer through the front: it keeps the sizing it had")
-        return sizing, True
+        return before or sizing, True
+    if before and sizing.places < before.places and cleared < (1 - FIT_CLOSE) * before.rate:
+        print(f"fewer places cleared less: the fit keeps {before.places} places")
+        return before, True
     refit = FrontSettings.sized(cleared, objective)
     return refit, abs(refit.places - sizing.places) <= FIT_CLOSE * sizing.places
 
