@@ -487,8 +487,9 @@ def fitted_front(
             cleared = opened(pool, plan, FIT_LOAD * capacity, seconds).throughput()
         # Past capacity every place is taken (the queue holds a wait's worth), so by Little's
         # law a call spends places / cleared in the gateway. HAProxy's own average is no
-        # reading here: while a fresh front has seen fewer than 1,024 requests it divides
-        # the times of those it let through by all of them, refusals included.
+        # reading in a fresh front: its Prometheus page divides the sum of the times it has
+        # by 1,024 however few calls that sum holds, and later calls only slowly replace the
+        # shortfall (it read 50 ms where places / cleared was 122 ms in a 1 s round).
         in_gateway = sizing.places / cleared * 1e3 if cleared > 0 else float("nan")
         print(
             f"the front at {sizing.places} places, {FIT_LOAD:g}x capacity: the gateway cleared "
