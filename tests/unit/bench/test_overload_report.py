@@ -10,6 +10,7 @@ import pytest
 
 from bench.front import FrontSettings
 from bench.overload import (
+    Capacity,
     Step,
     connection_counts,
     front_changes,
@@ -66,6 +67,15 @@ def test_a_system_that_answered_nothing_in_time_is_reported_not_divided_by() -> 
     assert "| 2x | before | 100 | 0 | - | - | - |" in table
     assert "| 2x | after | 100 | 10 | - | 0.50 | 1.00 |" in table
     assert "No step of before from 1 connection(s) had a full answer within the objective" in table
+
+
+def test_capacity_is_the_best_goodput_and_says_the_old_measure_beside_it() -> None:
+    found = Capacity(goodput={16: 700.0, 64: 947.0}, full={16: 720.0, 64: 1184.0})
+    assert found.best == 947.0
+    assert found.line("capacity", 0.25) == (
+        "capacity (the best of (16, 64) in flight, full answers within the 250 ms objective): "
+        "947/s; full answers however late, the measure before: 1184/s"
+    )
 
 
 def test_against_changes_one_setting_and_keeps_the_rest_of_its_section() -> None:
