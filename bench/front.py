@@ -59,7 +59,10 @@ class FrontSettings:
         """A front for a gateway that answers `capacity` calls a second, so that past
         capacity an admitted call spends at most `in_gateway` of the objective in the
         gateway and `queued` of it in the front's queue (Little's law: places = capacity x
-        the time in the gateway; the queue's bound, rate x wait, follows from the rate)."""
+        the time in the gateway; the queue's bound, rate x wait, follows from the rate).
+        `capacity` is what the gateway clears past capacity, where clients and the front
+        take cores too (`bench.overload --front` measures it behind the front at 2x); a
+        closed loop's rate overstates it and the places with it."""
         if capacity <= 0 or objective_seconds <= 0:
             raise ValueError("a front is sized from a positive capacity and objective")
         return cls(

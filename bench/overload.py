@@ -3,33 +3,39 @@
 What a user past capacity sees. The system from the config on free ports, the ladder free; the
 first pipeline with a demo data set. Every call carries the same deadline (`--deadline`, 1 s),
 in the capacity search and the open loop alike, so that the sweep measures the server and no
-change of deadline between its phases. Capacity is the best rate of full
-answers (within the objective or not) over closed loops of 16, 64 and 256 in flight from the
-most connections asked for; then an open loop (no coordinated omission) at 0.8, 1, 1.5, 2 and
-4x that rate from each number of connections in `--connections` (by default 2 and 8, the
-issue's figure; one load worker for one connection, else two sharing them), each step once
-the ladder is calm again. Per step: goodput (full answers within the pipeline's objective) and its
-share of the best step's, the P99 of admitted requests (answered, full or degraded), the share
-refused (RESOURCE_EXHAUSTED or UNAVAILABLE) and the P99 of the time a refusal took, the
-degraded share, other errors, the highest level the ladder reached, the slowest health answer
-(a gRPC health check on the public port, behind every call gRPC has queued there; the same on
-the admin port; GET /readyz on the metrics port) and how late the load tool's sends were (P99;
-it shares the machine's cores).
+change of deadline between its phases. Capacity is the best goodput (full answers within the
+pipeline's objective, per second) of closed loops of 16 and 64 in flight from the most
+connections asked for (the issue's definition); the best rate of full answers however late
+is printed beside it as the measure before. Then an open loop (no coordinated omission) at
+0.8, 1, 1.5, 2 and 4x that rate from each number of connections in `--connections` (by
+default 2 and 8, the issue's figure; one load worker for one connection, else two sharing
+them), each step once the ladder is calm again. Per step: goodput and its share of the
+capacity the rates come from, of the system's own capacity (each system's searched the same
+way, through its front where it has one) and of the best step's, the P99 of admitted
+requests (answered, full or degraded), the share refused (RESOURCE_EXHAUSTED or UNAVAILABLE)
+and the P99 of the time a refusal took, the degraded share, other errors, the highest level
+the ladder reached, the slowest health answer (a gRPC health check on the public port,
+behind every call gRPC has queued there; the same on the admin port; GET /readyz on the
+metrics port), how late the load tool's sends were (P99) and the cores it took, its workers
+together (it shares the machine's cores with what it measures).
 
 `--front` (haproxy on PATH) also sends every step through HAProxy before the same gateway
 (deploy/front/haproxy.cfg), in turn with the direct runs, so that the two are compared under
-the same machine load. The front is fitted to the capacity found and the pipeline's objective
-(bench/front.py `FrontSettings.sized`: places for a fifth of the objective in the gateway, a
-queue of a fifth of it, refused on arrival past what the rate clears in that wait), the rate
-being what a closed loop of its places reaches, resized until the places settle;
-`--front-places`, `--front-queue-ms` and `--front-rate` override each, and the variables a
-deployment sets are printed and reported. `--front-against places=64,queue_ms=100` runs
-another front beside it before the same gateway, with those values changed, so that two
-sizings meet the same machine load. Each front step also reports
-HAProxy's own average time in its queue and in the gateway over its last 1,024 calls, so that
-an admitted call's latency reads as the two. The capacity search is run through the front as
-well and reported beside the direct one (the front's own CPU shares the machine), but the
-steps' rates stay the direct gateway's.
+the same machine load. The front is fitted past capacity (bench/front.py
+`FrontSettings.sized`: places for a fifth of the objective in the gateway at a rate, a queue
+of a fifth of it, refused on arrival past what that rate clears in that wait), fed the rate
+the gateway clears behind the front in an open loop at 2x capacity, where the load tool and
+HAProxy take cores a closed loop left it: sized from the capacity first, then refitted from
+each such loop's cleared rate until the places settle, places / cleared (a call's time in
+the gateway, by Little's law, the places all taken) near a fifth of the objective (at most
+three loops; a cut of the places that clears less by more than a fifth keeps the places
+before it). `--front-places`, `--front-queue-ms` and `--front-rate` override each (places
+and rate both given: no fit), and the variables a deployment sets are printed and reported.
+`--front-against places=64,queue_ms=100` runs another front beside it before the same
+gateway, with those values changed, so that two sizings meet the same machine load. Each
+front step also reports HAProxy's own average time in its queue and in the gateway over its
+last 1,024 calls, so that an admitted call's latency reads as the two. The steps' rates stay
+the direct gateway's capacity's for every system, so that all meet the same load.
 
 `--against gateway.KEY=VALUE` (repeatable, e.g. `ladder.door_wait_share=0`) runs a second
 system with those gateway settings changed beside the configured one, both up at once: the same
@@ -60,7 +66,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from bench.admin import Admin, LevelWatch
 from bench.deployment import free_port, running
-from bench.front import FrontSettings, counters, front, haproxy
+from bench.front import IN_GATEWAY, FrontSettings, counters, front, haproxy
 from bench.load import LoadPool, Plan, Results
 from bench.load.worker import INFER
 from bench.measure import closed, opened
@@ -71,12 +77,13 @@ from strata.tools.launch import Supervisor
 RESULTS = Path(__file__).resolve().parent / "results"
 CLIENT = (("x-client-id", "strata-bench"),)
 FRACTIONS = (0.8, 1.0, 1.5, 2.0, 4.0)
-IN_FLIGHT = (16, 64, 256)
+IN_FLIGHT = (16, 64)  # the issue's capacity: the best closed loop of these
 CONNECTIONS = "2,8"  # the issue's figure; 1 costs a sweep more
 REFUSED = (grpc.StatusCode.RESOURCE_EXHAUSTED.value[0], grpc.StatusCode.UNAVAILABLE.value[0])
 CALM_SECONDS = 30.0  # the most a step waits for the ladder to come back to level 0
-FIT_ROUNDS = 3  # closed loops at most to fit the front's places to the rate they reach
-SETTLED = 0.9  # places that shrink less than this between rounds have settled
+FIT_LOAD = 2.0  # of capacity: the open loop the front is fitted under, past capacity
+FIT_ROUNDS = 3  # such loops at most to fit the front's places to the time they take
+FIT_CLOSE = 0.2  # places this near those measured have settled
 
 
 class HealthProbe:
@@ -156,6 +163,7 @@ class Step:
     health_ms: tuple[float, float, float]  # slowest: public port, admin port, /readyz
     late_p99_ms: float  # how late the load tool sent
     busiest: float  # the busiest load worker's share of a core
+    client_cores: float  # the machine's cores the load tool took, its workers together
     front_ms: tuple[float, float] | None = None  # HAProxy's average: in its queue, in the gateway
 
 
@@ -183,6 +191,7 @@ def measured(system: str, label: str, results: Results, objective: float) -> Ste
         health_ms=(float("nan"),) * 3,
         late_p99_ms=client["sendLagP99"] * 1e3,
         busiest=client["busiestWorkerCpu"],
+        client_cores=client["cores"],
     )
 
 
@@ -193,6 +202,28 @@ def _p99(values: np.ndarray) -> float:
     return float(np.percentile(values, 99)) if len(values) else float("nan")
 
 
+@dataclass(frozen=True)
+class Capacity:
+    """What closed loops of each number of calls in flight reached a second: full answers
+    within the objective (goodput, the issue's capacity) and full answers however late (the
+    measure before it, reported beside it)."""
+
+    goodput: dict[int, float]
+    full: dict[int, float]
+
+    @property
+    def best(self) -> float:
+        """The capacity: the best goodput of the loops."""
+        return max(self.goodput.values())
+
+    def line(self, what: str, objective: float) -> str:
+        return (
+            f"{what} (the best of {tuple(self.goodput)} in flight, full answers within the "
+            f"{objective * 1e3:g} ms objective): {self.best:.0f}/s; full answers however "
+            f"late, the measure before: {max(self.full.values()):.0f}/s"
+        )
+
+
 def full_rate(results: Results) -> float:
     """Full answers (not degraded), however late, per second."""
     seconds = results.total_seconds
@@ -201,14 +232,20 @@ def full_rate(results: Results) -> float:
 
 
 def capacity(
-    pool: LoadPool, plan: Plan, seconds: float, in_flight: tuple[int, ...]
-) -> dict[int, float]:
-    """The rate of full answers of a closed loop of each of `in_flight` requests."""
-    rates = {}
+    pool: LoadPool, plan: Plan, seconds: float, in_flight: tuple[int, ...], objective: float
+) -> Capacity:
+    """The rates a closed loop of each of `in_flight` requests reaches."""
+    found = Capacity({}, {})
     for count in in_flight:
-        rates[count] = full_rate(closed(pool, plan, count, seconds))
-        print(f"closed loop, {count} in flight: {rates[count]:.0f} full answers/s", flush=True)
-    return rates
+        results = closed(pool, plan, count, seconds)
+        found.goodput[count] = results.goodput(objective)
+        found.full[count] = full_rate(results)
+        print(
+            f"closed loop, {count} in flight: {found.goodput[count]:.0f} full answers/s within "
+            f"the objective ({found.full[count]:.0f} however late)",
+            flush=True,
+        )
+    return found
 
 
 def searched(
@@ -218,13 +255,16 @@ def searched(
     connections: int,
     seconds: float,
     in_flight: tuple[int, ...],
-) -> tuple[dict[int, float], str]:
-    """`system`'s rates from `connections` by calls in flight (its capacity: the best), and a
-    line that says its capacity as `what`."""
-    rates = capacity(pool, replace(system.plan, connections=connections), seconds, in_flight)
-    line = f"{what} (the best of {in_flight} in flight): {max(rates.values()):.0f}/s"
+    objective: float,
+) -> tuple[Capacity, str]:
+    """`system`'s capacity from `connections`, once its ladder is calm, and a line that says
+    it as `what`."""
+    system.calm()
+    plan = replace(system.plan, connections=connections)
+    found = capacity(pool, plan, seconds, in_flight, objective)
+    line = found.line(what, objective)
     print(line, flush=True)
-    return rates, line
+    return found, line
 
 
 @dataclass
@@ -249,9 +289,7 @@ class System:
         objective: float,
     ) -> Step:
         """One open-loop step at `rate` from `connections`, once the ladder is calm."""
-        time.sleep(1.0)
-        if not self.admin.wait_calm(CALM_SECONDS):
-            print(f"{self.name}: the ladder was not calm within {CALM_SECONDS:.0f} s")
+        self.calm()
         since = time.time()
         with HealthProbe(self.plan.target, *self.probes) as probe:
             results = opened(pool, replace(self.plan, connections=connections), rate, seconds)
@@ -261,6 +299,13 @@ class System:
         if self.front_metrics is not None:
             step.front_ms = front_times(self.front_metrics)
         return step
+
+    def calm(self) -> None:
+        """Until the ladder is back at level 0 with nothing in flight (said if it is not),
+        so that a run starts from where the one before it left no trace."""
+        time.sleep(1.0)
+        if not self.admin.wait_calm(CALM_SECONDS):
+            print(f"{self.name}: the ladder was not calm within {CALM_SECONDS:.0f} s")
 
 
 def front_times(metrics: str) -> tuple[float, float]:
@@ -332,7 +377,8 @@ def row_text(step: Step) -> str:
         f"{step.refusal_p99_ms:.1f} ms), degraded {step.degraded:.0%}, other errors "
         f"{step.other_errors or 'none'}, level {step.level}, slowest gRPC health check "
         f"{public:.0f} ms (admin port {admin:.0f} ms), slowest /readyz {readyz:.0f} ms, "
-        f"sends late P99 {step.late_p99_ms:.1f} ms{_front_text(step)}"
+        f"sends late P99 {step.late_p99_ms:.1f} ms, load tool {step.client_cores:.2f} cores"
+        f"{_front_text(step)}"
     )
 
 
@@ -344,24 +390,30 @@ def _front_text(step: Step) -> str:
 
 
 HEADER = (
-    "| connections | load | system | offered/s | goodput/s | % of peak | admitted P99 ms "
-    "| refused | refusal P99 ms | degraded | other errors | top level "
-    "| slowest health ms: public port | admin port | /readyz | sends late P99 ms "
-    "| busiest client worker | front's average ms: queued | in the gateway |\n"
-    "|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|"
+    "| connections | load | system | offered/s | goodput/s | of capacity | of own capacity "
+    "| % of peak | admitted P99 ms | refused | refusal P99 ms | degraded | other errors "
+    "| top level | slowest health ms: public port | admin port | /readyz | sends late P99 ms "
+    "| busiest client worker | load tool's cores | front's average ms: queued "
+    "| in the gateway |\n"
+    "|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|---:"
+    "|---:|---:|---:|---:|"
 )
 
 
-def report(steps: list[Step]) -> str:
-    """One table, each step's systems side by side; a goodput share only where the system
-    answered something within the objective from that many connections (no peak: said so)."""
+def report(steps: list[Step], capacity: float, own: dict[str, float]) -> str:
+    """One table, each step's systems side by side; goodput as a share of `capacity` (the one
+    the rates are shares of), of its system's `own` capacity, and of its best step's, each only
+    where it is above 0 (no peak: said so)."""
     peaks: dict[tuple[str, int], float] = {}
     for step in steps:
         key = (step.system, step.connections)
         peaks[key] = max(peaks.get(key, 0.0), step.goodput)
     order = {label: n for n, label in enumerate(dict.fromkeys(s.label for s in steps))}
     ordered = sorted(steps, key=lambda s: (s.connections, order[s.label]))
-    lines = [HEADER, *(_row(step, peaks[(step.system, step.connections)]) for step in ordered)]
+    lines = [HEADER]
+    for step in ordered:
+        shares = (capacity, own.get(step.system, 0.0), peaks[(step.system, step.connections)])
+        lines.append(_row(step, tuple(_share(step.goodput, whole) for whole in shares)))
     lines += [
         f"\nNo step of {system} from {connections} connection(s) had a full answer within "
         "the objective: there is no peak goodput to compare with."
@@ -371,8 +423,11 @@ def report(steps: list[Step]) -> str:
     return "\n".join(lines)
 
 
-def _row(step: Step, peak: float) -> str:
-    share = f"{step.goodput / peak:.0%}" if peak > 0 else "-"
+def _share(part: float, whole: float) -> str:
+    return f"{part / whole:.2f}" if whole > 0 else "-"
+
+
+def _row(step: Step, shares: tuple[str, str, str]) -> str:
     refusal = "-" if np.isnan(step.refusal_p99_ms) else f"{step.refusal_p99_ms:.1f}"
     public, admin, readyz = step.health_ms
     other = ", ".join(f"{code} {n}" for code, n in step.other_errors.items()) or "-"
@@ -380,10 +435,10 @@ def _row(step: Step, peak: float) -> str:
     queued, served = ("-", "-") if step.front_ms is None else (f"{t:.0f}" for t in step.front_ms)
     return (
         f"| {step.connections} | {step.label} | {step.system} | {step.offered:.0f} | "
-        f"{step.goodput:.0f} | {share} | {step.admitted_p99_ms:.0f} | {step.refused:.0%} | "
-        f"{refusal} | {step.degraded:.0%} | {other} | {level} | "
+        f"{step.goodput:.0f} | {' | '.join(shares)} | {step.admitted_p99_ms:.0f} | "
+        f"{step.refused:.0%} | {refusal} | {step.degraded:.0%} | {other} | {level} | "
         f"{public:.0f} | {admin:.0f} | {readyz:.0f} | {step.late_p99_ms:.1f} | "
-        f"{step.busiest:.0%} | {queued} | {served} |"
+        f"{step.busiest:.0%} | {step.client_cores:.2f} | {queued} | {served} |"
     )
 
 
@@ -411,63 +466,84 @@ def fitted_front(
     pool: LoadPool,
     connections: int,
     seconds: float,
-    rates: dict[int, float],
+    capacity: float,
     objective: float,
 ) -> FrontSettings:
-    """The front for `system`: places for its share of `objective` at the rate the gateway
-    reaches with that many calls in flight, and that rate. Sized from its capacity (the best
-    of `rates`, full answers a second by calls in flight) first, then from the rate a closed
-    loop of its places finds (a gateway that needs more calls in flight than that to reach
-    its capacity answers them later than the objective allows), until the places settle or
-    the rate calls for more places than were measured."""
-    plan = replace(system.plan, connections=connections)
-    capacity = max(rates.values())
-    seen = dict(rates)
+    """The front for `system`: places for its share of `objective` in the gateway at the rate
+    the gateway clears behind the front in an open loop past capacity (FIT_LOAD x
+    `capacity`), and that rate. Past capacity the load tool and HAProxy take cores that a
+    closed loop left the gateway, so it clears less there than a closed loop reaches, and
+    places sized from the closed loop hold each call longer than the share. Sized from
+    `capacity` first, then from each round's cleared rate until the places settle (at most
+    FIT_ROUNDS rounds); only the places change between rounds."""
     sizing = FrontSettings.sized(capacity, objective)
+    measured = None
     for attempt in range(FIT_ROUNDS):
-        # After the capacity search's widest loop the ladder may still degrade every answer,
-        # and a loop of degraded answers has no full rate to size from.
-        if not system.admin.wait_calm(CALM_SECONDS):
-            print(f"{system.name}: the ladder was not calm within {CALM_SECONDS:.0f} s")
-        places = sizing.places
-        seen[places] = full_rate(closed(pool, plan, places, seconds))
-        print(f"closed loop, {places} in flight (the front's places): {seen[places]:.0f}/s")
-        kept, refit = refitted(sizing, seen, capacity, objective)
-        if refit.places > places:
-            return refit  # more places than measured reach at least the rate measured
-        if refit.places >= places * SETTLED or attempt == FIT_ROUNDS - 1:
-            return kept
+        system.calm()
+        # The queue's bound on arrival stays the capacity's: a bound from a lower rate refuses
+        # bursts that the places could have taken, and the round would measure the front.
+        with fronted(system, replace(sizing, rate=round(capacity))) as behind:
+            plan = replace(behind.plan, connections=connections)
+            cleared = opened(pool, plan, FIT_LOAD * capacity, seconds).throughput()
+        # Past capacity every place is taken (the queue holds a wait's worth), so by Little's
+        # law a call spends places / cleared in the gateway. HAProxy's own average is no
+        # reading in a fresh front: its Prometheus page divides the sum of the times it has
+        # by 1,024 however few calls that sum holds, and later calls only slowly replace the
+        # shortfall (it read 50 ms where places / cleared was 122 ms in a 1 s round).
+        in_gateway = sizing.places / cleared * 1e3 if cleared > 0 else float("nan")
+        print(
+            f"the front at {sizing.places} places, {FIT_LOAD:g}x capacity: the gateway cleared "
+            f"{cleared:.0f}/s, {in_gateway:.0f} ms a call in it (its share of the objective: "
+            f"{objective * IN_GATEWAY * 1e3:.0f} ms)",
+            flush=True,
+        )
+        refit, done = next_fit(sizing, cleared, objective, measured)
+        measured = replace(sizing, rate=max(1, round(cleared)))
+        if done:
+            return refit
+        if attempt == FIT_ROUNDS - 1:
+            # More places than measured clear at least as much; fewer are not yet known to.
+            return refit if refit.places > sizing.places else measured
         sizing = refit
     raise AssertionError("unreachable: the last round returns")
 
 
-def refitted(
-    sizing: FrontSettings, seen: dict[int, float], capacity: float, objective: float
-) -> tuple[FrontSettings, FrontSettings]:
-    """`sizing` with the rate its places reach, and the sizing that rate calls for, from the
-    rates `seen` by calls in flight (no full answer: `sizing` both times)."""
-    # Below its capacity a gateway answers at least as fast with more calls in flight as with
-    # fewer: the best rate seen at no more than these places bounds a loop that a busy
-    # machine slowed, so that one slow loop does not shrink the places for good.
-    rate = min(capacity, max(r for count, r in seen.items() if count <= sizing.places))
-    if rate <= 0:
-        print("no full answer at the front's places: it keeps the sizing it had")
-        return sizing, sizing
-    return replace(sizing, rate=max(1, round(rate))), FrontSettings.sized(rate, objective)
+def next_fit(
+    sizing: FrontSettings, cleared: float, objective: float, before: FrontSettings | None
+) -> tuple[FrontSettings, bool]:
+    """After a fitting round at `sizing` in which the gateway cleared `cleared` answers a
+    second: the sizing that rate calls for, and whether it is the fit (places within
+    FIT_CLOSE of those measured: a call's time in the gateway near its share). `before` is
+    the round before, its places and the rate they cleared: where fewer places than it had
+    cleared less by more than FIT_CLOSE, the gateway needs those places (its own time a
+    call is past the share, which no cut of the places shortens), and `before` is the fit.
+    No answer to size from: `before`, or `sizing` in the first round."""
+    if cleared <= 0:
+        print("no answer through the front: it keeps the sizing it had")
+        return before or sizing, True
+    if before and sizing.places < before.places and cleared < (1 - FIT_CLOSE) * before.rate:
+        print(f"fewer places cleared less: the fit keeps {before.places} places")
+        return before, True
+    refit = FrontSettings.sized(cleared, objective)
+    return refit, abs(refit.places - sizing.places) <= FIT_CLOSE * sizing.places
 
 
 def front_for(
     args: argparse.Namespace,
     system: System,
     widest: tuple,
-    rates: dict[int, float],
+    capacity: float,
     objective: float,
 ) -> tuple[FrontSettings, str]:
-    """The front to run before `system`: fitted to its capacity and the objective, with any
-    value the command line gave in its place; and a line that says what a deployment sets."""
+    """The front to run before `system`: fitted past its `capacity` to the objective (unless
+    the command line gave both places and rate), any value the command line gave in place of
+    the fitted one; and a line that says what a deployment sets."""
     pool, connections, seconds, _ = widest
-    fitted = fitted_front(system, pool, connections, seconds, rates, objective)
     given = {"places": args.front_places, "queue_ms": args.front_queue_ms, "rate": args.front_rate}
+    if args.front_places is None or args.front_rate is None:
+        fitted = fitted_front(system, pool, connections, seconds, capacity, objective)
+    else:
+        fitted = FrontSettings.sized(capacity, objective)
     sizing = replace(fitted, **{key: value for key, value in given.items() if value is not None})
     variables = " ".join(f"{key}={value}" for key, value in sizing.variables().items())
     line = f"the front, fitted to it and the {objective * 1e3:g} ms objective: {variables}"
@@ -496,7 +572,7 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit("no pipeline of this config has a demo data set under build/data")
     w = workload(settings, name)
     seconds = 1.0 if args.quick else args.seconds
-    fractions, in_flight = ((0.8, 2.0, 4.0), (64,)) if args.quick else (FRACTIONS, IN_FLIGHT)
+    fractions = (0.8, 2.0, 4.0) if args.quick else FRACTIONS
     wanted: list[tuple[str, dict | None]] = [("as configured", None)]
     if args.against:
         wanted.insert(0, (f"with {', '.join(args.against)}", overrides(args.against, settings)))
@@ -509,29 +585,51 @@ def main(argv: list[str] | None = None) -> int:
     )
     deadline = f"every call's deadline: {args.deadline:g} s, capacity search and open loop alike"
     print(deadline, flush=True)
+    objective = w.objective_seconds
     with pools(args.connections) as made, ExitStack() as stack:
         systems = [stack.enter_context(started(n, args.config, g, plan)) for n, g in wanted]
-        widest = (made[max(made)], max(made), seconds, in_flight)
-        rates, found = searched("capacity", systems[0], *widest)
-        best = max(rates.values())
+        widest = (made[max(made)], max(made), seconds, IN_FLIGHT)
+        own, found = capacities(systems, widest, objective)
+        best = own[systems[0].name]
         if best <= 0:
-            print("no full answer at any in-flight count: nothing to sweep")
+            print("no full answer within the objective at any in-flight count: nothing to sweep")
             return 1
         if args.front:
-            sizing, line = front_for(args, systems[0], widest, rates, w.objective_seconds)
+            sizing, line = front_for(args, systems[0], widest, best, objective)
             fronts = [sizing, *(replace(sizing, **changed) for changed in args.front_against)]
-            systems += [stack.enter_context(fronted(s, f)) for f in fronts for s in list(systems)]
-            found += f"; {line}; " + searched("behind the front", systems[len(wanted)], *widest)[1]
+            behind = [stack.enter_context(fronted(s, f)) for f in fronts for s in list(systems)]
+            more, lines = capacities(behind, widest, objective)
+            own |= more
+            found += [line, *lines]
+            systems += behind
         rates = [(f"{f:g}x", f * best) for f in fractions]
-        steps = sweep(systems, made, rates, seconds, w.objective_seconds)
+        steps = sweep(systems, made, rates, seconds, objective)
         crashed = [f"{f} exited ({s.name})" for s in systems if (f := s.supervisor.failed())]
     load = ", ".join(f"{n:.1f}" for n in os.getloadavg())
-    table = f"{report(steps)}\n\n{found}.\n\nThe machine's load average at the end: {load}."
+    table = (
+        f"{report(steps, best, own)}\n\n{'; '.join(found)}.\n\nEvery step's rate is a share "
+        f"of {best:.0f}/s, the capacity of {systems[0].name}. The machine has "
+        f"{os.cpu_count()} cores; its load average at the end: {load}."
+    )
     print(table)
     print("; ".join(crashed) if crashed else "every process stayed up")
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "overload.md").write_text(f"# Overload sweep ({name})\n\n{deadline}.\n\n{table}\n")
     return 1 if crashed else 0
+
+
+def capacities(
+    systems: list[System], widest: tuple, objective: float
+) -> tuple[dict[str, float], list[str]]:
+    """Each system's capacity by its name, searched from the most connections, and the lines
+    that say them."""
+    found = {}
+    lines = []
+    for system in systems:
+        capacity, line = searched(f"{system.name}: capacity", system, *widest, objective)
+        found[system.name] = capacity.best
+        lines.append(line)
+    return found, lines
 
 
 def arguments(argv: list[str] | None) -> argparse.Namespace:

@@ -107,6 +107,7 @@ class Results:
         return {
             "workers": len(self.cpu),
             "cpuSeconds": sum(c for c, _ in self.cpu),
+            "cores": sum(cpu),  # the machine's cores the tool took, its workers together
             "busiestWorkerCpu": max(cpu, default=0.0),
             "sendLagP99": float(lag),
         }

@@ -86,8 +86,8 @@ def _counted(counts: dict[str, int], noun: str) -> list[str]:
 def _client(extras: dict[str, Any]) -> list[str]:
     client = extras["client"]
     line = (
-        f"Load tool: {client['workers']} worker(s), {client['cpuSeconds']:.2f} CPU s, "
-        f"busiest worker {client['busiestWorkerCpu']:.0%} of a core"
+        f"Load tool: {client['workers']} worker(s), {client['cpuSeconds']:.2f} CPU s "
+        f"({client['cores']:.2f} cores), busiest worker {client['busiestWorkerCpu']:.0%} of a core"
     )
     if extras["loop"] == "open":
         line += f", send lag P99 {client['sendLagP99'] * 1e3:.2f} ms"

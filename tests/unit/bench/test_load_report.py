@@ -94,6 +94,14 @@ def test_lateness_and_busy_workers_are_warned_about() -> None:
     assert "WARNING" in summary(ghz_report(busy, {}))
 
 
+def test_the_tools_cores_are_its_workers_shares_of_a_core_together() -> None:
+    run = results([1.0] * 10)
+    run.cpu = [(0.6, 2.0), (0.5, 1.0)]  # 30% and 50% of a core
+    client = run.client()
+    assert client["cores"] == pytest.approx(0.8) and client["busiestWorkerCpu"] == 0.5
+    assert "1.10 CPU s (0.80 cores)" in summary(ghz_report(run, {}))
+
+
 def test_workers_records_merge_with_their_errors_renumbered() -> None:
     first, second = Record(), Record()
     first.add(0.0, 0.0, 0.001, 0, None, 0)

@@ -1,4 +1,5 @@
-"""The overload report: side by side per step, no division by a peak goodput of 0, and the
+"""The overload report: side by side per step, goodput as shares of the rates' capacity, of
+its system's own and of its best step's (no division by 0), the load tool's cores, and the
 front's own times where a step went through it; its options, and how it fits a front."""
 
 import argparse
@@ -8,7 +9,15 @@ from dataclasses import replace
 import pytest
 
 from bench.front import FrontSettings
-from bench.overload import Step, connection_counts, front_changes, overrides, refitted, report
+from bench.overload import (
+    Capacity,
+    Step,
+    connection_counts,
+    front_changes,
+    next_fit,
+    overrides,
+    report,
+)
 from strata.config import load_settings
 from tests.support.system import DEFAULT_CONFIG
 
@@ -29,12 +38,14 @@ def step(system: str, label: str, goodput: float, connections: int = 8) -> Step:
         health_ms=(5.0, 1.0, 2.0),
         late_p99_ms=0.4,
         busiest=0.2,
+        client_cores=0.83,
     )
 
 
-def test_steps_sit_side_by_side_with_their_share_of_each_systems_peak() -> None:
+def test_steps_sit_side_by_side_with_their_shares_of_capacity_and_peak() -> None:
     before = [step("before", "0.8x", 80), step("before", "2x", 40)]
-    table = report([*before, step("after", "0.8x", 50), step("after", "2x", 100)])
+    steps = [*before, step("after", "0.8x", 50), step("after", "2x", 100)]
+    table = report(steps, 100.0, {"before": 80.0, "after": 125.0})
     rows = [line for line in table.splitlines() if line.startswith("| 8 |")]
     assert [row.split(" | ")[1:3] for row in rows] == [
         ["0.8x", "before"],
@@ -42,17 +53,29 @@ def test_steps_sit_side_by_side_with_their_share_of_each_systems_peak() -> None:
         ["2x", "before"],
         ["2x", "after"],
     ]
-    assert "| 80 | 100% |" in rows[0] and "| 40 | 50% |" in rows[2]
-    assert "| 50 | 50% |" in rows[1]
+    # Goodput, then its share of the rates' capacity, of the system's own, of its best step's.
+    assert "| 80 | 0.80 | 1.00 | 1.00 |" in rows[0] and "| 40 | 0.40 | 0.50 | 0.50 |" in rows[2]
+    assert "| 50 | 0.50 | 0.40 | 0.50 |" in rows[1]
     assert "| DeadlineExceeded 3 | 3 |" in rows[0]
     assert "| 0% | - | 25% |" in rows[0]  # no refusal: no refusal time
+    assert "| 20% | 0.83 | - | - |" in rows[0]  # the load tool's cores; not through a front
 
 
 def test_a_system_that_answered_nothing_in_time_is_reported_not_divided_by() -> None:
-    table = report([step("before", "2x", 0.0, connections=1), step("after", "2x", 10.0, 1)])
-    assert "| 2x | before | 100 | 0 | - |" in table
-    assert "| 2x | after | 100 | 10 | 100% |" in table
+    steps = [step("before", "2x", 0.0, connections=1), step("after", "2x", 10.0, 1)]
+    table = report(steps, 0.0, {"after": 20.0})
+    assert "| 2x | before | 100 | 0 | - | - | - |" in table
+    assert "| 2x | after | 100 | 10 | - | 0.50 | 1.00 |" in table
     assert "No step of before from 1 connection(s) had a full answer within the objective" in table
+
+
+def test_capacity_is_the_best_goodput_and_says_the_old_measure_beside_it() -> None:
+    found = Capacity(goodput={16: 700.0, 64: 947.0}, full={16: 720.0, 64: 1184.0})
+    assert found.best == 947.0
+    assert found.line("capacity", 0.25) == (
+        "capacity (the best of (16, 64) in flight, full answers within the 250 ms objective): "
+        "947/s; full answers however late, the measure before: 1184/s"
+    )
 
 
 def test_against_changes_one_setting_and_keeps_the_rest_of_its_section() -> None:
@@ -67,9 +90,9 @@ def test_against_changes_one_setting_and_keeps_the_rest_of_its_section() -> None
 
 def test_a_step_through_the_front_reports_its_queue_and_gateway_times() -> None:
     fronted = replace(step("behind the front", "2x", 40), front_ms=(48.6, 51.2))
-    table = report([step("direct", "2x", 50), fronted])
-    assert "| 2x | direct |" in table and table.count("| - | - |") == 1
-    assert "| 20% | 49 | 51 |" in table
+    table = report([step("direct", "2x", 50), fronted], 100.0, {})
+    assert "| 2x | direct |" in table and table.count("| 0.83 | - | - |") == 1
+    assert "| 0.83 | 49 | 51 |" in table
 
 
 def test_connection_counts_are_distinct_positive_numbers_in_order() -> None:
@@ -87,18 +110,32 @@ def test_another_front_changes_only_its_sizing() -> None:
             front_changes(wrong)
 
 
-def test_a_front_is_refitted_from_the_best_rate_at_no_more_places() -> None:
-    # The loaded run: 32 places read 306/s, slower than 16 in flight had (380/s).
-    seen = {16: 380.0, 64: 579.0, 256: 623.0, 32: 306.0}
-    sizing = FrontSettings.sized(623, 0.25)
-    kept, refit = refitted(sizing, seen, 623, 0.25)
-    assert kept == FrontSettings(places=32, queue_ms=50, rate=380)
-    assert refit == FrontSettings(places=19, queue_ms=50, rate=380)
+def test_a_front_whose_calls_took_too_long_in_the_gateway_is_refitted_to_what_it_cleared() -> None:
+    # The quiet run's sizing: 57 places at 1,136/s; past capacity the gateway cleared 425/s,
+    # each call 134 ms in it.
+    sizing = FrontSettings.sized(1136, 0.25)
+    assert sizing.places == 57
+    assert next_fit(sizing, 425.0, 0.25, None) == (FrontSettings(22, 50, 425), False)
+    # Too few places: each call's time is short, and so is the rate they clear. They grow.
+    few = FrontSettings(places=10, queue_ms=50, rate=425)
+    assert next_fit(few, 500.0, 0.25, None) == (FrontSettings(25, 50, 500), False)
 
 
-def test_a_refit_never_counts_on_more_than_the_capacity_nor_sizes_from_nothing() -> None:
-    sizing = FrontSettings.sized(500, 0.25)
-    kept, refit = refitted(sizing, {64: 500.0, sizing.places: 900.0}, 500, 0.25)
-    assert kept.rate == 500 and refit == sizing
-    nothing = {16: 0.0, sizing.places: 0.0}
-    assert refitted(sizing, nothing, 500, 0.25) == (sizing, sizing)
+def test_a_fit_ends_where_the_places_settle_and_keeps_a_sizing_without_answers() -> None:
+    sizing = FrontSettings.sized(600, 0.25)  # 30 places
+    assert next_fit(sizing, 560.0, 0.25, None) == (FrontSettings(28, 50, 560), True)
+    assert next_fit(sizing, 0.0, 0.25, None) == (sizing, True)
+    before = FrontSettings(40, 50, 500)
+    assert next_fit(sizing, 0.0, 0.25, before) == (before, True)
+
+
+def test_a_fit_keeps_the_places_whose_cut_cost_the_gateway_its_rate() -> None:
+    # A loaded machine: 10 places cleared 123/s (81 ms a call), 7 only 73/s (96 ms). The
+    # gateway's own time is past the 50 ms share, and fewer places only clear less.
+    before = FrontSettings(10, 50, 123)
+    assert next_fit(FrontSettings(7, 50, 200), 73.0, 0.25, before) == (before, True)
+    # Fewer places that clear nearly as much are the next step.
+    assert next_fit(FrontSettings(7, 50, 200), 110.0, 0.25, before) == (
+        FrontSettings(6, 50, 110),
+        True,
+    )
