@@ -38,6 +38,7 @@ from services.gateway.upstream.lanes import (
     StreamMethod,
 )
 from services.gateway.upstream.sequences import replica
+from services.gateway.upstream.slabs import HopSlabs
 from services.gateway.upstream.stream_methods import infer_stream, process_stream
 from services.gateway.upstream.stubs import InferenceStub, ProcessStub
 from strata.config import Settings
@@ -90,11 +91,13 @@ class Hop(Generic[Stub, Request, Answer, Reply]):
         streams: Mapping[str, Callable[[Stub], StreamMethod[Request, Answer, Reply]]] | None = None,
         lane_lifetime: float = LANE_SECONDS,
         replicas: Sequence[grpc.aio.Channel] = (),
+        slabs: HopSlabs | None = None,
     ) -> None:
         """A hop over `channel`; `replicated`: whether another replica may answer behind it
         (a retry or a refused message may then go there); `replicas`: a channel to each
         replica where they are known, each then given lanes of its own (else the lanes
-        share `channel`, whose round-robin places each as it opens)."""
+        share `channel`, whose round-robin places each as it opens); `slabs`: where a
+        strata.v1 hop's answers may come through shared memory (upstream/slabs.py)."""
         self.name = name
         self._timed_as = f"hop.{name}_ms"  # strata.hop.<hop>_ms on the caller's span
         self.channel = channel
@@ -121,6 +124,7 @@ class Hop(Generic[Stub, Request, Answer, Reply]):
         self._split_bytes = gateway.split_flight_bytes
         self._whole: set[str] = set()  # pipelines whose outputs cannot be stacked again
         self._reached = False  # whether the channel has connected since the gateway started
+        self._slabs = slabs
 
     def configure(self, gateway: GatewaySettings) -> None:
         """New breaker thresholds and hop timeouts, live."""
@@ -236,8 +240,12 @@ class Hop(Generic[Stub, Request, Answer, Reply]):
         started = time.monotonic()
         waited = self._waits()
         try:
+            if self._slabs is not None:
+                self._slabs.ask(cast(v1.ProcessRequest, request))
             reply = await self._send(method, request, budget, timing, metadata, hop_bound, first)
             code = grpc.StatusCode.OK
+            if self._slabs is not None:
+                self._slabs.read(cast(v1.ProcessResponse, reply))
             if not waited:  # a wait for the upstream to start is not the hop's latency
                 self.timer.observe(time.monotonic() - started, load)
             return reply
@@ -369,6 +377,7 @@ def open_hop(
     service: str,
     settings: Settings,
     streams: Mapping[str, Callable[[Stub], StreamMethod[Request, Answer, Reply]]] | None = None,
+    slabs: bool = False,
 ) -> Hop[Stub, Request, Answer, Reply]:
     """A hop to `endpoint`, over a channel with the deployment's server and TLS settings
     that balances over its replicas (unary calls, retries), and where it lists several local
@@ -395,6 +404,7 @@ def open_hop(
         streams,
         lifetime,
         replicas,
+        HopSlabs(name, settings.server.slab) if slabs and settings.server.slab.enabled else None,
     )
 
 
@@ -410,6 +420,7 @@ class Upstreams:
             "strata.v1.Preprocess",
             settings,
             {"Process": process_stream},
+            slabs=True,  # the layer whose answers are big (crops)
         )
         self.postprocess: ProcessHop = open_hop(
             "postprocess",
