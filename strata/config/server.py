@@ -16,11 +16,12 @@ class SlabSettings(Strict):
 
     enabled: bool = Field(
         default=False,
-        description="A layer that sends a big tensor (preprocess's crops) to a caller on its "
-        "host writes it into a slab of shared memory under `root` and names it in the "
-        "message; the caller copies it out and releases it. Bytes go in the message instead "
-        "where the caller is on another host or does not share `root`, the tensor is smaller "
-        "than min_bytes, or the slab is full. Set it on every layer of the host "
+        description="Big tensors between layers of one host go through shared memory: "
+        "preprocess writes its crops, and the gateway its model inputs, into a slab of its "
+        "own under `root` and names the bytes in the message; the receiver copies them out. "
+        "Bytes go in the message instead where the receiver is on another host or does not "
+        "share `root`, the tensor is smaller than min_bytes, or the slab is full. Set it on "
+        "the gateway, preprocess and inference alike "
         "(docs/deploy.md#shared-memory-between-layers).",
     )
     root: Path = Field(

@@ -217,9 +217,12 @@ def from_contents(
     return wide.astype(dtype).reshape(shape)
 
 
-def request_inputs(request: v2.ModelInferRequest) -> dict[str, np.ndarray]:
-    """All inputs of a v2 request by name, from raw_input_contents or typed contents."""
-    return _decode_all(request.inputs, request.raw_input_contents)
+def request_inputs(
+    request: v2.ModelInferRequest, raw: Sequence[bytes] | None = None
+) -> dict[str, np.ndarray]:
+    """All inputs of a v2 request by name, from raw_input_contents (or `raw` in its place:
+    the same contents, some read from elsewhere) or typed contents."""
+    return _decode_all(request.inputs, request.raw_input_contents if raw is None else raw)
 
 
 def response_outputs(response: v2.ModelInferResponse) -> dict[str, np.ndarray]:

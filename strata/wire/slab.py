@@ -1,10 +1,12 @@
 """Tensors between two processes of one host through a shared-memory slab that the message names.
 
-A process that sends big tensors (preprocess's crops) owns one slab: a file under /dev/shm
-(`root`) that it maps, cut into pages. It writes a tensor's bytes into free pages and sends,
-in place of the bytes, a `Ref`: the slab's key, the offset and size of the bytes, and the
-block's generation. The receiver maps the slab by its key (once), copies the bytes out (the
-one copy it would have made parsing them from a message) and marks the block released.
+A process that sends big tensors (preprocess's crops, the gateway's model inputs) owns one
+slab: a file under /dev/shm (`root`) that it maps, cut into pages. It writes a tensor's bytes
+into free pages and sends, in place of the bytes, a `Ref`: the slab's key, the offset and size
+of the bytes, and the block's generation. The receiver maps the slab by its key (once) and
+copies the bytes out (the one copy it would have made parsing them from a message). The block
+is released by the receiver once read, where the sender cannot tell when that is (an answer
+of preprocess's), or by the sender once the call that named it has ended (a request).
 
 The slab is a ring. Blocks are taken in order from the head and given back in order from the
 tail: a block leaves when its receiver released it, or when its lease ran out (a receiver that
@@ -172,6 +174,11 @@ class Slab:
         np.copyto(target.reshape(array.shape), array, casting="no")
         return Ref(self.key, offset, size, block.generation)
 
+    def free(self, ref: Ref) -> None:
+        """Give back a block this process placed, once no receiver will read it (the call
+        that named it has ended); the ring reclaims it in turn."""
+        self._mapped.releases[ref.offset // PAGE] = ref.generation
+
     def _take(self, pages: int) -> _Block | None:
         with self._lock:
             self._reclaim()
@@ -293,9 +300,10 @@ class Slabs:
         self._mapped: collections.OrderedDict[str, _Mapped] = collections.OrderedDict()
         self._lock = threading.Lock()
 
-    def read(self, ref: Ref, what: str) -> bytes:
-        """The bytes `ref` names, copied once, and its block released to its owner; a block
-        this process cannot read is Unavailable (a server's set-up, never the caller's)."""
+    def read(self, ref: Ref, what: str, release: bool = True) -> bytes:
+        """The bytes `ref` names, copied once, and its block released to its owner (unless
+        the owner frees it itself: `release` False); a block this process cannot read is
+        Unavailable (a server's set-up, never the caller's)."""
         mapped = self._open(ref.key, what)
         start, pages = ref.offset // PAGE, -(-ref.size // PAGE)
         if ref.offset % PAGE or ref.size <= 0 or start + pages > mapped.pages:
@@ -307,7 +315,8 @@ class Slabs:
                 f"{what}: its block in shared memory slab {shown(ref.key)} was taken again "
                 "before it was read (its lease ran out: server.slab.lease_seconds)"
             )
-        mapped.releases[start] = ref.generation
+        if release:
+            mapped.releases[start] = ref.generation
         return data
 
     def _open(self, key: str, what: str) -> _Mapped:

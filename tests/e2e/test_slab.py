@@ -1,7 +1,7 @@
-"""Photos' crops between preprocess and the gateway through a shared-memory slab (issue 46):
-the answers equal those through bytes; a flight larger than the slab goes as bytes; a slab the
-gateway cannot open fails with a server's error, never the client's, and bytes follow; a
-killed preprocess's slab is unlinked when it starts again."""
+"""Photos' crops from preprocess to the gateway and on to inference through shared-memory
+slabs (issue 46): the answers equal those through bytes; a flight larger than the slab goes as
+bytes; a slab a receiver cannot open fails with a server's error, never the client's, and
+bytes follow; a killed preprocess's slab is unlinked when it starts again."""
 
 from __future__ import annotations
 
@@ -17,14 +17,15 @@ import pytest
 import yaml
 
 from bench.deployment import running
-from bench.image_chain import image_config
+from bench.image_chain import MODEL, image_config
 from bench.images import PIPELINE, photo_jpeg
+from strata.proto.inference import grpc_service_pb2 as v2
 from strata.proto.inference import grpc_service_pb2_grpc as v2_grpc
 from strata.proto.v1 import preprocess_pb2_grpc
 from strata.proto.v1 import tensor_pb2 as v1
 from strata.tools.launch import Supervisor
 from strata.wire import codec
-from strata.wire.slab import ASK, PREFIX, Ref, Slabs, domain
+from strata.wire.slab import ASK, PREFIX, Ref, Slab, Slabs, domain
 from tests.support.system import DEFAULT_CONFIG
 
 SLAB_MIB = 1  # six crops of 147 KiB: one photo fits, a flight of eight does not
@@ -78,8 +79,8 @@ def ask(supervisor: Supervisor, count: int) -> dict[str, np.ndarray] | grpc.RpcE
     return codec.response_outputs(reply)
 
 
-def slabs_of(root: Path) -> list[str]:
-    return sorted(p.name for p in root.iterdir() if p.name.startswith(PREFIX))
+def slabs_of(root: Path, role: str = "preprocess") -> list[str]:
+    return sorted(p.name for p in root.iterdir() if p.name.startswith(f"{PREFIX}{role}-"))
 
 
 def preprocesses(supervisor: Supervisor) -> list[str]:
@@ -87,7 +88,7 @@ def preprocesses(supervisor: Supervisor) -> list[str]:
 
 
 def test_answers_through_the_slab_equal_those_through_bytes(
-    bytes_system: Supervisor, slab_system: Supervisor
+    bytes_system: Supervisor, slab_system: Supervisor, root: Path
 ) -> None:
     for count in (1, 3, 8):  # eight crops outgrow the slab: they go as bytes
         expected, got = ask(bytes_system, count), ask(slab_system, count)
@@ -95,6 +96,9 @@ def test_answers_through_the_slab_equal_those_through_bytes(
         assert expected.keys() == got.keys()
         for name in expected:
             np.testing.assert_array_equal(expected[name], got[name])
+    (gateway,) = slabs_of(root, "gateway")
+    generations = np.frombuffer((root / gateway).read_bytes()[16:4096], "<u8")
+    assert generations.any(), "the gateway sent inference its inputs through its slab"
 
 
 def process(supervisor: Supervisor, count: int, asked: str | None) -> v1.Tensor:
@@ -148,3 +152,43 @@ def test_a_killed_preprocess_slab_goes_at_restart_and_an_unreadable_one_is_the_s
         assert isinstance(got, dict) and isinstance(expected, dict), got
         for name in expected:
             np.testing.assert_array_equal(expected[name], got[name])
+
+
+def infer_direct(
+    supervisor: Supervisor, crops: v1.Tensor, slab: Slab | None, asked: str
+) -> v2.ModelInferResponse | grpc.RpcError:
+    """inference-a's answer to `crops`, sent as bytes or (`slab`) through a slab."""
+    request = v2.ModelInferRequest(model_name=MODEL, model_version="1")
+    tensor = request.inputs.add(name=crops.name, datatype=crops.datatype, shape=crops.shape)
+    request.parameters[ASK].string_param = asked
+    ref = slab.place(np.frombuffer(crops.data, np.uint8)) if slab is not None else None
+    request.raw_input_contents.append(crops.data if ref is None else b"")
+    if ref is not None:
+        tensor.parameters[ASK].string_param = ref.text()
+    with grpc.insecure_channel(supervisor.address("inference-a")) as channel:
+        try:
+            return v2_grpc.GRPCInferenceServiceStub(channel).ModelInfer(request, timeout=60)
+        except grpc.RpcError as exc:
+            return exc
+
+
+def test_inference_reads_a_gateways_inputs_from_its_slab(
+    slab_system: Supervisor, root: Path
+) -> None:
+    crops = process(slab_system, 3, None)
+    plain = infer_direct(slab_system, crops, None, "another-host/1")
+    assert isinstance(plain, v2.ModelInferResponse)
+    assert plain.parameters[ASK].bool_param is False  # not of its domain: bytes stay
+    slab = Slab(root, "gateway", 1 << 20, 1, 30.0)
+    try:
+        placed = infer_direct(slab_system, crops, slab, domain(root))
+        assert isinstance(placed, v2.ModelInferResponse), placed
+        assert placed.parameters[ASK].bool_param is True
+        assert list(placed.raw_output_contents) == list(plain.raw_output_contents)
+    finally:
+        slab.close()
+    unlinked = Slab(root, "gateway", 1 << 20, 1, 30.0)
+    unlinked.close()  # its name gone, as if this host's /dev/shm were not inference's
+    gone = infer_direct(slab_system, crops, unlinked, domain(root))
+    assert isinstance(gone, grpc.RpcError) and gone.code() == grpc.StatusCode.UNAVAILABLE
+    assert "cannot open shared memory slab" in (gone.details() or "")

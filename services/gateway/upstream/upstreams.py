@@ -38,7 +38,7 @@ from services.gateway.upstream.lanes import (
     StreamMethod,
 )
 from services.gateway.upstream.sequences import replica
-from services.gateway.upstream.slabs import HopSlabs
+from services.gateway.upstream.slabs import HopSlabs, InferenceSlabs, ProcessSlabs
 from services.gateway.upstream.stream_methods import infer_stream, process_stream
 from services.gateway.upstream.stubs import InferenceStub, ProcessStub
 from strata.config import Settings
@@ -52,6 +52,7 @@ from strata.proto.v1 import tensor_pb2 as v1
 from strata.rpc.grpc_channels import open_channel
 from strata.telemetry.tracing import annotate, outgoing, recording
 from strata.wire.deadline import Deadline
+from strata.wire.slab import open_slab
 from strata.wire.triton_sequences import Flags
 
 log = logging.getLogger(__name__)
@@ -91,7 +92,7 @@ class Hop(Generic[Stub, Request, Answer, Reply]):
         streams: Mapping[str, Callable[[Stub], StreamMethod[Request, Answer, Reply]]] | None = None,
         lane_lifetime: float = LANE_SECONDS,
         replicas: Sequence[grpc.aio.Channel] = (),
-        slabs: HopSlabs | None = None,
+        slabs: HopSlabs[Request, Reply] | None = None,
     ) -> None:
         """A hop over `channel`; `replicated`: whether another replica may answer behind it
         (a retry or a refused message may then go there); `replicas`: a channel to each
@@ -185,6 +186,21 @@ class Hop(Generic[Stub, Request, Answer, Reply]):
         metadata: Metadata = (),
         spare: bool | None = None,
     ) -> Reply:
+        """`_attempts`, with big tensors through shared memory where the hop has slabs."""
+        if self._slabs is None:
+            return await self._attempts(method, request, deadline, metadata, spare)
+        with self._slabs.carrying(request):
+            reply = await self._attempts(method, request, deadline, metadata, spare)
+        return self._slabs.answered(reply)
+
+    async def _attempts(
+        self,
+        method: str,
+        request: Request,
+        deadline: Deadline,
+        metadata: Metadata = (),
+        spare: bool | None = None,
+    ) -> Reply:
         """Call `method` by the caller's `deadline` (DEADLINE_EXCEEDED without a call once it
         has passed), and within this hop's own timeout when another replica or arm could
         answer instead (`spare`; by default, when the hop has several replicas).
@@ -240,12 +256,8 @@ class Hop(Generic[Stub, Request, Answer, Reply]):
         started = time.monotonic()
         waited = self._waits()
         try:
-            if self._slabs is not None:
-                self._slabs.ask(cast(v1.ProcessRequest, request))
             reply = await self._send(method, request, budget, timing, metadata, hop_bound, first)
             code = grpc.StatusCode.OK
-            if self._slabs is not None:
-                self._slabs.read(cast(v1.ProcessResponse, reply))
             if not waited:  # a wait for the upstream to start is not the hop's latency
                 self.timer.observe(time.monotonic() - started, load)
             return reply
@@ -377,7 +389,7 @@ def open_hop(
     service: str,
     settings: Settings,
     streams: Mapping[str, Callable[[Stub], StreamMethod[Request, Answer, Reply]]] | None = None,
-    slabs: bool = False,
+    slabs: HopSlabs[Request, Reply] | None = None,
 ) -> Hop[Stub, Request, Answer, Reply]:
     """A hop to `endpoint`, over a channel with the deployment's server and TLS settings
     that balances over its replicas (unary calls, retries), and where it lists several local
@@ -404,7 +416,7 @@ def open_hop(
         streams,
         lifetime,
         replicas,
-        HopSlabs(name, settings.server.slab) if slabs and settings.server.slab.enabled else None,
+        slabs,
     )
 
 
@@ -413,6 +425,9 @@ class Upstreams:
 
     def __init__(self, settings: Settings) -> None:
         services = settings.services
+        slab = settings.server.slab
+        # Where big model inputs go to inference deployments of this host (upstream/slabs.py).
+        self._slab = open_slab(slab, "gateway")
         self.preprocess: ProcessHop = open_hop(
             "preprocess",
             services.preprocess,
@@ -420,7 +435,7 @@ class Upstreams:
             "strata.v1.Preprocess",
             settings,
             {"Process": process_stream},
-            slabs=True,  # the layer whose answers are big (crops)
+            ProcessSlabs("preprocess", slab) if slab.enabled else None,
         )
         self.postprocess: ProcessHop = open_hop(
             "postprocess",
@@ -444,6 +459,7 @@ class Upstreams:
             INFERENCE_SERVICE,
             self._settings,
             {"ModelInfer": infer_stream},
+            InferenceSlabs(self._slab) if self._slab is not None else None,
         )
 
     def inference_hop(self, deployment: str, sequence: Flags | None = None) -> InferenceHop:
@@ -497,3 +513,5 @@ class Upstreams:
     async def close(self) -> None:
         for hop in [*self.hops, *self._replicas.values()]:
             await hop.close()
+        if self._slab is not None:
+            self._slab.close()
