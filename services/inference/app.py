@@ -9,6 +9,7 @@ from services.inference import metrics
 from services.inference.manager import ModelManager
 from services.inference.rewiring import Rewiring
 from services.inference.servicer import InferenceServicer
+from services.inference.slabs import SlabInputs
 from strata.config import Settings
 from strata.errors import StrataError
 from strata.process.exits import ModelUnusable
@@ -40,6 +41,7 @@ async def build(settings: Settings) -> Service:
         inference,
         settings.server.max_stream_in_flight,
         settings.gateway.local_model_control,
+        SlabInputs(settings.server.slab) if settings.server.slab.enabled else None,
     )
     unwatch = metrics.watch(models.statistics, deployment)
     name = grpc_service_pb2.DESCRIPTOR.services_by_name["GRPCInferenceService"].full_name

@@ -22,6 +22,7 @@ from services.inference.manager import ModelManager
 from services.inference.model import ModelVersion
 from services.inference.params import request_options
 from services.inference.sequences import Sequences, refuse_stateless
+from services.inference.slabs import SlabInputs
 from strata.errors import NotReady, StrataError, Unavailable
 from strata.proto.inference import grpc_service_pb2 as v2
 from strata.wire import codec, flight
@@ -32,23 +33,40 @@ from strata.wire.triton_sequences import Flags, sequence_flags
 class DataPlane:
     """Runs ModelInfer requests over the model manager."""
 
-    def __init__(self, models: ModelManager, configured: list[str]) -> None:
+    def __init__(
+        self, models: ModelManager, configured: list[str], slabs: SlabInputs | None = None
+    ) -> None:
+        """`slabs`: inputs a gateway of this host sent through shared memory, where on."""
         self._models = models
         self._configured = configured
         self._sequences = Sequences(self._serving)
+        self._slabs = slabs
 
     async def infer(
         self, request: v2.ModelInferRequest, call: Deadline | None
     ) -> v2.ModelInferResponse:
         """The answer to one ModelInfer request, a flight's or a lone one; `call`: the call's
         deadline (None for none)."""
+        response = await self._infer(request, call)
+        if self._slabs is not None:
+            self._slabs.tell(request, response)
+        return response
+
+    def _inputs(self, request: v2.ModelInferRequest) -> codec.Arrays:
+        if self._slabs is None:
+            return codec.request_inputs(request)
+        return self._slabs.inputs(request)
+
+    async def _infer(
+        self, request: v2.ModelInferRequest, call: Deadline | None
+    ) -> v2.ModelInferResponse:
         flags = sequence_flags(request.parameters)
         if flags is not None:
             return await self._sequence_step(request, flags, call)
         model = self._serving(request.model_name, request.model_version)
         refuse_stateless(model)
         wanted = codec.requested_outputs(request, model.signature.output_names)
-        arrays = codec.request_inputs(request)
+        arrays = self._inputs(request)
         options = request_options(request.parameters, call)
         if flight.is_flight(request.parameters):
             return await self._flight(model, request, arrays, options, wanted)
@@ -59,7 +77,7 @@ class DataPlane:
         self, request: v2.ModelInferRequest, flags: Flags, call: Deadline | None
     ) -> v2.ModelInferResponse:
         """One request of a sequence (services/inference/sequences.py)."""
-        arrays = codec.request_inputs(request)
+        arrays = self._inputs(request)
         options = request_options(request.parameters, call)
         name, version = request.model_name, request.model_version
         model, outputs = await self._sequences.infer(name, version, flags, arrays, options)

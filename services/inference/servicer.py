@@ -23,6 +23,7 @@ from services.inference.dataplane import DataPlane
 from services.inference.index import index_response
 from services.inference.manager import ModelManager
 from services.inference.sequences import client_tensors
+from services.inference.slabs import SlabInputs
 from services.inference.statistics import statistics_response
 from strata import __version__
 from strata.calls.grpc_errors import answers_unimplemented, grpc_errors
@@ -60,12 +61,14 @@ class InferenceServicer(v2_grpc.GRPCInferenceServiceServicer):
         settings: InferenceSettings,
         max_stream_in_flight: int = DEFAULT_MAX_IN_FLIGHT,
         local_control: bool = False,
+        slabs: SlabInputs | None = None,
     ) -> None:
         """`local_control`: the repository API without the token (gateway.local_model_control,
-        which the config allows only with every listener on loopback)."""
+        which the config allows only with every listener on loopback); `slabs`: inputs a
+        gateway of this host sent through shared memory, where on."""
         self._models = models
         self._configured = list(models.configured)
-        self._plane = DataPlane(models, self._configured)
+        self._plane = DataPlane(models, self._configured, slabs)
         self._max_stream_in_flight = max_stream_in_flight
         token = settings.admin_token.get_secret_value() if settings.admin_token else None
         self._auth = ControlAuth("the model repository API", "inference.admin_token", lambda: token)

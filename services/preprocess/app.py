@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from concurrent.futures import Executor
 
 from services.preprocess.metrics import StepTimings
 from services.preprocess.pipeline import PreprocessPipelines, Versions, build_pipeline
@@ -15,6 +16,7 @@ from strata.proto.v1 import preprocess_pb2, preprocess_pb2_grpc
 from strata.rpc.main import Service
 from strata.shapes import folding
 from strata.wire import limits
+from strata.wire.slab import Slab, open_slab
 
 
 def build_pipelines(settings: Settings, timings: StepTimings) -> PreprocessPipelines:
@@ -40,15 +42,23 @@ async def build(settings: Settings) -> Service:
     limits.install(settings.limits.plain())
     timings = StepTimings()
     steps = step_pool(settings.preprocess.threads)  # before any step starts a native pool
+    slab = open_slab(settings.server.slab, "preprocess")
     servicer = PreprocessServicer(
         build_pipelines(settings, timings),
         steps,
         settings.preprocess.inline_max_bytes,
         settings.server.max_stream_in_flight,
+        slab,
     )
     name = preprocess_pb2.DESCRIPTOR.services_by_name["Preprocess"].full_name
     return Service(
         registrations=[(servicer, preprocess_pb2_grpc.add_PreprocessServicer_to_server, name)],
         endpoint=settings.services.preprocess,
-        on_stop=lambda: asyncio.to_thread(steps.shutdown),
+        on_stop=lambda: asyncio.to_thread(_stop, steps, slab),
     )
+
+
+def _stop(steps: Executor, slab: Slab | None) -> None:
+    steps.shutdown()
+    if slab is not None:
+        slab.close()

@@ -21,7 +21,8 @@ from strata.calls.streams import DEFAULT_MAX_IN_FLIGHT
 from strata.calls.v1process import process_all
 from strata.calls.v1stream import ProcessService
 from strata.proto.v1 import preprocess_pb2_grpc, tensor_pb2
-from strata.wire.codec import Arrays
+from strata.wire.codec import Arrays, Place
+from strata.wire.slab import ASK, Slab
 
 
 class PreprocessServicer(ProcessService, preprocess_pb2_grpc.PreprocessServicer):
@@ -33,8 +34,10 @@ class PreprocessServicer(ProcessService, preprocess_pb2_grpc.PreprocessServicer)
         steps: Executor | None = None,
         inline_max_bytes: int = 0,
         max_stream_in_flight: int = DEFAULT_MAX_IN_FLIGHT,
+        slab: Slab | None = None,
     ) -> None:
         super().__init__(max_stream_in_flight)
+        self._slab = slab
         self._pipelines = pipelines
         self._steps = steps  # None: asyncio's default pool
         self._inline_max_bytes = inline_max_bytes
@@ -42,9 +45,15 @@ class PreprocessServicer(ProcessService, preprocess_pb2_grpc.PreprocessServicer)
     async def _process(self, request: tensor_pb2.ProcessRequest) -> tensor_pb2.ProcessResponse:
         size = sum(len(t.data) for item in request.requests for t in item.tensors)
         if size <= self._inline_max_bytes:
-            return process_all(request, self._run)
+            return process_all(request, self._run, self._place)
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._steps, process_all, request, self._run)
+        return await loop.run_in_executor(self._steps, process_all, request, self._run, self._place)
+
+    def _place(self, item: tensor_pb2.Request) -> Place | None:
+        """The slab for a caller of this host that asked for it (strata.wire.slab)."""
+        if self._slab is None or ASK not in item.parameters:
+            return None
+        return self._slab.offered(item.parameters[ASK])
 
     def _run(
         self, pipeline: str, tensors: Arrays, parameters: Mapping[str, str]

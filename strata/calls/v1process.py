@@ -38,7 +38,7 @@ from strata.calls import gathering
 from strata.errors import InvalidArgument, StrataError, shown, status_of
 from strata.proto.v1 import tensor_pb2 as v1
 from strata.telemetry import propagation
-from strata.wire.codec import Arrays, add_tensors, arrays_to_tensors, tensors_to_arrays
+from strata.wire.codec import Arrays, Place, add_tensors, arrays_to_tensors, tensors_to_arrays
 
 TRACER = trace.get_tracer("strata.calls.v1process")
 Info = dict[str, str]
@@ -58,13 +58,18 @@ _SAMPLED_FLAGS = frozenset(f"{flags:02x}" for flags in range(256) if flags & 1)
 # message made apart is copied whole when added to another (a 150 KB crop, twice: about 30 us).
 
 
-def process_all(request: v1.ProcessRequest, handler: Handler) -> v1.ProcessResponse:
+def process_all(
+    request: v1.ProcessRequest,
+    handler: Handler,
+    place: Callable[[v1.Request], Place | None] = lambda item: None,
+) -> v1.ProcessResponse:
     """Every request of the call in order, on this thread: the caller hands the whole call
-    to one worker thread, never one hand-off per request."""
+    to one worker thread, never one hand-off per request. `place`: where each request's
+    outputs may go in shared memory (strata.wire.slab), None for none."""
     run = _as_async(handler)
     response = v1.ProcessResponse()
     for item in request.requests:
-        _complete(process(item, run, response.results.add()))
+        _complete(process(item, run, response.results.add(), place(item)))
     return response
 
 
@@ -79,18 +84,20 @@ async def process_all_async(
     return response
 
 
-async def process(item: v1.Request, handler: AsyncHandler, result: v1.Result) -> None:
+async def process(
+    item: v1.Request, handler: AsyncHandler, result: v1.Result, place: Place | None = None
+) -> None:
     """One request's `result`: a flight's (see the module docstring), or a plain request's."""
     result.id = item.id
     if item.members:
-        await _flight(item, handler, result)
+        await _flight(item, handler, result, place)
         return
     with in_own_trace(item):
         try:
             arrays, info = await handler(
                 item.pipeline, tensors_to_arrays(item.tensors), item.parameters
             )
-            add_tensors(result.tensors, arrays)
+            add_tensors(result.tensors, arrays, place)
         except Exception as exc:  # each request answers for itself, bug or not
             del result.tensors[:]  # any added before the one that failed
             result.error.CopyFrom(error(status_of(exc)))
@@ -156,10 +163,12 @@ def _roster(item: v1.Request) -> _Roster:
     return _Roster(ids, counts, contexts)
 
 
-async def _flight(item: v1.Request, handler: AsyncHandler, result: v1.Result) -> None:
+async def _flight(
+    item: v1.Request, handler: AsyncHandler, result: v1.Result, place: Place | None
+) -> None:
     roster = _roster(item)
     with _flight_span(item, roster) as span:
-        landing = await _fly(item, roster.counts, handler)
+        landing = await _fly(item, roster.counts, handler, place)
         if span is not None and span.is_recording():
             _record_failures(span, roster, landing.failures)
     _flight_result(roster, landing, result)
@@ -226,7 +235,9 @@ class _Landing:
     info: Info = field(default_factory=dict)
 
 
-async def _fly(item: v1.Request, counts: list[int], handler: AsyncHandler) -> _Landing:
+async def _fly(
+    item: v1.Request, counts: list[int], handler: AsyncHandler, place: Place | None
+) -> _Landing:
     """Run the whole stack once; fall back to finding the failing members when it fails."""
     try:
         stack, bounds = _unpack(item, counts)
@@ -234,8 +245,8 @@ async def _fly(item: v1.Request, counts: list[int], handler: AsyncHandler) -> _L
         return _Landing([status_of(exc)] * len(counts))
     whole = await _attempt(handler, item, stack, [(0, bounds[-1][1])])
     if isinstance(whole, Exception):
-        return await _fall_back(handler, item, stack, bounds, whole)
-    return _land([None] * len(bounds), whole)
+        return await _fall_back(handler, item, stack, bounds, whole, place)
+    return _land([None] * len(bounds), whole, place)
 
 
 async def _fall_back(
@@ -244,13 +255,14 @@ async def _fall_back(
     stack: Arrays,
     bounds: list[Rows],
     whole: Exception,
+    place: Place | None,
 ) -> _Landing:
     """Each member alone to find the failing ones; then the others together again."""
     alone = [await _attempt(handler, item, _take(stack, [rows]), [rows]) for rows in bounds]
     failures = [status_of(run) if isinstance(run, Exception) else None for run in alone]
     good = [i for i, failure in enumerate(failures) if failure is None]
     if len(good) <= 1:
-        return _land(failures, alone[good[0]] if good else None)
+        return _land(failures, alone[good[0]] if good else None, place)
     together: Outputs | Exception = whole
     if len(good) < len(bounds):
         kept = [bounds[i] for i in good]
@@ -260,7 +272,7 @@ async def _fall_back(
         together = (
             _concatenate([run for run in alone if not isinstance(run, Exception)]) or together
         )
-    return _land(failures, together)
+    return _land(failures, together, place)
 
 
 async def _attempt(
@@ -276,11 +288,13 @@ async def _attempt(
     return arrays, info
 
 
-def _land(failures: list[Failure | None], outcome: Outputs | Exception | None) -> _Landing:
+def _land(
+    failures: list[Failure | None], outcome: Outputs | Exception | None, place: Place | None
+) -> _Landing:
     """The landing once the survivors' outputs (or why they failed together) are known."""
     if isinstance(outcome, tuple):
         try:
-            return _Landing(failures, arrays_to_tensors(outcome[0]), outcome[1])
+            return _Landing(failures, arrays_to_tensors(outcome[0], place), outcome[1])
         except Exception as exc:  # an output with no v2 datatype fails its members
             outcome = exc
     if isinstance(outcome, Exception):

@@ -2,12 +2,54 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Literal
 
 from pydantic import Field
 
 from strata.calls.streams import DEFAULT_MAX_IN_FLIGHT
 from strata.config.base import LIVE, Strict
+
+
+class SlabSettings(Strict):
+    """Big tensors between the layers of one host through shared memory (strata.wire.slab)."""
+
+    enabled: bool = Field(
+        default=False,
+        description="Big tensors between layers of one host go through shared memory: "
+        "preprocess writes its crops, and the gateway its model inputs, into a slab of its "
+        "own under `root` and names the bytes in the message; the receiver copies them out. "
+        "Bytes go in the message instead where the receiver is on another host or does not "
+        "share `root`, the tensor is smaller than min_bytes, or the slab is full. Set it on "
+        "the gateway, preprocess and inference alike "
+        "(docs/deploy.md#shared-memory-between-layers).",
+    )
+    root: Path = Field(
+        default=Path("/dev/shm"),
+        description="The folder of the slabs: a memory-backed file system every layer of the "
+        "host mounts (Docker: shm_size, or a shared volume; Kubernetes: an emptyDir of medium "
+        "Memory).",
+    )
+    size_mib: int = Field(
+        default=16,
+        gt=0,
+        description="Each sending process's slab, reserved at start-up: what it may have in "
+        "flight at once (a 224x224 UINT8 crop is 147 KiB). Docker's default /dev/shm is 64 MiB "
+        "for the whole container.",
+    )
+    min_bytes: int = Field(
+        default=65536,
+        ge=0,
+        description="Smaller tensors go in the message: below this, gRPC carries the bytes "
+        "about as cheaply as the slab's bookkeeping.",
+    )
+    lease_seconds: float = Field(
+        default=30.0,
+        gt=0,
+        description="How long a block waits for its receiver before the sender takes it back "
+        "(a receiver that dropped the message never releases it); a receiver that reads a "
+        "block after that is refused, never given another block's bytes.",
+    )
 
 
 class ServerSettings(Strict):
@@ -95,6 +137,10 @@ class ServerSettings(Strict):
         description="Serve gRPC server reflection (grpcurl lists the services without their "
         "protos). Handy in development; the shipped deploy config turns it off, since it tells "
         "anyone who reaches a port what it serves.",
+    )
+    slab: SlabSettings = Field(
+        default_factory=SlabSettings,
+        description="Big tensors between the layers of one host through shared memory.",
     )
     max_connection_age_seconds: float = Field(
         default=60.0,

@@ -38,6 +38,7 @@ from services.gateway.upstream.lanes import (
     StreamMethod,
 )
 from services.gateway.upstream.sequences import replica
+from services.gateway.upstream.slabs import HopSlabs, InferenceSlabs, ProcessSlabs
 from services.gateway.upstream.stream_methods import infer_stream, process_stream
 from services.gateway.upstream.stubs import InferenceStub, ProcessStub
 from strata.config import Settings
@@ -51,6 +52,7 @@ from strata.proto.v1 import tensor_pb2 as v1
 from strata.rpc.grpc_channels import open_channel
 from strata.telemetry.tracing import annotate, outgoing, recording
 from strata.wire.deadline import Deadline
+from strata.wire.slab import open_slab
 from strata.wire.triton_sequences import Flags
 
 log = logging.getLogger(__name__)
@@ -90,11 +92,13 @@ class Hop(Generic[Stub, Request, Answer, Reply]):
         streams: Mapping[str, Callable[[Stub], StreamMethod[Request, Answer, Reply]]] | None = None,
         lane_lifetime: float = LANE_SECONDS,
         replicas: Sequence[grpc.aio.Channel] = (),
+        slabs: HopSlabs[Request, Reply] | None = None,
     ) -> None:
         """A hop over `channel`; `replicated`: whether another replica may answer behind it
         (a retry or a refused message may then go there); `replicas`: a channel to each
         replica where they are known, each then given lanes of its own (else the lanes
-        share `channel`, whose round-robin places each as it opens)."""
+        share `channel`, whose round-robin places each as it opens); `slabs`: where a
+        strata.v1 hop's answers may come through shared memory (upstream/slabs.py)."""
         self.name = name
         self._timed_as = f"hop.{name}_ms"  # strata.hop.<hop>_ms on the caller's span
         self.channel = channel
@@ -121,6 +125,7 @@ class Hop(Generic[Stub, Request, Answer, Reply]):
         self._split_bytes = gateway.split_flight_bytes
         self._whole: set[str] = set()  # pipelines whose outputs cannot be stacked again
         self._reached = False  # whether the channel has connected since the gateway started
+        self._slabs = slabs
 
     def configure(self, gateway: GatewaySettings) -> None:
         """New breaker thresholds and hop timeouts, live."""
@@ -174,6 +179,21 @@ class Hop(Generic[Stub, Request, Answer, Reply]):
         return cast(list[Request], split.parts(request, lanes.taking, self._split_bytes))
 
     async def _call_whole(
+        self,
+        method: str,
+        request: Request,
+        deadline: Deadline,
+        metadata: Metadata = (),
+        spare: bool | None = None,
+    ) -> Reply:
+        """`_attempts`, with big tensors through shared memory where the hop has slabs."""
+        if self._slabs is None:
+            return await self._attempts(method, request, deadline, metadata, spare)
+        with self._slabs.carrying(request):
+            reply = await self._attempts(method, request, deadline, metadata, spare)
+        return self._slabs.answered(reply)
+
+    async def _attempts(
         self,
         method: str,
         request: Request,
@@ -369,6 +389,7 @@ def open_hop(
     service: str,
     settings: Settings,
     streams: Mapping[str, Callable[[Stub], StreamMethod[Request, Answer, Reply]]] | None = None,
+    slabs: HopSlabs[Request, Reply] | None = None,
 ) -> Hop[Stub, Request, Answer, Reply]:
     """A hop to `endpoint`, over a channel with the deployment's server and TLS settings
     that balances over its replicas (unary calls, retries), and where it lists several local
@@ -395,6 +416,7 @@ def open_hop(
         streams,
         lifetime,
         replicas,
+        slabs,
     )
 
 
@@ -403,6 +425,9 @@ class Upstreams:
 
     def __init__(self, settings: Settings) -> None:
         services = settings.services
+        slab = settings.server.slab
+        # Where big model inputs go to inference deployments of this host (upstream/slabs.py).
+        self._slab = open_slab(slab, "gateway")
         self.preprocess: ProcessHop = open_hop(
             "preprocess",
             services.preprocess,
@@ -410,6 +435,7 @@ class Upstreams:
             "strata.v1.Preprocess",
             settings,
             {"Process": process_stream},
+            ProcessSlabs("preprocess", slab) if slab.enabled else None,
         )
         self.postprocess: ProcessHop = open_hop(
             "postprocess",
@@ -433,6 +459,7 @@ class Upstreams:
             INFERENCE_SERVICE,
             self._settings,
             {"ModelInfer": infer_stream},
+            InferenceSlabs(self._slab) if self._slab is not None else None,
         )
 
     def inference_hop(self, deployment: str, sequence: Flags | None = None) -> InferenceHop:
@@ -486,3 +513,5 @@ class Upstreams:
     async def close(self) -> None:
         for hop in [*self.hops, *self._replicas.values()]:
             await hop.close()
+        if self._slab is not None:
+            self._slab.close()

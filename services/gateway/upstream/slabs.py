@@ -1,0 +1,123 @@
+"""A hop's big tensors through shared memory (strata.wire.slab), where the layer behind it
+shares this host's /dev/shm (its `domain`: the same boot, the same file system under root).
+
+- Preprocess (strata.v1): each call asks for slabs with this process's domain; a preprocess
+  of that domain answers its big tensors (crops) as refs into its own slab, any other answers
+  bytes. The refs are read as the answer arrives (one copy) and released, so that everything
+  after the hop sees bytes, as before. A ref this process cannot open (the folder is not the
+  sender's, or its permissions differ) fails that call with UNAVAILABLE, saying so, and the hop
+  asks no more: from then on the layer answers bytes.
+- Inference (v2): each request names this process's domain (parameter `strata.slab`); a
+  Strata inference of that domain says so in its answer. From then on the hop writes a
+  request's big raw inputs into this process's slab, each input naming its block in the same
+  parameter and its raw contents left empty; the blocks are freed when the call ends, answered
+  or not (a receiver still reading then is refused by the slab's guard, never given others'
+  bytes). A slab full or a small input: bytes, as before.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Iterator
+from typing import Protocol, TypeVar
+
+import numpy as np
+
+from strata.errors import Unavailable
+from strata.proto.inference import grpc_service_pb2 as v2
+from strata.proto.v1 import tensor_pb2 as v1
+from strata.wire.slab import ASK, Ref, Slab, SlabConfig, SlabLost, Slabs, domain
+
+log = logging.getLogger(__name__)
+Request = TypeVar("Request", contravariant=True)
+Reply = TypeVar("Reply")
+
+
+class HopSlabs(Protocol[Request, Reply]):
+    """What a hop does with slabs around a call: carry the request (and undo what it placed
+    once the call ended), and take the reply."""
+
+    def carrying(self, request: Request) -> contextlib.AbstractContextManager[None]: ...
+
+    def answered(self, reply: Reply) -> Reply: ...
+
+
+class ProcessSlabs:
+    """The preprocess hop's: its answers' crops come through preprocess's slab."""
+
+    def __init__(self, hop: str, settings: SlabConfig) -> None:
+        self._hop = hop
+        self._slabs = Slabs(settings.root)
+        self._domain = domain(settings.root)
+        self.asking = True
+
+    @contextlib.contextmanager
+    def carrying(self, request: v1.ProcessRequest) -> Iterator[None]:
+        """Ask for slabs in each of the call's requests, while the hop may."""
+        for item in request.requests:
+            if self.asking:
+                item.parameters[ASK] = self._domain
+            elif ASK in item.parameters:  # a part of a call that asked
+                del item.parameters[ASK]
+        yield
+
+    def answered(self, reply: v1.ProcessResponse) -> v1.ProcessResponse:
+        """`reply` with each tensor that names a slab given its bytes in place."""
+        for result in reply.results:
+            for tensor in result.tensors:
+                if tensor.slab:
+                    self._read(tensor)
+        return reply
+
+    def _read(self, tensor: v1.Tensor) -> None:
+        what = f"{self._hop}'s tensor {tensor.name!r}"
+        try:
+            tensor.data = self._slabs.read(Ref.parse(tensor.slab), what)
+        except ValueError:
+            raise Unavailable(f"{what}: malformed shared memory ref") from None
+        except SlabLost:
+            raise
+        except Unavailable:
+            self.asking = False
+            log.warning("%s: slabs unreadable here, asking for bytes from now on", self._hop)
+            raise
+        tensor.ClearField("slab")
+
+
+class InferenceSlabs:
+    """An inference hop's: its requests' big inputs go through this process's slab, once the
+    deployment has said it reads it."""
+
+    def __init__(self, slab: Slab) -> None:
+        self._slab = slab
+        self.shares = False
+
+    @contextlib.contextmanager
+    def carrying(self, request: v2.ModelInferRequest) -> Iterator[None]:
+        request.parameters[ASK].string_param = self._slab.domain
+        placed = self._place(request) if self.shares else []
+        try:
+            yield
+        except BaseException:
+            self.shares = not placed  # a replica that could not read them: learn again
+            raise
+        finally:
+            for ref in placed:
+                self._slab.free(ref)
+
+    def _place(self, request: v2.ModelInferRequest) -> list[Ref]:
+        placed = []
+        raw = request.raw_input_contents
+        for i, data in enumerate(raw):
+            ref = self._slab.place(np.frombuffer(data, np.uint8))
+            if ref is not None:
+                raw[i] = b""
+                request.inputs[i].parameters[ASK].string_param = ref.text()
+                placed.append(ref)
+        return placed
+
+    def answered(self, reply: v2.ModelInferResponse) -> v2.ModelInferResponse:
+        """Learn from `reply` whether the deployment reads this process's slab."""
+        self.shares = ASK in reply.parameters and reply.parameters[ASK].bool_param
+        return reply

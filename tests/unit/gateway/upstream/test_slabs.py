@@ -1,0 +1,110 @@
+"""The gateway's hops and slabs: preprocess's refs read and released as the answer arrives (and
+no more asking once a slab cannot be opened); inference inputs placed only once the deployment
+said it shares the slab, freed when the call ends, and learnt again after a failed call."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from services.gateway.upstream.slabs import InferenceSlabs, ProcessSlabs
+from strata.config.server import SlabSettings
+from strata.errors import Unavailable
+from strata.proto.inference import grpc_service_pb2 as v2
+from strata.proto.v1 import tensor_pb2 as v1
+from strata.wire.slab import ASK, PAGE, Slab, domain
+
+CROP = np.arange(3 * PAGE, dtype=np.uint32).astype(np.uint8)
+
+
+def _call() -> v1.ProcessRequest:
+    return v1.ProcessRequest(requests=[v1.Request(id="1", pipeline="images")])
+
+
+def _answer(slab: Slab) -> v1.ProcessResponse:
+    reply = v1.ProcessResponse()
+    tensor = reply.results.add().tensors.add(name="crop", datatype="UINT8", shape=[len(CROP)])
+    ref = slab.place(CROP)
+    assert ref is not None
+    tensor.slab = ref.text()
+    return reply
+
+
+def test_preprocess_refs_become_bytes_and_their_blocks_go_back(tmp_path: Path) -> None:
+    hop, sender = (
+        ProcessSlabs("preprocess", SlabSettings(root=tmp_path)),
+        Slab(tmp_path, "t", 4 * PAGE, 1, 30),
+    )
+    request = _call()
+    with hop.carrying(request):
+        pass
+    assert request.requests[0].parameters[ASK] == domain(tmp_path)
+    (tensor,) = hop.answered(_answer(sender)).results[0].tensors
+    assert tensor.data == CROP.tobytes() and not tensor.slab
+    assert sender.place(np.ones(4 * PAGE, np.uint8)) is not None  # released: all room again
+    sender.close()
+
+
+def test_a_slab_that_cannot_be_opened_is_unavailable_and_the_hop_asks_no_more(
+    tmp_path: Path,
+) -> None:
+    hop, sender = (
+        ProcessSlabs("preprocess", SlabSettings(root=tmp_path)),
+        Slab(tmp_path, "t", 4 * PAGE, 1, 30),
+    )
+    reply = _answer(sender)
+    sender.close()  # unlinked: as if another /dev/shm
+    with pytest.raises(Unavailable, match="cannot open shared memory slab"):
+        hop.answered(reply)
+    request = _call()
+    request.requests[0].parameters[ASK] = "asked before"
+    with hop.carrying(request):
+        pass
+    assert ASK not in request.requests[0].parameters
+
+
+def _infer() -> v2.ModelInferRequest:
+    request = v2.ModelInferRequest(model_name="vision")
+    request.inputs.add(name="crops", datatype="UINT8", shape=[len(CROP)])
+    request.inputs.add(name="small", datatype="UINT8", shape=[4])
+    request.raw_input_contents.extend([CROP.tobytes(), b"abcd"])
+    return request
+
+
+def _said(shares: bool) -> v2.ModelInferResponse:
+    reply = v2.ModelInferResponse()
+    reply.parameters[ASK].bool_param = shares
+    return reply
+
+
+def test_inference_inputs_go_through_the_slab_once_the_deployment_said_it_reads_it(
+    tmp_path: Path,
+) -> None:
+    slab = Slab(tmp_path, "gateway", 3 * PAGE, PAGE, 30)
+    hop = InferenceSlabs(slab)
+    first = _infer()
+    with hop.carrying(first):
+        assert list(first.raw_input_contents) == [CROP.tobytes(), b"abcd"]  # not yet learnt
+    assert first.parameters[ASK].string_param == slab.domain
+    hop.answered(_said(True))
+    second = _infer()
+    with hop.carrying(second):
+        assert list(second.raw_input_contents) == [b"", b"abcd"]
+        assert ASK in second.inputs[0].parameters and ASK not in second.inputs[1].parameters
+        assert slab.place(CROP) is None  # the block is the call's while it lasts
+    assert slab.place(CROP) is not None  # freed when the call ended
+    slab.close()
+
+
+def test_a_failed_call_with_inputs_in_the_slab_learns_again(tmp_path: Path) -> None:
+    slab = Slab(tmp_path, "gateway", 8 * PAGE, PAGE, 30)
+    hop = InferenceSlabs(slab)
+    hop.answered(_said(True))
+    with pytest.raises(Unavailable), hop.carrying(_infer()):
+        raise Unavailable("inference-a: cannot open shared memory slab")
+    assert not hop.shares
+    hop.answered(_said(False))
+    assert not hop.shares
+    slab.close()
