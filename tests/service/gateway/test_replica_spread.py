@@ -3,7 +3,9 @@ two real aio gRPC servers on consecutive loopback ports, the hop open_hop builds
 endpoint of two replicas, and concurrent calls counted by the replica that answered them.
 Each replica gets lanes of its own and each call goes to the one owing the fewest rows, so
 neither idles while the other holds a queue: not even when one replica came up late, which
-round-robin lanes on one shared channel never noticed until they turned over."""
+round-robin lanes on one shared channel never noticed until they turned over. A replica is
+sent at most gateway.replica_messages at once; the next call goes to the first with room, so
+a call (or a big flight's part) never waits on a busy replica while another has room."""
 
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ from services.gateway.upstream.stream_methods import process_stream
 from services.gateway.upstream.upstreams import Hop, open_hop
 from strata.config import load_settings
 from strata.config.endpoints import ServiceEndpoint
+from strata.errors import DeadlineExceeded
 from strata.proto.v1 import preprocess_pb2_grpc
 from strata.proto.v1 import tensor_pb2 as v1
 from strata.wire.deadline import Deadline
@@ -53,7 +56,9 @@ async def start(layer: Layer, address: str) -> grpc.aio.Server:
 def hop_to(settings, listen: str) -> Hop:
     endpoint = ServiceEndpoint(listen=listen, replicas=2)
     stub, service = preprocess_pb2_grpc.PreprocessStub, "strata.v1.Preprocess"
-    return open_hop("preprocess", endpoint, stub, service, settings, {"Process": process_stream})
+    streams = {"Process": process_stream}
+    held = settings.gateway.replica_messages  # as the gateway's preprocess hop
+    return open_hop("preprocess", endpoint, stub, service, settings, streams, held)
 
 
 async def load(hop: Hop) -> None:
@@ -227,3 +232,123 @@ def test_a_pipeline_whose_parts_answer_in_other_shapes_goes_whole(settings) -> N
     assert sum(layer.streamed for layer in layers) == 2 + 1 + 1  # two parts, then whole twice
     for reply in replies:
         assert list(reply.results[0].tensors[0].shape) == [8, 1]  # as the whole call answers
+
+
+def test_a_call_never_waits_on_a_busy_replica_while_the_other_has_room(settings) -> None:
+    """The first replica holds every message until released; calls sent meanwhile go to the
+    second as it answers, beyond the replica_messages the first was sent."""
+    held = settings.gateway.replica_messages
+
+    async def go() -> tuple[list[Layer], list[str]]:
+        release = asyncio.Event()
+
+        async def stuck(request: v1.ProcessRequest) -> v1.ProcessResponse:
+            await release.wait()
+            return await echo(request)
+
+        base = free_port(2)
+        layers = [Layer(stuck), Layer(echo)]
+        servers = [await start(layer, f"127.0.0.1:{base + i}") for i, layer in enumerate(layers)]
+        hop = hop_to(settings, f"127.0.0.1:{base}")
+        await connected(hop)
+        calls = [
+            asyncio.ensure_future(hop.call("Process", flight(number, 1), Deadline.after(10)))
+            for number in range(held + 6)
+        ]
+        done, _ = await asyncio.wait(calls, timeout=10, return_when=asyncio.FIRST_COMPLETED)
+        while len(done) < 6 and not release.is_set():
+            more, _ = await asyncio.wait(
+                [c for c in calls if not c.done()], timeout=10, return_when=asyncio.FIRST_COMPLETED
+            )
+            assert more, "no call was answered while the first replica held its messages"
+            done |= more
+        answered = sorted(call.result().results[0].id for call in done)
+        release.set()
+        await asyncio.gather(*calls)
+        await hop.close()
+        for server in servers:
+            await server.stop(0)
+        return layers, answered
+
+    layers, answered = asyncio.run(go())
+    assert len(answered) == 6  # every call but those the busy replica holds
+    assert [layer.streamed for layer in layers] == [held, 6]
+
+
+def test_a_big_flights_parts_go_to_the_replica_with_room(settings) -> None:
+    """A flight of 8 photo-sized members is cut into 8 parts; the replica that holds its
+    first parts takes no more while the other answers the rest, and the flight is answered
+    whole."""
+    settings = settings.model_copy(
+        update={"gateway": settings.gateway.model_copy(update={"split_flight_bytes": 65536})}
+    )
+    held = settings.gateway.replica_messages
+
+    async def go() -> tuple[list[Layer], v1.ProcessResponse]:
+        release = asyncio.Event()
+        layers: list[Layer] = []
+
+        async def slow(request: v1.ProcessRequest) -> v1.ProcessResponse:
+            if layers[1].streamed < 8 - held:  # until the other replica took the rest
+                await asyncio.wait_for(release.wait(), 10)
+            return await members_echo(request)
+
+        async def fast(request: v1.ProcessRequest) -> v1.ProcessResponse:
+            reply = await members_echo(request)
+            if layers[1].streamed == 8 - held:
+                release.set()
+            return reply
+
+        base = free_port(2)
+        layers += [Layer(slow), Layer(fast)]
+        servers = [await start(layer, f"127.0.0.1:{base + i}") for i, layer in enumerate(layers)]
+        hop = hop_to(settings, f"127.0.0.1:{base}")
+        await connected(hop)
+        reply = await hop.call("Process", big_flight(), Deadline.after(20))
+        await hop.close()
+        for server in servers:
+            await server.stop(0)
+        return layers, reply
+
+    layers, reply = asyncio.run(go())
+    assert [layer.streamed for layer in layers] == [held, 8 - held]
+    assert [m.id for m in reply.results[0].members] == [f"m{n}" for n in range(8)]
+
+
+def test_a_call_waiting_for_room_past_its_deadline_fails_and_frees_nothing(settings) -> None:
+    """Both replicas hold all they are sent: a further call waits in the gateway, fails with
+    DEADLINE_EXCEEDED when its deadline passes (no replica ever sees it), and once the
+    replicas answer, calls flow again."""
+    held = settings.gateway.replica_messages
+
+    async def go() -> list[Layer]:
+        release = asyncio.Event()
+
+        async def stuck(request: v1.ProcessRequest) -> v1.ProcessResponse:
+            await release.wait()
+            return await echo(request)
+
+        base = free_port(2)
+        layers = [Layer(stuck), Layer(stuck)]
+        servers = [await start(layer, f"127.0.0.1:{base + i}") for i, layer in enumerate(layers)]
+        hop = hop_to(settings, f"127.0.0.1:{base}")
+        await connected(hop)
+        holding = [
+            asyncio.ensure_future(hop.call("Process", flight(number, 1), Deadline.after(20)))
+            for number in range(2 * held)
+        ]
+        async with asyncio.timeout(10):
+            while sum(layer.streamed for layer in layers) < 2 * held:
+                await asyncio.sleep(0.01)
+        with pytest.raises(DeadlineExceeded):
+            await hop.call("Process", flight(99, 1), Deadline.after(0.5))
+        release.set()
+        await asyncio.gather(*holding)
+        await load(hop)
+        await hop.close()
+        for server in servers:
+            await server.stop(0)
+        return layers
+
+    layers = asyncio.run(go())
+    assert sum(layer.streamed + layer.unary for layer in layers) == 2 * held + CALLS
