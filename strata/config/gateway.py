@@ -445,7 +445,7 @@ class GatewaySettings(Strict):
         ge=1,
         description="A flight's call to a layer whose replicas the gateway knows (local "
         "replicas, each on its own address) is cut into parts of at least this many bytes of "
-        "tensors, up to 4 for each replica that takes messages; the replicas take them as "
+        "tensors, up to 2 for each replica that takes messages; the replicas take them as "
         "each has room (replica_messages), so they work on one big flight at once (photos "
         "through preprocess) and a faster one takes more, instead of one replica on all of "
         "it while another idles. Parts are whole requests; a pipeline whose outputs differ in "

@@ -275,44 +275,47 @@ def test_a_call_never_waits_on_a_busy_replica_while_the_other_has_room(settings)
     assert [layer.streamed for layer in layers] == [held, 6]
 
 
-def test_a_big_flights_parts_go_to_the_replica_with_room(settings) -> None:
-    """A flight of 8 photo-sized members is cut into 8 parts; the replica that holds its
-    first parts takes no more while the other answers the rest, and the flight is answered
-    whole."""
+def test_two_big_flights_parts_go_to_the_replica_with_room(settings) -> None:
+    """Two flights of 8 photo-sized members, each cut into 4 parts: the replica that holds
+    its first parts takes no more while the other answers the rest of both flights, and each
+    flight is answered whole."""
     settings = settings.model_copy(
-        update={"gateway": settings.gateway.model_copy(update={"split_flight_bytes": 65536})}
+        update={"gateway": settings.gateway.model_copy(update={"split_flight_bytes": 131072})}
     )
     held = settings.gateway.replica_messages
+    parts = 2 * 4
 
-    async def go() -> tuple[list[Layer], v1.ProcessResponse]:
+    async def go() -> tuple[list[Layer], list[v1.ProcessResponse]]:
         release = asyncio.Event()
         layers: list[Layer] = []
 
         async def slow(request: v1.ProcessRequest) -> v1.ProcessResponse:
-            if layers[1].streamed < 8 - held:  # until the other replica took the rest
+            if layers[1].streamed < parts - held:  # until the other replica took the rest
                 await asyncio.wait_for(release.wait(), 10)
             return await members_echo(request)
 
         async def fast(request: v1.ProcessRequest) -> v1.ProcessResponse:
-            reply = await members_echo(request)
-            if layers[1].streamed == 8 - held:
+            if layers[1].streamed == parts - held:
                 release.set()
-            return reply
+            return await members_echo(request)
 
         base = free_port(2)
         layers += [Layer(slow), Layer(fast)]
         servers = [await start(layer, f"127.0.0.1:{base + i}") for i, layer in enumerate(layers)]
         hop = hop_to(settings, f"127.0.0.1:{base}")
         await connected(hop)
-        reply = await hop.call("Process", big_flight(), Deadline.after(20))
+        replies = await asyncio.gather(
+            *(hop.call("Process", big_flight(), Deadline.after(20)) for _ in range(2))
+        )
         await hop.close()
         for server in servers:
             await server.stop(0)
-        return layers, reply
+        return layers, replies
 
-    layers, reply = asyncio.run(go())
-    assert [layer.streamed for layer in layers] == [held, 8 - held]
-    assert [m.id for m in reply.results[0].members] == [f"m{n}" for n in range(8)]
+    layers, replies = asyncio.run(go())
+    assert [layer.streamed for layer in layers] == [held, parts - held]
+    for reply in replies:
+        assert [m.id for m in reply.results[0].members] == [f"m{n}" for n in range(8)]
 
 
 def test_a_call_waiting_for_room_past_its_deadline_fails_and_frees_nothing(settings) -> None:

@@ -62,7 +62,8 @@ def test_parts_are_whole_members_of_about_equal_rows_in_order() -> None:
 def test_parts_are_as_small_as_the_least_bytes_allow_up_to_a_few_a_replica() -> None:
     members = [1] * 12
     assert len(split.parts(flight(members), 2, min_bytes=ROW)) == 2 * split.PARTS_A_REPLICA
-    assert len(split.parts(flight(members), 3, min_bytes=ROW)) == 12  # a part a member
+    assert len(split.parts(flight(members), 3, min_bytes=ROW)) == 3 * split.PARTS_A_REPLICA
+    assert len(split.parts(flight([1, 1, 1]), 2, min_bytes=ROW)) == 3  # a part a member
     assert len(split.parts(flight(members), 2, min_bytes=5 * ROW)) == 2  # 1,200 bytes
 
 
