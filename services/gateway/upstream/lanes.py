@@ -360,9 +360,12 @@ class Spread(Generic[Request, Answer, Reply]):
         started = time.monotonic()
         index = await self._claim(patience)
         try:
-            left = min(timeout, patience - (time.monotonic() - started))
+            left = patience - (time.monotonic() - started)
+            # Where the caller's budget, shortened by the wait, ends first, a late answer is
+            # the caller's deadline passing, not the replica missing the hop's own timeout.
+            condemns = cancel_on_timeout and timeout < left
             replica = self.replicas[index]
-            return await replica.call(request, left, cancel_on_timeout, metadata, rows)
+            return await replica.call(request, min(timeout, left), condemns, metadata, rows)
         finally:
             self._holding[index] -= 1
             self._hand_on()
