@@ -355,3 +355,43 @@ def test_a_call_waiting_for_room_past_its_deadline_fails_and_frees_nothing(setti
 
     layers = asyncio.run(go())
     assert sum(layer.streamed + layer.unary for layer in layers) == 2 * held + CALLS
+
+
+def test_a_call_cancelled_while_waiting_for_room_takes_no_place(settings) -> None:
+    """A caller that gives up while its call waits in the gateway leaves every replica's
+    places as they were: once the replicas answer, each again takes replica_messages at once."""
+    held = settings.gateway.replica_messages
+
+    async def go() -> None:
+        base = free_port(2)
+        gates = [asyncio.Event()]
+
+        async def stuck(request: v1.ProcessRequest) -> v1.ProcessResponse:
+            await gates[-1].wait()
+            return await echo(request)
+
+        layers = [Layer(stuck), Layer(stuck)]
+        servers = [await start(layer, f"127.0.0.1:{base + i}") for i, layer in enumerate(layers)]
+        hop = hop_to(settings, f"127.0.0.1:{base}")
+        await connected(hop)
+        for _ in range(2):  # the second time, after a waiting call was cancelled
+            sent = sum(layer.streamed for layer in layers)
+            holding = [
+                asyncio.ensure_future(hop.call("Process", flight(n, 1), Deadline.after(20)))
+                for n in range(2 * held)
+            ]
+            async with asyncio.timeout(10):  # every place taken, none lost
+                while sum(layer.streamed for layer in layers) < sent + 2 * held:
+                    await asyncio.sleep(0.01)
+            waiting = asyncio.ensure_future(hop.call("Process", flight(99, 1), Deadline.after(20)))
+            await asyncio.sleep(0.1)
+            waiting.cancel()
+            gates[-1].set()
+            await asyncio.gather(*holding)
+            gates.append(asyncio.Event())
+        gates[-1].set()
+        await hop.close()
+        for server in servers:
+            await server.stop(0)
+
+    asyncio.run(go())
