@@ -58,10 +58,12 @@ def bench_config(
     gateway_metrics: bool = False,
     sample_ratio: float | None = None,
     gateway_admin: bool = False,
+    preprocess_metrics: bool = False,
 ) -> Path:
-    """`config` on free ports (REST too, and the gateway's metrics page if asked) with an
-    admin token, tracing as asked (`sample_ratio`: of new traces, None for the config's) and
-    the `gateway` settings given replaced, written into `folder`."""
+    """`config` on free ports (REST too, and the gateway's and the preprocess replicas'
+    metrics pages if asked) with an admin token, tracing as asked (`sample_ratio`: of new
+    traces, None for the config's) and the `gateway` settings given replaced, written into
+    `folder`."""
     settings = load_settings(config)
     raw = yaml.safe_load(Path(config).read_text())
     raw["repository"] = str(settings.repository)
@@ -71,9 +73,12 @@ def bench_config(
         front["metrics"] = f"127.0.0.1:{free_port()}"
     if gateway_admin:
         front["admin_listen"] = f"127.0.0.1:{free_port()}"
+    preprocess = _endpoint(services.preprocess.replicas)
+    if preprocess_metrics:  # a page for each replica, on consecutive ports
+        preprocess["metrics"] = f"127.0.0.1:{free_port(services.preprocess.replicas)}"
     raw["services"] = {
         "gateway": front,
-        "preprocess": _endpoint(services.preprocess.replicas),
+        "preprocess": preprocess,
         "postprocess": _endpoint(services.postprocess.replicas),
         "inference": {name: _endpoint(e.replicas) for name, e in services.inference.items()},
     }
@@ -99,6 +104,7 @@ def running(
     gateway_metrics: bool = False,
     sample_ratio: float | None = None,
     gateway_admin: bool = False,
+    preprocess_metrics: bool = False,
 ) -> Iterator[tuple[Supervisor, str]]:
     """Every service of `config` as processes on free ports: (supervisor, admin token)."""
     token = secrets.token_hex(16)
@@ -118,6 +124,7 @@ def running(
             gateway_metrics,
             sample_ratio,
             gateway_admin,
+            preprocess_metrics,
         )
         return Supervisor(path, load_settings(path), log_dir=folder, env=env)
 

@@ -4,11 +4,13 @@ The image chain (bench.image_chain) started once for each variant, a count of pr
 replicas with a `preprocess.threads`, in alternating rounds (1, 2, 1, 2 ...) so that the
 machine's other work falls on every variant alike. In each: a warm-up, then `concurrency`
 requests in flight on one connection for `seconds`: throughput, P50, P99, the requests that
-failed, each preprocess replica's CPU (% of one core and ms per image), the gateway's and the
-other layers' (and their ms per image), the mean requests a flight carried (from the
-gateway's metrics page), the CPU the machine spent outside the system under test and the load tool
-(other work sharing the cores), and the 1-minute load average. Then the median throughput of
-each variant and its ratio to the first.
+failed, each preprocess replica's CPU (% of one core and ms per image) and its share of the
+time spent in its steps (from its step-duration histogram: what it lacks is time the replica
+had no work, or waited for its next message, whatever other work took the cores), the
+gateway's and the other layers' CPU (and their ms per image), the mean requests a flight
+carried (from the gateway's metrics page), the CPU the machine spent outside the system under
+test and the load tool (other work sharing the cores), and the 1-minute load average. Then the
+median throughput of each variant and its ratio to the first.
 """
 
 from __future__ import annotations
@@ -17,11 +19,13 @@ import os
 import statistics
 import tempfile
 import time
+import urllib.request
 from collections import Counter, defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
+from prometheus_client.parser import text_string_to_metric_families
 
 from bench import gateway_counts
 from bench.deployment import running
@@ -44,6 +48,7 @@ class Sample:
     failed: int
     error: str  # the commonest failure, if any
     replicas: list[float]  # each preprocess replica's CPU, % of one core
+    in_steps: list[float]  # each preprocess replica's time in its steps, % of the sample
     per_image: float  # preprocess CPU ms per image, all replicas
     gateway: float  # % of one core
     layers: float  # inference and postprocess, % of one core
@@ -66,10 +71,11 @@ def compare(
         f"{concurrency} in flight, {seconds:g} s a sample, variants alternated each round.",
         "",
         "| round | replicas x threads | images/s | P50 ms | P99 ms | failed "
-        "| each replica's CPU % | preprocess CPU ms/image | gateway CPU % "
+        "| each replica's CPU % | each replica in steps % | preprocess CPU ms/image "
+        "| gateway CPU % "
         "| inference+postprocess CPU % | gateway / other layers CPU ms/image "
         "| requests a flight | other work CPU % | load avg |",
-        "|---:|---|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|",
+        "|---:|---|---:|---:|---:|---:|---|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     samples: dict[Variant, list[Sample]] = defaultdict(list)
     with LoadPool(1) as pool:
@@ -78,10 +84,9 @@ def compare(
                 with tempfile.TemporaryDirectory(prefix="strata-") as tmp:
                     path = image_config(config, Path(tmp), objective_ms, variant)
                     (Path(tmp) / "run").mkdir()
-                    with running(path, Path(tmp) / "run", gateway_metrics=True) as (
-                        supervisor,
-                        _,
-                    ):
+                    with running(
+                        path, Path(tmp) / "run", gateway_metrics=True, preprocess_metrics=True
+                    ) as (supervisor, _):
                         plan = _plan(supervisor, requests)
                         sample = _sample(supervisor, pool, plan, concurrency, seconds)
                 samples[variant].append(sample)
@@ -113,10 +118,14 @@ def _sample(
     metrics = supervisor.settings.services.gateway.metrics
     assert metrics is not None, "started with gateway_metrics"
     flown = gateway_counts.read(metrics)
+    preprocess = supervisor.settings.services.preprocess
+    pages = [preprocess.metrics_for(listen) or "" for listen in preprocess.listens]
+    stepped = [_step_seconds(page) for page in pages]
     before, machine, start = _cpu(processes), _machine(), time.monotonic()
     results = closed(pool, plan, concurrency, seconds)
     after, busy, wall = _cpu(processes), _machine() - machine, time.monotonic() - start
     landed = gateway_counts.read(metrics)
+    in_steps = [(_step_seconds(p) - s) * 100 / wall for p, s in zip(pages, stepped, strict=True)]
     used = {name: (after[name] - before[name]) * 100 / wall for name in processes}
     replicas = [used[n] for n in sorted(used) if n.startswith("preprocess")]
     gateway = sum(v for n, v in used.items() if n.startswith("gateway"))
@@ -128,6 +137,7 @@ def _sample(
         failed=failures.total() + results.error_counts().total(),
         error=next(iter((failures + results.error_counts()).most_common(1)), ("", 0))[0],
         replicas=replicas,
+        in_steps=in_steps,
         per_image=sum(replicas) * 10 / max(images, 1e-9),  # % of a core -> ms a second
         gateway=gateway,
         layers=sum(used.values()) - sum(replicas) - gateway,
@@ -136,6 +146,18 @@ def _sample(
         load=os.getloadavg()[0],
         flight=(landed.flight_requests - flown.flight_requests)
         / max(landed.flights - flown.flights, 1),
+    )
+
+
+def _step_seconds(page: str) -> float:
+    """Seconds a preprocess replica has spent in its steps, from its metrics page at `page`."""
+    with urllib.request.urlopen(f"http://{page}/metrics", timeout=gateway_counts.TIMEOUT) as got:
+        text = got.read().decode()
+    return sum(
+        sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name == "strata_preprocess_step_duration_seconds_sum"
     )
 
 
@@ -151,10 +173,12 @@ def _machine() -> float:
 
 def _row(round_: int, variant: Variant, s: Sample) -> str:
     each = " / ".join(f"{c:.0f}" for c in s.replicas)
+    stepping = " / ".join(f"{c:.0f}" for c in s.in_steps)
     per_image = 10 / max(s.images, 1e-9)  # % of a core -> ms an image
     return (
         f"| {round_} | {variant[0]} x {variant[1]} | {s.images:.1f} | {s.p50_ms:.0f} "
-        f"| {s.p99_ms:.0f} | {s.failed} | {each} | {s.per_image:.1f} | {s.gateway:.0f} "
+        f"| {s.p99_ms:.0f} | {s.failed} | {each} | {stepping} | {s.per_image:.1f} "
+        f"| {s.gateway:.0f} "
         f"| {s.layers:.0f} | {s.gateway * per_image:.2f} / {s.layers * per_image:.2f} "
         f"| {s.flight:.1f} | {s.others:.0f} | {s.load:.1f} |"
     )

@@ -445,12 +445,22 @@ class GatewaySettings(Strict):
         default=262144,
         ge=1,
         description="A flight's call to a layer whose replicas the gateway knows (local "
-        "replicas, each on its own address) is cut into a part for each replica that takes "
-        "messages, where each part carries at least this many bytes of tensors: the replicas "
-        "then work on one big flight at once (photos through preprocess) instead of one "
-        "replica on all of it while another idles. Parts are whole requests; a pipeline "
-        "whose outputs differ in shape by part (padded text) is sent whole from then on.",
+        "replicas, each on its own address) is cut into parts of at least this many bytes of "
+        "tensors, up to 2 for each replica that takes messages; the replicas take them as "
+        "each has room (replica_messages), so they work on one big flight at once (photos "
+        "through preprocess) and a faster one takes more, instead of one replica on all of "
+        "it while another idles. Parts are whole requests; a pipeline whose outputs differ in "
+        "shape by part (padded text) is sent whole from then on.",
         json_schema_extra=LIVE,
+    )
+    replica_messages: int = Field(
+        default=2,
+        ge=1,
+        description="Messages the gateway sends each replica of preprocess or postprocess at "
+        "once, where it knows the replicas (local replicas, each on its own address); more "
+        "wait in the gateway and go to the first replica to answer one, so that no replica "
+        "holds a queue while another idles. 2: the next message is in a replica's hands while "
+        "it works on the current one.",
     )
     rate_limits: RateLimits = Field(
         default_factory=RateLimits, description="Token buckets.", json_schema_extra=LIVE

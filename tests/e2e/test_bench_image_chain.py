@@ -22,4 +22,6 @@ def test_the_replica_comparison_runs_each_count_and_reports_each_replica(tmp_pat
     one = next(line for line in table.splitlines() if line.startswith("| 1 | 1 x 1 |"))
     two = next(line for line in table.splitlines() if line.startswith("| 1 | 2 x 1 |"))
     assert "/" not in one.split("|")[7] and len(two.split("|")[7].split("/")) == 2
+    in_steps = [float(share) for share in two.split("|")[8].split("/")]  # each replica's
+    assert len(in_steps) == 2 and all(0 < share <= 100 for share in in_steps)
     assert "| 2 x 1 |" in table.split("median images/s")[1]

@@ -36,12 +36,15 @@ import itertools
 import logging
 import random
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar, cast
 
 import grpc
 from google.protobuf.message import Message
+
+from strata.errors import DeadlineExceeded
 
 log = logging.getLogger(__name__)
 
@@ -310,11 +313,23 @@ class Lanes(Generic[Request, Answer, Reply]):
 class Spread(Generic[Request, Answer, Reply]):
     """A hop's lanes for one method over its replicas: each call to the replica owing the
     fewest rows, the replicas taking turns among equals (so that light load reaches every
-    replica too)."""
+    replica too).
 
-    def __init__(self, replicas: Sequence[Lanes[Request, Answer, Reply]]) -> None:
+    With `held` set, a replica is sent at most that many messages at once: the next call waits
+    in the gateway and goes to the first replica to answer one. A message sent at once to the
+    replica owing the fewest rows waits in that replica's queue even when the other replica,
+    sharing its core with less or finishing sooner, then idles: a flight's parts waited on the
+    slower replica while the other had nothing (tens of ms a flight of 1280x960 photos). Two
+    held messages keep the next one in the replica's hands while it works on the current one,
+    so the replica does not idle for the round trip either."""
+
+    def __init__(self, replicas: Sequence[Lanes[Request, Answer, Reply]], held: int = 0) -> None:
+        """`held`: messages each replica is sent at once (0: no bound)."""
         self.replicas = list(replicas)
         self._turn = 0
+        self._held = held
+        self._holding = [0] * len(self.replicas)  # messages sent to each (or promised it)
+        self._waiting: deque[asyncio.Future[int]] = deque()  # calls waiting for a replica
 
     @property
     def usable(self) -> bool:
@@ -333,19 +348,88 @@ class Spread(Generic[Request, Answer, Reply]):
         cancel_on_timeout: bool,
         metadata: Metadata = (),
         rows: int = 1,
+        *,
+        patience: float | None = None,
     ) -> Reply:
-        """The reply to `request` from the least loaded replica that takes messages;
-        LaneBroken where none does (the hop then calls unary)."""
-        return await self._pick().call(request, timeout, cancel_on_timeout, metadata, rows)
+        """The reply to `request` from the least loaded replica that takes messages and has
+        room for one, within `timeout` once sent; LaneBroken where none takes messages (the
+        hop then calls unary). It waits for room at most `patience` seconds (the caller's
+        budget; by default `timeout`), then fails with DeadlineExceeded: a wait in the
+        gateway says nothing about a replica, so it is not the hop's own timeout missed."""
+        patience = timeout if patience is None else patience
+        started = time.monotonic()
+        index = await self._claim(patience)
+        try:
+            left = patience - (time.monotonic() - started)
+            # Where the caller's budget, shortened by the wait, ends first, a late answer is
+            # the caller's deadline passing, not the replica missing the hop's own timeout.
+            condemns = cancel_on_timeout and timeout < left
+            replica = self.replicas[index]
+            return await replica.call(request, min(timeout, left), condemns, metadata, rows)
+        finally:
+            self._holding[index] -= 1
+            self._hand_on()
 
     def close(self) -> None:
         for replica in self.replicas:
             replica.close()
 
-    def _pick(self) -> Lanes[Request, Answer, Reply]:
-        self._turn = (self._turn + 1) % len(self.replicas)
-        order = self.replicas[self._turn :] + self.replicas[: self._turn]
-        taking = [replica for replica in order if replica.open()]
+    async def _claim(self, timeout: float) -> int:
+        """The replica the next message goes to, counted as holding it."""
+        index = None if self._waiting else self._pick()
+        if index is not None:
+            self._holding[index] += 1
+            return index
+        loop = asyncio.get_running_loop()
+        promised: asyncio.Future[int] = loop.create_future()
+        self._waiting.append(promised)
+        timer = loop.call_later(timeout, _time_up, promised)
+        try:
+            return await promised
+        except asyncio.CancelledError:
+            if promised.done() and not promised.cancelled() and promised.exception() is None:
+                self._holding[promised.result()] -= 1  # promised as its caller gave up
+                self._hand_on()
+            raise
+        finally:
+            timer.cancel()
+            with contextlib.suppress(ValueError):
+                self._waiting.remove(promised)
+
+    def _hand_on(self) -> None:
+        """Each waiting call, oldest first, promised a replica with room while one has it;
+        where no replica takes messages any more, the calls waiting go another way."""
+        while self._waiting:
+            try:
+                index = self._pick()
+            except LaneBroken as exc:
+                for promised in self._waiting:
+                    if not promised.done():
+                        promised.set_exception(exc)
+                self._waiting.clear()
+                return
+            if index is None:
+                return
+            promised = self._waiting.popleft()
+            if not promised.done():
+                self._holding[index] += 1
+                promised.set_result(index)
+
+    def _pick(self) -> int | None:
+        """The replica (its index) that takes messages, has room for one and owes the fewest
+        rows; None where every one that takes messages is full."""
+        count = len(self.replicas)
+        self._turn = (self._turn + 1) % count
+        order = [(self._turn + step) % count for step in range(count)]
+        taking = [i for i in order if self.replicas[i].open()]
         if not taking:
             raise LaneBroken(grpc.StatusCode.UNAVAILABLE, "no replica's lanes take messages")
-        return min(taking, key=lambda replica: replica.rows)
+        room = [i for i in taking if not self._held or self._holding[i] < self._held]
+        if not room:
+            return None
+        return min(room, key=lambda i: self.replicas[i].rows)
+
+
+def _time_up(promised: asyncio.Future[int]) -> None:
+    if not promised.done():
+        promised.set_exception(DeadlineExceeded("deadline passed waiting for a replica with room"))

@@ -44,7 +44,7 @@ from services.gateway.upstream.stubs import InferenceStub, ProcessStub
 from strata.config import Settings
 from strata.config.endpoints import ServiceEndpoint
 from strata.config.gateway import GatewaySettings
-from strata.errors import Unavailable, from_code, hinted_retry
+from strata.errors import DeadlineExceeded, Unavailable, from_code, hinted_retry
 from strata.proto.inference import grpc_service_pb2 as v2
 from strata.proto.inference import grpc_service_pb2_grpc as v2_grpc
 from strata.proto.v1 import postprocess_pb2_grpc, preprocess_pb2_grpc
@@ -93,12 +93,14 @@ class Hop(Generic[Stub, Request, Answer, Reply]):
         lane_lifetime: float = LANE_SECONDS,
         replicas: Sequence[grpc.aio.Channel] = (),
         slabs: HopSlabs[Request, Reply] | None = None,
+        held: int = 0,
     ) -> None:
         """A hop over `channel`; `replicated`: whether another replica may answer behind it
         (a retry or a refused message may then go there); `replicas`: a channel to each
         replica where they are known, each then given lanes of its own (else the lanes
-        share `channel`, whose round-robin places each as it opens); `slabs`: where a
-        strata.v1 hop's answers may come through shared memory (upstream/slabs.py)."""
+        share `channel`, whose round-robin places each as it opens) and sent at most `held`
+        messages at once (0: no bound; lanes.py's Spread); `slabs`: where a strata.v1 hop's
+        answers may come through shared memory (upstream/slabs.py)."""
         self.name = name
         self._timed_as = f"hop.{name}_ms"  # strata.hop.<hop>_ms on the caller's span
         self.channel = channel
@@ -115,7 +117,8 @@ class Hop(Generic[Stub, Request, Answer, Reply]):
                         functools.partial(_ready, lane_channel),
                     )
                     for i, lane_channel in enumerate(self._replicas or [channel])
-                ]
+                ],
+                held if self._replicas else 0,
             )
             for method, make in (streams or {}).items()
         }
@@ -261,6 +264,9 @@ class Hop(Generic[Stub, Request, Answer, Reply]):
             if not waited:  # a wait for the upstream to start is not the hop's latency
                 self.timer.observe(time.monotonic() - started, load)
             return reply
+        except DeadlineExceeded:  # its time ran out waiting for a replica with room
+            code = grpc.StatusCode.DEADLINE_EXCEEDED
+            raise
         except grpc.aio.AioRpcError as exc:
             code = exc.code()
             if code == grpc.StatusCode.DEADLINE_EXCEEDED and hop_bound:
@@ -309,7 +315,12 @@ class Hop(Generic[Stub, Request, Answer, Reply]):
             started = time.monotonic()
             try:
                 return await lanes.call(
-                    request, min(budget, window), hop_bound, metadata, timing.load.rows
+                    request,
+                    min(budget, window),
+                    hop_bound,
+                    metadata,
+                    timing.load.rows,
+                    patience=budget,
                 )
             except LaneBroken:
                 pass
@@ -390,10 +401,12 @@ def open_hop(
     settings: Settings,
     streams: Mapping[str, Callable[[Stub], StreamMethod[Request, Answer, Reply]]] | None = None,
     slabs: HopSlabs[Request, Reply] | None = None,
+    held: int = 0,
 ) -> Hop[Stub, Request, Answer, Reply]:
     """A hop to `endpoint`, over a channel with the deployment's server and TLS settings
     that balances over its replicas (unary calls, retries), and where it lists several local
-    replicas, a channel to each for its lanes."""
+    replicas, a channel to each for its lanes, each sent at most `held` messages at once
+    (0: no bound)."""
 
     def dial(address: str) -> grpc.aio.Channel:
         return open_channel(
@@ -417,6 +430,7 @@ def open_hop(
         lifetime,
         replicas,
         slabs,
+        held,
     )
 
 
@@ -436,6 +450,7 @@ class Upstreams:
             settings,
             {"Process": process_stream},
             ProcessSlabs("preprocess", slab) if slab.enabled else None,
+            settings.gateway.replica_messages,
         )
         self.postprocess: ProcessHop = open_hop(
             "postprocess",
@@ -444,6 +459,7 @@ class Upstreams:
             "strata.v1.Postprocess",
             settings,
             {"Process": process_stream},
+            held=settings.gateway.replica_messages,
         )
         self._settings = settings
         self.inference = {
@@ -452,6 +468,7 @@ class Upstreams:
         self._replicas: dict[str, InferenceHop] = {}  # a sequence's one replica, by its address
 
     def _inference(self, name: str, endpoint: ServiceEndpoint) -> InferenceHop:
+        # No bound on the messages a replica holds: its batcher makes one batch of them.
         return open_hop(
             f"inference-{name}",
             endpoint,

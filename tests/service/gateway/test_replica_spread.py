@@ -3,7 +3,9 @@ two real aio gRPC servers on consecutive loopback ports, the hop open_hop builds
 endpoint of two replicas, and concurrent calls counted by the replica that answered them.
 Each replica gets lanes of its own and each call goes to the one owing the fewest rows, so
 neither idles while the other holds a queue: not even when one replica came up late, which
-round-robin lanes on one shared channel never noticed until they turned over."""
+round-robin lanes on one shared channel never noticed until they turned over. A replica is
+sent at most gateway.replica_messages at once; the next call goes to the first with room, so
+a call (or a big flight's part) never waits on a busy replica while another has room."""
 
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ from services.gateway.upstream.stream_methods import process_stream
 from services.gateway.upstream.upstreams import Hop, open_hop
 from strata.config import load_settings
 from strata.config.endpoints import ServiceEndpoint
+from strata.errors import DeadlineExceeded
 from strata.proto.v1 import preprocess_pb2_grpc
 from strata.proto.v1 import tensor_pb2 as v1
 from strata.wire.deadline import Deadline
@@ -53,7 +56,9 @@ async def start(layer: Layer, address: str) -> grpc.aio.Server:
 def hop_to(settings, listen: str) -> Hop:
     endpoint = ServiceEndpoint(listen=listen, replicas=2)
     stub, service = preprocess_pb2_grpc.PreprocessStub, "strata.v1.Preprocess"
-    return open_hop("preprocess", endpoint, stub, service, settings, {"Process": process_stream})
+    streams = {"Process": process_stream}
+    held = settings.gateway.replica_messages  # as the gateway's preprocess hop
+    return open_hop("preprocess", endpoint, stub, service, settings, streams, held)
 
 
 async def load(hop: Hop) -> None:
@@ -227,3 +232,166 @@ def test_a_pipeline_whose_parts_answer_in_other_shapes_goes_whole(settings) -> N
     assert sum(layer.streamed for layer in layers) == 2 + 1 + 1  # two parts, then whole twice
     for reply in replies:
         assert list(reply.results[0].tensors[0].shape) == [8, 1]  # as the whole call answers
+
+
+def test_a_call_never_waits_on_a_busy_replica_while_the_other_has_room(settings) -> None:
+    """The first replica holds every message until released; calls sent meanwhile go to the
+    second as it answers, beyond the replica_messages the first was sent."""
+    held = settings.gateway.replica_messages
+
+    async def go() -> tuple[list[Layer], list[str]]:
+        release = asyncio.Event()
+
+        async def stuck(request: v1.ProcessRequest) -> v1.ProcessResponse:
+            await release.wait()
+            return await echo(request)
+
+        base = free_port(2)
+        layers = [Layer(stuck), Layer(echo)]
+        servers = [await start(layer, f"127.0.0.1:{base + i}") for i, layer in enumerate(layers)]
+        hop = hop_to(settings, f"127.0.0.1:{base}")
+        await connected(hop)
+        calls = [
+            asyncio.ensure_future(hop.call("Process", flight(number, 1), Deadline.after(10)))
+            for number in range(held + 6)
+        ]
+        done, _ = await asyncio.wait(calls, timeout=10, return_when=asyncio.FIRST_COMPLETED)
+        while len(done) < 6 and not release.is_set():
+            more, _ = await asyncio.wait(
+                [c for c in calls if not c.done()], timeout=10, return_when=asyncio.FIRST_COMPLETED
+            )
+            assert more, "no call was answered while the first replica held its messages"
+            done |= more
+        answered = sorted(call.result().results[0].id for call in done)
+        release.set()
+        await asyncio.gather(*calls)
+        await hop.close()
+        for server in servers:
+            await server.stop(0)
+        return layers, answered
+
+    layers, answered = asyncio.run(go())
+    assert len(answered) == 6  # every call but those the busy replica holds
+    assert [layer.streamed for layer in layers] == [held, 6]
+
+
+def test_two_big_flights_parts_go_to_the_replica_with_room(settings) -> None:
+    """Two flights of 8 photo-sized members, each cut into 4 parts: the replica that holds
+    its first parts takes no more while the other answers the rest of both flights, and each
+    flight is answered whole."""
+    settings = settings.model_copy(
+        update={"gateway": settings.gateway.model_copy(update={"split_flight_bytes": 131072})}
+    )
+    held = settings.gateway.replica_messages
+    parts = 2 * 4
+
+    async def go() -> tuple[list[Layer], list[v1.ProcessResponse]]:
+        release = asyncio.Event()
+        layers: list[Layer] = []
+
+        async def slow(request: v1.ProcessRequest) -> v1.ProcessResponse:
+            if layers[1].streamed < parts - held:  # until the other replica took the rest
+                await asyncio.wait_for(release.wait(), 10)
+            return await members_echo(request)
+
+        async def fast(request: v1.ProcessRequest) -> v1.ProcessResponse:
+            if layers[1].streamed == parts - held:
+                release.set()
+            return await members_echo(request)
+
+        base = free_port(2)
+        layers += [Layer(slow), Layer(fast)]
+        servers = [await start(layer, f"127.0.0.1:{base + i}") for i, layer in enumerate(layers)]
+        hop = hop_to(settings, f"127.0.0.1:{base}")
+        await connected(hop)
+        replies = await asyncio.gather(
+            *(hop.call("Process", big_flight(), Deadline.after(20)) for _ in range(2))
+        )
+        await hop.close()
+        for server in servers:
+            await server.stop(0)
+        return layers, replies
+
+    layers, replies = asyncio.run(go())
+    assert [layer.streamed for layer in layers] == [held, parts - held]
+    for reply in replies:
+        assert [m.id for m in reply.results[0].members] == [f"m{n}" for n in range(8)]
+
+
+def test_a_call_waiting_for_room_past_its_deadline_fails_and_frees_nothing(settings) -> None:
+    """Both replicas hold all they are sent: a further call waits in the gateway, fails with
+    DEADLINE_EXCEEDED when its deadline passes (no replica ever sees it), and once the
+    replicas answer, calls flow again."""
+    held = settings.gateway.replica_messages
+
+    async def go() -> list[Layer]:
+        release = asyncio.Event()
+
+        async def stuck(request: v1.ProcessRequest) -> v1.ProcessResponse:
+            await release.wait()
+            return await echo(request)
+
+        base = free_port(2)
+        layers = [Layer(stuck), Layer(stuck)]
+        servers = [await start(layer, f"127.0.0.1:{base + i}") for i, layer in enumerate(layers)]
+        hop = hop_to(settings, f"127.0.0.1:{base}")
+        await connected(hop)
+        holding = [
+            asyncio.ensure_future(hop.call("Process", flight(number, 1), Deadline.after(20)))
+            for number in range(2 * held)
+        ]
+        async with asyncio.timeout(10):
+            while sum(layer.streamed for layer in layers) < 2 * held:
+                await asyncio.sleep(0.01)
+        with pytest.raises(DeadlineExceeded):
+            await hop.call("Process", flight(99, 1), Deadline.after(0.5))
+        release.set()
+        await asyncio.gather(*holding)
+        await load(hop)
+        await hop.close()
+        for server in servers:
+            await server.stop(0)
+        return layers
+
+    layers = asyncio.run(go())
+    assert sum(layer.streamed + layer.unary for layer in layers) == 2 * held + CALLS
+
+
+def test_a_call_cancelled_while_waiting_for_room_takes_no_place(settings) -> None:
+    """A caller that gives up while its call waits in the gateway leaves every replica's
+    places as they were: once the replicas answer, each again takes replica_messages at once."""
+    held = settings.gateway.replica_messages
+
+    async def go() -> None:
+        base = free_port(2)
+        gates = [asyncio.Event()]
+
+        async def stuck(request: v1.ProcessRequest) -> v1.ProcessResponse:
+            await gates[-1].wait()
+            return await echo(request)
+
+        layers = [Layer(stuck), Layer(stuck)]
+        servers = [await start(layer, f"127.0.0.1:{base + i}") for i, layer in enumerate(layers)]
+        hop = hop_to(settings, f"127.0.0.1:{base}")
+        await connected(hop)
+        for _ in range(2):  # the second time, after a waiting call was cancelled
+            sent = sum(layer.streamed for layer in layers)
+            holding = [
+                asyncio.ensure_future(hop.call("Process", flight(n, 1), Deadline.after(20)))
+                for n in range(2 * held)
+            ]
+            async with asyncio.timeout(10):  # every place taken, none lost
+                while sum(layer.streamed for layer in layers) < sent + 2 * held:
+                    await asyncio.sleep(0.01)
+            waiting = asyncio.ensure_future(hop.call("Process", flight(99, 1), Deadline.after(20)))
+            await asyncio.sleep(0.1)
+            waiting.cancel()
+            gates[-1].set()
+            await asyncio.gather(*holding)
+            gates.append(asyncio.Event())
+        gates[-1].set()
+        await hop.close()
+        for server in servers:
+            await server.stop(0)
+
+    asyncio.run(go())

@@ -1,5 +1,6 @@
-"""A big flight cut into a part per replica (upstream/split.py): parts of whole members with
-about equal rows, and their results stacked back as the whole call's would have been."""
+"""A big flight cut into parts for the replicas (upstream/split.py): parts of whole members
+with about equal rows, as many as parts of the least bytes allow (up to PARTS_A_REPLICA a
+replica), and their results stacked back as the whole call's would have been."""
 
 from __future__ import annotations
 
@@ -43,23 +44,33 @@ def answer(part: v1.ProcessRequest, failing: set[str] = frozenset()) -> v1.Proce
 
 def test_parts_are_whole_members_of_about_equal_rows_in_order() -> None:
     request = flight([1, 1, 1, 1, 1, 1, 1, 1])
-    pieces = split.parts(request, 2, min_bytes=ROW)
+    pieces = split.parts(request, 2, min_bytes=2 * ROW)
     assert [[m.id for m in p.requests[0].members] for p in pieces] == [
-        ["m0", "m1", "m2", "m3"],
-        ["m4", "m5", "m6", "m7"],
+        ["m0", "m1"],
+        ["m2", "m3"],
+        ["m4", "m5"],
+        ["m6", "m7"],
     ]
     for piece in pieces:
         item = piece.requests[0]
         assert (item.id, item.pipeline, dict(item.parameters)) == ("f", "p", {"model_version": "2"})
-        assert item.tensors[0].shape == [4, ROW]
+        assert item.tensors[0].shape == [2, ROW]
     joined = b"".join(p.requests[0].tensors[0].data for p in pieces)
     assert joined == request.requests[0].tensors[0].data
+
+
+def test_parts_are_as_small_as_the_least_bytes_allow_up_to_a_few_a_replica() -> None:
+    members = [1] * 12
+    assert len(split.parts(flight(members), 2, min_bytes=ROW)) == 2 * split.PARTS_A_REPLICA
+    assert len(split.parts(flight(members), 3, min_bytes=ROW)) == 3 * split.PARTS_A_REPLICA
+    assert len(split.parts(flight([1, 1, 1]), 2, min_bytes=ROW)) == 3  # a part a member
+    assert len(split.parts(flight(members), 2, min_bytes=5 * ROW)) == 2  # 1,200 bytes
 
 
 def test_uneven_members_still_leave_every_part_one() -> None:
     pieces = split.parts(flight([5, 1, 1]), 3, min_bytes=ROW)
     assert [len(p.requests[0].members) for p in pieces] == [1, 1, 1]
-    pieces = split.parts(flight([1, 1, 6]), 2, min_bytes=ROW)
+    pieces = split.parts(flight([1, 1, 6]), 2, min_bytes=4 * ROW)  # 2 parts
     assert [[m.rows for m in p.requests[0].members] for p in pieces] == [[1, 1], [6]]
 
 
@@ -77,7 +88,7 @@ def test_merged_answers_equal_the_whole_calls_failures_included() -> None:
     request = flight([2, 1, 3, 1, 1])
     for failing in (set(), {"m1"}, {"m0", "m1"}, {"m3", "m4"}, {"m0", "m1", "m2", "m3", "m4"}):
         whole = answer(request, failing)
-        pieces = split.parts(request, 2, min_bytes=ROW)
+        pieces = split.parts(request, 2, min_bytes=3 * ROW)
         assert len(pieces) == 2
         merged = split.merge([answer(p, failing) for p in pieces])
         assert merged == whole, failing
