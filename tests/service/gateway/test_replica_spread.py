@@ -58,7 +58,7 @@ def hop_to(settings, listen: str) -> Hop:
     stub, service = preprocess_pb2_grpc.PreprocessStub, "strata.v1.Preprocess"
     streams = {"Process": process_stream}
     held = settings.gateway.replica_messages  # as the gateway's preprocess hop
-    return open_hop("preprocess", endpoint, stub, service, settings, streams, held)
+    return open_hop("preprocess", endpoint, stub, service, settings, streams, held=held)
 
 
 async def load(hop: Hop) -> None:
