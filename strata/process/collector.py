@@ -53,7 +53,6 @@ class Frozen:
 
     def __enter__(self) -> Frozen:
         freeze()
-        self._thresholds = gc.get_threshold()
         gc.set_threshold(YOUNG_THRESHOLD, *self._thresholds[1:])
         self._task = asyncio.get_running_loop().create_task(self._refreeze())
         return self
