@@ -5,7 +5,7 @@ import asyncio
 import gc
 import weakref
 
-from strata.process.collector import Frozen
+from strata.process.collector import YOUNG_THRESHOLD, Frozen
 
 
 class Node:
@@ -22,6 +22,19 @@ def test_serving_freezes_what_start_up_made_and_unfreezes_after() -> None:
 
     assert asyncio.run(serving()) > 0
     assert gc.get_freeze_count() == 0
+
+
+def test_serving_collects_young_objects_less_often_and_as_before_after() -> None:
+    before = gc.get_threshold()
+
+    async def serving() -> tuple[int, int, int]:
+        with Frozen():
+            return gc.get_threshold()
+
+    young, *older = asyncio.run(serving())
+    assert young == YOUNG_THRESHOLD > before[0]
+    assert tuple(older) == before[1:]
+    assert gc.get_threshold() == before
 
 
 def test_garbage_in_cycles_among_frozen_objects_is_freed_at_the_next_refreeze() -> None:
