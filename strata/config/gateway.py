@@ -284,7 +284,7 @@ class Concurrency(Strict):
         "`gateway.default_timeout_seconds` runs out (docs/gateway.md, Admission).",
     )
     backlog_share: float = Field(
-        default=0.0,
+        default=0.5,
         ge=0,
         le=1,
         description="While calls wait before the door (in gRPC's queue, measured by the "
@@ -293,7 +293,7 @@ class Concurrency(Strict):
         "`backlog`), before its inputs are read: the queue is held near it, and what is "
         "admitted has the rest of the objective. Only a client that sends at least half an "
         "equal share of the recent calls is refused for it, so a flooding client's queue "
-        "does not refuse a polite client's calls. 0 (the default) never refuses for it "
+        "does not refuse a polite client's calls. 0 never refuses for it "
         "(docs/gateway.md, Admission).",
     )
     max_waiting: int = Field(
