@@ -112,9 +112,16 @@ class Timing:
 
 
 class HopTimer:
-    def __init__(self, settings: HopTimeouts, ceiling: float) -> None:
+    """A hop's own timeouts: `multiplier` times what a call waits behind at its replica, the
+    usual seconds of the calls sent and not yet answered; where each replica is sent at most
+    `held` messages at once (lanes.py's Spread), a call waits behind no more than `held`
+    calls' worth, however many the hop has in the air: so calls stuck at a hung replica do not
+    stretch the timeouts of calls sent after them."""
+
+    def __init__(self, settings: HopTimeouts, ceiling: float, held: int = 0) -> None:
         self.settings = settings
         self.ceiling = ceiling
+        self.held = held
         self._windows: dict[str, _Window] = {}
         self._owed = 0.0  # the usual seconds of the calls sent and not yet answered
 
@@ -125,7 +132,8 @@ class HopTimer:
         self._owed += usual
         if not bounded or not usual:
             return Timing(load, self.ceiling, usual)
-        waits = self.settings.multiplier * self._owed
+        owed = min(self._owed, usual * self.held) if self.held else self._owed
+        waits = self.settings.multiplier * owed
         return Timing(load, min(self.ceiling, max(self.settings.floor_seconds, waits)), usual)
 
     def end(self, timing: Timing) -> None:

@@ -350,15 +350,19 @@ class Spread(Generic[Request, Answer, Reply]):
         rows: int = 1,
         *,
         patience: float | None = None,
+        claimed: Callable[[], None] | None = None,
     ) -> Reply:
         """The reply to `request` from the least loaded replica that takes messages and has
         room for one, within `timeout` once sent; LaneBroken where none takes messages (the
         hop then calls unary). It waits for room at most `patience` seconds (the caller's
         budget; by default `timeout`), then fails with DeadlineExceeded: a wait in the
-        gateway says nothing about a replica, so it is not the hop's own timeout missed."""
+        gateway says nothing about a replica, so it is not the hop's own timeout missed.
+        `claimed` is told once a replica is chosen, so the hop times the replica from then."""
         patience = timeout if patience is None else patience
         started = time.monotonic()
         index = await self._claim(patience)
+        if claimed is not None:
+            claimed()
         try:
             left = patience - (time.monotonic() - started)
             # Where the caller's budget, shortened by the wait, ends first, a late answer is

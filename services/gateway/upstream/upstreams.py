@@ -123,7 +123,9 @@ class Hop(Generic[Stub, Request, Answer, Reply]):
             for method, make in (streams or {}).items()
         }
         self.breaker = Breakers(name, gateway.breaker)
-        self.timer = HopTimer(gateway.hop_timeouts, gateway.upstream_timeout_seconds)
+        self.timer = HopTimer(
+            gateway.hop_timeouts, gateway.upstream_timeout_seconds, held if self._replicas else 0
+        )
         self.replicated = replicated
         self._split_bytes = gateway.split_flight_bytes
         self._whole: set[str] = set()  # pipelines whose outputs cannot be stacked again
@@ -256,13 +258,15 @@ class Hop(Generic[Stub, Request, Answer, Reply]):
         load, timeout = timing.load, timing.timeout
         hop_bound = timeout < budget
         code = grpc.StatusCode.CANCELLED
-        started = time.monotonic()
+        sent = Sent()
         waited = self._waits()
         try:
-            reply = await self._send(method, request, budget, timing, metadata, hop_bound, first)
+            reply = await self._send(
+                method, request, budget, timing, metadata, hop_bound, first, sent
+            )
             code = grpc.StatusCode.OK
             if not waited:  # a wait for the upstream to start is not the hop's latency
-                self.timer.observe(time.monotonic() - started, load)
+                self.timer.observe(time.monotonic() - sent.at, load)
             return reply
         except DeadlineExceeded:  # its time ran out waiting for a replica with room
             code = grpc.StatusCode.DEADLINE_EXCEEDED
@@ -301,6 +305,7 @@ class Hop(Generic[Stub, Request, Answer, Reply]):
         metadata: Metadata,
         hop_bound: bool,
         first: bool,
+        sent: Sent,
     ) -> Reply:
         """The reply within `budget` and the attempt's own window (`timing.timeout`): as a
         message on a lane of the least loaded replica where the hop has lanes for `method`;
@@ -321,6 +326,7 @@ class Hop(Generic[Stub, Request, Answer, Reply]):
                     metadata,
                     timing.load.rows,
                     patience=budget,
+                    claimed=sent.now,
                 )
             except LaneBroken:
                 pass
@@ -330,6 +336,7 @@ class Hop(Generic[Stub, Request, Answer, Reply]):
             budget -= time.monotonic() - started
         timeout = max(min(budget, window), 0.0)
         call: grpc.aio.UnaryUnaryMultiCallable[Request, Reply] = getattr(self.stub, method)
+        sent.now()
         return await call(
             request, timeout=timeout, metadata=metadata, wait_for_ready=not self._reached
         )
@@ -338,9 +345,11 @@ class Hop(Generic[Stub, Request, Answer, Reply]):
         """Whether a call waits for the channel to connect (wait_for_ready) rather than fail
         at once: until the upstream is first reached, as it may still be starting (an
         inference deployment loads and warms its models before it listens). Once reached, a
-        call to an upstream that went away fails at once, to be answered elsewhere."""
+        call to an upstream that went away fails at once, to be answered elsewhere. A lane
+        that takes messages has reached its replica, whatever the shared channel's state."""
         if not self._reached:
-            self._reached = self.channel.get_state() == grpc.ChannelConnectivity.READY
+            ready = self.channel.get_state() == grpc.ChannelConnectivity.READY
+            self._reached = ready or any(lanes.taking for lanes in self.lanes.values())
         return not self._reached
 
     async def healthy(self, timeout: float) -> bool:
@@ -432,6 +441,18 @@ def open_hop(
         slabs,
         held,
     )
+
+
+class Sent:
+    """When an attempt left for its replica: after any wait in the gateway for a replica with
+    room (lanes.py's Spread), which says nothing of the replica, so the hop's timer, which
+    sets its own timeouts from the replicas' recent P99, never counts it."""
+
+    def __init__(self) -> None:
+        self.at = time.monotonic()
+
+    def now(self) -> None:
+        self.at = time.monotonic()
 
 
 class Upstreams:

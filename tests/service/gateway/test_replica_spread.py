@@ -14,8 +14,10 @@ import itertools
 from pathlib import Path
 
 import grpc
+import numpy as np
 import pytest
 
+from services.gateway.upstream.hoptime import Load
 from services.gateway.upstream.stream_methods import process_stream
 from services.gateway.upstream.upstreams import Hop, open_hop
 from strata.config import load_settings
@@ -395,3 +397,39 @@ def test_a_call_cancelled_while_waiting_for_room_takes_no_place(settings) -> Non
             await server.stop(0)
 
     asyncio.run(go())
+
+
+def test_a_wait_for_a_replica_with_room_is_not_timed_as_the_replicas_own(settings) -> None:
+    """Sixteen calls at once for four places: most wait in the gateway before they are sent,
+    and the hop's timer, which sets its timeouts from the replicas' recent P99, reads what
+    the replicas took, not that wait (else a queue in the gateway would stretch every
+    timeout, and a hung replica would hold its calls that much longer)."""
+
+    async def slow(request: v1.ProcessRequest) -> v1.ProcessResponse:
+        await asyncio.sleep(0.03)
+        return await echo(request)
+
+    async def go() -> tuple[float, float]:
+        base = free_port(2)
+        layers = [Layer(slow), Layer(slow)]
+        servers = [await start(layer, f"127.0.0.1:{base + i}") for i, layer in enumerate(layers)]
+        hop = hop_to(settings, f"127.0.0.1:{base}")
+        await connected(hop)
+        seconds = []
+
+        async def timed(number: int) -> None:
+            started = asyncio.get_running_loop().time()
+            await hop.call("Process", flight(number, 1), Deadline.after(10))
+            seconds.append(asyncio.get_running_loop().time() - started)
+
+        for wave in range(4):
+            await asyncio.gather(*(timed(wave * 16 + i) for i in range(16)))
+        usual = hop.timer.begin(Load.of(flight(0, 1))).usual
+        await hop.close()
+        for server in servers:
+            await server.stop(0)
+        return usual, float(np.percentile(seconds, 99))
+
+    usual, waited = asyncio.run(go())
+    assert settings.gateway.replica_messages * 2 < 16, "calls wait for room"
+    assert 0 < usual < 0.6 * waited, (usual, waited)

@@ -95,3 +95,17 @@ def test_a_model_call_carries_its_rows_and_its_inputs_bytes() -> None:
     request.inputs.add(name="s", datatype="BYTES", shape=[4, 1])
     request.raw_input_contents.append(codec.to_raw(np.array([[b"ab"]] * 4, dtype=object)))
     assert Load.of(request) == Load("digits", rows=4, bytes=4 * 64 * 4 + 4 * (4 + 2))
+
+
+def test_where_a_replica_holds_few_messages_calls_stuck_elsewhere_do_not_stretch_a_timeout() -> (
+    None
+):
+    """Twenty calls stuck at a hung replica: a hop whose replicas are each sent at most two
+    messages at once gives the next call two calls' worth, not twenty-one."""
+    held, unbounded = learned(0.02), learned(0.02)
+    held.held = 2
+    for timer in (held, unbounded):
+        for _ in range(20):
+            timer.begin(PHOTO)  # never answered
+    assert timeout(held, PHOTO) == pytest.approx(5 * 0.02 * 2)
+    assert timeout(unbounded, PHOTO) == pytest.approx(5 * 0.02 * 21)
