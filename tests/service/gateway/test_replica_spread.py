@@ -63,6 +63,26 @@ def hop_to(settings, listen: str) -> Hop:
     return open_hop("preprocess", endpoint, stub, service, settings, streams, held=held)
 
 
+async def replicas(settings, *layers: Layer) -> tuple[list[grpc.aio.Server], Hop]:
+    """`layers` served on consecutive loopback ports, and the gateway's hop to them with its
+    lanes to every one open."""
+    base = free_port(len(layers))
+    servers = [await start(layer, f"127.0.0.1:{base + i}") for i, layer in enumerate(layers)]
+    hop = hop_to(settings, f"127.0.0.1:{base}")
+    await connected(hop)
+    return servers, hop
+
+
+def held_until(release: asyncio.Event):
+    """A replica's handler that holds every message until `release` is set."""
+
+    async def stuck(request: v1.ProcessRequest) -> v1.ProcessResponse:
+        await release.wait()
+        return await echo(request)
+
+    return stuck
+
+
 async def load(hop: Hop) -> None:
     """CALLS flights, IN_FLIGHT at a time, each as the gateway sends a flight's call."""
     numbers = itertools.count()
@@ -151,11 +171,8 @@ def test_a_slower_replica_gets_fewer_flights_than_a_faster_one(settings) -> None
         return await busy(request)
 
     async def go() -> list[Layer]:
-        base = free_port(2)
         layers = [Layer(slow), Layer(busy)]
-        servers = [await start(layer, f"127.0.0.1:{base + i}") for i, layer in enumerate(layers)]
-        hop = hop_to(settings, f"127.0.0.1:{base}")
-        await connected(hop)
+        servers, hop = await replicas(settings, *layers)
         await load(hop)
         await hop.close()
         for server in servers:
@@ -204,11 +221,8 @@ def calls(settings, handler, requests: list[v1.ProcessRequest]):
     (their counts) and the replies."""
 
     async def go() -> tuple[list[Layer], list[v1.ProcessResponse]]:
-        base = free_port(2)
         layers = [Layer(handler), Layer(handler)]
-        servers = [await start(layer, f"127.0.0.1:{base + i}") for i, layer in enumerate(layers)]
-        hop = hop_to(settings, f"127.0.0.1:{base}")
-        await connected(hop)
+        servers, hop = await replicas(settings, *layers)
         replies = [await hop.call("Process", r, Deadline.after(10)) for r in requests]
         await hop.close()
         for server in servers:
@@ -243,16 +257,9 @@ def test_a_call_never_waits_on_a_busy_replica_while_the_other_has_room(settings)
 
     async def go() -> tuple[list[Layer], list[str]]:
         release = asyncio.Event()
-
-        async def stuck(request: v1.ProcessRequest) -> v1.ProcessResponse:
-            await release.wait()
-            return await echo(request)
-
-        base = free_port(2)
+        stuck = held_until(release)
         layers = [Layer(stuck), Layer(echo)]
-        servers = [await start(layer, f"127.0.0.1:{base + i}") for i, layer in enumerate(layers)]
-        hop = hop_to(settings, f"127.0.0.1:{base}")
-        await connected(hop)
+        servers, hop = await replicas(settings, *layers)
         calls = [
             asyncio.ensure_future(hop.call("Process", flight(number, 1), Deadline.after(10)))
             for number in range(held + 6)
@@ -301,11 +308,8 @@ def test_two_big_flights_parts_go_to_the_replica_with_room(settings) -> None:
                 release.set()
             return await members_echo(request)
 
-        base = free_port(2)
         layers += [Layer(slow), Layer(fast)]
-        servers = [await start(layer, f"127.0.0.1:{base + i}") for i, layer in enumerate(layers)]
-        hop = hop_to(settings, f"127.0.0.1:{base}")
-        await connected(hop)
+        servers, hop = await replicas(settings, *layers)
         replies = await asyncio.gather(
             *(hop.call("Process", big_flight(), Deadline.after(20)) for _ in range(2))
         )
@@ -328,16 +332,9 @@ def test_a_call_waiting_for_room_past_its_deadline_fails_and_frees_nothing(setti
 
     async def go() -> list[Layer]:
         release = asyncio.Event()
-
-        async def stuck(request: v1.ProcessRequest) -> v1.ProcessResponse:
-            await release.wait()
-            return await echo(request)
-
-        base = free_port(2)
+        stuck = held_until(release)
         layers = [Layer(stuck), Layer(stuck)]
-        servers = [await start(layer, f"127.0.0.1:{base + i}") for i, layer in enumerate(layers)]
-        hop = hop_to(settings, f"127.0.0.1:{base}")
-        await connected(hop)
+        servers, hop = await replicas(settings, *layers)
         holding = [
             asyncio.ensure_future(hop.call("Process", flight(number, 1), Deadline.after(20)))
             for number in range(2 * held)
@@ -410,11 +407,8 @@ def test_a_wait_for_a_replica_with_room_is_not_timed_as_the_replicas_own(setting
         return await echo(request)
 
     async def go() -> tuple[float, float]:
-        base = free_port(2)
         layers = [Layer(slow), Layer(slow)]
-        servers = [await start(layer, f"127.0.0.1:{base + i}") for i, layer in enumerate(layers)]
-        hop = hop_to(settings, f"127.0.0.1:{base}")
-        await connected(hop)
+        servers, hop = await replicas(settings, *layers)
         seconds = []
 
         async def timed(number: int) -> None:
