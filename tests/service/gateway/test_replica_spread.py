@@ -73,6 +73,12 @@ async def replicas(settings, *layers: Layer) -> tuple[list[grpc.aio.Server], Hop
     return servers, hop
 
 
+async def stop(hop: Hop, servers: list[grpc.aio.Server]) -> None:
+    await hop.close()
+    for server in servers:
+        await server.stop(0)
+
+
 def held_until(release: asyncio.Event):
     """A replica's handler that holds every message until `release` is set."""
 
@@ -113,9 +119,7 @@ def test_concurrent_flights_are_spread_over_both_replicas(settings) -> None:
         hop = hop_to(settings, f"127.0.0.1:{base}")
         await hop.channel.channel_ready()
         await load(hop)
-        await hop.close()
-        for server in servers:
-            await server.stop(0)
+        await stop(hop, servers)
         return layers
 
     layers = asyncio.run(go())
@@ -174,9 +178,7 @@ def test_a_slower_replica_gets_fewer_flights_than_a_faster_one(settings) -> None
         layers = [Layer(slow), Layer(busy)]
         servers, hop = await replicas(settings, *layers)
         await load(hop)
-        await hop.close()
-        for server in servers:
-            await server.stop(0)
+        await stop(hop, servers)
         return layers
 
     slower, faster = shares(asyncio.run(go()))
@@ -224,9 +226,7 @@ def calls(settings, handler, requests: list[v1.ProcessRequest]):
         layers = [Layer(handler), Layer(handler)]
         servers, hop = await replicas(settings, *layers)
         replies = [await hop.call("Process", r, Deadline.after(10)) for r in requests]
-        await hop.close()
-        for server in servers:
-            await server.stop(0)
+        await stop(hop, servers)
         return layers, replies
 
     return asyncio.run(go())
@@ -274,9 +274,7 @@ def test_a_call_never_waits_on_a_busy_replica_while_the_other_has_room(settings)
         answered = sorted(call.result().results[0].id for call in done)
         release.set()
         await asyncio.gather(*calls)
-        await hop.close()
-        for server in servers:
-            await server.stop(0)
+        await stop(hop, servers)
         return layers, answered
 
     layers, answered = asyncio.run(go())
@@ -313,9 +311,7 @@ def test_two_big_flights_parts_go_to_the_replica_with_room(settings) -> None:
         replies = await asyncio.gather(
             *(hop.call("Process", big_flight(), Deadline.after(20)) for _ in range(2))
         )
-        await hop.close()
-        for server in servers:
-            await server.stop(0)
+        await stop(hop, servers)
         return layers, replies
 
     layers, replies = asyncio.run(go())
@@ -347,9 +343,7 @@ def test_a_call_waiting_for_room_past_its_deadline_fails_and_frees_nothing(setti
         release.set()
         await asyncio.gather(*holding)
         await load(hop)
-        await hop.close()
-        for server in servers:
-            await server.stop(0)
+        await stop(hop, servers)
         return layers
 
     layers = asyncio.run(go())
@@ -389,9 +383,7 @@ def test_a_call_cancelled_while_waiting_for_room_takes_no_place(settings) -> Non
             await asyncio.gather(*holding)
             gates.append(asyncio.Event())
         gates[-1].set()
-        await hop.close()
-        for server in servers:
-            await server.stop(0)
+        await stop(hop, servers)
 
     asyncio.run(go())
 
@@ -419,9 +411,7 @@ def test_a_wait_for_a_replica_with_room_is_not_timed_as_the_replicas_own(setting
         for wave in range(4):
             await asyncio.gather(*(timed(wave * 16 + i) for i in range(16)))
         usual = hop.timer.begin(Load.of(flight(0, 1))).usual
-        await hop.close()
-        for server in servers:
-            await server.stop(0)
+        await stop(hop, servers)
         return usual, float(np.percentile(seconds, 99))
 
     usual, waited = asyncio.run(go())
