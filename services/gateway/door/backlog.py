@@ -83,7 +83,10 @@ class Backlog:
 
 
 class Arrivals:
-    """Calls that arrived, by client, over the current window and the one before it."""
+    """Calls that arrived, by client, over the current window and the one before it, with
+    their sum and the number of clients counted as they come: read on every call past
+    capacity, where a flood naming each call a new client would make a sum over the clients
+    cost as much as the calls."""
 
     def __init__(
         self, window: float = ARRIVAL_WINDOW, clock: Callable[[], float] = time.monotonic
@@ -93,23 +96,26 @@ class Arrivals:
         self._ends = clock() + window
         self._now: dict[str, int] = {}
         self._before: dict[str, int] = {}
+        self._calls = 0  # in both windows
+        self._clients = 0  # that sent any in either
 
     def add(self, client: str) -> None:
         now = self._clock()
         if now >= self._ends:
             late = now - self._ends >= self._window  # a whole window passed without a call
             self._before, self._now = ({} if late else self._now), {}
+            self._calls, self._clients = sum(self._before.values()), len(self._before)
             self._ends = now + self._window
+        if client not in self._now and client not in self._before:
+            self._clients += 1
         self._now[client] = self._now.get(client, 0) + 1
+        self._calls += 1
 
     def flooding(self, client: str) -> bool:
         """Whether `client` sent at least `FLOOD_SHARE` of an equal share of the calls that
         arrived, among the clients that sent any."""
-        now, before = self._now, self._before
-        clients = now.keys() | before.keys()
-        total = sum(now.values()) + sum(before.values())
-        mine = now.get(client, 0) + before.get(client, 0)
-        return mine * len(clients) >= FLOOD_SHARE * total
+        mine = self._now.get(client, 0) + self._before.get(client, 0)
+        return mine * self._clients >= FLOOD_SHARE * self._calls
 
 
 class BacklogLimit:
