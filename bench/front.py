@@ -47,6 +47,7 @@ class FrontSettings:
     places: int = 50
     queue_ms: int = 50
     rate: int = 1000
+    threads: int | None = None  # HAProxy's threads; None: its default, one per core
 
     @classmethod
     def sized(
@@ -74,11 +75,14 @@ class FrontSettings:
 
     def variables(self) -> dict[str, str]:
         """The sizing as the variables a deployment sets (compose, Kubernetes)."""
-        return {
+        variables = {
             "STRATA_FRONT_MAXCONN": str(self.places),
             "STRATA_FRONT_QUEUE_MS": str(self.queue_ms),
             "STRATA_FRONT_RATE": str(self.rate),
         }
+        if self.threads is not None:
+            variables["STRATA_FRONT_THREADS"] = str(self.threads)
+        return variables
 
 
 def haproxy() -> str | None:

@@ -324,9 +324,10 @@ def fronted(system: System, settings: FrontSettings) -> Iterator[System]:
     _, readyz = system.probes
     metrics = f"127.0.0.1:{free_port()}"
     with front(system.plan.target, readyz, settings, metrics) as address:
+        threads = "" if settings.threads is None else f", {settings.threads} threads"
         name = (
             f"{system.name}, behind the front ({settings.places} places, "
-            f"{settings.queue_ms} ms, {settings.rate}/s)"
+            f"{settings.queue_ms} ms, {settings.rate}/s{threads})"
         )
         plan = replace(system.plan, target=address)
         yield replace(system, name=name, plan=plan, front_metrics=metrics)
@@ -679,9 +680,13 @@ def arguments(argv: list[str] | None) -> argparse.Namespace:
         type=front_changes,
         metavar="KEY=VALUE[,KEY=VALUE]",
         help="another front to run beside the sized one, before the same gateway, with those "
-        "of its places, queue_ms and rate changed (repeatable; e.g. places=64,queue_ms=100)",
+        "of its places, queue_ms, rate and threads (HAProxy's nbthread) changed (repeatable; "
+        "e.g. places=64,queue_ms=100 or threads=1)",
     )
     return parser.parse_args(argv)
+
+
+FRONT_FIELDS = {"places", "queue_ms", "rate", "threads"}
 
 
 def front_changes(text: str) -> dict[str, int]:
@@ -689,9 +694,9 @@ def front_changes(text: str) -> dict[str, int]:
     changes = {}
     for pair in text.split(","):
         key, _, value = pair.partition("=")
-        if key not in {"places", "queue_ms", "rate"} or not value.isdigit() or int(value) < 1:
+        if key not in FRONT_FIELDS or not value.isdigit() or int(value) < 1:
             raise argparse.ArgumentTypeError(
-                f"{pair!r}: expected places, queue_ms or rate = a positive whole number"
+                f"{pair!r}: expected places, queue_ms, rate or threads = a positive whole number"
             )
         changes[key] = int(value)
     return changes

@@ -30,8 +30,9 @@ pytestmark = pytest.mark.skipif(haproxy() is None, reason="haproxy is not instal
 # (about 500 answers/s: half a second), so that nothing is refused for its wait here; the
 # refusal's shape is the other test's.
 PATIENT = FrontSettings(places=64, queue_ms=5000)
-# One place and a wait shorter than any answer: calls sent at once are refused by the front.
-NARROW = FrontSettings(places=1, queue_ms=1)
+# One place and a wait shorter than any answer: calls sent at once are refused by the front
+# (on one HAProxy thread, as `--front-against threads=1` runs it).
+NARROW = FrontSettings(places=1, queue_ms=1, threads=1)
 # A few places, a long wait and a rate that bounds the queue at 4/s x 3 s = 12: what a burst
 # brings past the places and those 12 is refused on arrival; the admitted ones never see the
 # wait out, since the gateway answers hundreds a second even on a busy machine.

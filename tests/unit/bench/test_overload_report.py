@@ -105,8 +105,9 @@ def test_connection_counts_are_distinct_positive_numbers_in_order() -> None:
 
 def test_another_front_changes_only_its_sizing() -> None:
     assert front_changes("places=64,queue_ms=100") == {"places": 64, "queue_ms": 100}
-    for wrong in ("maxconn=64", "places=0", "rate=fast", "places"):
-        with pytest.raises(argparse.ArgumentTypeError, match="places, queue_ms or rate"):
+    assert front_changes("threads=1") == {"threads": 1}
+    for wrong in ("maxconn=64", "places=0", "rate=fast", "places", "threads=0"):
+        with pytest.raises(argparse.ArgumentTypeError, match="places, queue_ms, rate or threads"):
             front_changes(wrong)
 
 

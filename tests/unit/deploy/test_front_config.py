@@ -17,7 +17,9 @@ from tests.unit.deploy.test_deploy import COMPOSE_FILE
 from tests.unit.deploy.test_deploy_k8s import K8S, OVERLAYS
 from tests.unit.deploy.test_deploy_kustomize import build, find
 
-OPTIONAL = {"STRATA_FRONT_PEM", "STRATA_GATEWAY_CA", "STRATA_FRONT_METRICS"}
+# HAProxy's threads: its own default (one per core) unless a deployment or a bench sets them.
+TUNING = {"STRATA_FRONT_THREADS"}
+OPTIONAL = {"STRATA_FRONT_PEM", "STRATA_GATEWAY_CA", "STRATA_FRONT_METRICS", *TUNING}
 
 
 def read() -> set[str]:
@@ -26,7 +28,7 @@ def read() -> set[str]:
 
 def test_the_compose_front_sets_every_variable_the_config_reads() -> None:
     compose = yaml.safe_load(COMPOSE_FILE.read_text())
-    assert set(compose["services"]["front"]["environment"]) == read()
+    assert set(compose["services"]["front"]["environment"]) == read() - TUNING
 
 
 def test_the_bench_sets_every_variable_the_plaintext_config_reads() -> None:
@@ -34,12 +36,17 @@ def test_the_bench_sets_every_variable_the_plaintext_config_reads() -> None:
     assert set(variables) == read() - OPTIONAL
 
 
+def test_the_front_runs_haproxys_own_thread_count_unless_told() -> None:
+    assert "STRATA_FRONT_THREADS" not in FrontSettings().variables()
+    assert FrontSettings(threads=1).variables()["STRATA_FRONT_THREADS"] == "1"
+
+
 @pytest.mark.parametrize("overlay", sorted(OVERLAYS))
 def test_the_kubernetes_front_sets_every_variable_and_mounts_the_config(overlay: str) -> None:
     resources = build(K8S / "overlays" / overlay)
     pod = find(resources, "Deployment", "gateway")["spec"]["template"]["spec"]
     (front,) = [c for c in pod["containers"] if c["name"] == "front"]
-    assert {e["name"] for e in front["env"]} == read()
+    assert {e["name"] for e in front["env"]} == read() - TUNING
     config = find(resources, "ConfigMap", "strata-front")["data"]
     assert config["haproxy.cfg"] == CONFIG.read_text()
     (mount,) = [m for m in front["volumeMounts"] if m["mountPath"] in front["args"][-1]]
