@@ -28,6 +28,12 @@ CHANGES = {
 }
 
 
+# What a client may see while a layer is lost: answers, UNAVAILABLE (retry elsewhere), and
+# on a loaded machine the door's refusal for capacity (RESOURCE_EXHAUSTED with a retry hint,
+# docs/gateway.md): each one refused, none lost.
+REFUSED_NOT_LOST = {"OK", "UNAVAILABLE", "RESOURCE_EXHAUSTED"}
+
+
 def wait_until_ok(load: SteadyLoad, seconds: float) -> float | None:
     """When the clients' answers were all OK again for half a second, or None."""
     end = time.monotonic() + seconds
@@ -88,7 +94,7 @@ def test_losing_postprocess_fails_cleanly_and_recovers(tmp_path: Path) -> None:
         system.start("postprocess")
         recovered = wait_until_ok(load, 15)
     print(load.tally.report("kill the only postprocess, then restart it"))
-    assert set(load.tally.codes()) <= {"OK", "UNAVAILABLE"}
+    assert set(load.tally.codes()) <= REFUSED_NOT_LOST
     assert outage["UNAVAILABLE"] > 0
     assert load.tally.worst() <= DEADLINE + 0.5
     assert recovered is not None, "the system did not recover on its own"
@@ -210,7 +216,7 @@ def test_sigterm_to_each_service_loses_nothing_silently(tmp_path: Path) -> None:
     assert exits == dict.fromkeys(exits, 0)
     codes = load.tally.codes()
     assert sum(codes.values()) == load.tally.sent
-    assert set(codes) <= {"OK", "UNAVAILABLE", "CANCELLED"}, codes
+    assert set(codes) <= REFUSED_NOT_LOST | {"CANCELLED"}, codes
     # A call racing the gateway's own shutdown may be cancelled by gRPC; none other may be.
     cancelled = [o for o in load.tally.outcomes if o.code == "CANCELLED"]
     assert all(o.at + o.seconds >= gateway_stopped for o in cancelled), cancelled
