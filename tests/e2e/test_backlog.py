@@ -6,7 +6,12 @@ refuses calls with a deadline on arrival while that queue is long (RESOURCE_EXHA
 from __future__ import annotations
 
 import asyncio
+import os
+import subprocess
+import sys
 import time
+from collections import Counter
+from pathlib import Path
 from typing import NamedTuple
 
 import grpc
@@ -82,3 +87,47 @@ def test_what_the_door_admits_past_capacity_is_answered_near_its_objective(
     read per call, and a probe answers within the objective's share plus a loaded loop's turn."""
     answered = [o.seconds for o in outcomes if o.code is grpc.StatusCode.OK]
     assert float(np.percentile(answered, 50)) < 4 * OBJECTIVE
+
+
+def hogs(count: int) -> list[subprocess.Popen]:
+    """`count` processes that keep a core busy each until killed."""
+    return [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(count)]
+
+
+def trickle(address: str, seconds: float) -> Counter:
+    """One call at a time for `seconds`, each from a new client: the codes, with the
+    details of each refusal."""
+    codes: Counter = Counter()
+    end = time.monotonic() + seconds
+    with grpc.insecure_channel(address) as channel:
+        stub = v2_grpc.GRPCInferenceServiceStub(channel)
+        while time.monotonic() < end:
+            metadata = (("x-client-id", f"c{len(codes)}-{time.monotonic()}"),)
+            try:
+                stub.ModelInfer(REQUEST, metadata=metadata, timeout=30)
+                codes["OK"] += 1
+            except grpc.RpcError as exc:
+                codes[f"{exc.code().name}: {exc.details()}"] += 1
+    return codes
+
+
+# Timing: it keeps every core busy for seconds, which would slow the tests beside it.
+@pytest.mark.timing
+def test_a_trickle_on_a_machine_short_of_cores_is_not_refused_for_the_wait(
+    tmp_path: Path,
+) -> None:
+    """Other work on every core delays each wake-up of the gateway's loop, and the door's
+    probe with it, while no call waits before the door: one call at a time is never past
+    capacity, and the door must not refuse it for that wait (it did, with the loop's lag
+    taken off instead of the loop thread's wait for a CPU)."""
+    with running_system(tmp_path, CHANGES) as system:
+        address = system.address("gateway")
+        trickle(address, 1.0)  # warm
+        busy = hogs(4 * (os.cpu_count() or 1))
+        try:
+            codes = trickle(address, 8.0)
+        finally:
+            for hog in busy:
+                hog.kill()
+                hog.wait()
+    assert set(codes) == {"OK"}, codes

@@ -27,8 +27,12 @@ never by what a header claims.
 The wait is the gateway's own measurement, never a client's deadline: the lesser of the last
 two probes' times (a queue that stands; one late probe refuses nothing), or the time the
 probe in flight has waited so far where that is longer (a queue building up shows before the
-probe comes back), less the event loop's lag, which a stall of the whole machine adds to
-every probe without any call waiting before the door.
+probe comes back), less the time the event loop's thread spent meanwhile waiting for a CPU
+(Linux's schedstat; elsewhere the loop's lag): a machine short of cores adds that to every
+probe without any call waiting before the door. The loop's lag, one timer's lateness a tick,
+took off a fraction of it: with other work keeping two cores busy (load 9 to 12), a probe
+crosses the loop several times, and a trickle of calls was refused as if the gateway were
+past capacity.
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ from collections.abc import Callable
 from services.gateway.door.concurrency import AdaptiveLimits
 from services.gateway.door.policy import Checkpoint, Entry, Ticket
 from strata.config.settings import Settings
+from strata.process.runqueue import RunQueue
 
 # The shortest retry hint: the queue has not drained until a probe has passed it.
 MIN_RETRY_SECONDS = 0.01
@@ -49,23 +54,35 @@ FLOOD_SHARE = 0.5
 
 
 class Backlog:
-    """The wait before the door now, from the probe's sends and answers (probe.py);
-    `lag` is the event loop's latest lag, seconds."""
+    """The wait before the door now, from the probe's sends and answers (probe.py), less the
+    time the event loop's thread waited for a CPU meanwhile: `runqueue` (seconds that thread
+    has waited runnable, cumulative; strata/process/runqueue.py), or where it says nothing
+    `lag`, the event loop's latest lag."""
 
-    def __init__(self, lag: Callable[[], float], clock: Callable[[], float] = time.monotonic):
-        self.last = 0.0  # the last probe's wait, less the loop's lag, seconds
+    def __init__(
+        self,
+        lag: Callable[[], float],
+        clock: Callable[[], float] = time.monotonic,
+        runqueue: Callable[[], float | None] | None = None,
+    ) -> None:
+        self.last = 0.0  # the last probe's wait, less the stall of the machine, seconds
         self._before = 0.0  # the one before it
         self._sent: float | None = None  # when the probe in flight was sent
+        self._queued: float | None = None  # the loop thread's run-queue wait then
         self._lag = lag
         self._clock = clock
+        self._runqueue = RunQueue() if runqueue is None else runqueue
 
     def sent(self) -> None:
+        """A probe leaves (called on the event loop's thread: its run queue is read)."""
         self._sent = self._clock()
+        self._queued = self._runqueue()
 
     def answered(self, seconds: float) -> float:
-        """The probe in flight was answered after `seconds`: that wait less the loop's lag."""
+        """The probe in flight was answered after `seconds`: that wait less the stall."""
+        stall = self._stall()
         self._sent = None
-        self._before, self.last = self.last, max(0.0, seconds - self._lag())
+        self._before, self.last = self.last, max(0.0, seconds - stall)
         return self.last
 
     def lost(self) -> None:
@@ -79,7 +96,18 @@ class Backlog:
         standing = min(self._before, self.last)
         if self._sent is None:
             return standing
-        return max(standing, self._clock() - self._sent - self._lag())
+        waiting = self._clock() - self._sent
+        if waiting <= standing:  # read on every call past capacity: no stall to read
+            return standing
+        return max(standing, waiting - self._stall())
+
+    def _stall(self) -> float:
+        """Seconds of the probe in flight that the loop's thread spent waiting for a CPU
+        (where the kernel does not count that: the loop's lag)."""
+        now = self._runqueue() if self._queued is not None else None
+        if now is None or self._queued is None:
+            return self._lag()
+        return max(0.0, now - self._queued)
 
 
 class Arrivals:

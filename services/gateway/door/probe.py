@@ -7,8 +7,9 @@ socket of its own on the public server (its calls join the same queue as every c
 sends a health check through it once per ladder tick, one at a time, timing each from send
 to answer. Nothing a client sends (its deadlines above all) enters the measurement; only
 the queue that every client shares, and the event loop that answers them, can lengthen it.
-The loop's lag is taken off each time (backlog.py): a stall of the whole machine delays the
-loop's tick as much as the probe, with no call queued before the door.
+The time the event loop's thread waited meanwhile for a CPU is taken off each time
+(backlog.py): a machine short of cores delays the probe as much, with no call queued before
+the door.
 
 The socket is made in a folder only the gateway's user can open (mode 0700), so that it
 admits no one the public port would refuse: whoever can open it could read the gateway's

@@ -125,15 +125,16 @@ class HopTimer:
         self._windows: dict[str, _Window] = {}
         self._owed = 0.0  # the usual seconds of the calls sent and not yet answered
 
-    def begin(self, load: Load, bounded: bool = True) -> Timing:
+    def begin(self, load: Load, bounded: bool = True, at_least: float = 0.0) -> Timing:
         """A call carrying `load` is sent: its timeout (the ceiling unless `bounded`: no other
-        replica or arm could answer it); `end` it once it is over, answered or not."""
+        replica or arm could answer it), `at_least` that long (a retry's); `end` it once it is
+        over, answered or not."""
         usual = self._usual(load)
         self._owed += usual
         if not bounded or not usual:
             return Timing(load, self.ceiling, usual)
         owed = min(self._owed, usual * self.held) if self.held else self._owed
-        waits = self.settings.multiplier * owed
+        waits = max(self.settings.multiplier * owed, at_least)
         return Timing(load, min(self.ceiling, max(self.settings.floor_seconds, waits)), usual)
 
     def end(self, timing: Timing) -> None:

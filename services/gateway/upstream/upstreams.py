@@ -61,6 +61,10 @@ INFERENCE_SERVICE = "inference.GRPCInferenceService"
 
 
 TIMEOUT_ATTEMPTS = 3
+# A retry after a missed timeout waits this many times as long: where every replica misses it
+# (the whole host slowed, not one replica hung), the same timeout again would miss again, as
+# the calls it cuts teach the hop nothing of the slower times.
+RETRY_PATIENCE = 2.0
 LANE_SECONDS = 10.0
 READY_PROBE_SECONDS = 2.0  # how long a ModelReady or ModelConfig probe waits for a deployment
 # A server that answers these to ModelConfig will not say a model's max_batch_size.
@@ -213,8 +217,9 @@ class Hop(Generic[Stub, Request, Answer, Reply]):
         Running out of the caller's time says nothing about the upstream; missing the hop's
         own timeout does: it counts against the breaker and is UNAVAILABLE (answer elsewhere).
         A call to a replicated hop that missed its own timeout goes again (up to
-        TIMEOUT_ATTEMPTS in all), balanced to another replica, while the deadline allows: until
-        gRPC's outlier detection ejects a hung replica, a retry may meet it again.
+        TIMEOUT_ATTEMPTS in all, each waiting RETRY_PATIENCE times the last one's timeout),
+        balanced to another replica, while the deadline allows: until gRPC's outlier detection
+        ejects a hung replica, a retry may meet it again.
         """
         budget = deadline.remaining(self.name)
         breaker = self.breaker[getattr(request, "model_name", "")]
@@ -226,14 +231,16 @@ class Hop(Generic[Stub, Request, Answer, Reply]):
         attempts = tries = TIMEOUT_ATTEMPTS if self.replicated else 1
         sent = outgoing(metadata)
         started = time.monotonic()
+        missed = 0.0  # the timeout the last attempt missed
         try:
             while True:
-                timing = self.timer.begin(load, bounded)
+                timing = self.timer.begin(load, bounded, RETRY_PATIENCE * missed)
                 try:
                     return await self._call(
                         method, request, budget, sent, breaker, timing, first=attempts == tries
                     )
                 except HopTimedOut:
+                    missed = timing.timeout
                     attempts -= 1
                     budget = deadline.left()
                     if attempts == 0 or budget <= 0:

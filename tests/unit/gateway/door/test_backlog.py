@@ -13,8 +13,13 @@ from services.gateway.door.policy import Entry
 from services.gateway.request import Caller
 from strata.config.gateway import Concurrency
 from strata.errors import Overloaded
+from strata.process.runqueue import RunQueue
 from strata.wire.deadline import Deadline
 from tests.support.clock import Clock
+
+
+def unstalled() -> float:  # a loop's thread that never waits for a CPU
+    return 0.0
 
 
 def answered(backlog: Backlog, *waits: float) -> None:
@@ -23,9 +28,9 @@ def answered(backlog: Backlog, *waits: float) -> None:
         backlog.answered(seconds)
 
 
-def test_the_wait_is_the_last_probes_less_the_loops_lag() -> None:
+def test_the_wait_is_the_last_probes_less_the_loops_lag_where_the_kernel_says_nothing() -> None:
     lag = [0.0]
-    backlog = Backlog(lambda: lag[0], clock=Clock(0.0))
+    backlog = Backlog(lambda: lag[0], clock=Clock(0.0), runqueue=lambda: None)
     backlog.sent()
     assert backlog.answered(0.3) == pytest.approx(0.3)
     lag[0] = 0.2  # a stall of the whole machine delays the probe without any call queued
@@ -35,8 +40,35 @@ def test_the_wait_is_the_last_probes_less_the_loops_lag() -> None:
     assert backlog.answered(0.1) == 0.0, "never below nothing"
 
 
+def test_the_wait_is_the_last_probes_less_the_loop_threads_wait_for_a_cpu_meanwhile() -> None:
+    queued = [5.0]  # seconds the loop's thread has waited runnable, since it started
+    clock = Clock(0.0)
+    backlog = Backlog(lambda: 0.5, clock=clock, runqueue=lambda: queued[0])
+    backlog.sent()
+    queued[0] += 0.2  # a machine short of cores kept the loop off a CPU for 0.2 s of it
+    assert backlog.answered(0.25) == pytest.approx(0.05), "the run queue's wait, not the lag"
+    backlog.sent()
+    assert backlog.answered(0.3) == pytest.approx(0.3), "a queue before the door stays"
+    backlog.sent()
+    clock.now += 0.4
+    queued[0] += 0.35  # the probe in flight: what it waited so far, less its stall so far
+    assert backlog.wait() == pytest.approx(0.05)
+
+
+def test_the_run_queue_is_read_from_linux_for_the_thread_that_reads_it_first() -> None:
+    runqueue = RunQueue()
+    try:
+        first = runqueue()
+        sum(range(10**5))
+        assert first is not None and first >= 0.0
+        assert runqueue() >= first, "a count since the thread started"
+    finally:
+        runqueue.close()
+    assert RunQueue("/nonexistent/schedstat")() is None, "no schedstat: nothing said"
+
+
 def test_a_queue_stands_when_two_probes_in_a_row_wait_one_late_probe_moves_nothing() -> None:
-    backlog = Backlog(lambda: 0.0, clock=Clock(0.0))
+    backlog = Backlog(lambda: 0.0, clock=Clock(0.0), runqueue=unstalled)
     answered(backlog, 0.01, 0.4)
     assert backlog.wait() == pytest.approx(0.01)
     answered(backlog, 0.3)
@@ -47,7 +79,7 @@ def test_a_queue_stands_when_two_probes_in_a_row_wait_one_late_probe_moves_nothi
 
 def test_a_probe_still_in_flight_reads_at_least_as_long_as_it_has_waited() -> None:
     clock = Clock(0.0)
-    backlog = Backlog(lambda: 0.0, clock=clock)
+    backlog = Backlog(lambda: 0.0, clock=clock, runqueue=unstalled)
     answered(backlog, 0.01, 0.01)
     backlog.sent()
     clock.now += 0.4  # a queue building up shows before the probe comes back
@@ -64,7 +96,7 @@ def entry(deadline: float | None, pipeline: str = "digits", client: str = "id:c"
 def policy(share: float, waited: float) -> tuple[BacklogLimit, list[str]]:
     """The policy for `digits` (objective 1 s) with calls waiting `waited` s before the door;
     the pipelines whose arrivals it told the ladder of."""
-    backlog = Backlog(lambda: 0.0, clock=Clock(0.0))
+    backlog = Backlog(lambda: 0.0, clock=Clock(0.0), runqueue=unstalled)
     answered(backlog, waited, waited)
     limits = AdaptiveLimits(Concurrency(backlog_share=share), {"digits": 1.0})
     arrived: list[str] = []

@@ -73,6 +73,15 @@ def test_a_call_waits_its_turn_behind_the_calls_the_hop_still_owes() -> None:
     assert timeout(timer, PHOTO) == pytest.approx(0.1)
 
 
+def test_a_retry_waits_at_least_what_it_is_given_within_the_ceiling() -> None:
+    timer = learned(0.02)
+    timing = timer.begin(PHOTO, at_least=0.2)  # a retry after a missed 0.1 s: twice as long
+    timer.end(timing)
+    assert timing.timeout == pytest.approx(0.2)
+    assert timer.begin(PHOTO, at_least=0.01).timeout == pytest.approx(0.1), "never shorter"
+    assert timer.begin(PHOTO, at_least=60.0).timeout == 10.0, "never over the ceiling"
+
+
 def test_a_call_no_one_else_could_answer_gets_the_ceiling() -> None:
     timer = learned(0.02)
     timing = timer.begin(PHOTO, bounded=False)
