@@ -3,7 +3,7 @@
 A machine short of cores delays every thread that wakes, and a measurement timed across
 wake-ups (the door's probe: services/gateway/door/probe.py) reads that delay as if it were
 its own. `/proc/thread-self/schedstat`'s second field is the time the thread spent runnable
-on a run queue, not running: exactly that delay, counted by the kernel.
+on a run queue, not running, since it started: exactly that delay, counted by the kernel.
 """
 
 from __future__ import annotations

@@ -28,11 +28,13 @@ The wait is the gateway's own measurement, never a client's deadline: the lesser
 two probes' times (a queue that stands; one late probe refuses nothing), or the time the
 probe in flight has waited so far where that is longer (a queue building up shows before the
 probe comes back), less the time the event loop's thread spent meanwhile waiting for a CPU
-(Linux's schedstat; elsewhere the loop's lag): a machine short of cores adds that to every
-probe without any call waiting before the door. The loop's lag, one timer's lateness a tick,
-took off a fraction of it: with other work keeping two cores busy (load 9 to 12), a probe
-crosses the loop several times, and a trickle of calls was refused as if the gateway were
-past capacity.
+(Linux's schedstat; elsewhere the loop's lag) where fewer than a queue's worth of calls
+reached the door: a machine short of cores adds that wait to every probe without any call
+waiting before the door, while past capacity the calls behind which the probe waited come
+in by the hundred, and the loop's waits for a CPU are theirs too. The loop's lag, one
+timer's lateness a tick, took off a fraction of it: with other work keeping two cores busy
+(load 9 to 12), a probe crosses the loop several times, and a trickle of calls was refused as
+if the gateway were past capacity.
 """
 
 from __future__ import annotations
@@ -47,6 +49,9 @@ from strata.process.runqueue import RunQueue
 
 # The shortest retry hint: the queue has not drained until a probe has passed it.
 MIN_RETRY_SECONDS = 0.01
+# Calls reaching the door during a probe's flight that make a queue it waited behind: past
+# capacity hundreds come in the objective's share (1,000/s x 125 ms); a trickle brings one.
+QUEUE_CALLS = 8
 # Arrivals are counted over this window and the one before it (seconds).
 ARRIVAL_WINDOW = 1.0
 # A client sending less than this share of an equal share of the arrivals is not refused.
@@ -55,9 +60,9 @@ FLOOD_SHARE = 0.5
 
 class Backlog:
     """The wait before the door now, from the probe's sends and answers (probe.py), less the
-    time the event loop's thread waited for a CPU meanwhile: `runqueue` (seconds that thread
-    has waited runnable, cumulative; strata/process/runqueue.py), or where it says nothing
-    `lag`, the event loop's latest lag."""
+    time the event loop's thread waited for a CPU meanwhile unless a queue's worth of calls
+    reached the door during it: `runqueue` (that thread's seconds runnable, cumulative;
+    strata/process/runqueue.py), or where it says nothing `lag`, the event loop's latest lag."""
 
     def __init__(
         self,
@@ -69,14 +74,21 @@ class Backlog:
         self._before = 0.0  # the one before it
         self._sent: float | None = None  # when the probe in flight was sent
         self._queued: float | None = None  # the loop thread's run-queue wait then
+        self._calls = 0  # calls that reached the door, ever
+        self._calls_then = 0  # ... when the probe in flight was sent
         self._lag = lag
         self._clock = clock
         self._runqueue = RunQueue() if runqueue is None else runqueue
+
+    def arrived(self) -> None:
+        """A call reached the door."""
+        self._calls += 1
 
     def sent(self) -> None:
         """A probe leaves (called on the event loop's thread: its run queue is read)."""
         self._sent = self._clock()
         self._queued = self._runqueue()
+        self._calls_then = self._calls
 
     def answered(self, seconds: float) -> float:
         """The probe in flight was answered after `seconds`: that wait less the stall."""
@@ -102,8 +114,12 @@ class Backlog:
         return max(standing, waiting - self._stall())
 
     def _stall(self) -> float:
-        """Seconds of the probe in flight that the loop's thread spent waiting for a CPU
-        (where the kernel does not count that: the loop's lag)."""
+        """Seconds of the probe in flight that were the machine's, not a queue's: the time
+        the loop's thread waited for a CPU, unless `QUEUE_CALLS` or more calls reached the
+        door meanwhile (a loop past capacity waits for a CPU while calls wait for it: all of
+        that is the door's); where the kernel does not count, the loop's lag."""
+        if self._calls - self._calls_then >= QUEUE_CALLS:
+            return 0.0
         now = self._runqueue() if self._queued is not None else None
         if now is None or self._queued is None:
             return self._lag()
@@ -169,6 +185,7 @@ class BacklogLimit:
         if not share:
             return None
         self.arrivals.add(entry.client)
+        self.backlog.arrived()
         if caller is None or caller.time_remaining is None:
             return None
         limit = self.limits.limits.get(entry.pipeline)
