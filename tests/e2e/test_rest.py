@@ -631,3 +631,36 @@ def test_sigterm_lets_rest_requests_in_flight_finish(tmp_path: Path) -> None:
     assert inflight, "the requests were in flight when SIGTERM came"
     assert exit_code == 0
     assert codes == [200] * count
+
+
+def test_a_rest_request_still_in_flight_when_the_grace_ends_is_told_to_go_elsewhere(
+    tmp_path: Path,
+) -> None:
+    # Each batch waits 5 s for company, past the gateway's 1 s of grace after SIGTERM.
+    changes = {
+        "server": {"grace_seconds": 1},
+        "inference": {"batching": {"policy": "fixed", "max_queue_delay_ms": 5000}},
+    }
+    answers: list[requests.Response] = []
+    with running_system(tmp_path, with_metrics(changes)) as system:
+        metrics = system.settings.services.gateway.metrics
+        sender = threading.Thread(
+            target=lambda: answers.append(HTTP.post(url(system, INFER), json=body(), timeout=20))
+        )
+        sender.start()
+        inflight = until(
+            lambda: (
+                total(
+                    scrape(metrics)["strata_gateway_inflight_requests"],
+                    "strata_gateway_inflight_requests",
+                )
+                >= 1
+            ),
+            within=5,
+        )
+        system.stop("gateway")
+        sender.join()
+    assert inflight, "the request was in flight when SIGTERM came"
+    (answer,) = answers
+    assert answer.status_code == 503, answer.text
+    assert "grace after SIGTERM" in answer.json()["error"]

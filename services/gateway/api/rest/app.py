@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeGuard
@@ -26,7 +27,7 @@ from services.gateway.serving.pipelines import Pipelines
 from services.gateway.serving.shared_memory import CUDA_HINT, no_cuda_regions
 from strata.config.gateway import Rest
 from strata.config.pipelines import TensorSpec
-from strata.errors import InvalidArgument, Unimplemented, shown
+from strata.errors import InvalidArgument, Unavailable, Unimplemented, shown
 from strata.proto.inference import grpc_service_pb2 as v2
 from strata.shapes.schema import check_datatype
 from strata.telemetry.metrics import RPC_DURATION, RPCS
@@ -38,6 +39,7 @@ VERSION = MODEL + "/versions/{version}"
 REPOSITORY = "/v2/repository"
 SHM = "/v2/systemsharedmemory"
 CUDA = "/v2/cudasharedmemory"
+STOPPED = "the gateway stopped before answering (its grace after SIGTERM ended); retry elsewhere"
 MAX_BODY = "gateway.rest.max_body_bytes"  # the setting that raises the body limit
 Handler = Callable[[Request], Awaitable[Response]]
 
@@ -109,6 +111,12 @@ def _served(method: str, handler: Handler) -> Handler:
         with server_span(method, _headers(request)) as span:
             try:
                 response = await handler(request)
+            except asyncio.CancelledError:
+                # uvicorn cancels what still runs once the grace after SIGTERM is over, and
+                # answers a cancelled request with a bare 500: it is told to go elsewhere.
+                _uncancel()
+                response, status = error_response(Unavailable(STOPPED), method)
+                code = status.name
             except Exception as exc:  # every failure must reach the caller as a status
                 response, status = error_response(exc, method)
                 code = status.name
@@ -119,6 +127,12 @@ def _served(method: str, handler: Handler) -> Handler:
         return response
 
     return served
+
+
+def _uncancel() -> None:
+    task = asyncio.current_task()
+    if task is not None:
+        task.uncancel()
 
 
 class _Api:
