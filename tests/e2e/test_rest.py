@@ -613,16 +613,7 @@ def test_sigterm_lets_rest_requests_in_flight_finish(tmp_path: Path) -> None:
         senders = [threading.Thread(target=send) for _ in range(count)]
         for sender in senders:
             sender.start()
-        inflight = until(
-            lambda: (
-                total(
-                    scrape(metrics)["strata_gateway_inflight_requests"],
-                    "strata_gateway_inflight_requests",
-                )
-                >= count
-            ),
-            within=5,
-        )
+        inflight = until(lambda: in_flight(metrics) >= count, within=5)
         exit_code = system.stop("gateway")
         for sender in senders:
             sender.join()
@@ -631,6 +622,12 @@ def test_sigterm_lets_rest_requests_in_flight_finish(tmp_path: Path) -> None:
     assert inflight, "the requests were in flight when SIGTERM came"
     assert exit_code == 0
     assert codes == [200] * count
+
+
+def in_flight(metrics: str) -> float:
+    """The requests the gateway holds now, from its metrics page at `metrics`."""
+    name = "strata_gateway_inflight_requests"
+    return total(scrape(metrics)[name], name)
 
 
 def test_a_rest_request_still_in_flight_when_the_grace_ends_is_told_to_go_elsewhere(
@@ -648,16 +645,7 @@ def test_a_rest_request_still_in_flight_when_the_grace_ends_is_told_to_go_elsewh
             target=lambda: answers.append(HTTP.post(url(system, INFER), json=body(), timeout=20))
         )
         sender.start()
-        inflight = until(
-            lambda: (
-                total(
-                    scrape(metrics)["strata_gateway_inflight_requests"],
-                    "strata_gateway_inflight_requests",
-                )
-                >= 1
-            ),
-            within=5,
-        )
+        inflight = until(lambda: in_flight(metrics) >= 1, within=5)
         system.stop("gateway")
         sender.join()
     assert inflight, "the request was in flight when SIGTERM came"
