@@ -17,7 +17,9 @@ and the P99 of the time a refusal took, the degraded share, other errors, the hi
 the ladder reached, the slowest health answer (a gRPC health check on the public port,
 behind every call gRPC has queued there; the same on the admin port; GET /readyz on the
 metrics port), how late the load tool's sends were (P99) and the cores it took, its workers
-together (it shares the machine's cores with what it measures).
+together (it shares the machine's cores with what it measures). The load tool sends through
+its compiled sender where `make load-sender` built it (a third of Python's CPU per call, or
+less), else through Python; the first line says which (`--sender` chooses).
 
 `--front` (haproxy on PATH) also sends every step through HAProxy before the same gateway
 (deploy/front/haproxy.cfg), in turn with the direct runs, so that the two are compared under
@@ -67,7 +69,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from bench.admin import Admin, LevelWatch
 from bench.deployment import free_port, running
 from bench.front import IN_GATEWAY, FrontSettings, counters, front, haproxy
-from bench.load import LoadPool, Plan, Results
+from bench.load import LoadPool, Plan, Results, native
+from bench.load.options import SENDERS
 from bench.load.worker import INFER
 from bench.measure import closed, opened
 from bench.workloads import has_dataset, workload
@@ -582,9 +585,14 @@ def main(argv: list[str] | None = None) -> int:
         requests=w.pipeline_requests,
         metadata=CLIENT,
         timeout=args.deadline,
+        sender=args.sender,
     )
     deadline = f"every call's deadline: {args.deadline:g} s, capacity search and open loop alike"
-    print(deadline, flush=True)
+    try:
+        sender = native.described(plan)
+    except ValueError as exc:
+        raise SystemExit(str(exc)) from None
+    print(f"{deadline}; {sender}", flush=True)
     objective = w.objective_seconds
     with pools(args.connections) as made, ExitStack() as stack:
         systems = [stack.enter_context(started(n, args.config, g, plan)) for n, g in wanted]
@@ -614,7 +622,9 @@ def main(argv: list[str] | None = None) -> int:
     print(table)
     print("; ".join(crashed) if crashed else "every process stayed up")
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "overload.md").write_text(f"# Overload sweep ({name})\n\n{deadline}.\n\n{table}\n")
+    (args.out / "overload.md").write_text(
+        f"# Overload sweep ({name})\n\n{deadline}; {sender}.\n\n{table}\n"
+    )
     return 1 if crashed else 0
 
 
@@ -661,6 +671,13 @@ def arguments(argv: list[str] | None) -> argparse.Namespace:
         type=connection_counts,
         default=connection_counts(CONNECTIONS),
         help=f"the open loop's numbers of connections, comma-separated (default {CONNECTIONS})",
+    )
+    parser.add_argument(
+        "--sender",
+        default="auto",
+        choices=SENDERS,
+        help="the load tool's sender: compiled (build/load-sender, `make load-sender`), python, "
+        "or auto (default): compiled where built",
     )
     sizing = "(default: sized from the capacity found and the objective)"
     parser.add_argument("--front-places", type=int, help=f"the front's maxconn {sizing}")

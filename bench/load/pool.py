@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable
 from multiprocessing.connection import Connection
 
-from bench.load import worker
+from bench.load import native, worker
 from bench.load.results import Results, merge
 from bench.load.schedule import Plan, split
 
@@ -73,8 +73,10 @@ class LoadPool:
     def run(self, plan: Plan, on_progress: Progress | None = None) -> Results:
         """Send `plan` from every worker at once and wait for every answer.
 
-        Ctrl-C stops sending; what was sent is still waited for and reported.
+        Ctrl-C stops sending; what was sent is still waited for and reported. The results'
+        plan names the sender that sent it; ValueError if the plan's sender cannot.
         """
+        plan = native.resolve(plan)
         jobs = split(plan, self.size)
         conns = self.conns[: len(jobs)]
         for conn, job in zip(conns, jobs, strict=True):
