@@ -101,10 +101,14 @@ class CompiledRunner:
                 stderr=stderr,
             )
         word, rest = await self._line()
-        if word != "ready":
-            await self.abort()
-            plan = self.job.plan
-            raise unreachable(plan.target, plan.connect_timeout, rest or "it ended")
+        if word == "ready":
+            return
+        output = self._stderr()
+        await self.abort()
+        if word != "error":  # it never got as far as connecting
+            raise RuntimeError(f"the compiled sender failed to start: {output}")
+        plan = self.job.plan
+        raise unreachable(plan.target, plan.connect_timeout, rest)
 
     async def run(self, start_wall: float) -> Record:
         """Say go, relay progress and stop until the program is done; its calls."""
