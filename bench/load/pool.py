@@ -3,7 +3,9 @@
 Workers are spawned, not forked, so no gRPC state of the parent leaks into them; as with
 any spawned process, a script that makes a pool must guard its own top level with
 `if __name__ == "__main__":`. Each worker keeps its channels between runs to the same target,
-so a benchmark of many runs pays for start-up and connections once.
+so a benchmark of many runs pays for start-up and connections once (the compiled sender,
+bench/load/native.py, is a process of its own for each run, and connects before the run's
+start).
 """
 
 from __future__ import annotations
