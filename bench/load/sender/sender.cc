@@ -10,8 +10,8 @@
 // message as a 4-byte little-endian length and its bytes. On stdout: `ready` once every
 // channel is connected (or `error <why>` and exit 1); then it waits for `go <start, seconds
 // since the epoch>` on stdin (end of input: abort), sends, prints `progress <answered>` every
-// 100 ms, stops sending early on a `stop` line (or the end of its input), writes the calls
-// to OUT (layout in write_out) and prints `done`.
+// 100 ms, stops sending early on a `stop` line, writes the calls to OUT (layout in
+// write_out) and prints `done`; at the end of its input (the worker gone) it exits at once.
 
 #include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/grpcpp.h>
@@ -22,6 +22,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <cstdlib>
 #include <cstdio>
 #include <fstream>
 #include <iostream>
@@ -432,12 +433,13 @@ int main(int argc, char** argv) {
   double start_epoch;
   if (!(std::cin >> word >> start_epoch) || word != "go") return 0;  // aborted
   std::atomic<bool> stop{false};
-  // A `stop` line, or the worker gone (end of input): stop sending, finish what is in flight.
+  // A `stop` line: stop sending, finish what is in flight. The end of input: the worker is
+  // gone and nobody will read the calls, so end now rather than wait out their deadlines.
   std::thread listener([&stop]() {
     std::string line;
-    while (std::cin >> line && line != "stop") {
-    }
-    stop = true;
+    while (std::cin >> line)
+      if (line == "stop") stop = true;
+    std::_Exit(0);
   });
   listener.detach();
   auto system_now = std::chrono::duration<double>(
