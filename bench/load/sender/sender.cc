@@ -2,7 +2,7 @@
 //
 // The Python sender spends ~0.2 ms of CPU per call in grpc's Python layer; this one sends the
 // same prepared messages through grpc++'s generic stub and one completion queue, for a third
-// of that or less, so the server keeps more of the cores it shares with the load tool.
+// to a half of that, so the server keeps more of the cores it shares with the load tool.
 //
 //   load-sender JOB REQUESTS OUT
 //
