@@ -10,7 +10,7 @@ STAMP_MODELS := build/.models
 STAMP_MODELS_TEXT := build/.models-text
 
 .PHONY: venv proto models models-text run test test-unit test-bench lint fmt bench trace fuzz certs clean config-docs
-.PHONY: compose-up compose-down soak bench-peers bench-overload
+.PHONY: compose-up compose-down soak bench-peers bench-overload load-sender
 
 # The Compose specification's JSON schema, as the docker-compose package on PyPI ships it.
 COMPOSE_SCHEMA := build/schema/compose_spec.json
@@ -109,9 +109,20 @@ trace: $(STAMP_PROTO)
 bench: $(STAMP_MODELS) $(STAMP_MODELS_TEXT)
 	$(PY) -m bench --config $(CONFIG)
 
+# The load tool's compiled sender (bench/load/sender): a fraction of the Python sender's CPU
+# per call, used by bench.load wherever it is built. Needs gRPC's C++ library (Debian:
+# apt-get install -y libgrpc++-dev); benchmarks that build it do so only where that is there.
+LOAD_SENDER := build/load-sender
+GRPCXX := $(shell pkg-config --exists grpc++ 2>/dev/null && echo yes)
+load-sender: $(LOAD_SENDER)
+$(LOAD_SENDER): bench/load/sender/sender.cc
+	@pkg-config --exists grpc++ || { echo "load-sender needs gRPC's C++ library: apt-get install -y libgrpc++-dev" >&2; exit 1; }
+	@mkdir -p $(@D)
+	$(CXX) -O2 -std=c++17 -Wall -Wextra -o $@ $< $$(pkg-config --cflags --libs grpc++)
+
 # Open-loop sweep from 0.8 to 4x capacity: goodput, admitted P99, refusals, health checks;
 # through the HAProxy front as well, in turn with the direct runs, where haproxy is installed.
-bench-overload: $(STAMP_MODELS)
+bench-overload: $(STAMP_MODELS) $(if $(GRPCXX),$(LOAD_SENDER))
 	$(PY) -m bench.overload --config $(CONFIG) $(if $(shell command -v haproxy),--front)
 
 # Strata against MLServer, KServe and a bare v2 server on the digits, then against MLServer

@@ -10,7 +10,7 @@ import json
 import sys
 from pathlib import Path
 
-from bench.load import data
+from bench.load import data, native
 from bench.load.options import Options, UsageError, from_args, parser
 from bench.load.pool import LoadPool
 from bench.load.report import ghz_options, ghz_report
@@ -30,8 +30,8 @@ def _main(argv: list[str] | None) -> int:
     args = parser().parse_args(argv)
     try:
         options = from_args(args)
-        plan = plan_of(options)
-    except UsageError as exc:
+        plan = native.resolve(plan_of(options))
+    except (UsageError, ValueError) as exc:
         print(f"bench.load: {exc}", file=sys.stderr)
         return 2
     except ConnectionError as exc:
@@ -70,6 +70,7 @@ def plan_of(options: Options) -> Plan:
         duration=options.duration,
         concurrency=options.concurrency,
         tls=options.tls,
+        sender=options.sender,
     )
 
 

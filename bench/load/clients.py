@@ -27,6 +27,7 @@ from bench.load.schedule import Plan
 from bench.load.transport import aio_channel
 from strata.proto.inference import grpc_service_pb2 as v2
 
+INFER = "/inference.GRPCInferenceService/ModelInfer"
 MAX_MESSAGE = 64 * 1024 * 1024
 OK = grpc.StatusCode.OK.value[0]
 UNAVAILABLE = grpc.StatusCode.UNAVAILABLE.value[0]

@@ -21,6 +21,7 @@ from bench.load import rest
 from bench.load.transport import Tls
 
 FORMATS = ("summary", "json", "pretty")
+SENDERS = ("auto", "python", "compiled")  # bench/load/native.py
 DEFAULT_TOTAL = 200  # ghz's default -n
 DEFAULT_CONCURRENCY = 50  # ghz's default -c (closed loop)
 EXAMPLE_CALL = "inference.GRPCInferenceService.ModelInfer"
@@ -82,6 +83,7 @@ class Options:
     name: str = ""
     tls: Tls | None = None
     skip_first: int = 0
+    sender: str = "auto"
 
     @property
     def open_loop(self) -> bool:
@@ -171,6 +173,13 @@ def parser() -> argparse.ArgumentParser:
         help="sending processes, each its own event loop and channels",
     )
     p.add_argument("--name", default="", help="a name for the run, kept in the report")
+    p.add_argument(
+        "--sender",
+        default="auto",
+        choices=SENDERS,
+        help="who sends gRPC calls: compiled (build/load-sender, `make load-sender`; a fraction "
+        "of Python's CPU per call), python, or auto (default): compiled where built",
+    )
     return p
 
 
@@ -205,6 +214,7 @@ def from_args(args: argparse.Namespace) -> Options:
         name=args.name,
         tls=_tls(args),
         skip_first=args.skip_first,
+        sender=args.sender,
     )
     check(options)
     return options

@@ -3,7 +3,9 @@
 Workers are spawned, not forked, so no gRPC state of the parent leaks into them; as with
 any spawned process, a script that makes a pool must guard its own top level with
 `if __name__ == "__main__":`. Each worker keeps its channels between runs to the same target,
-so a benchmark of many runs pays for start-up and connections once.
+so a benchmark of many runs pays for start-up and connections once (the compiled sender,
+bench/load/native.py, is a process of its own for each run, and connects before the run's
+start).
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import time
 from collections.abc import Callable
 from multiprocessing.connection import Connection
 
-from bench.load import worker
+from bench.load import native, worker
 from bench.load.results import Results, merge
 from bench.load.schedule import Plan, split
 
@@ -73,8 +75,10 @@ class LoadPool:
     def run(self, plan: Plan, on_progress: Progress | None = None) -> Results:
         """Send `plan` from every worker at once and wait for every answer.
 
-        Ctrl-C stops sending; what was sent is still waited for and reported.
+        Ctrl-C stops sending; what was sent is still waited for and reported. The results'
+        plan names the sender that sent it; ValueError if the plan's sender cannot.
         """
+        plan = native.resolve(plan)
         jobs = split(plan, self.size)
         conns = self.conns[: len(jobs)]
         for conn, job in zip(conns, jobs, strict=True):

@@ -99,6 +99,7 @@ def strata_extras(results: Results) -> dict[str, Any]:
     plan = results.plan
     return {
         "loop": "open" if plan.open_loop else "closed",
+        "sender": plan.sender,
         "offeredRps": plan.rps,
         "answeredRps": results.throughput(),
         "degraded": results.degraded(),

@@ -8,8 +8,8 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from bench.load.codes import GO_NAMES
+from bench.load.record import Record
 from bench.load.schedule import Plan
-from bench.load.worker import Record
 
 SATURATED_CPU = 0.9  # of one core: a worker this busy cannot keep its schedule
 LATE_SECONDS = 0.010  # open loop: sends this late (P99) mean the client fell behind

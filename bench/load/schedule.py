@@ -33,6 +33,7 @@ class Plan:
     concurrency: int | None = None  # closed loop: clients; open loop: the most in flight
     inspect: bool = True  # read v2 response parameters (degraded, cached answers)
     tls: Tls | None = None  # None: plaintext
+    sender: str = "auto"  # compiled (build/load-sender), python, or auto: compiled where it can
 
     @property
     def open_loop(self) -> bool:

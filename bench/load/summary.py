@@ -86,7 +86,8 @@ def _counted(counts: dict[str, int], noun: str) -> list[str]:
 def _client(extras: dict[str, Any]) -> list[str]:
     client = extras["client"]
     line = (
-        f"Load tool: {client['workers']} worker(s), {client['cpuSeconds']:.2f} CPU s "
+        f"Load tool: {extras['sender']} sender, {client['workers']} worker(s), "
+        f"{client['cpuSeconds']:.2f} CPU s "
         f"({client['cores']:.2f} cores), busiest worker {client['busiestWorkerCpu']:.0%} of a core"
     )
     if extras["loop"] == "open":

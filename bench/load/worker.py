@@ -1,4 +1,6 @@
-"""A sending process: its own asyncio loop and clients (gRPC or HTTP), one job at a time.
+"""A sending process: its own asyncio loop and clients (gRPC or HTTP), one job at a time,
+sent by Python or, for a plan whose sender is `compiled`, by the compiled sender it starts
+(bench/load/native.py).
 
 Requests are prepared once, before the run, and sent as bytes; answers are not decoded beyond
 the v2 response parameters, so a request costs the client little more than its transport's own
@@ -15,49 +17,13 @@ from __future__ import annotations
 import asyncio
 import signal
 import time
-from array import array
-from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from typing import Any
 
-from bench.load.clients import Client, Send, open_client
+from bench.load import native
+from bench.load.clients import INFER, Client, Send, open_client
+from bench.load.record import Record
 from bench.load.schedule import Job, Plan
-
-INFER = "/inference.GRPCInferenceService/ModelInfer"
-
-
-@dataclass
-class Record:
-    """Every request one worker sent in one run, as parallel arrays (times in ns)."""
-
-    due: array = field(default_factory=lambda: array("q"))  # from the start; closed: sent
-    lag: array = field(default_factory=lambda: array("q"))  # sent - due (client lateness)
-    latency: array = field(default_factory=lambda: array("q"))  # open: from due; closed: sent
-    code: array = field(default_factory=lambda: array("b"))  # gRPC status code number
-    error: array = field(default_factory=lambda: array("i"))  # index into errors, -1: none
-    flags: array = field(default_factory=lambda: array("b"))  # 1 degraded, 2 cached
-    errors: list[str] = field(default_factory=list)
-    error_index: dict[str, int] = field(default_factory=dict)
-    cpu_seconds: float = 0.0
-    wall_seconds: float = 0.0
-    end_reason: str = "normal"
-
-    def add(
-        self, due: float, lag: float, latency: float, code: int, error: str | None, flags: int
-    ) -> None:
-        self.due.append(int(due * 1e9))
-        self.lag.append(int(lag * 1e9))
-        self.latency.append(int(latency * 1e9))
-        self.code.append(code)
-        self.flags.append(flags)
-        if error is None:
-            self.error.append(-1)
-            return
-        index = self.error_index.get(error)
-        if index is None:
-            index = self.error_index[error] = len(self.errors)
-            self.errors.append(error)
-        self.error.append(index)
 
 
 def main(index: int, conn: Connection, progress: Any, stop: Any) -> None:
@@ -75,19 +41,30 @@ async def _serve(index: int, conn: Connection, progress: Any, stop: Any) -> None
                 return
             job: Job = payload
             try:
-                sends = await _connect(job, clients)
+                runner = await _prepare(job, clients, index, progress, stop)
             except ConnectionError as exc:
                 conn.send(("error", str(exc)))
                 continue
             conn.send(("ready", None))
             kind, start_wall = await asyncio.to_thread(conn.recv)
             if kind != "go":
+                await runner.abort()
                 continue
-            record = await Runner(job, sends, index, progress, stop).run(start_wall)
-            conn.send(("done", record))
+            conn.send(("done", await runner.run(start_wall)))
     finally:
         for client in clients.values():
             await client.close()
+
+
+async def _prepare(
+    job: Job, clients: dict[tuple, Client], index: int, progress: Any, stop: Any
+) -> Runner | native.CompiledRunner:
+    """The job's runner, its connections up; ConnectionError if the target cannot be reached."""
+    if job.plan.sender == "compiled":
+        runner = native.CompiledRunner(job, index, progress, stop)
+        await runner.prepare()
+        return runner
+    return Runner(job, await _connect(job, clients), index, progress, stop)
 
 
 async def _connect(job: Job, cache: dict[tuple, Client]) -> list[Send]:
@@ -120,6 +97,9 @@ class Runner:
         self.record = Record()
         self.loop = asyncio.get_running_loop()
         self.start = 0.0
+
+    async def abort(self) -> None:
+        """Nothing to undo: a Python run starts nothing before its go."""
 
     async def run(self, start_wall: float) -> Record:
         self.start = self.loop.time() + (start_wall - time.time())

@@ -20,6 +20,7 @@ def test_the_overload_sweep_runs_and_reports_each_step(tmp_path: Path) -> None:
     assert "every process stayed up" in out
     table = (tmp_path / "overload.md").read_text()
     assert "every call's deadline: 1 s" in table
+    assert "the load tool sends through" in out and "the load tool sends through" in table
     assert all(f"| {label} |" in table for label in ("0.8x", "2x", "4x"))
     columns = ("admin port", "refusal P99 ms", "degraded", "of own capacity", "load tool's cores")
     assert all(f"| {column} |" in table for column in columns)

@@ -1,0 +1,186 @@
+"""The load tool's two senders, Python and compiled (bench/load/native.py), against the same
+real gRPC server: the same counts, codes, error messages and flags, and the same way to stop."""
+
+import json
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from concurrent import futures
+
+import grpc
+import pytest
+
+from bench.load import native
+from strata.proto.inference import grpc_service_pb2 as v2
+from strata.proto.inference import grpc_service_pb2_grpc as v2_grpc
+from tests.support.system import ROOT, free_port
+
+CALL = ("--call", "inference.GRPCInferenceService.ModelInfer")
+# One message of each kind, sent in turn: the server answers each by its id.
+MESSAGES = json.dumps(
+    [{"model_name": "m", "id": kind} for kind in ("plain", "degraded", "cached", "busy")]
+)
+SENDERS = ["python", "compiled"]
+
+
+@pytest.fixture(scope="module")
+def compiled_built() -> None:
+    """build/load-sender, built here from source where gRPC's C++ library is installed."""
+    if not native.BINARY.is_file():
+        if (
+            shutil.which("pkg-config") is None
+            or subprocess.run(["pkg-config", "--exists", "grpc++"], check=False).returncode
+        ):
+            pytest.skip("the compiled sender needs libgrpc++-dev (apt-get install libgrpc++-dev)")
+        subprocess.run(["make", "-s", "load-sender"], cwd=ROOT, check=True, timeout=300)
+
+
+@pytest.fixture(params=SENDERS)
+def sender(request: pytest.FixtureRequest) -> str:
+    if request.param == "compiled":
+        request.getfixturevalue("compiled_built")
+    return request.param
+
+
+class Kinds(v2_grpc.GRPCInferenceServiceServicer):
+    """A full answer, a degraded one, a cached one, or RESOURCE_EXHAUSTED, as the id asks;
+    `hold` seconds each."""
+
+    def __init__(self, hold: float = 0.0) -> None:
+        self.hold = hold
+
+    def ModelInfer(self, request, context) -> v2.ModelInferResponse:
+        time.sleep(self.hold)
+        if request.id == "busy":
+            context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, "busy, retry in 0.100s")
+        reply = v2.ModelInferResponse(model_name=request.model_name, id=request.id)
+        reply.parameters["strata.level"].int64_param = 1
+        reply.parameters["strata.degraded"].bool_param = request.id == "degraded"
+        if request.id == "cached":
+            reply.parameters["strata.cached"].bool_param = True
+        return reply
+
+
+def serve(servicer: v2_grpc.GRPCInferenceServiceServicer) -> Iterator[str]:
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=8))
+    v2_grpc.add_GRPCInferenceServiceServicer_to_server(servicer, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    try:
+        yield f"127.0.0.1:{port}"
+    finally:
+        server.stop(0)
+
+
+@pytest.fixture
+def kinds() -> Iterator[str]:
+    yield from serve(Kinds())
+
+
+@pytest.fixture
+def slow_kinds() -> Iterator[str]:
+    yield from serve(Kinds(hold=0.2))
+
+
+def load(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "bench.load", *CALL, *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
+def report(*args: str) -> dict:
+    done = load(*args, "-O", "json")
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
+
+
+@pytest.mark.parametrize(
+    "loop", [["-n", "40", "-c", "4"], ["--rps", "200", "-n", "40"]], ids=["closed", "open"]
+)
+def test_codes_errors_and_flags(kinds: str, sender: str, loop: list[str]) -> None:
+    got = report("-d", MESSAGES, *loop, "--connections", "2", "--sender", sender, kinds)
+    assert got["strata"]["sender"] == sender
+    assert got["count"] == 40 and len(got["details"]) == 40
+    assert got["statusCodeDistribution"] == {"OK": 30, "ResourceExhausted": 10}
+    assert got["errorDistribution"] == {
+        "rpc error: code = ResourceExhausted desc = busy, retry in 0.100s": 10
+    }
+    assert (got["strata"]["degraded"], got["strata"]["cached"]) == (10, 10)
+
+
+def test_both_senders_word_a_missed_deadline_alike(slow_kinds: str, compiled_built: None) -> None:
+    words = []
+    for sender in SENDERS:
+        got = report(
+            "-d", MESSAGES, "-n", "4", "-c", "4", "-t", "50ms", "--sender", sender, slow_kinds
+        )
+        assert got["statusCodeDistribution"] == {"DeadlineExceeded": 4}
+        words.append(got["errorDistribution"])
+    assert words[0] == words[1]
+
+
+def test_the_compiled_sender_says_it_cannot_reach_a_target(compiled_built: None) -> None:
+    address = f"127.0.0.1:{free_port()}"  # nothing listens there
+    done = load(
+        "-d", MESSAGES, "-n", "5", "--connect-timeout", "1s", "--sender", "compiled", address
+    )
+    assert done.returncode == 1
+    assert f"cannot connect to {address} within 1s (connection refused" in done.stderr
+
+
+def test_the_compiled_sender_refuses_what_it_cannot_send() -> None:
+    url = "http://127.0.0.1:1/v2/models/m/infer"
+    done = subprocess.run(
+        [sys.executable, "-m", "bench.load", "-d", "{}", "-n", "1", "--sender", "compiled", url],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 2
+    assert "the compiled sender cannot send this run" in done.stderr and "HTTP" in done.stderr
+
+
+def test_ctrl_c_stops_sending_and_reports_what_was_sent(kinds: str, sender: str) -> None:
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "bench.load",
+            *CALL,
+            "-d",
+            MESSAGES,
+            "--rps",
+            "100",
+            "-z",
+            "60s",
+            "--sender",
+            sender,
+            "-O",
+            "json",
+            kinds,
+        ],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        time.sleep(3)  # the workers start, connect and send for a while
+        process.send_signal(signal.SIGINT)
+        out, err = process.communicate(timeout=30)
+    finally:
+        process.kill()
+    assert process.returncode == 0, err
+    got = json.loads(out)
+    assert got["endReason"] == "cancel"
+    assert 0 < got["count"] < 6000 and got["strata"]["sender"] == sender
