@@ -67,6 +67,8 @@ def burst(address: str, count: int, clients: int = 1) -> list[Outcome]:
         return list(pool.map(lambda i: call(pool_of[i % 4], f"c{i % clients}", i), range(count)))
 
 
+# Timing: a refusal's time against an answer's, which a loaded machine turned round once.
+@pytest.mark.timing
 def test_beyond_its_concurrency_limit_the_gateway_refuses_at_once_with_a_hint(
     tmp_path: Path,
 ) -> None:

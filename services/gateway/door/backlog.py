@@ -28,10 +28,10 @@ The wait is the gateway's own measurement, never a client's deadline: the lesser
 two probes' times (a queue that stands; one late probe refuses nothing), or the time the
 probe in flight has waited so far where that is longer (a queue building up shows before the
 probe comes back), less the time the event loop's thread spent meanwhile waiting for a CPU
-(Linux's schedstat; elsewhere the loop's lag) where fewer than a queue's worth of calls
-reached the door: a machine short of cores adds that wait to every probe without any call
-waiting before the door, while past capacity the calls behind which the probe waited come
-in by the hundred, and the loop's waits for a CPU are theirs too. The loop's lag, one
+(Linux's schedstat) where fewer than a queue's worth of calls reached the door, else the
+loop's lag: a machine short of cores adds that wait to every probe without any call waiting
+before the door, while past capacity the calls behind which the probe waited come in by the
+hundred, and the loop's waits for a CPU are theirs too. The loop's lag, one
 timer's lateness a tick, took off a fraction of it: with other work keeping two cores busy
 (load 9 to 12), a probe crosses the loop several times, and a trickle of calls was refused as
 if the gateway were past capacity.
@@ -60,9 +60,10 @@ FLOOD_SHARE = 0.5
 
 class Backlog:
     """The wait before the door now, from the probe's sends and answers (probe.py), less the
-    time the event loop's thread waited for a CPU meanwhile unless a queue's worth of calls
-    reached the door during it: `runqueue` (that thread's seconds runnable, cumulative;
-    strata/process/runqueue.py), or where it says nothing `lag`, the event loop's latest lag."""
+    time the event loop's thread waited for a CPU meanwhile (`runqueue`: that thread's
+    seconds runnable, cumulative; strata/process/runqueue.py), or where a queue's worth of
+    calls reached the door during it or the kernel says nothing, less `lag`, the event
+    loop's latest lag."""
 
     def __init__(
         self,
@@ -116,12 +117,10 @@ class Backlog:
     def _stall(self) -> float:
         """Seconds of the probe in flight that were the machine's, not a queue's: the time
         the loop's thread waited for a CPU, unless `QUEUE_CALLS` or more calls reached the
-        door meanwhile (a loop past capacity waits for a CPU while calls wait for it: all of
-        that is the door's); where the kernel does not count, the loop's lag."""
-        if self._calls - self._calls_then >= QUEUE_CALLS:
-            return 0.0
+        door meanwhile (a loop past capacity waits for a CPU while calls wait for it, which is
+        the door's wait too) or the kernel does not count it: then the loop's lag."""
         now = self._runqueue() if self._queued is not None else None
-        if now is None or self._queued is None:
+        if now is None or self._queued is None or self._calls - self._calls_then >= QUEUE_CALLS:
             return self._lag()
         return max(0.0, now - self._queued)
 

@@ -43,7 +43,7 @@ def test_the_wait_is_the_last_probes_less_the_loops_lag_where_the_kernel_says_no
 def test_the_loop_threads_waits_for_a_cpu_are_the_machines_unless_a_queue_came_in() -> None:
     queued = [5.0]  # seconds the loop's thread has waited runnable, since it started
     clock = Clock(0.0)
-    backlog = Backlog(lambda: 0.5, clock=clock, runqueue=lambda: queued[0])
+    backlog = Backlog(lambda: 0.1, clock=clock, runqueue=lambda: queued[0])
     backlog.sent()
     queued[0] += 0.2  # a machine short of cores kept the loop off a CPU for 0.2 s of it
     backlog.arrived()  # while a trickle's one call came
@@ -52,7 +52,7 @@ def test_the_loop_threads_waits_for_a_cpu_are_the_machines_unless_a_queue_came_i
     queued[0] += 0.2
     for _ in range(QUEUE_CALLS):  # past capacity on a shared machine: calls kept coming
         backlog.arrived()
-    assert backlog.answered(0.3) == pytest.approx(0.3), "all of it the door's"
+    assert backlog.answered(0.3) == pytest.approx(0.2), "less the loop's lag alone"
     backlog.sent()
     clock.now += 0.4
     queued[0] += 0.35  # the probe in flight: what it waited so far, less its stall so far
