@@ -28,6 +28,7 @@ from bench.load.worker import INFER
 from strata.tools.launch import ROOT
 
 PROC = Path("/proc")
+RESULTS = Path(__file__).resolve().parent / "results"
 Threads = dict[tuple[str, int], float]  # (process, thread id) -> CPU seconds so far
 
 
@@ -96,14 +97,25 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--calls", type=int, default=300)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--threads", action="store_true", help="each thread's share too")
+    parser.add_argument("--out", type=Path, default=RESULTS, help="where results go")
+    parser.add_argument("--quick", action="store_true", help="a smoke run: 20 calls, 1 round")
     args = parser.parse_args(argv)
-    per_call = measure(args.config, args.calls, args.rounds, args.threads)
-    for name, figures in sorted(per_call.items()):
-        if max(abs(f) for f in figures) < 0.01:
-            continue
-        spread = " ".join(f"{f:.3f}" for f in figures)
-        print(f"{name:28s} median {statistics.median(figures):7.3f}  [{spread}]")
+    calls, rounds = (20, 1) if args.quick else (args.calls, args.rounds)
+    table = _table(measure(args.config, calls, rounds, args.threads))
+    print(table)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "lone_cost.md").write_text(f"# CPU ms per lone photo\n\n{table}\n")
     return 0
+
+
+def _table(per_call: dict[str, list[float]]) -> str:
+    """A row per process (or thread) that spent any: the median round and every round."""
+    lines = ["| process | median ms | rounds |", "|---|---:|---|"]
+    for name, figures in sorted(per_call.items()):
+        if max(abs(f) for f in figures) >= 0.01:
+            spread = " ".join(f"{f:.3f}" for f in figures)
+            lines.append(f"| {name} | {statistics.median(figures):.3f} | {spread} |")
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":
