@@ -16,9 +16,10 @@ from collections.abc import Sequence
 
 from opentelemetry import trace
 from opentelemetry.context import Context
-from opentelemetry.trace import Link, Span, SpanContext, Status, StatusCode
+from opentelemetry.trace import INVALID_SPAN, Link, Span, SpanContext, Status, StatusCode
 
 from strata.telemetry import propagation
+from strata.telemetry.tracing import exporting
 
 _tracer = trace.get_tracer("services.inference.batcher")
 
@@ -54,7 +55,11 @@ def start_batch(
     """The span that records a batch: `caller`, the span of the one call all its requests
     came from, where there is one; else a span of its own. Either gets the batch's model and
     size and is linked to each request's span (but the caller's own) with the seconds it
-    queued. A call whose requests took several batches keeps the last one's figures."""
+    queued. A call whose requests took several batches keeps the last one's figures. Where
+    no span is exported (no OTLP endpoint), a non-recording span stands for it: the SDK's
+    would draw ids and ask the sampler for every batch, for a span no one keeps."""
+    if caller is None and not exporting():
+        return INVALID_SPAN
     attributes: dict[str, str | int] = {
         "strata.model": model,
         "strata.model_version": version,
