@@ -214,4 +214,8 @@ def test_a_flooding_client_cannot_take_another_clients_share(
             for thread in floods:
                 thread.join()
     assert [o.code for o in quiet] == ["OK"] * 40, surprises(quiet, {"OK"})
-    assert codes(flooded) == {"OK", "RESOURCE_EXHAUSTED"}, surprises(flooded, {"OK"})
+    assert codes(flooded) <= {"OK", "RESOURCE_EXHAUSTED"}, surprises(flooded, {"OK"})
+    assert "RESOURCE_EXHAUSTED" in codes(flooded), "the flood was held to its share"
+    # Refused only past its share, the flood is answered too; for the wait before the door
+    # at 0.001 of the objective (0.25 ms: any probe on a busy machine) it may be refused whole.
+    assert backlog_share or "OK" in codes(flooded), "the flood's share was answered"
