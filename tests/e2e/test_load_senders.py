@@ -16,6 +16,7 @@ import pytest
 from bench.load import native
 from strata.proto.inference import grpc_service_pb2 as v2
 from strata.proto.inference import grpc_service_pb2_grpc as v2_grpc
+from tests.support import load_cli
 from tests.support.system import ROOT, free_port
 
 CALL = ("--call", "inference.GRPCInferenceService.ModelInfer")
@@ -86,20 +87,11 @@ def slow_kinds() -> Iterator[str]:
 
 
 def load(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "bench.load", *CALL, *args],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-    )
+    return load_cli.run(CALL, *args, timeout=timeout)
 
 
 def report(*args: str) -> dict:
-    done = load(*args, "-O", "json")
-    assert done.returncode == 0, done.stderr
-    return json.loads(done.stdout)
+    return load_cli.json_report(CALL, *args)
 
 
 @pytest.mark.parametrize(

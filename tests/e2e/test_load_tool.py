@@ -2,7 +2,6 @@
 
 import json
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -15,7 +14,8 @@ import pytest
 from scripts.make_certs import make_certs
 from strata.proto.inference import grpc_service_pb2 as v2
 from strata.proto.inference import grpc_service_pb2_grpc as v2_grpc
-from tests.support.system import ROOT, free_port
+from tests.support import load_cli
+from tests.support.system import free_port
 
 CALL = ("--insecure", "--call", "inference.GRPCInferenceService.ModelInfer")
 TABULAR = json.dumps(
@@ -35,20 +35,11 @@ SLEEP = 0.05  # seconds the slow server takes per request, one request at a time
 
 
 def load(*args: str, timeout: float = 60, call: tuple = CALL) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "bench.load", *call, *args],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-    )
+    return load_cli.run(call, *args, timeout=timeout)
 
 
 def report(*args: str) -> dict:
-    done = load(*args, "-O", "json")
-    assert done.returncode == 0, done.stderr
-    return json.loads(done.stdout)
+    return load_cli.json_report(CALL, *args)
 
 
 def check_ghz_shape(got: dict) -> None:
