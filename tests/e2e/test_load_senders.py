@@ -8,7 +8,6 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
-from concurrent import futures
 
 import grpc
 import pytest
@@ -65,25 +64,14 @@ class Kinds(v2_grpc.GRPCInferenceServiceServicer):
         return reply
 
 
-def serve(servicer: v2_grpc.GRPCInferenceServiceServicer) -> Iterator[str]:
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=8))
-    v2_grpc.add_GRPCInferenceServiceServicer_to_server(servicer, server)
-    port = server.add_insecure_port("127.0.0.1:0")
-    server.start()
-    try:
-        yield f"127.0.0.1:{port}"
-    finally:
-        server.stop(0)
-
-
 @pytest.fixture
 def kinds() -> Iterator[str]:
-    yield from serve(Kinds())
+    yield from load_cli.serve(Kinds())
 
 
 @pytest.fixture
 def slow_kinds() -> Iterator[str]:
-    yield from serve(Kinds(hold=0.2))
+    yield from load_cli.serve(Kinds(hold=0.2))
 
 
 def load(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:

@@ -113,14 +113,7 @@ class SlowServer(v2_grpc.GRPCInferenceServiceServicer):
 
 @pytest.fixture
 def slow_server() -> Iterator[str]:
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=1))
-    v2_grpc.add_GRPCInferenceServiceServicer_to_server(SlowServer(), server)
-    port = server.add_insecure_port("127.0.0.1:0")
-    server.start()
-    try:
-        yield f"127.0.0.1:{port}"
-    finally:
-        server.stop(0)
+    yield from load_cli.serve(SlowServer(), workers=1)
 
 
 @pytest.mark.parametrize("cap", [[], ["-c", "1"]], ids=["unbounded", "one-in-flight"])
