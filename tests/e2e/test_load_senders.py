@@ -153,6 +153,9 @@ def test_ctrl_c_stops_sending_and_reports_what_was_sent(kinds: str, sender: str)
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        # As from a terminal: a suite started in the background (`.ci/run &`) hands its
+        # children SIGINT ignored, and a process started so keeps ignoring it.
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     try:
         time.sleep(3)  # the workers start, connect and send for a while
