@@ -119,10 +119,10 @@ class Backlog:
         the loop's thread waited for a CPU, unless `QUEUE_CALLS` or more calls reached the
         door meanwhile (a loop past capacity waits for a CPU while calls wait for it, which is
         the door's wait too) or the kernel does not count it: then the loop's lag."""
-        now = self._runqueue() if self._queued is not None else None
-        if now is None or self._queued is None or self._calls - self._calls_then >= QUEUE_CALLS:
+        if self._queued is None or self._calls - self._calls_then >= QUEUE_CALLS:
             return self._lag()
-        return max(0.0, now - self._queued)
+        now = self._runqueue()
+        return self._lag() if now is None else max(0.0, now - self._queued)
 
 
 class Arrivals:
