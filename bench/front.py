@@ -47,7 +47,7 @@ class FrontSettings:
     places: int = 50
     queue_ms: int = 50
     rate: int = 1000
-    threads: int | None = None  # HAProxy's threads; None: its default, one per core
+    threads: int | None = None  # HAProxy's threads; None: the config's default, one
 
     @classmethod
     def sized(

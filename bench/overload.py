@@ -701,7 +701,7 @@ def arguments(argv: list[str] | None) -> argparse.Namespace:
         metavar="KEY=VALUE[,KEY=VALUE]",
         help="another front to run beside the sized one, before the same gateway, with those "
         "of its places, queue_ms, rate and threads (HAProxy's nbthread) changed (repeatable; "
-        "e.g. places=64,queue_ms=100 or threads=1)",
+        "e.g. places=64,queue_ms=100 or threads=2)",
     )
     return parser.parse_args(argv)
 

@@ -18,7 +18,9 @@ Strata's gateway and MLServer are driven over their v2 REST endpoints too (`pipe
 
 MLServer and KServe run from venvs of their own under build/peers/, installed once from the
 pinned constraint files beside this module; a peer that cannot be installed is reported as
-skipped, with the reason. At each concurrency (closed loop: 1 and 64; --quick: 1 and 8) each
+skipped, with the reason. The gRPC calls share one connection, as tritonclient's do
+(`--connections 8` spreads them over eight). At each concurrency (closed loop: 1 and 64;
+--quick: 1 and 8) each
 server's throughput, P50 and P99, and CPU ms per answered request of each of its processes
 (utime + stime from /proc before and after the interval). Results go to `--out`
 (bench/results/) as peers.md, peers.json and peers.png.

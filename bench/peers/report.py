@@ -110,6 +110,10 @@ def ratios(servers: dict[str, Any], timing: Timing) -> dict[str, Any]:
     return out
 
 
+def _connections(count: int) -> str:
+    return "one connection" if count == 1 else f"{count} connections"
+
+
 def markdown(result: dict[str, Any]) -> str:
     timing = result["timing"]
     lines = [
@@ -117,6 +121,7 @@ def markdown(result: dict[str, Any]) -> str:
         "",
         f"Machine: {result['machine']}. Config `{result['config']}` (ladder pinned at level 0). "
         f"The same ONNX file behind every server; closed loop, one row per request, "
+        f"gRPC calls over {_connections(timing.get('connections', 1))}, "
         f"{timing['seconds']:g} s per point after {timing['warmup_seconds']:g} s of warm-up; "
         f"{result['seconds']:.0f} s in all. CPU is utime + stime of every process of the "
         "server (/proc), per answered request.",

@@ -12,6 +12,7 @@ class Timing:
     concurrencies: tuple[int, ...]  # closed loop: requests in flight, one row each
     seconds: float  # per measured point
     warmup_seconds: float  # at the same concurrency, before each point
+    connections: int = 1  # gRPC connections the calls share (REST: one a call in flight)
 
 
 FULL = Timing((1, 64), 10.0, 2.0)

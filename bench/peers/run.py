@@ -38,6 +38,7 @@ def main(argv: list[str] | None = None) -> int:
     timing = QUICK if args.quick else FULL
     if args.duration is not None:
         timing = replace(timing, seconds=args.duration)
+    timing = replace(timing, connections=args.connections)
     started = time.monotonic()
     rows, skipped = measure_all(args.config, args.servers, timing, args.workers)
     result = report.build(rows, skipped, args.config, timing, time.monotonic() - started)
@@ -99,7 +100,7 @@ def measure(pool: LoadPool, target: Target, timing: Timing, objective: float) ->
             requests=target.requests,
             metadata=CLIENT,
             timeout=None,  # as tritonclient and perf_analyzer send by default: no deadline
-            connections=target.connections(concurrency),
+            connections=target.connections(concurrency, timing.connections),
         )
         closed(pool, plan, concurrency, timing.warmup_seconds)
         processes = cpu.processes(target.roots())
@@ -137,6 +138,12 @@ def _servers(text: str) -> list[str]:
     return chosen
 
 
+def _positive(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a positive whole number")
+    return int(text)
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m bench.peers", description=peers.__doc__)
     parser.add_argument("--config", type=Path, default=Path("configs/default.yaml"))
@@ -151,4 +158,10 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--out", type=Path, default=RESULTS, help="where results go")
     parser.add_argument("--name", default="peers", help="file stem: NAME.md, .json, .png")
     parser.add_argument("--workers", type=int, default=2, help="load tool processes")
+    parser.add_argument(
+        "--connections",
+        type=_positive,
+        default=1,
+        help="gRPC connections the calls share (default 1, as tritonclient keeps)",
+    )
     return parser

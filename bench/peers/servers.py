@@ -66,10 +66,11 @@ class Target:
     def http(self) -> bool:
         return rest.is_url(self.address)
 
-    def connections(self, concurrency: int) -> int:
+    def connections(self, concurrency: int, grpc: int = 1) -> int:
         """HTTP/1.1 carries one request at a time on a connection: one for each in flight.
-        gRPC: one, carrying every request at once (HTTP/2 streams), as tritonclient does."""
-        return concurrency if self.http else 1
+        gRPC: `grpc`, the calls shared among them as HTTP/2 streams (one, as tritonclient
+        keeps, unless asked)."""
+        return concurrency if self.http else grpc
 
 
 @dataclass(frozen=True)

@@ -17,13 +17,13 @@ from tests.unit.deploy.test_deploy import COMPOSE_FILE
 from tests.unit.deploy.test_deploy_k8s import K8S, OVERLAYS
 from tests.unit.deploy.test_deploy_kustomize import build, find
 
-# HAProxy's threads: its own default (one per core) unless a deployment or a bench sets them.
+# HAProxy's threads: the config's default (one) unless a deployment or a bench sets them.
 TUNING = {"STRATA_FRONT_THREADS"}
 OPTIONAL = {"STRATA_FRONT_PEM", "STRATA_GATEWAY_CA", "STRATA_FRONT_METRICS", *TUNING}
 
 
 def read() -> set[str]:
-    return set(re.findall(r"\$\{(\w+)\}", CONFIG.read_text()))
+    return set(re.findall(r"\$\{(\w+)(?:-[^}]*)?\}", CONFIG.read_text()))
 
 
 def test_the_compose_front_sets_every_variable_the_config_reads() -> None:
@@ -36,9 +36,10 @@ def test_the_bench_sets_every_variable_the_plaintext_config_reads() -> None:
     assert set(variables) == read() - OPTIONAL
 
 
-def test_the_front_runs_haproxys_own_thread_count_unless_told() -> None:
+def test_the_front_runs_one_thread_unless_told() -> None:
     assert "STRATA_FRONT_THREADS" not in FrontSettings().variables()
-    assert FrontSettings(threads=1).variables()["STRATA_FRONT_THREADS"] == "1"
+    assert FrontSettings(threads=2).variables()["STRATA_FRONT_THREADS"] == "2"
+    assert 'nbthread "${STRATA_FRONT_THREADS-1}"' in CONFIG.read_text()
 
 
 @pytest.mark.parametrize("overlay", sorted(OVERLAYS))
