@@ -32,7 +32,7 @@ START_TIMEOUT = 10.0
 # holds at most a wait's worth of answers). Their sum leaves the rest of the objective for
 # the tail of the gateway's own time.
 IN_GATEWAY = 0.2
-QUEUED = 0.2
+QUEUED = 0.05
 
 
 @dataclass(frozen=True)
@@ -45,7 +45,7 @@ class FrontSettings:
     # Sized for a gateway of 1,000 answers a second and the default 250 ms objective, as the
     # deployments are until a measured capacity replaces them.
     places: int = 50
-    queue_ms: int = 50
+    queue_ms: int = 12
     rate: int = 1000
     threads: int | None = None  # HAProxy's threads; None: the config's default, one
 

@@ -25,7 +25,7 @@ the first line says which (`--sender` chooses).
 (deploy/front/haproxy.cfg), in turn with the direct runs, so that the two are compared under
 the same machine load. The front is fitted past capacity (bench/front.py
 `FrontSettings.sized`: places for a fifth of the objective in the gateway at a rate, a queue
-of a fifth of it, refused on arrival past what that rate clears in that wait), fed the rate
+of a twentieth of it, refused on arrival past what that rate clears in that wait), fed the rate
 the gateway clears behind the front in an open loop at 2x capacity, where the load tool and
 HAProxy take cores a closed loop left it: sized from the capacity first, then refitted from
 each such loop's cleared rate until the places settle, places / cleared (a call's time in
@@ -616,12 +616,15 @@ def main(argv: list[str] | None = None) -> int:
             systems += behind
         rates = [(f"{f:g}x", f * best) for f in fractions]
         steps = sweep(systems, made, rates, seconds, objective)
+        after, _ = searched(
+            f"{systems[0].name}: capacity after the sweep", systems[0], *widest, objective
+        )
         crashed = [f"{f} exited ({s.name})" for s in systems if (f := s.supervisor.failed())]
     load = ", ".join(f"{n:.1f}" for n in os.getloadavg())
     table = (
         f"{report(steps, best, own)}\n\n{'; '.join(found)}.\n\nEvery step's rate is a share "
-        f"of {best:.0f}/s, the capacity of {systems[0].name}. The machine has "
-        f"{os.cpu_count()} cores; its load average at the end: {load}."
+        f"of {best:.0f}/s, the capacity of {systems[0].name}. {drift(best, after.best)} The "
+        f"machine has {os.cpu_count()} cores; its load average at the end: {load}."
     )
     print(table)
     print("; ".join(crashed) if crashed else "every process stayed up")
@@ -630,6 +633,20 @@ def main(argv: list[str] | None = None) -> int:
         f"# Overload sweep ({name})\n\n{deadline}; {sender}.\n\n{table}\n"
     )
     return 1 if crashed else 0
+
+
+DRIFT = 0.1  # capacity moved by more than this share during a sweep: its shares read the machine
+
+
+def drift(before: float, after: float) -> str:
+    """What the same capacity search found after the sweep, and whether the machine's speed
+    moved enough during it that the steps' shares of the first search read the machine as
+    much as the system."""
+    moved = after / before - 1 if before > 0 else float("nan")
+    said = f"The same search after the sweep found {after:.0f}/s ({moved:+.0%})"
+    if abs(moved) > DRIFT:
+        return f"{said}: **the machine's speed moved during the sweep**; its shares are no result."
+    return f"{said}."
 
 
 def capacities(

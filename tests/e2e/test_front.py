@@ -30,16 +30,15 @@ pytestmark = pytest.mark.skipif(haproxy() is None, reason="haproxy is not instal
 # (about 500 answers/s: half a second), so that nothing is refused for its wait here; the
 # refusal's shape is the other test's.
 PATIENT = FrontSettings(places=64, queue_ms=5000)
-# One place and a wait shorter than any answer: calls sent at once are refused by the front
-# (on one HAProxy thread, as `--front-against threads=1` runs it).
-NARROW = FrontSettings(places=1, queue_ms=1, threads=1)
+# One place and a wait shorter than any answer: calls sent at once are refused by the front.
+NARROW = FrontSettings(places=1, queue_ms=1)
 # A few places, a long wait and a rate that bounds the queue at 4/s x 3 s = 12: what a burst
 # brings past the places and those 12 is refused on arrival; the admitted ones never see the
 # wait out, since the gateway answers hundreds a second even on a busy machine.
 FLOODED = FrontSettings(places=8, queue_ms=3000, rate=4)
-# Sized for a gateway of 100 answers/s and a 250 ms objective: 5 places (a fifth of the
-# objective at that rate) and a queue bounded at 100/s x 50 ms = 5 calls.
-SIZED = FrontSettings.sized(100, 0.25)
+# Sized for a gateway of 250 answers/s and a 250 ms objective: 13 places (a fifth of the
+# objective at that rate, rounded up) and a queue bounded at 250/s x 12 ms = 3 calls.
+SIZED = FrontSettings.sized(250, 0.25)
 
 
 @pytest.fixture(scope="module")

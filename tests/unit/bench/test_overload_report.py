@@ -13,6 +13,7 @@ from bench.overload import (
     Capacity,
     Step,
     connection_counts,
+    drift,
     front_changes,
     next_fit,
     overrides,
@@ -116,27 +117,33 @@ def test_a_front_whose_calls_took_too_long_in_the_gateway_is_refitted_to_what_it
     # each call 134 ms in it.
     sizing = FrontSettings.sized(1136, 0.25)
     assert sizing.places == 57
-    assert next_fit(sizing, 425.0, 0.25, None) == (FrontSettings(22, 50, 425), False)
+    assert next_fit(sizing, 425.0, 0.25, None) == (FrontSettings(22, 12, 425), False)
     # Too few places: each call's time is short, and so is the rate they clear. They grow.
-    few = FrontSettings(places=10, queue_ms=50, rate=425)
-    assert next_fit(few, 500.0, 0.25, None) == (FrontSettings(25, 50, 500), False)
+    few = FrontSettings(places=10, queue_ms=12, rate=425)
+    assert next_fit(few, 500.0, 0.25, None) == (FrontSettings(25, 12, 500), False)
 
 
 def test_a_fit_ends_where_the_places_settle_and_keeps_a_sizing_without_answers() -> None:
     sizing = FrontSettings.sized(600, 0.25)  # 30 places
-    assert next_fit(sizing, 560.0, 0.25, None) == (FrontSettings(28, 50, 560), True)
+    assert next_fit(sizing, 560.0, 0.25, None) == (FrontSettings(28, 12, 560), True)
     assert next_fit(sizing, 0.0, 0.25, None) == (sizing, True)
-    before = FrontSettings(40, 50, 500)
+    before = FrontSettings(40, 12, 500)
     assert next_fit(sizing, 0.0, 0.25, before) == (before, True)
 
 
 def test_a_fit_keeps_the_places_whose_cut_cost_the_gateway_its_rate() -> None:
     # A loaded machine: 10 places cleared 123/s (81 ms a call), 7 only 73/s (96 ms). The
     # gateway's own time is past the 50 ms share, and fewer places only clear less.
-    before = FrontSettings(10, 50, 123)
-    assert next_fit(FrontSettings(7, 50, 200), 73.0, 0.25, before) == (before, True)
+    before = FrontSettings(10, 12, 123)
+    assert next_fit(FrontSettings(7, 12, 200), 73.0, 0.25, before) == (before, True)
     # Fewer places that clear nearly as much are the next step.
-    assert next_fit(FrontSettings(7, 50, 200), 110.0, 0.25, before) == (
-        FrontSettings(6, 50, 110),
+    assert next_fit(FrontSettings(7, 12, 200), 110.0, 0.25, before) == (
+        FrontSettings(6, 12, 110),
         True,
     )
+
+
+def test_a_sweep_whose_capacity_moved_by_more_than_a_tenth_is_said_to_be_no_result() -> None:
+    assert drift(1000, 1080) == "The same search after the sweep found 1080/s (+8%)."
+    for after in (1110, 880):
+        assert "speed moved during the sweep" in drift(1000, after)

@@ -57,8 +57,8 @@ def test_the_kubernetes_front_sets_every_variable_and_mounts_the_config(overlay:
 
 def test_a_front_is_sized_from_capacity_by_littles_law() -> None:
     # 737 answers/s and 250 ms: a fifth of it in the gateway is 36.85 calls, rounded up so
-    # that the gateway can reach its capacity; a fifth of it in the queue is 50 ms.
-    assert FrontSettings.sized(737, 0.25) == FrontSettings(places=37, queue_ms=50, rate=737)
+    # that the gateway can reach its capacity; a twentieth of it in the queue is 12.5 ms.
+    assert FrontSettings.sized(737, 0.25) == FrontSettings(places=37, queue_ms=12, rate=737)
     assert FrontSettings.sized(737, 0.25, in_gateway=0.4, queued=0.1).places == 74
     assert FrontSettings.sized(1, 0.001) == FrontSettings(places=1, queue_ms=1, rate=1)
     with pytest.raises(ValueError, match="positive"):
