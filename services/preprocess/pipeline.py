@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import itertools
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -14,7 +13,7 @@ from services.preprocess import dry_run, wiring
 from services.preprocess.metrics import StepTimings
 from services.preprocess.steps import Step, build_step
 from services.preprocess.steps.decode import Decode
-from services.preprocess.steps.image import Resize
+from services.preprocess.steps.image import Crop, Resize, ResizeAhead
 from services.preprocess.steps.ragged import is_ragged, refuse
 from services.preprocess.steps.validate import Validate
 from strata.config.pipelines import Pipeline
@@ -69,15 +68,26 @@ class PreprocessPipeline:
 def _resize_in_decode(steps: list[tuple[str, Step]]) -> None:
     """A decode of encoded images followed by a resize of what it decoded resizes each image
     before its pixels leave Pillow (the same pixels, about 0.5 ms less a 640x480 photo);
-    the resize step then passes them on."""
-    for (_, first), (_, second) in itertools.pairwise(steps):
+    the resize step then passes them on. Where a crop of the same images follows the resize,
+    the decode resizes only the crop's window (about 0.9 ms less a 640x480 photo, bilinear:
+    steps/image.py, ResizeAhead)."""
+    found = [step for _, step in steps]
+    for index in range(len(found) - 1):
+        first, second = found[index], found[index + 1]
+        third = found[index + 2] if index + 2 < len(found) else None
         if (
             isinstance(first, Decode)
             and isinstance(second, Resize)
             and first.options.height is None
             and second.options.input == first.options.target
         ):
-            first.resize_ahead = second.early
+            crop = third if isinstance(third, Crop) and second.options.crop_window else None
+            if crop is not None and crop.options.input != second.options.input:
+                crop = None
+            first.ahead = ResizeAhead(second, crop)
+            second.done_in_decode = crop is not None
+            if crop is not None:
+                crop.done_in_decode = True
 
 
 def _check_ragged(label: str, step: Step, tensors: Arrays) -> None:

@@ -260,6 +260,13 @@ class ResizeStep(StepSpec):
         "(the longer side rounded down, as torchvision's Resize(n)).",
     )
     interpolation: Interpolation = Field(default="area", description=INTERPOLATION)
+    crop_window: bool = Field(
+        default=True,
+        description="Straight after a decode, with a crop of the same images next: resize only "
+        "the window the crop keeps (Pillow's box), 55-60% of the resize's cost, the same pixels "
+        "within one level in a few tenths of a percent of values (none for area); false: "
+        "exactly those of resizing the whole image, then cropping.",
+    )
 
     @model_validator(mode="after")
     def _one_size(self) -> ResizeStep:

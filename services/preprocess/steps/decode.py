@@ -11,7 +11,6 @@ make one size, each row as it is.
 from __future__ import annotations
 
 import io
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import ClassVar
 
@@ -20,7 +19,7 @@ from PIL import ExifTags, Image, ImageOps, UnidentifiedImageError
 
 from services.preprocess.steps.base import STEPS
 from services.preprocess.steps.color import convert_pixels, mode_of
-from services.preprocess.steps.image import resize_images
+from services.preprocess.steps.image import ResizeAhead, resize_images
 from services.preprocess.steps.ragged import batch
 from strata.config.preprocess import DecodeStep
 from strata.plugins import StepError, strings, take
@@ -40,9 +39,9 @@ class Decode:
 
     options: DecodeStep
     _size: tuple[int, int] | None = field(init=False)
-    # The resize step that follows on this step's output, run on each image before its
-    # pixels leave Pillow (Resize.early); set by the pipeline (pipeline.py).
-    resize_ahead: Callable[[Image.Image], Image.Image] | None = field(default=None, init=False)
+    # The resize (and crop) that follow on this step's output, run on each image before its
+    # pixels leave Pillow; set by the pipeline (pipeline.py).
+    ahead: ResizeAhead | None = field(default=None, init=False)
     takes_ragged: ClassVar[bool] = True
 
     def __post_init__(self) -> None:
@@ -62,7 +61,8 @@ class Decode:
     def _from_array(self, values: np.ndarray) -> np.ndarray:
         mode_of(values, self.options.input)
         self._check_pixels(values.shape[1], values.shape[2], f"input {self.options.input!r}")
-        return self._fit(self._convert(values))
+        converted = self._fit(self._convert(values))
+        return converted if self.ahead is None else self.ahead.pixels(converted)
 
     def _convert(self, pixels: np.ndarray) -> np.ndarray:
         """UINT8 images in any mode to the step's `mode`."""
@@ -117,13 +117,23 @@ class Decode:
             image.load()
             if self.options.exif_orientation and image.getexif().get(_ORIENTATION, 1) != 1:
                 image = ImageOps.exif_transpose(image)  # a copy: only when there is a turn
-            if self.resize_ahead is not None and image.mode == self.options.mode:
-                image = self.resize_ahead(image)
-            pixels = _native_pixels(image)
+            early = self._early(image)
+            pixels = _native_pixels(image if early is None else early)
+        except StepError:  # the crop ahead does not fit: its own message
+            raise
         except Exception as exc:  # likewise for the decoders (OSError, SyntaxError, zlib...)
             raise StepError(f"{where} is truncated or corrupt ({exc})") from None
-        converted: np.ndarray = self._convert(pixels[None])[0]
-        return converted
+        converted = self._convert(pixels[None])
+        if self.ahead is not None and early is None:
+            converted = self.ahead.pixels(converted)
+        one: np.ndarray = converted[0]
+        return one
+
+    def _early(self, image: Image.Image) -> Image.Image | None:
+        """`image` through the resize (and crop) ahead while in Pillow, if it can go."""
+        if self.ahead is None or image.mode != self.options.mode:
+            return None
+        return self.ahead.image(image)
 
     def _check_pixels(self, height: int, width: int, where: str) -> None:
         if height * width > self.options.max_pixels:
