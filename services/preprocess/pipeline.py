@@ -81,9 +81,13 @@ def _resize_in_decode(steps: list[tuple[str, Step]]) -> None:
             and first.options.height is None
             and second.options.input == first.options.target
         ):
-            crop = third if isinstance(third, Crop) and second.options.crop_window else None
-            if crop is not None and crop.options.input != second.options.input:
-                crop = None
+            crop = (
+                third
+                if isinstance(third, Crop)
+                and second.options.crop_window
+                and third.options.input == second.options.input
+                else None
+            )
             first.ahead = ResizeAhead(second, crop)
             second.done_in_decode = crop is not None
             if crop is not None:

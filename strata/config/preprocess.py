@@ -263,7 +263,7 @@ class ResizeStep(StepSpec):
     crop_window: bool = Field(
         default=True,
         description="Straight after a decode, with a crop of the same images next: resize only "
-        "the window the crop keeps (Pillow's box), 55-60% of the resize's cost, the same pixels "
+        "the window the crop keeps (Pillow's box), 50-60% of the resize's cost, the same pixels "
         "within one level in a few tenths of a percent of values (none for area); false: "
         "exactly those of resizing the whole image, then cropping.",
     )

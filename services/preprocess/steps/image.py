@@ -159,7 +159,7 @@ class ResizeAhead:
     decode before them on each image while its pixels are still in Pillow: that spares an
     image the round trip through numpy between the steps (Pillow keeps RGB as 4 bytes a
     pixel, so each way is a repack). With a crop, Pillow resizes only the crop's window (its
-    `box`), 55-60% of the cost of resizing the whole image: the same filter at the same
+    `box`), 50-60% of the cost of resizing the whole image: the same filter at the same
     centres, whose coordinates, counted from the window's corner instead of the image's,
     round a few values one level the other way (24 of 150,528 for a 640x480 photo to 224,
     bilinear; 0.3% at most in the tests; none for area). Without a crop the resize step
