@@ -76,6 +76,8 @@ def main(argv: list[str] | None = None) -> int:
                 samples = record(spy, processes, (seconds, args.rate, args.native), folder)
             finally:
                 load.join()
+        if args.stacks:
+            keep_stacks(folder, args.out / f"stacks_{args.workload}")
     heading = (
         f"# Where each process's CPU goes: {work.heading}, {args.in_flight} in flight\n\n"
         f"py-spy, {seconds:g} s at {args.rate} Hz a process, "
@@ -87,6 +89,14 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / f"profile_{args.workload}.md").write_text(text)
     return 0
+
+
+def keep_stacks(folder: Path, into: Path) -> None:
+    """Each process's raw py-spy stacks (one `frame;frame;... count` line a stack), kept for
+    a flame graph or a closer look than the categories give."""
+    into.mkdir(parents=True, exist_ok=True)
+    for raw in folder.glob("*.txt"):
+        shutil.copy(raw, into / raw.name)
 
 
 def record(
@@ -142,6 +152,11 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--out", type=Path, default=RESULTS, help="where results go")
     parser.add_argument("--quick", action="store_true", help="a smoke run: 2 s of samples")
+    parser.add_argument(
+        "--stacks",
+        action="store_true",
+        help="keep each process's raw stacks in OUT/stacks_WORKLOAD/ (py-spy's raw format)",
+    )
     return parser
 
 

@@ -15,14 +15,14 @@ class SlabSettings(Strict):
     """Big tensors between the layers of one host through shared memory (strata.wire.slab)."""
 
     enabled: bool = Field(
-        default=False,
+        default=True,
         description="Big tensors between layers of one host go through shared memory: "
         "preprocess writes its crops, and the gateway its model inputs, into a slab of its "
         "own under `root` and names the bytes in the message; the receiver copies them out. "
         "Bytes go in the message instead where the receiver is on another host or does not "
-        "share `root`, the tensor is smaller than min_bytes, or the slab is full. Set it on "
-        "the gateway, preprocess and inference alike "
-        "(docs/deploy.md#shared-memory-between-layers).",
+        "share `root`, the tensor is smaller than min_bytes, or the slab is full, so it is on "
+        "by default; turn it off where no layer shares the host's `root` (separate containers), "
+        "which saves each sending process its slab (docs/deploy.md#shared-memory-between-layers).",
     )
     root: Path = Field(
         default=Path("/dev/shm"),

@@ -36,8 +36,11 @@ OBJECTIVE_MS = 60_000
 def image_system(folder: Path, slab: Path | None) -> Iterator[Supervisor]:
     config = image_config(DEFAULT_CONFIG, folder, OBJECTIVE_MS)
     raw = yaml.safe_load(config.read_text())
-    if slab is not None:
-        raw["server"]["slab"] = {"enabled": True, "root": str(slab), "size_mib": SLAB_MIB}
+    raw["server"]["slab"] = (
+        {"enabled": False}
+        if slab is None
+        else {"enabled": True, "root": str(slab), "size_mib": SLAB_MIB}
+    )
     config.write_text(yaml.safe_dump(raw))
     run = folder / "run"
     run.mkdir()

@@ -43,6 +43,8 @@ GATEWAY_SECRETS = {ADMIN_SECRET, KEYS_SECRET}  # `make certs` folders the gatewa
 DOOR = ("api_keys_file", "admin_token_file", "rate_limits", "shared_memory")
 # ... and the servers' (docs/security.md): no reflection, calls per client address capped.
 SERVER_DOOR = ("reflection", "max_calls_per_client")
+# ... and what containers cannot share: each has a /dev/shm of its own (docs/deploy.md).
+SERVER_HOST = ("slab",)
 
 
 @dataclass(frozen=True)
@@ -371,11 +373,11 @@ def test_compose_config_is_the_default_outside_services_tls_and_the_door() -> No
         config.pop("tls", None)
         for key in DOOR:
             config["gateway"].pop(key, None)
-        for key in SERVER_DOOR:
+        for key in SERVER_DOOR + SERVER_HOST:
             config["server"].pop(key, None)
     assert compose == default, (
         "configs/compose.yaml must equal configs/default.yaml outside `services:`, `tls:`, "
-        f"the gateway's {DOOR} and the servers' {SERVER_DOOR}; copy the change over"
+        f"the gateway's {DOOR} and the servers' {SERVER_DOOR + SERVER_HOST}; copy the change over"
     )
 
 
