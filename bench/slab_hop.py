@@ -1,12 +1,13 @@
 """A hop's cost with and without the shared-memory slab, A/B against the same processes:
-`python -m bench.slab_hop [--photos 16] [--rounds 8]`.
+`python -m bench.slab_hop [--photos 16] [--photo 256x256] [--rounds 8]`.
 
 A preprocess and an inference process (bench.image_chain's `images` pipeline and stand-in
 model, server.slab on, one host) are called as the gateway's hops call them, 4 calls in flight
 on one grpc.aio channel each: preprocess with `--photos` small JPEGs a call (each a whole
 224x224 UINT8 crop out, 147 KiB, at little decoding cost), inference with those crops. Rounds
 alternate between bytes in the messages and the slab (services/gateway/upstream/slabs.py: the
-crops read out of preprocess's slab; the model inputs written into this process's own), so
+photos written into this process's slab and the crops read out of preprocess's; the model
+inputs written into this process's own), so
 that both meet the same machine; the medians of CPU ms a photo, for the caller (this process,
 as the gateway) and for the layer, are printed per hop and mode. A direction, not a
 benchmark: run it on a quiet machine for figures.
@@ -27,7 +28,7 @@ import grpc
 import numpy as np
 import yaml
 
-from bench.image_chain import MODEL, image_config
+from bench.image_chain import MODEL, image_config, photo_size
 from bench.images import PIPELINE, photo_jpeg
 from bench.peers.cpu import cpu_seconds
 from services.gateway.upstream.slabs import InferenceSlabs, ProcessSlabs
@@ -50,19 +51,21 @@ OPTIONS = [
 Call = Callable[[bool], Awaitable[None]]  # one call, through the slab or not
 
 
-def _preprocess(channel: grpc.aio.Channel, settings: Settings, photos: int) -> Call:
-    images = np.array([photo_jpeg(256, 256)] * photos, dtype=object)
+def _preprocess(
+    channel: grpc.aio.Channel, settings: Settings, images: np.ndarray, slab: Slab
+) -> Call:
     item = v1.Request(id="b", pipeline=PIPELINE, tensors=codec.arrays_to_tensors({"image": images}))
     stub = preprocess_pb2_grpc.PreprocessStub(channel)
-    slabs = ProcessSlabs("preprocess", settings.server.slab)
+    slabs = ProcessSlabs("preprocess", settings.server.slab, slab)
 
-    async def call(slab: bool) -> None:
+    async def call(through: bool) -> None:
         request = v1.ProcessRequest(requests=[item])
-        if not slab:
+        if not through:
             reply = await stub.Process(request, timeout=60)
         else:
             with slabs.carrying(request):
                 reply = slabs.answered(await stub.Process(request, timeout=60))
+            assert slabs.shares, "preprocess did not say it reads this process's slab"
         assert reply.results[0].tensors[0].data, reply.results[0]
 
     return call
@@ -111,13 +114,13 @@ async def _measure(supervisor: Supervisor, settings: Settings, args: argparse.Na
             grpc.aio.insecure_channel(supervisor.address("preprocess"), options=OPTIONS) as pre,
             grpc.aio.insecure_channel(supervisor.address("inference-a"), options=OPTIONS) as inf,
         ):
-            images = np.array([photo_jpeg(256, 256)] * args.photos, dtype=object)
+            images = np.array([photo_jpeg(*args.photo)] * args.photos, dtype=object)
             item = v1.Request(pipeline=PIPELINE, tensors=codec.arrays_to_tensors({"image": images}))
             reply = await preprocess_pb2_grpc.PreprocessStub(pre).Process(
                 v1.ProcessRequest(requests=[item]), timeout=60
             )
             hops = {
-                "preprocess": _preprocess(pre, settings, args.photos),
+                "preprocess": _preprocess(pre, settings, images, slab),
                 "inference-a": _inference(inf, reply.results[0].tensors[0], slab),
             }
             print(
@@ -135,6 +138,13 @@ async def _measure(supervisor: Supervisor, settings: Settings, args: argparse.Na
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.slab_hop", description=__doc__)
     parser.add_argument("--photos", type=int, default=16, help="photos a call")
+    parser.add_argument(
+        "--photo",
+        type=photo_size,
+        default=(256, 256),
+        help="WIDTHxHEIGHT of the JPEGs: small ones decode cheaply, so that the layer's figure "
+        "shows the hop; 640x480 for the photos' own size (150 KB)",
+    )
     parser.add_argument("--rounds", type=int, default=8, help="rounds of each mode")
     parser.add_argument("--calls", type=int, default=40, help="calls a round")
     args = parser.parse_args()

@@ -16,7 +16,7 @@ from strata.proto.v1 import preprocess_pb2, preprocess_pb2_grpc
 from strata.rpc.main import Service
 from strata.shapes import folding
 from strata.wire import limits
-from strata.wire.slab import Slab, open_slab
+from strata.wire.slab import Slab, Slabs, open_slab
 
 
 def build_pipelines(settings: Settings, timings: StepTimings) -> PreprocessPipelines:
@@ -49,6 +49,7 @@ async def build(settings: Settings) -> Service:
         settings.preprocess.inline_max_bytes,
         settings.server.max_stream_in_flight,
         slab,
+        Slabs(settings.server.slab.root) if slab is not None else None,
     )
     name = preprocess_pb2.DESCRIPTOR.services_by_name["Preprocess"].full_name
     return Service(

@@ -48,6 +48,7 @@ from strata.errors import Unavailable, shown
 log = logging.getLogger(__name__)
 
 ASK = "strata.slab"  # a request's parameter: the caller's `domain`, where it reads slabs
+READS = "true"  # a strata.v1 answer's info under ASK: it reads the caller's slab too
 PREFIX = "strata-slab-"
 KEY = re.compile(r"strata-slab-[a-z]{1,20}-\d{1,10}-[0-9a-f]{16}")
 PAGE = 4096

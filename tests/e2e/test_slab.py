@@ -25,7 +25,7 @@ from strata.proto.v1 import preprocess_pb2_grpc
 from strata.proto.v1 import tensor_pb2 as v1
 from strata.tools.launch import Supervisor
 from strata.wire import codec
-from strata.wire.slab import ASK, PREFIX, Ref, Slab, Slabs, domain
+from strata.wire.slab import ASK, PREFIX, READS, Ref, Slab, Slabs, domain
 from tests.support.system import DEFAULT_CONFIG
 
 SLAB_MIB = 1  # six crops of 147 KiB: one photo fits, a flight of eight does not
@@ -104,17 +104,30 @@ def test_answers_through_the_slab_equal_those_through_bytes(
     assert generations.any(), "the gateway sent inference its inputs through its slab"
 
 
-def process(supervisor: Supervisor, count: int, asked: str | None) -> v1.Tensor:
-    """Preprocess's crops of `count` photos, called directly, asking for slabs from `asked`."""
+def process_call(
+    supervisor: Supervisor, count: int, asked: str | None, slab: Slab | None = None
+) -> v1.Result:
+    """Preprocess's result for `count` photos, called directly, asking for slabs from
+    `asked`, the photos placed in the caller's `slab` where given."""
     images = np.array([PHOTOS[0]] * count, dtype=object)
     item = v1.Request(id="1", pipeline=PIPELINE, tensors=codec.arrays_to_tensors({"image": images}))
     if asked is not None:
         item.parameters[ASK] = asked
+    if slab is not None:
+        (tensor,) = item.tensors
+        ref = slab.place(np.frombuffer(tensor.data, np.uint8))
+        assert ref is not None
+        tensor.slab, tensor.data = ref.text(), b""
     with grpc.insecure_channel(supervisor.address(preprocesses(supervisor)[0])) as channel:
         reply = preprocess_pb2_grpc.PreprocessStub(channel).Process(
             v1.ProcessRequest(requests=[item]), timeout=60
         )
-    (tensor,) = reply.results[0].tensors
+    return reply.results[0]
+
+
+def process(supervisor: Supervisor, count: int, asked: str | None) -> v1.Tensor:
+    """Preprocess's crops of `count` photos, called directly, asking for slabs from `asked`."""
+    (tensor,) = process_call(supervisor, count, asked).tensors
     return tensor
 
 
@@ -128,6 +141,27 @@ def test_preprocess_names_its_slab_only_to_a_caller_that_shares_it(
     assert placed.slab and not placed.data
     assert Slabs(root).read(Ref.parse(placed.slab), "crops") == plain.data
     assert process(slab_system, 8, domain(root)).data  # larger than the slab: bytes
+
+
+def test_preprocess_reads_its_callers_photos_from_the_callers_slab_and_says_it_does(
+    slab_system: Supervisor, root: Path
+) -> None:
+    plain = process_call(slab_system, 2, None)
+    assert ASK not in plain.info  # a caller that asked nothing is told nothing
+    assert ASK not in process_call(slab_system, 2, "another-host/1").info
+    slab = Slab(root, "gateway", 1 << 20, 1, 30.0)
+    try:
+        through = process_call(slab_system, 2, "another-host/1", slab)
+        assert list(through.tensors) == list(plain.tensors)  # read from the slab all the same
+        assert process_call(slab_system, 2, domain(root)).info[ASK] == READS
+    finally:
+        slab.close()
+    unlinked = Slab(root, "gateway", 1 << 20, 1, 30.0)
+    unlinked.close()  # its name gone, as if this host's /dev/shm were not preprocess's
+    with pytest.raises(grpc.RpcError) as caught:
+        process_call(slab_system, 1, None, unlinked)
+    assert caught.value.code() == grpc.StatusCode.UNAVAILABLE
+    assert "cannot open shared memory slab" in (caught.value.details() or "")
 
 
 def test_a_killed_preprocess_slab_goes_at_restart_and_an_unreadable_one_is_the_servers_fault(

@@ -6,7 +6,10 @@ shares this host's /dev/shm (its `domain`: the same boot, the same file system u
   bytes. The refs are read as the answer arrives (one copy) and released, so that everything
   after the hop sees bytes, as before. A ref this process cannot open (the folder is not the
   sender's, or its permissions differ) fails that call with UNAVAILABLE, saying so, and the hop
-  asks no more: from then on the layer answers bytes.
+  asks no more: from then on the layer answers bytes. The other way, once a preprocess said
+  in its answer (info `strata.slab`) that it reads this process's slab, a call's big tensors
+  (the clients' encoded photos) go through this process's slab as inference's inputs do, each
+  naming its block; the blocks are freed when the call ends.
 - Inference (v2): each request names this process's domain (parameter `strata.slab`); a
   Strata inference of that domain says so in its answer. From then on the hop writes a
   request's big raw inputs into this process's slab, each input naming its block in the same
@@ -19,7 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import Protocol, TypeVar
 
 import numpy as np
@@ -27,7 +30,7 @@ import numpy as np
 from strata.errors import Unavailable
 from strata.proto.inference import grpc_service_pb2 as v2
 from strata.proto.v1 import tensor_pb2 as v1
-from strata.wire.slab import ASK, Ref, Slab, SlabConfig, SlabLost, Slabs, domain
+from strata.wire.slab import ASK, READS, Ref, Slab, SlabConfig, SlabLost, Slabs, domain
 
 log = logging.getLogger(__name__)
 Request = TypeVar("Request", contravariant=True)
@@ -44,26 +47,44 @@ class HopSlabs(Protocol[Request, Reply]):
 
 
 class ProcessSlabs:
-    """The preprocess hop's: its answers' crops come through preprocess's slab."""
+    """The preprocess hop's: its answers' crops come through preprocess's slab, and its
+    requests' big tensors through this process's `slab` (where it has one) once preprocess
+    said it reads it."""
 
-    def __init__(self, hop: str, settings: SlabConfig) -> None:
+    def __init__(self, hop: str, settings: SlabConfig, slab: Slab | None = None) -> None:
         self._hop = hop
         self._slabs = Slabs(settings.root)
         self._domain = domain(settings.root)
+        self._slab = slab
         self.asking = True
+        self.shares = False
 
     @contextlib.contextmanager
     def carrying(self, request: v1.ProcessRequest) -> Iterator[None]:
-        """Ask for slabs in each of the call's requests, while the hop may."""
+        """Ask for slabs in each of the call's requests, while the hop may; place their big
+        tensors in this process's slab while preprocess reads it, for the call's length."""
+        placed: list[Ref] = []
         for item in request.requests:
             if self.asking:
                 item.parameters[ASK] = self._domain
             elif ASK in item.parameters:  # a part of a call that asked
                 del item.parameters[ASK]
-        yield
+            if self.shares and self._slab is not None:
+                placed += _placed(self._slab, item.tensors)
+        try:
+            yield
+        except BaseException:
+            self.shares = self.shares and not placed  # a replica that could not read them
+            raise
+        finally:
+            if self._slab is not None:
+                for ref in placed:
+                    self._slab.free(ref)
 
     def answered(self, reply: v1.ProcessResponse) -> v1.ProcessResponse:
-        """`reply` with each tensor that names a slab given its bytes in place."""
+        """`reply` with each tensor that names a slab given its bytes in place; whether
+        preprocess reads this process's slab, learnt from it."""
+        self.shares = any(result.info.get(ASK) == READS for result in reply.results)
         for result in reply.results:
             for tensor in result.tensors:
                 if tensor.slab:
@@ -85,6 +106,19 @@ class ProcessSlabs:
         tensor.ClearField("slab")
 
 
+def _placed(slab: Slab, tensors: Iterable[v1.Tensor]) -> list[Ref]:
+    """Each of `tensors` the slab takes (big enough, room for it) written there, its bytes
+    replaced by its block's ref."""
+    placed = []
+    for tensor in tensors:
+        ref = slab.place(np.frombuffer(tensor.data, np.uint8))
+        if ref is not None:
+            tensor.slab = ref.text()
+            tensor.ClearField("data")
+            placed.append(ref)
+    return placed
+
+
 class InferenceSlabs:
     """An inference hop's: its requests' big inputs go through this process's slab, once the
     deployment has said it reads it."""
@@ -100,7 +134,7 @@ class InferenceSlabs:
         try:
             yield
         except BaseException:
-            self.shares = not placed  # a replica that could not read them: learn again
+            self.shares = self.shares and not placed  # a replica that could not read them
             raise
         finally:
             for ref in placed:

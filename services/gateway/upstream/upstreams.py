@@ -468,7 +468,7 @@ class Upstreams:
     def __init__(self, settings: Settings) -> None:
         services = settings.services
         slab = settings.server.slab
-        # Where big model inputs go to inference deployments of this host (upstream/slabs.py).
+        # Where big inputs go to preprocess and inference of this host (upstream/slabs.py).
         self._slab = open_slab(slab, "gateway")
         self.preprocess: ProcessHop = open_hop(
             "preprocess",
@@ -477,7 +477,7 @@ class Upstreams:
             "strata.v1.Preprocess",
             settings,
             {"Process": process_stream},
-            ProcessSlabs("preprocess", slab) if slab.enabled else None,
+            ProcessSlabs("preprocess", slab, self._slab) if slab.enabled else None,
             settings.gateway.replica_messages,
         )
         self.postprocess: ProcessHop = open_hop(

@@ -1,6 +1,7 @@
 """The gateway's hops and slabs: preprocess's refs read and released as the answer arrives (and
-no more asking once a slab cannot be opened); inference inputs placed only once the deployment
-said it shares the slab, freed when the call ends, and learnt again after a failed call."""
+no more asking once a slab cannot be opened); preprocess's photos and inference's inputs placed
+only once the layer said it shares the slab, freed when the call ends, and learnt again after a
+failed call."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from strata.config.server import SlabSettings
 from strata.errors import Unavailable
 from strata.proto.inference import grpc_service_pb2 as v2
 from strata.proto.v1 import tensor_pb2 as v1
-from strata.wire.slab import ASK, PAGE, Slab, domain
+from strata.wire.slab import ASK, PAGE, READS, Slab, domain
 
 CROP = np.arange(3 * PAGE, dtype=np.uint32).astype(np.uint8)
 
@@ -65,6 +66,55 @@ def test_a_slab_that_cannot_be_opened_is_unavailable_and_the_hop_asks_no_more(
     assert ASK not in request.requests[0].parameters
 
 
+def _photos() -> v1.ProcessRequest:
+    request = _call()
+    request.requests[0].tensors.add(name="image", datatype="BYTES", shape=[1], data=CROP.tobytes())
+    request.requests[0].tensors.add(name="small", datatype="BYTES", shape=[1], data=b"abcd")
+    return request
+
+
+def _reads(reads: bool) -> v1.ProcessResponse:
+    reply = v1.ProcessResponse()
+    if reads:
+        reply.results.add().info[ASK] = READS
+    return reply
+
+
+def test_preprocess_requests_go_through_the_slab_once_preprocess_said_it_reads_it(
+    tmp_path: Path,
+) -> None:
+    slab = Slab(tmp_path, "gateway", 3 * PAGE, PAGE, 30)
+    hop = ProcessSlabs("preprocess", SlabSettings(root=tmp_path), slab)
+    first = _photos()
+    with hop.carrying(first):
+        assert [t.data for t in first.requests[0].tensors] == [CROP.tobytes(), b"abcd"]
+    hop.answered(_reads(True))
+    second = _photos()
+    with hop.carrying(second):
+        big, small = second.requests[0].tensors
+        assert not big.data and big.slab and small.data == b"abcd" and not small.slab
+        assert slab.place(CROP) is None  # the block is the call's while it lasts
+    assert slab.place(CROP) is not None  # freed when the call ended
+    hop.answered(_reads(False))
+    third = _photos()
+    with hop.carrying(third):
+        assert not any(t.slab for t in third.requests[0].tensors)
+    slab.close()
+
+
+def test_a_failed_preprocess_call_with_photos_in_the_slab_learns_again(tmp_path: Path) -> None:
+    slab = Slab(tmp_path, "gateway", 8 * PAGE, PAGE, 30)
+    hop = ProcessSlabs("preprocess", SlabSettings(root=tmp_path), slab)
+    with pytest.raises(Unavailable), hop.carrying(_photos()):  # nothing placed yet
+        raise Unavailable("preprocess: refused")
+    assert not hop.shares  # a failure teaches nothing
+    hop.answered(_reads(True))
+    with pytest.raises(Unavailable), hop.carrying(_photos()):
+        raise Unavailable("preprocess-1: cannot open shared memory slab")
+    assert not hop.shares
+    slab.close()
+
+
 def _infer() -> v2.ModelInferRequest:
     request = v2.ModelInferRequest(model_name="vision")
     request.inputs.add(name="crops", datatype="UINT8", shape=[len(CROP)])
@@ -101,6 +151,9 @@ def test_inference_inputs_go_through_the_slab_once_the_deployment_said_it_reads_
 def test_a_failed_call_with_inputs_in_the_slab_learns_again(tmp_path: Path) -> None:
     slab = Slab(tmp_path, "gateway", 8 * PAGE, PAGE, 30)
     hop = InferenceSlabs(slab)
+    with pytest.raises(Unavailable), hop.carrying(_infer()):  # nothing placed yet
+        raise Unavailable("inference-a: refused")
+    assert not hop.shares  # a failure teaches nothing
     hop.answered(_said(True))
     with pytest.raises(Unavailable), hop.carrying(_infer()):
         raise Unavailable("inference-a: cannot open shared memory slab")
