@@ -196,10 +196,10 @@ async def members_echo(request: v1.ProcessRequest) -> v1.ProcessResponse:
 
 
 def big_flight(rows: int = 8) -> v1.ProcessRequest:
-    """A flight of `rows` members, a row of 64 KiB each: 4 rows pass
-    gateway.split_flight_bytes (256 KiB)."""
-    data = bytes(range(256)) * (rows * 256)
-    tensor = v1.Tensor(name="x", datatype="UINT8", shape=[rows, 65536], data=data)
+    """A flight of `rows` members, a row of 256 KiB each: 4 rows pass
+    gateway.split_flight_bytes (1 MiB)."""
+    data = bytes(range(256)) * (rows * 1024)
+    tensor = v1.Tensor(name="x", datatype="UINT8", shape=[rows, 262144], data=data)
     item = v1.Request(id="big", pipeline="p", tensors=[tensor])
     for number in range(rows):
         item.members.add(id=f"m{number}", rows=1)
