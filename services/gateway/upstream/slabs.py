@@ -71,15 +71,8 @@ class ProcessSlabs:
                 del item.parameters[ASK]
             if self.shares and self._slab is not None:
                 placed += _placed(self._slab, item.tensors)
-        try:
+        with _lent(self, self._slab, placed):
             yield
-        except BaseException:
-            self.shares = self.shares and not placed  # a replica that could not read them
-            raise
-        finally:
-            if self._slab is not None:
-                for ref in placed:
-                    self._slab.free(ref)
 
     def answered(self, reply: v1.ProcessResponse) -> v1.ProcessResponse:
         """`reply` with each tensor that names a slab given its bytes in place; whether
@@ -104,6 +97,25 @@ class ProcessSlabs:
             log.warning("%s: slabs unreadable here, asking for bytes from now on", self._hop)
             raise
         tensor.ClearField("slab")
+
+
+class _Sharing(Protocol):
+    shares: bool  # whether the layer said it reads this process's slab
+
+
+@contextlib.contextmanager
+def _lent(hop: _Sharing, slab: Slab | None, placed: list[Ref]) -> Iterator[None]:
+    """For a call's length, the blocks it `placed` in `slab`: freed when it ends; where it
+    failed with some placed (a replica that could not read them), `hop` learns again."""
+    try:
+        yield
+    except BaseException:
+        hop.shares = hop.shares and not placed
+        raise
+    finally:
+        if slab is not None:
+            for ref in placed:
+                slab.free(ref)
 
 
 def _placed(slab: Slab, tensors: Iterable[v1.Tensor]) -> list[Ref]:
@@ -131,14 +143,8 @@ class InferenceSlabs:
     def carrying(self, request: v2.ModelInferRequest) -> Iterator[None]:
         request.parameters[ASK].string_param = self._slab.domain
         placed = self._place(request) if self.shares else []
-        try:
+        with _lent(self, self._slab, placed):
             yield
-        except BaseException:
-            self.shares = self.shares and not placed  # a replica that could not read them
-            raise
-        finally:
-            for ref in placed:
-                self._slab.free(ref)
 
     def _place(self, request: v2.ModelInferRequest) -> list[Ref]:
         placed = []

@@ -102,19 +102,6 @@ def test_preprocess_requests_go_through_the_slab_once_preprocess_said_it_reads_i
     slab.close()
 
 
-def test_a_failed_preprocess_call_with_photos_in_the_slab_learns_again(tmp_path: Path) -> None:
-    slab = Slab(tmp_path, "gateway", 8 * PAGE, PAGE, 30)
-    hop = ProcessSlabs("preprocess", SlabSettings(root=tmp_path), slab)
-    with pytest.raises(Unavailable), hop.carrying(_photos()):  # nothing placed yet
-        raise Unavailable("preprocess: refused")
-    assert not hop.shares  # a failure teaches nothing
-    hop.answered(_reads(True))
-    with pytest.raises(Unavailable), hop.carrying(_photos()):
-        raise Unavailable("preprocess-1: cannot open shared memory slab")
-    assert not hop.shares
-    slab.close()
-
-
 def _infer() -> v2.ModelInferRequest:
     request = v2.ModelInferRequest(model_name="vision")
     request.inputs.add(name="crops", datatype="UINT8", shape=[len(CROP)])
@@ -148,16 +135,22 @@ def test_inference_inputs_go_through_the_slab_once_the_deployment_said_it_reads_
     slab.close()
 
 
-def test_a_failed_call_with_inputs_in_the_slab_learns_again(tmp_path: Path) -> None:
+@pytest.mark.parametrize("layer", ["preprocess", "inference"])
+def test_a_failed_call_with_inputs_in_the_slab_learns_again(tmp_path: Path, layer: str) -> None:
     slab = Slab(tmp_path, "gateway", 8 * PAGE, PAGE, 30)
-    hop = InferenceSlabs(slab)
-    with pytest.raises(Unavailable), hop.carrying(_infer()):  # nothing placed yet
-        raise Unavailable("inference-a: refused")
+    hop: ProcessSlabs | InferenceSlabs
+    if layer == "preprocess":
+        hop = ProcessSlabs("preprocess", SlabSettings(root=tmp_path), slab)
+        call, said = _photos, _reads
+    else:
+        hop, call, said = InferenceSlabs(slab), _infer, _said
+    with pytest.raises(Unavailable), hop.carrying(call()):  # nothing placed yet
+        raise Unavailable(f"{layer}: refused")
     assert not hop.shares  # a failure teaches nothing
-    hop.answered(_said(True))
-    with pytest.raises(Unavailable), hop.carrying(_infer()):
-        raise Unavailable("inference-a: cannot open shared memory slab")
+    hop.answered(said(True))  # type: ignore[arg-type]
+    with pytest.raises(Unavailable), hop.carrying(call()):  # type: ignore[arg-type]
+        raise Unavailable(f"{layer}: cannot open shared memory slab")
     assert not hop.shares
-    hop.answered(_said(False))
+    hop.answered(said(False))  # type: ignore[arg-type]
     assert not hop.shares
     slab.close()
