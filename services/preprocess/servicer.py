@@ -26,7 +26,7 @@ from strata.calls.v1stream import ProcessService
 from strata.errors import Unavailable, shown
 from strata.proto.v1 import preprocess_pb2_grpc, tensor_pb2
 from strata.wire.codec import Arrays, Place
-from strata.wire.slab import ASK, READS, Ref, Slab, Slabs
+from strata.wire.slab import ASK, READS, SHARED_MEMORY, Ref, Slab, Slabs
 
 
 class PreprocessServicer(ProcessService, preprocess_pb2_grpc.PreprocessServicer):
@@ -72,7 +72,10 @@ class PreprocessServicer(ProcessService, preprocess_pb2_grpc.PreprocessServicer)
     def _read(self, tensor: tensor_pb2.Tensor) -> None:
         what = f"tensor {shown(tensor.name)}"
         if self._slabs is None:
-            raise Unavailable(f"{what} lies in shared memory, which this replica does not read")
+            raise Unavailable(
+                f"{what}: {SHARED_MEMORY} {shown(tensor.slab)}: this replica reads no slabs "
+                "(server.slab.enabled is false here)"
+            )
         try:
             ref = Ref.parse(tensor.slab)
         except ValueError:

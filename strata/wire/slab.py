@@ -49,6 +49,8 @@ log = logging.getLogger(__name__)
 
 ASK = "strata.slab"  # a request's parameter: the caller's `domain`, where it reads slabs
 READS = "true"  # a strata.v1 answer's info under ASK: it reads the caller's slab too
+# Said by a receiver that cannot open the slab a ref names: its set-up, not a passing fault.
+SHARED_MEMORY = "cannot open shared memory slab"
 PREFIX = "strata-slab-"
 KEY = re.compile(r"strata-slab-[a-z]{1,20}-\d{1,10}-[0-9a-f]{16}")
 PAGE = 4096
@@ -338,7 +340,7 @@ class Slabs:
             fd = os.open(self._root / key, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
         except OSError as exc:
             raise Unavailable(
-                f"{what}: cannot open shared memory slab {shown(key)} under {self._root} "
+                f"{what}: {SHARED_MEMORY} {shown(key)} under {self._root} "
                 f"({exc.strerror}): the sender and this process must share that folder "
                 "(one host, one /dev/shm), or set server.slab.enabled false"
             ) from None

@@ -27,10 +27,20 @@ from typing import Protocol, TypeVar
 
 import numpy as np
 
-from strata.errors import Unavailable
+from strata.errors import StrataError, Unavailable
 from strata.proto.inference import grpc_service_pb2 as v2
 from strata.proto.v1 import tensor_pb2 as v1
-from strata.wire.slab import ASK, READS, Ref, Slab, SlabConfig, SlabLost, Slabs, domain
+from strata.wire.slab import (
+    ASK,
+    READS,
+    SHARED_MEMORY,
+    Ref,
+    Slab,
+    SlabConfig,
+    SlabLost,
+    Slabs,
+    domain,
+)
 
 log = logging.getLogger(__name__)
 Request = TypeVar("Request", contravariant=True)
@@ -58,6 +68,7 @@ class ProcessSlabs:
         self._slab = slab
         self.asking = True
         self.shares = False
+        self.placing = True
 
     @contextlib.contextmanager
     def carrying(self, request: v1.ProcessRequest) -> Iterator[None]:
@@ -77,7 +88,7 @@ class ProcessSlabs:
     def answered(self, reply: v1.ProcessResponse) -> v1.ProcessResponse:
         """`reply` with each tensor that names a slab given its bytes in place; whether
         preprocess reads this process's slab, learnt from it."""
-        self.shares = any(result.info.get(ASK) == READS for result in reply.results)
+        self.shares = self.placing and any(r.info.get(ASK) == READS for r in reply.results)
         for result in reply.results:
             for tensor in result.tensors:
                 if tensor.slab:
@@ -101,16 +112,24 @@ class ProcessSlabs:
 
 class _Sharing(Protocol):
     shares: bool  # whether the layer said it reads this process's slab
+    placing: bool  # False once a layer could not read it: bytes from then on
 
 
 @contextlib.contextmanager
 def _lent(hop: _Sharing, slab: Slab | None, placed: list[Ref]) -> Iterator[None]:
-    """For a call's length, the blocks it `placed` in `slab`: freed when it ends; where it
-    failed with some placed (a replica that could not read them), `hop` learns again."""
+    """For a call's length, the blocks it `placed` in `slab`: freed when it ends. Where it
+    failed with some placed, `hop` learns again whether the layer reads them; where the
+    layer said it could not read them (its error names the shared memory: a folder or
+    permissions not this process's, though the domain is), `hop` places nothing more, so
+    that a set-up that cannot work fails one call, not every other one."""
     try:
         yield
-    except BaseException:
-        hop.shares = hop.shares and not placed
+    except BaseException as exc:
+        if placed:
+            hop.shares = False
+            if isinstance(exc, StrataError) and SHARED_MEMORY in str(exc):
+                hop.placing = False
+                log.warning("%s: sending bytes from now on", exc)
         raise
     finally:
         if slab is not None:
@@ -138,6 +157,7 @@ class InferenceSlabs:
     def __init__(self, slab: Slab) -> None:
         self._slab = slab
         self.shares = False
+        self.placing = True
 
     @contextlib.contextmanager
     def carrying(self, request: v2.ModelInferRequest) -> Iterator[None]:
@@ -159,5 +179,5 @@ class InferenceSlabs:
 
     def answered(self, reply: v2.ModelInferResponse) -> v2.ModelInferResponse:
         """Learn from `reply` whether the deployment reads this process's slab."""
-        self.shares = ASK in reply.parameters and reply.parameters[ASK].bool_param
+        self.shares = self.placing and ASK in reply.parameters and reply.parameters[ASK].bool_param
         return reply

@@ -15,7 +15,7 @@ from strata.config.server import SlabSettings
 from strata.errors import Unavailable
 from strata.proto.inference import grpc_service_pb2 as v2
 from strata.proto.v1 import tensor_pb2 as v1
-from strata.wire.slab import ASK, PAGE, READS, Slab, domain
+from strata.wire.slab import ASK, PAGE, READS, SHARED_MEMORY, Slab, domain
 
 CROP = np.arange(3 * PAGE, dtype=np.uint32).astype(np.uint8)
 
@@ -136,7 +136,11 @@ def test_inference_inputs_go_through_the_slab_once_the_deployment_said_it_reads_
 
 
 @pytest.mark.parametrize("layer", ["preprocess", "inference"])
-def test_a_failed_call_with_inputs_in_the_slab_learns_again(tmp_path: Path, layer: str) -> None:
+def test_a_failed_call_with_inputs_in_the_slab_learns_again_or_stops_placing(
+    tmp_path: Path, layer: str
+) -> None:
+    """A call that failed with blocks placed: the hop learns again whether the layer reads
+    them; one whose layer said it cannot open the slab places nothing more."""
     slab = Slab(tmp_path, "gateway", 8 * PAGE, PAGE, 30)
     hop: ProcessSlabs | InferenceSlabs
     if layer == "preprocess":
@@ -149,8 +153,13 @@ def test_a_failed_call_with_inputs_in_the_slab_learns_again(tmp_path: Path, laye
     assert not hop.shares  # a failure teaches nothing
     hop.answered(said(True))  # type: ignore[arg-type]
     with pytest.raises(Unavailable), hop.carrying(call()):  # type: ignore[arg-type]
-        raise Unavailable(f"{layer}: cannot open shared memory slab")
-    assert not hop.shares
-    hop.answered(said(False))  # type: ignore[arg-type]
-    assert not hop.shares
+        raise Unavailable(f"{layer}: draining")
+    assert not hop.shares and hop.placing  # a passing fault: learnt again
+    hop.answered(said(True))  # type: ignore[arg-type]
+    assert hop.shares
+    with pytest.raises(Unavailable), hop.carrying(call()):  # type: ignore[arg-type]
+        raise Unavailable(f"input 'x': {SHARED_MEMORY} 'strata-slab-gateway-1-0': no such file")
+    hop.answered(said(True))  # type: ignore[arg-type]
+    assert not hop.shares and not hop.placing  # its set-up cannot work: bytes for good
+    assert slab.place(np.ones(8 * PAGE, np.uint8)) is not None  # every block was freed
     slab.close()
