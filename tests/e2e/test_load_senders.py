@@ -6,6 +6,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 
@@ -51,8 +52,10 @@ class Kinds(v2_grpc.GRPCInferenceServiceServicer):
 
     def __init__(self, hold: float = 0.0) -> None:
         self.hold = hold
+        self.called = threading.Event()  # set by the first call
 
     def ModelInfer(self, request, context) -> v2.ModelInferResponse:
+        self.called.set()
         time.sleep(self.hold)
         if request.id == "busy":
             context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, "busy, retry in 0.100s")
@@ -67,6 +70,14 @@ class Kinds(v2_grpc.GRPCInferenceServiceServicer):
 @pytest.fixture
 def kinds() -> Iterator[str]:
     yield from load_cli.serve(Kinds())
+
+
+@pytest.fixture
+def watched_kinds() -> Iterator[tuple[str, Kinds]]:
+    """`kinds`, with its servicer: whether the tool has begun sending."""
+    servicer = Kinds()
+    for address in load_cli.serve(servicer):
+        yield address, servicer
 
 
 @pytest.fixture
@@ -130,7 +141,10 @@ def test_the_compiled_sender_refuses_what_it_cannot_send() -> None:
     assert "the compiled sender cannot send this run" in done.stderr and "HTTP" in done.stderr
 
 
-def test_ctrl_c_stops_sending_and_reports_what_was_sent(kinds: str, sender: str) -> None:
+def test_ctrl_c_stops_sending_and_reports_what_was_sent(
+    watched_kinds: tuple[str, Kinds], sender: str
+) -> None:
+    kinds, servicer = watched_kinds
     process = subprocess.Popen(
         [
             sys.executable,
@@ -158,7 +172,10 @@ def test_ctrl_c_stops_sending_and_reports_what_was_sent(kinds: str, sender: str)
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     try:
-        time.sleep(3)  # the workers start, connect and send for a while
+        # Once the workers send (a fresh clone's first start compiles every module: seconds
+        # under a loaded suite), and a while more; a Ctrl-C before the run is not this test's.
+        assert servicer.called.wait(60), "the tool sent nothing within 60 s"
+        time.sleep(1)
         process.send_signal(signal.SIGINT)
         out, err = process.communicate(timeout=30)
     finally:
