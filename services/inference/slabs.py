@@ -10,7 +10,7 @@ UNAVAILABLE (a server's fault, never the client's), as is a slab this process ca
 
 from __future__ import annotations
 
-from strata.errors import Unavailable, shown
+from strata.errors import shown
 from strata.proto.inference import grpc_service_pb2 as v2
 from strata.wire import codec
 from strata.wire.slab import ASK, Ref, SlabConfig, Slabs, domain
@@ -33,10 +33,7 @@ class SlabInputs:
 
     def _read(self, tensor: v2.ModelInferRequest.InferInputTensor) -> bytes:
         what = f"input {shown(tensor.name)}"
-        try:
-            ref = Ref.parse(tensor.parameters[ASK].string_param)
-        except ValueError:
-            raise Unavailable(f"{what}: malformed shared memory ref") from None
+        ref = Ref.named(tensor.parameters[ASK].string_param, what)
         return self._slabs.read(ref, what, release=False)
 
     def tell(self, request: v2.ModelInferRequest, response: v2.ModelInferResponse) -> None:

@@ -76,11 +76,7 @@ class PreprocessServicer(ProcessService, preprocess_pb2_grpc.PreprocessServicer)
                 f"{what}: {SHARED_MEMORY} {shown(tensor.slab)}: this replica reads no slabs "
                 "(server.slab.enabled is false here)"
             )
-        try:
-            ref = Ref.parse(tensor.slab)
-        except ValueError:
-            raise Unavailable(f"{what}: malformed shared memory ref") from None
-        tensor.data = self._slabs.read(ref, what, release=False)
+        tensor.data = self._slabs.read(Ref.named(tensor.slab, what), what, release=False)
         tensor.ClearField("slab")
 
     def _place(self, item: tensor_pb2.Request) -> Place | None:

@@ -77,6 +77,15 @@ class Ref:
         key, offset, size, generation = text.split(":")
         return cls(key, int(offset), int(size), int(generation))
 
+    @classmethod
+    def named(cls, text: str, what: str) -> Ref:
+        """The ref a message names for `what`; one that is no ref is Unavailable (a sender's
+        bug, never the client's)."""
+        try:
+            return cls.parse(text)
+        except ValueError:
+            raise Unavailable(f"{what}: malformed shared memory ref") from None
+
 
 class SlabConfig(Protocol):
     """server.slab (strata.config.server.SlabSettings), as this module reads it."""

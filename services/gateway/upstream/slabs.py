@@ -97,10 +97,9 @@ class ProcessSlabs:
 
     def _read(self, tensor: v1.Tensor) -> None:
         what = f"{self._hop}'s tensor {tensor.name!r}"
+        ref = Ref.named(tensor.slab, what)
         try:
-            tensor.data = self._slabs.read(Ref.parse(tensor.slab), what)
-        except ValueError:
-            raise Unavailable(f"{what}: malformed shared memory ref") from None
+            tensor.data = self._slabs.read(ref, what)
         except SlabLost:
             raise
         except Unavailable:
