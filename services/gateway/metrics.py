@@ -80,3 +80,9 @@ LADDER_SIGNAL = Children(Gauge(
     "threshold at which its pressure is 1 (seconds, milliseconds for event_loop, or a share).",
     ["signal", "reading"],
 ))  # fmt: skip
+LANES_OPENED = Counter(
+    "strata_gateway_lanes_opened",
+    "Lanes (long-lived streams to a layer) opened, by hop and transport: pipe (a Unix socket "
+    "to a layer of this host) or grpc.",
+    ["hop", "transport"],
+)

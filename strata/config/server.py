@@ -52,6 +52,33 @@ class SlabSettings(Strict):
     )
 
 
+class PipeSettings(Strict):
+    """Stream messages between the layers of one host over Unix sockets (strata.rpc.pipes)."""
+
+    enabled: bool = Field(
+        default=True,
+        description="Each internal layer also serves its stream methods (ProcessStream, "
+        "ModelStreamInfer) on a Unix socket under `root`, which only its own user may open, "
+        "and the gateway's lanes to a layer of its host use it: a message there costs a "
+        "fraction of a gRPC stream's. Where the socket is not there (another host, another "
+        "container, another user), or off, the lanes use gRPC as before "
+        "(docs/deploy.md#pipes-between-layers).",
+    )
+    root: Path = Field(
+        default=Path("/dev/shm"),
+        description="Where the sockets go: in a folder of the user's own "
+        "(strata-pipes-<uid>, mode 0700) that every layer of the host must see. Keep it "
+        "short: a socket's whole path holds at most 107 bytes (a layer whose path is longer "
+        "says so and serves over gRPC alone).",
+    )
+    max_connections: int = Field(
+        default=64,
+        gt=0,
+        description="Callers one layer's socket holds at once; a caller past it is closed "
+        "at once and its lane goes over gRPC.",
+    )
+
+
 class ServerSettings(Strict):
     """Behaviour every gRPC server shares."""
 
@@ -141,6 +168,10 @@ class ServerSettings(Strict):
     slab: SlabSettings = Field(
         default_factory=SlabSettings,
         description="Big tensors between the layers of one host through shared memory.",
+    )
+    pipes: PipeSettings = Field(
+        default_factory=PipeSettings,
+        description="Stream messages between the layers of one host over Unix sockets.",
     )
     max_connection_age_seconds: float = Field(
         default=60.0,

@@ -30,6 +30,7 @@ from strata.process.collector import Frozen
 from strata.process.exits import AddressUnusable, bind_problem
 from strata.process.launched import launched_by
 from strata.process.workers import all_listening, sharing
+from strata.rpc.pipes import PipeServer, own_folder, pipe_folder, pipe_path, piped_services
 from strata.security.credentials import caller_guard, server_credentials
 from strata.security.occupancy import PROBE_RESERVE, Occupancy
 from strata.telemetry.metrics import set_ready
@@ -149,6 +150,25 @@ async def start_server(
     return running
 
 
+def _pipe(
+    registrations: list[Registration], listen: str, settings: ServerSettings
+) -> list[Companion]:
+    """An internal server's stream methods on its pipe (strata.rpc.pipes), where pipes are on
+    and their folder is this user's alone."""
+    pipes = settings.pipes
+    folder = pipe_folder(pipes.root)
+    if not pipes.enabled:
+        return []
+    if not own_folder(folder, create=True):
+        log.warning("no pipe: %s is not this user's alone (mode 0700); gRPC only", folder)
+        return []
+    methods = piped_services((servicer, name) for servicer, _, name in registrations)
+    if not methods:
+        return []
+    path = pipe_path(folder, listen)
+    return [PipeServer(path, listen, methods, settings.max_message_bytes, pipes.max_connections)]
+
+
 def _bind(
     server: grpc.aio.Server,
     listen: str,
@@ -227,6 +247,12 @@ async def serve(
     drain them all at once and return."""
     # SERVING once every port listens: the companions' (REST, admin) too, and with workers
     # (strata.process.workers) all the siblings'; a caller told SERVING must find each port open.
+    registrations = list(registrations)
+    if not public:
+        pipes = _pipe(registrations, listen, settings)
+        for pipe in pipes:  # first: a caller that finds the port connected finds the pipe too
+            await pipe.start()
+        companions = [*companions, *pipes]
     running = await start_server(
         registrations,
         listen,

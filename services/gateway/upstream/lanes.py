@@ -69,6 +69,8 @@ class StreamMethod(Generic[Request, Answer, Reply]):
     """How one protocol's calls travel as stream messages."""
 
     open: Callable[[], grpc.aio.StreamStreamCall[Request, Answer]]
+    name: str  # the stream method's, as its service names it
+    answer: type[Answer]
     # The request as the stream carries it, with its tag, its timeout (seconds) and the
     # metadata a unary call would send (its trace context goes into the message).
     tag: Callable[[Request, int, float, Metadata], Request]

@@ -32,11 +32,25 @@ InferStream = StreamMethod[v2.ModelInferRequest, v2.ModelStreamInferResponse, v2
 
 
 def process_stream(stub: ProcessStub) -> ProcessStream:
-    return ProcessStream(stub.ProcessStream, _tag_process, _process_tag, _process_result)
+    return ProcessStream(
+        stub.ProcessStream,
+        "ProcessStream",
+        v1.ProcessResponse,
+        _tag_process,
+        _process_tag,
+        _process_result,
+    )
 
 
 def infer_stream(stub: InferenceStub) -> InferStream:
-    return InferStream(stub.ModelStreamInfer, _tag_infer, _infer_tag, _infer_result)
+    return InferStream(
+        stub.ModelStreamInfer,
+        "ModelStreamInfer",
+        v2.ModelStreamInferResponse,
+        _tag_infer,
+        _infer_tag,
+        _infer_result,
+    )
 
 
 def _tag_process(

@@ -37,6 +37,7 @@ from services.gateway.upstream.lanes import (
     Spread,
     StreamMethod,
 )
+from services.gateway.upstream.pipes import Pipes
 from services.gateway.upstream.sequences import replica
 from services.gateway.upstream.slabs import HopSlabs, InferenceSlabs, ProcessSlabs
 from services.gateway.upstream.stream_methods import infer_stream, process_stream
@@ -98,13 +99,19 @@ class Hop(Generic[Stub, Request, Answer, Reply]):
         replicas: Sequence[grpc.aio.Channel] = (),
         slabs: HopSlabs[Request, Reply] | None = None,
         held: int = 0,
+        piped: Callable[
+            [StreamMethod[Request, Answer, Reply], int], StreamMethod[Request, Answer, Reply]
+        ]
+        | None = None,
     ) -> None:
         """A hop over `channel`; `replicated`: whether another replica may answer behind it
         (a retry or a refused message may then go there); `replicas`: a channel to each
         replica where they are known, each then given lanes of its own (else the lanes
         share `channel`, whose round-robin places each as it opens) and sent at most `held`
         messages at once (0: no bound; lanes.py's Spread); `slabs`: where a strata.v1 hop's
-        answers may come through shared memory (upstream/slabs.py)."""
+        answers may come through shared memory (upstream/slabs.py); `piped`: a lane method
+        for the replica of that index (its channel's), opened on its pipe where it has one
+        (upstream/pipes.py)."""
         self.name = name
         self._timed_as = f"hop.{name}_ms"  # strata.hop.<hop>_ms on the caller's span
         self.channel = channel
@@ -115,7 +122,7 @@ class Hop(Generic[Stub, Request, Answer, Reply]):
                 [
                     Lanes(
                         f"{name} {method}" + (f" (replica {i})" if self._replicas else ""),
-                        make(stub(lane_channel)),
+                        piped(make(stub(lane_channel)), i) if piped else make(stub(lane_channel)),
                         gateway.stream_lanes,
                         lane_lifetime,
                         functools.partial(_ready, lane_channel),
@@ -436,6 +443,14 @@ def open_hop(
     replicated = endpoint.replicas > 1 or endpoint.target is not None
     known = endpoint.listens if endpoint.replicas > 1 and endpoint.target is None else []
     replicas = [dial(listen) for listen in known] if streams else []
+    addresses = known or [endpoint.address]
+    pipes = Pipes(settings.server.pipes, settings.server.max_message_bytes)
+
+    def piped(
+        method: StreamMethod[Request, Answer, Reply], index: int
+    ) -> StreamMethod[Request, Answer, Reply]:
+        return pipes.lanes_to(method, name, service, addresses[index])
+
     return Hop(
         name,
         dial(endpoint.address),
@@ -447,6 +462,7 @@ def open_hop(
         replicas,
         slabs,
         held,
+        piped,
     )
 
 

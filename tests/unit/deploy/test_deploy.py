@@ -44,7 +44,7 @@ DOOR = ("api_keys_file", "admin_token_file", "rate_limits", "shared_memory")
 # ... and the servers' (docs/security.md): no reflection, calls per client address capped.
 SERVER_DOOR = ("reflection", "max_calls_per_client")
 # ... and what containers cannot share: each has a /dev/shm of its own (docs/deploy.md).
-SERVER_HOST = ("slab",)
+SERVER_HOST = ("slab", "pipes")
 
 
 @dataclass(frozen=True)
