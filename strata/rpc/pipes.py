@@ -298,7 +298,7 @@ class PipeCall(Generic[Answer]):
         await writer.drain()
 
     async def read(self) -> Answer | Any:
-        reader, _ = await self._ends()
+        reader, writer = await self._ends()
         try:
             payload = await _read_frame(reader, self._limit + 1)
             if not payload:
@@ -307,9 +307,9 @@ class PipeCall(Generic[Answer]):
                 # protobuf parses any buffer; a slice of bytes would copy the message
                 return self._answer.FromString(cast(bytes, memoryview(payload)[1:]))
         except (ConnectionError, asyncio.IncompleteReadError, ValueError) as exc:
-            self._ended = True
+            self._end(writer)
             raise _failed(grpc.StatusCode.UNAVAILABLE, f"pipe: {exc}") from None
-        self._ended = True
+        self._end(writer)
         number, _, details = payload[1:].decode(errors="replace").partition(" ")
         code = _CODES.get(int(number) if number.isdigit() else -1, grpc.StatusCode.UNKNOWN)
         if code != grpc.StatusCode.OK:
@@ -323,6 +323,11 @@ class PipeCall(Generic[Answer]):
 
     def done(self) -> bool:
         return self._ended
+
+    def _end(self, writer: asyncio.StreamWriter) -> None:
+        """The stream is over: its socket is closed now, not when the collector finds it."""
+        self._ended = True
+        writer.close()
 
     def cancel(self) -> bool:
         self._ended = True

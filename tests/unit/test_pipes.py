@@ -76,6 +76,8 @@ def test_messages_go_and_answers_come_back_then_the_stream_ends_well(tmp_path: P
         await call.done_writing()
         assert await call.read() is grpc.aio.EOF
         assert call.done()
+        _, writer = await call._connecting
+        assert writer.is_closing()  # its socket closed with the stream
         await server.stop(1)
         return tags
 
