@@ -86,3 +86,15 @@ LANES_OPENED = Counter(
     "to a layer of this host) or grpc.",
     ["hop", "transport"],
 )
+REPLICA_RESTS = Counter(
+    "strata_gateway_replica_rests",
+    "Times a replica's lanes were set aside for a while (lanes.py REST_SECONDS) after a "
+    "message missed the hop's own timeout, by hop and replica (its index among the "
+    "endpoint's listens): a replica often rested is hung or far slower than the others.",
+    ["hop", "replica"],
+)
+REPLICA_MESSAGES = Gauge(
+    "strata_gateway_replica_messages",
+    "Messages sent to a replica on its lanes and not yet answered, by hop and replica.",
+    ["hop", "replica"],
+)

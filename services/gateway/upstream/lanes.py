@@ -44,6 +44,7 @@ from typing import Any, Generic, TypeVar, cast
 import grpc
 from google.protobuf.message import Message
 
+from services.gateway.metrics import REPLICA_MESSAGES, REPLICA_RESTS
 from strata.errors import DeadlineExceeded
 
 log = logging.getLogger(__name__)
@@ -236,9 +237,12 @@ class Lanes(Generic[Request, Answer, Reply]):
         count: int,
         lifetime: float,
         ready: Callable[[], bool] = lambda: True,
+        labels: tuple[str, str] = ("", ""),
     ) -> None:
-        """Lanes opened by `method` while `ready()` says their channel is connected."""
+        """Lanes opened by `method` while `ready()` says their channel is connected;
+        `labels`, its hop and replica in the metrics."""
         self.name = name
+        self.labels = labels
         self._method = method
         self._lifetime = lifetime
         self._ready = ready
@@ -298,6 +302,8 @@ class Lanes(Generic[Request, Answer, Reply]):
         if lane in self._lanes:
             self._lanes[self._lanes.index(lane)] = None
         self._rests_until = time.monotonic() + REST_SECONDS
+        REPLICA_RESTS.labels(*self.labels).inc()
+        log.warning("%s missed the hop's timeout: it rests %.0fs", self.name, REST_SECONDS)
 
     def _pick(self) -> Lane[Request, Answer, Reply]:
         """The lane owing the fewest answers (the first among equals), after replacing any
@@ -331,6 +337,7 @@ class Spread(Generic[Request, Answer, Reply]):
         self._turn = 0
         self._held = held
         self._holding = [0] * len(self.replicas)  # messages sent to each (or promised it)
+        self._held_gauges = [REPLICA_MESSAGES.labels(*r.labels) for r in self.replicas]
         self._waiting: deque[asyncio.Future[int]] = deque()  # calls waiting for a replica
 
     @property
@@ -371,9 +378,11 @@ class Spread(Generic[Request, Answer, Reply]):
             # the caller's deadline passing, not the replica missing the hop's own timeout.
             condemns = cancel_on_timeout and timeout < left
             replica = self.replicas[index]
+            self._held_gauges[index].set(self._holding[index])
             return await replica.call(request, min(timeout, left), condemns, metadata, rows)
         finally:
             self._holding[index] -= 1
+            self._held_gauges[index].set(self._holding[index])
             self._hand_on()
 
     def close(self) -> None:

@@ -126,6 +126,7 @@ class Hop(Generic[Stub, Request, Answer, Reply]):
                         gateway.stream_lanes,
                         lane_lifetime,
                         functools.partial(_ready, lane_channel),
+                        (name, str(i)),
                     )
                     for i, lane_channel in enumerate(self._replicas or [channel])
                 ],

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import grpc
 import pytest
+from prometheus_client import REGISTRY
 
 from services.gateway.upstream.lanes import Lane, LaneBroken, Lanes
 from services.gateway.upstream.stream_methods import process_stream
@@ -78,7 +79,7 @@ def request(rid: str) -> v1.ProcessRequest:
 def lanes_to(address: str, count: int = 2) -> tuple[grpc.aio.Channel, Lanes]:
     channel = grpc.aio.insecure_channel(address)
     stub = preprocess_pb2_grpc.PreprocessStub(channel)
-    return channel, Lanes("test", process_stream(stub), count, lifetime=30)
+    return channel, Lanes("test", process_stream(stub), count, 30, labels=("test", "0"))
 
 
 def test_concurrent_messages_each_get_their_own_answer() -> None:
@@ -152,8 +153,12 @@ def test_a_missed_timeout_fails_that_message_and_a_hop_timeout_condemns_the_lane
         await server.stop(0)
         return missed.value.code(), str(resting.value)
 
+    labels = {"hop": "test", "replica": "0"}
+    before = REGISTRY.get_sample_value("strata_gateway_replica_rests_total", labels) or 0
     code, resting = asyncio.run(go())
     assert code == grpc.StatusCode.DEADLINE_EXCEEDED and "rests" in resting
+    rests = REGISTRY.get_sample_value("strata_gateway_replica_rests_total", labels)
+    assert rests == before + 1  # the operator sees the replica set aside
 
 
 def test_a_stream_is_read_only_as_fast_as_it_is_answered() -> None:

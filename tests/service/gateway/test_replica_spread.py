@@ -16,6 +16,7 @@ from pathlib import Path
 import grpc
 import numpy as np
 import pytest
+from prometheus_client import REGISTRY
 
 from services.gateway.upstream.hoptime import Load
 from services.gateway.upstream.stream_methods import process_stream
@@ -272,14 +273,23 @@ def test_a_call_never_waits_on_a_busy_replica_while_the_other_has_room(settings)
             assert more, "no call was answered while the first replica held its messages"
             done |= more
         answered = sorted(call.result().results[0].id for call in done)
+        holding = [held_messages(replica) for replica in ("0", "1")]
         release.set()
         await asyncio.gather(*calls)
+        holding += [held_messages(replica) for replica in ("0", "1")]
         await stop(hop, servers)
-        return layers, answered
+        return layers, answered, holding
 
-    layers, answered = asyncio.run(go())
+    layers, answered, holding = asyncio.run(go())
     assert len(answered) == 6  # every call but those the busy replica holds
     assert [layer.streamed for layer in layers] == [held, 6]
+    # what the operator sees: the busy replica holding its messages, then none
+    assert holding == [held, 0, 0, 0]
+
+
+def held_messages(replica: str) -> float | None:
+    labels = {"hop": "preprocess", "replica": replica}
+    return REGISTRY.get_sample_value("strata_gateway_replica_messages", labels)
 
 
 def test_two_big_flights_parts_go_to_the_replica_with_room(settings) -> None:
