@@ -123,20 +123,11 @@ def stream_methods(servicer: object, service: str) -> dict[str, PipedMethod]:
 
 
 class _Context:
-    """What a stream handler may ask of its call on a pipe: no deadline of the stream's own
-    (as a lane's gRPC stream has none), and the caller."""
-
-    def __init__(self, peer: str) -> None:
-        self._peer = peer
+    """What a stream handler asks of its call on a pipe: the stream's deadline, none (as a
+    lane's gRPC stream has none; each message carries its own)."""
 
     def time_remaining(self) -> float | None:
         return None
-
-    def peer(self) -> str:
-        return self._peer
-
-    def invocation_metadata(self) -> tuple[()]:
-        return ()
 
 
 class PipeServer:
@@ -218,7 +209,7 @@ class PipeServer:
         status = _status(grpc.StatusCode.OK)
         requests = self._requests(reader, method.request)
         try:
-            async for answer in method.handler(requests, _Context(f"unix:{self.path}")):
+            async for answer in method.handler(requests, _Context()):
                 writer.write(_frame(MESSAGE + answer.SerializeToString()))
                 await writer.drain()
         except Exception as exc:  # the stream's failure: the caller's lane breaks with it

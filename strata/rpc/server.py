@@ -156,9 +156,9 @@ def _pipe(
     """An internal server's stream methods on its pipe (strata.rpc.pipes), where pipes are on
     and their folder is this user's alone."""
     pipes = settings.pipes
-    folder = pipe_folder(pipes.root)
     if not pipes.enabled:
         return []
+    folder = pipe_folder(pipes.root)
     if not own_folder(folder, create=True):
         log.warning("no pipe: %s is not this user's alone (mode 0700); gRPC only", folder)
         return []

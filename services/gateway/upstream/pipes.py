@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -48,8 +49,13 @@ class Pipes:
         )
 
     def call(
-        self, path: Path, method: str, answer: type[Answer], address: str, refused: Any
-    ) -> Any:
+        self,
+        path: Path,
+        method: str,
+        answer: type[Answer],
+        address: str,
+        refused: Callable[[str], None],
+    ) -> PipeCall[Answer] | None:
         """A stream on the pipe at `path`, where pipes are on and this user's folder holds
         one; else None."""
         if not self._enabled or not own_folder(self._folder, create=False) or not path.exists():
