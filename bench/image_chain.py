@@ -120,6 +120,9 @@ def image_config(
     if preprocess is not None:
         raw["services"]["preprocess"]["replicas"], threads = preprocess
         raw.setdefault("preprocess", {})["threads"] = threads
+    # Its work is mostly decoding in preprocess: a flight for each replica to work on and
+    # one in the rest of the chain (docs/gateway.md, Flights).
+    raw["pipelines"][PIPELINE]["max_in_air"] = raw["services"]["preprocess"]["replicas"] + 1
     config = folder / "images.yaml"
     config.write_text(yaml.safe_dump(raw))
     return config

@@ -179,7 +179,7 @@ def compose(settings: Settings) -> Runtime:
     margin = gateway.flights.message_margin
     sizes = Sizes(upstreams.message_limit, margin, upstreams.batch_limit)
     chain = Chain(upstreams, routers, shadow, calls, stages, sizes)
-    flights = Flights(gateway.flights, chain.fly, _departed(ladder), _room(sizes))
+    flights = Flights(gateway.flights, chain.fly, _departed(ladder), _room(sizes), _most_in_air)
     orchestrator = Orchestrator(
         ladder=ladder,
         cache=cache,
@@ -279,6 +279,11 @@ def _departed(ladder: LadderController) -> Departed:
 def _room(sizes: Sizes) -> Callable[[Member], Room]:
     """What a flight of a member's arm may carry."""
     return lambda member: sizes.room(arm_of(member.request))
+
+
+def _most_in_air(member: Member) -> int | None:
+    """The flights in the air beside which a member's pipeline lets its next flight leave."""
+    return member.request.pipeline.max_in_air
 
 
 def _warn_open_door(settings: Settings) -> None:

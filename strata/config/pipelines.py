@@ -306,6 +306,16 @@ class Pipeline(Strict):
         description="P95 latency the ladder defends for this pipeline.",
         json_schema_extra=LIVE,
     )
+    max_in_air: int | None = Field(
+        default=None,
+        ge=1,
+        description="Flights in the air beside which this pipeline's next flight may still "
+        "leave; none: gateway.flights.max_in_air. Raise it for a pipeline whose work is "
+        "mostly in a replicated layer (photos through preprocess replicas): with 2 replicas, "
+        "3 lets each replica work on a flight while a third is in the rest of the chain "
+        "(docs/gateway.md, Flights).",
+        json_schema_extra=LIVE,
+    )
     cache: bool = Field(
         default=False,
         description="Answer repeated requests from the cache.",

@@ -4,7 +4,8 @@ A flight is one preprocess call, one inference call and one postprocess call for
 client requests that must share them (same pipeline, arm, model version, level, input row
 shapes and parameters), each request keeping its own rows, result, error, deadline and trace.
 
-Departure. At most `max_in_air` flights travel at once. A key with nothing in the air is
+Departure. At most `max_in_air` flights travel at once (a pipeline's own `max_in_air`, where it
+sets one, when its flight is the next to leave). A key with nothing in the air is
 calm: its request leaves at once, with whatever arrived in the same event-loop turn, so a
 lone request never waits for company. While some of a key's requests are in the air, its next
 flight leaves once it holds its share of the key's load: the requests the key recently had in
@@ -123,13 +124,16 @@ class Flights:
         fly: Fly,
         departed: Departed,
         room: Callable[[Member], Room] = lambda member: UNBOUNDED,
+        most: Callable[[Member], int | None] = lambda member: None,
     ) -> None:
         """Flights carried by `fly`, `departed` told of each member as it leaves; `room`:
-        what a flight of a member's kind may carry."""
+        what a flight of a member's kind may carry; `most`: the flights in the air that a
+        member's kind leaves beside, where not `settings.max_in_air`."""
         self.settings = settings
         self._fly = fly
         self._departed = departed
         self._room = room
+        self._most = most
         self._lines: dict[Hashable, _Line] = {}  # in turn order
         self._in_air = 0
         self._pump_soon = False
@@ -169,8 +173,8 @@ class Flights:
         while launched:
             launched = False
             for key, line in list(self._lines.items()):
-                if self._in_air >= self.settings.max_in_air:
-                    return
+                if line.queue and self._in_air >= self._in_air_most(line):
+                    continue
                 group = self._take(line)
                 if group:
                     del self._lines[key]
@@ -179,6 +183,11 @@ class Flights:
                     launched = True
                 elif not line.queue and not line.aboard:
                     del self._lines[key]
+
+    def _in_air_most(self, line: _Line) -> int:
+        """The flights that may be in the air when the next of `line` leaves."""
+        most = self._most(line.queue[0])
+        return self.settings.max_in_air if most is None else most
 
     def _take(self, line: _Line) -> list[Member]:
         """The flight that leaves `line` now: its oldest waiting members within a flight's
@@ -195,7 +204,7 @@ class Flights:
         """Whether a busy key's next flight, `group` so far, waits for more: below its share
         of the key's load and for less than `linger` of the key's time in the air (a timer
         then ends the wait)."""
-        share = min(int(line.load / self.settings.max_in_air), self.settings.max_requests)
+        share = min(int(line.load / self._in_air_most(line)), self.settings.max_requests)
         if len(group) >= share:
             return False
         left = group[0].boarded + line.air * self.settings.linger - time.monotonic()

@@ -358,3 +358,31 @@ async def test_another_keys_lone_request_leaves_at_once_while_one_key_gathers() 
     await until(lambda: len(gates.flights) == 4)
     gates.land(3)
     await asyncio.gather(*boarded, waits, other)
+
+
+@run
+async def test_a_pipelines_own_max_in_air_lets_its_flight_leave_beside_more() -> None:
+    gates = Gates()
+    settings = FlightSettings(max_in_air=2, linger=0)
+
+    def most(member: Member) -> int | None:  # key p's pipeline sets 3; key d's sets none
+        return 3 if member.request.startswith("p") else None
+
+    flights = Flights(settings, gates.fly, lambda m, w: None, most=most)
+    boarded = []
+    for name in ("p0", "d0", "p1"):
+        boarded.append(asyncio.create_task(flights.board(name[0], member(name))))
+        await turns()
+    assert gates.flights == [["p0"], ["d0"], ["p1"]], "p's second flight leaves beside two"
+    boarded.append(asyncio.create_task(flights.board("d", member("d1"))))
+    await turns()
+    assert len(gates.flights) == 3, "d keeps the gateway's 2: it waits"
+    gates.land(0)
+    await turns()
+    assert len(gates.flights) == 3, "still two in the air"
+    gates.land(1)
+    await until(lambda: len(gates.flights) == 4)
+    assert gates.flights[3] == ["d1"]
+    gates.land(2)
+    gates.land(3)
+    await asyncio.gather(*boarded)
