@@ -31,8 +31,11 @@ HAProxy take cores a closed loop left it: sized from the capacity first, then re
 each such loop's cleared rate until the places settle, places / cleared (a call's time in
 the gateway, by Little's law, the places all taken) near a fifth of the objective (at most
 three loops; a cut of the places that clears less by more than a fifth keeps the places
-before it). `--front-places`, `--front-queue-ms` and `--front-rate` override each (places
-and rate both given: no fit), and the variables a deployment sets are printed and reported.
+before it). That fifth is a ceiling: the places are then cut by a quarter at a time, each cut
+sent the same loop, while they clear 95% of the best rate seen, since places past those that
+keep the gateway at its rate only lengthen every admitted call. `--front-places`,
+`--front-queue-ms` and `--front-rate` override each (places and rate both given: no fit), and
+the variables a deployment sets are printed and reported.
 `--front-against places=64,queue_ms=100` runs another front beside it before the same
 gateway, with those values changed, so that two sizings meet the same machine load. Each
 front step also reports HAProxy's own average time in its queue and in the gateway over its
@@ -87,6 +90,9 @@ CALM_SECONDS = 30.0  # the most a step waits for the ladder to come back to leve
 FIT_LOAD = 2.0  # of capacity: the open loop the front is fitted under, past capacity
 FIT_ROUNDS = 3  # such loops at most to fit the front's places to the time they take
 FIT_CLOSE = 0.2  # places this near those measured have settled
+NARROW_ROUNDS = 5  # cuts at most of the fitted places, while they clear the same rate
+NARROW_STEP = 0.75  # each cut keeps this share of the places
+NARROW_HOLDS = 0.95  # of the best rate cleared so far: fewer places that clear this keep it
 
 
 class HealthProbe:
@@ -483,12 +489,7 @@ def fitted_front(
     sizing = FrontSettings.sized(capacity, objective)
     measured = None
     for attempt in range(FIT_ROUNDS):
-        system.calm()
-        # The queue's bound on arrival stays the capacity's: a bound from a lower rate refuses
-        # bursts that the places could have taken, and the round would measure the front.
-        with fronted(system, replace(sizing, rate=round(capacity))) as behind:
-            plan = replace(behind.plan, connections=connections)
-            cleared = opened(pool, plan, FIT_LOAD * capacity, seconds).throughput()
+        cleared = _cleared(system, pool, connections, seconds, capacity, sizing)
         # Past capacity every place is taken (the queue holds a wait's worth), so by Little's
         # law a call spends places / cleared in the gateway. HAProxy's own average is no
         # reading in a fresh front: its Prometheus page divides the sum of the times it has
@@ -503,13 +504,69 @@ def fitted_front(
         )
         refit, done = next_fit(sizing, cleared, objective, measured)
         measured = replace(sizing, rate=max(1, round(cleared)))
-        if done:
-            return refit
-        if attempt == FIT_ROUNDS - 1:
+        if done or attempt == FIT_ROUNDS - 1:
             # More places than measured clear at least as much; fewer are not yet known to.
-            return refit if refit.places > sizing.places else measured
+            fit = refit if done or refit.places > sizing.places else measured
+            return narrowed(system, pool, connections, seconds, capacity, fit)
         sizing = refit
     raise AssertionError("unreachable: the last round returns")
+
+
+def narrowed(
+    system: System,
+    pool: LoadPool,
+    connections: int,
+    seconds: float,
+    capacity: float,
+    fit: FrontSettings,
+) -> FrontSettings:
+    """The fewest places, cutting `fit`'s by NARROW_STEP at most NARROW_ROUNDS times, that
+    still clear NARROW_HOLDS of the best rate cleared so far. The objective's share is a
+    ceiling: past capacity each admitted call spends places / rate in the gateway, so places
+    beyond those that keep the gateway at its rate only lengthen every call (52 places held
+    each 27-30 ms where 25 held each 13, at the same rate: docs/deploy.md)."""
+    best = fit.rate
+    for _ in range(NARROW_ROUNDS):
+        fewer = replace(fit, places=max(1, round(fit.places * NARROW_STEP)))
+        if fewer.places == fit.places:
+            break
+        cleared = _cleared(system, pool, connections, seconds, capacity, fewer)
+        held = holding(best, fewer, cleared)
+        print(
+            f"the front at {fewer.places} places: the gateway cleared {cleared:.0f}/s "
+            f"({'it holds' if held else 'less'} against the best, {best:.0f}/s)",
+            flush=True,
+        )
+        if held is None:
+            break
+        fit, best = held, max(best, cleared)
+    return fit
+
+
+def holding(best: float, fewer: FrontSettings, cleared: float) -> FrontSettings | None:
+    """`fewer` places at the rate they cleared, where that is at least NARROW_HOLDS of the
+    `best` rate cleared so far; None where they cost the gateway its rate."""
+    if cleared < NARROW_HOLDS * best:
+        return None
+    return replace(fewer, rate=max(1, round(cleared)))
+
+
+def _cleared(
+    system: System,
+    pool: LoadPool,
+    connections: int,
+    seconds: float,
+    capacity: float,
+    sizing: FrontSettings,
+) -> float:
+    """The rate the gateway clears behind a front of `sizing` under an open loop past
+    capacity (FIT_LOAD x `capacity`)."""
+    system.calm()
+    # The queue's bound on arrival stays the capacity's: a bound from a lower rate refuses
+    # bursts that the places could have taken, and the round would measure the front.
+    with fronted(system, replace(sizing, rate=round(capacity))) as behind:
+        plan = replace(behind.plan, connections=connections)
+        return opened(pool, plan, FIT_LOAD * capacity, seconds).throughput()
 
 
 def next_fit(

@@ -15,6 +15,7 @@ from bench.overload import (
     connection_counts,
     drift,
     front_changes,
+    holding,
     next_fit,
     overrides,
     report,
@@ -141,6 +142,14 @@ def test_a_fit_keeps_the_places_whose_cut_cost_the_gateway_its_rate() -> None:
         FrontSettings(6, 12, 110),
         True,
     )
+
+
+def test_fewer_places_are_kept_while_they_clear_the_gateways_best_rate() -> None:
+    # Past capacity each call spends places / rate in the gateway: fewer places that clear
+    # nearly the best rate shorten that time. A cut that costs more of it stops the cuts.
+    fewer = FrontSettings(76, 12, 1986)
+    assert holding(1986.0, fewer, 1950.0) == FrontSettings(76, 12, 1950)
+    assert holding(1986.0, fewer, 1880.0) is None
 
 
 def test_a_sweep_whose_capacity_moved_by_more_than_a_tenth_is_said_to_be_no_result() -> None:
