@@ -117,9 +117,20 @@ class Hang:
     during: float  # and while it was stopped
 
 
+# The hang tests' clients: 6 threads, each a call at a time. A hung layer's calls wait out a
+# hop timeout, and the door's adaptive limit may fall toward its floor (4) meanwhile, refusing
+# some with a retry hint (a make test run saw 2 of 5,953). These tests measure routing, not
+# admission: the floor stays above the clients, so that any failure is the routing's.
+HANG_CLIENTS = 6
+HANG_CHANGES = {
+    **CHANGES,
+    "gateway": {**CHANGES["gateway"], "concurrency": {"min_limit": HANG_CLIENTS + 2}},
+}
+
+
 def hang(system: Supervisor, name: str, seconds: float = 4.0) -> Hang:
     hung = system.processes[name]
-    with SteadyLoad(system.address("gateway"), threads=6) as load:
+    with SteadyLoad(system.address("gateway"), threads=HANG_CLIENTS) as load:
         time.sleep(2.0)
         stopped = time.monotonic()
         hung.send_signal(signal.SIGSTOP)
@@ -143,7 +154,7 @@ def assert_routed_around(seen: Hang) -> None:
 
 @pytest.mark.timing
 def test_a_hung_arm_is_routed_around_and_keeps_most_of_the_answer_rate(tmp_path: Path) -> None:
-    changes = {**CHANGES, "pipelines": {"digits": {"model": {"name": "digits", "routes": [
+    changes = {**HANG_CHANGES, "pipelines": {"digits": {"model": {"name": "digits", "routes": [
         {"arm": "control", "deployment": "a", "version": "1", "weight": 50},
         {"arm": "canary", "deployment": "b", "version": "2", "weight": 50},
     ]}}}}  # fmt: skip
@@ -162,7 +173,7 @@ def test_a_hung_arm_is_routed_around_and_keeps_most_of_the_answer_rate(tmp_path:
 
 @pytest.mark.timing
 def test_a_hung_preprocess_replica_is_ejected_and_costs_no_request(tmp_path: Path) -> None:
-    with running_system(tmp_path, CHANGES) as system:
+    with running_system(tmp_path, HANG_CHANGES) as system:
         seen = hang(system, "preprocess-0")
     # A call to the hung replica misses the hop's own timeout and goes again, to the other
     # replica; gRPC's outlier detection then ejects the hung one from the balancing.
