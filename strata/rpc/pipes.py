@@ -285,8 +285,12 @@ class PipeCall(Generic[Answer]):
         _, writer = await self._ends()
         if self._ended:
             raise asyncio.InvalidStateError("the pipe's stream has ended")
-        writer.write(_frame(request.SerializeToString()))
-        await writer.drain()
+        try:
+            writer.write(_frame(request.SerializeToString()))
+            await writer.drain()
+        except ConnectionError as exc:  # the layer went (killed): retried elsewhere, as gRPC's
+            self._end(writer)
+            raise _failed(grpc.StatusCode.UNAVAILABLE, f"pipe: {exc}") from None
 
     async def read(self) -> Answer | Any:
         reader, writer = await self._ends()

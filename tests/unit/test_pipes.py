@@ -240,3 +240,30 @@ def test_a_caller_that_goes_mid_stream_costs_the_server_nothing_more(
 
     assert asyncio.run(main()) == 2
     assert not [r for r in caplog.records if r.levelname == "ERROR"]
+
+
+def test_a_write_to_a_layer_that_went_is_unavailable(tmp_path: Path) -> None:
+    """A killed layer's socket: the lane's write fails as gRPC's would, UNAVAILABLE (which
+    the hop retries on another replica), never an OSError the lane would call INTERNAL."""
+
+    async def main() -> grpc.StatusCode:
+        path = pipe_path(folder_of(tmp_path), LISTEN)
+
+        async def hello_then_gone(reader: Any, writer: asyncio.StreamWriter) -> None:
+            writer.write(strata.rpc.pipes._frame(LISTEN.encode()))
+            await writer.drain()
+            writer.transport.abort()
+
+        server = await asyncio.start_unix_server(hello_then_gone, path)
+        call = PipeCall(path, METHOD, v1.ProcessResponse, LISTEN, LIMIT)
+        try:
+            for tag in range(100):
+                await call.write(v1.ProcessRequest(tag=tag))
+                await asyncio.sleep(0.01)
+        except grpc.aio.AioRpcError as exc:
+            return exc.code()
+        finally:
+            server.close()
+        raise AssertionError("every write to a gone layer succeeded")
+
+    assert asyncio.run(main()) == grpc.StatusCode.UNAVAILABLE
