@@ -6,6 +6,9 @@ through its slab from then on. An input sent so names its block in its own `stra
 parameter, its raw contents empty; its bytes are copied out once, here. The gateway frees the
 block when the call ends: a block that was taken again before it was read is refused
 UNAVAILABLE (a server's fault, never the client's), as is a slab this process cannot open.
+An input may name blocks of another process of the host (preprocess's crops, which the
+gateway passes on), or several blocks that hold its rows in order: read alike, released by
+the gateway.
 """
 
 from __future__ import annotations
@@ -33,8 +36,8 @@ class SlabInputs:
 
     def _read(self, tensor: v2.ModelInferRequest.InferInputTensor) -> bytes:
         what = f"input {shown(tensor.name)}"
-        ref = Ref.named(tensor.parameters[ASK].string_param, what)
-        return self._slabs.read(ref, what, release=False)
+        refs = Ref.all_named(tensor.parameters[ASK].string_param, what)
+        return self._slabs.gather(refs, what)
 
     def tell(self, request: v2.ModelInferRequest, response: v2.ModelInferResponse) -> None:
         """Say in `response` whether this process reads the slabs of the request's sender."""

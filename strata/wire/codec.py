@@ -344,7 +344,10 @@ def to_tensor(name: str, array: np.ndarray) -> v1.Tensor:
 
 
 def from_tensor(tensor: v1.Tensor) -> np.ndarray:
-    """The array a strata.v1 tensor holds."""
+    """The array a strata.v1 tensor holds (one that names slab blocks: ValueError, its bytes
+    must be read first)."""
+    if tensor.slab:
+        raise ValueError(f"tensor {tensor.name!r} names slab blocks: read its bytes first")
     return from_raw(tensor.name, tensor.datatype, list(tensor.shape), tensor.data)
 
 

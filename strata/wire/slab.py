@@ -6,7 +6,11 @@ into free pages and sends, in place of the bytes, a `Ref`: the slab's key, the o
 of the bytes, and the block's generation. The receiver maps the slab by its key (once) and
 copies the bytes out (the one copy it would have made parsing them from a message). The block
 is released by the receiver once read, where the sender cannot tell when that is (an answer
-of preprocess's), or by the sender once the call that named it has ended (a request).
+of preprocess's), or by the sender once the call that named it has ended (a request). A
+receiver may pass a ref on to a third process of the host instead of reading it (the gateway
+passes preprocess's crops on to inference): the third reads it without releasing it, and the
+receiver releases it once that call has ended. A tensor stacked from several blocks names
+them all, in order, joined by `REFS`.
 
 The slab is a ring. Blocks are taken in order from the head and given back in order from the
 tail: a block leaves when its receiver released it, or when its lease ran out (a receiver that
@@ -49,6 +53,7 @@ log = logging.getLogger(__name__)
 
 ASK = "strata.slab"  # a request's parameter: the caller's `domain`, where it reads slabs
 READS = "true"  # a strata.v1 answer's info under ASK: it reads the caller's slab too
+REFS = ","  # between the refs of a tensor whose bytes lie in several blocks, in order
 # Said by a receiver that cannot open the slab a ref names: its set-up, not a passing fault.
 SHARED_MEMORY = "cannot open shared memory slab"
 PREFIX = "strata-slab-"
@@ -85,6 +90,11 @@ class Ref:
             return cls.parse(text)
         except ValueError:
             raise Unavailable(f"{what}: malformed shared memory ref") from None
+
+    @classmethod
+    def all_named(cls, text: str, what: str) -> list[Ref]:
+        """The refs a message names for `what`, in order (`REFS` between them)."""
+        return [cls.named(part, what) for part in text.split(REFS)]
 
 
 class SlabConfig(Protocol):
@@ -314,22 +324,53 @@ class Slabs:
 
     def read(self, ref: Ref, what: str, release: bool = True) -> bytes:
         """The bytes `ref` names, copied once, and its block released to its owner (unless
-        the owner frees it itself: `release` False); a block this process cannot read is
-        Unavailable (a server's set-up, never the caller's)."""
+        the owner frees it itself, or another process reads it first: `release` False); a
+        block this process cannot read is Unavailable (a server's set-up, never the
+        caller's)."""
+        data = self.gather([ref], what)
+        if release:
+            self.release(ref)
+        return data
+
+    def gather(self, refs: list[Ref], what: str) -> bytes:
+        """The bytes `refs` name, one after another, copied once; their blocks kept."""
+        blocks = [self._block(ref, what) for ref in refs]
+        data = b"".join(
+            mapped.data[ref.offset : ref.offset + ref.size].data for ref, mapped in blocks
+        )
+        for ref, mapped in blocks:
+            self._still(ref, mapped, what)
+        return data
+
+    def check(self, ref: Ref, what: str) -> None:
+        """Unavailable unless this process can read `ref` (SlabLost where its block is gone),
+        without copying it: for a ref passed on."""
+        self._still(ref, self._block(ref, what)[1], what)
+
+    def release(self, ref: Ref) -> None:
+        """Give `ref`'s block back to its owner (again: nothing)."""
+        mapped = self._mapped.get(ref.key)
+        if mapped is not None and 0 <= ref.offset // PAGE < mapped.pages:
+            mapped.releases[ref.offset // PAGE] = ref.generation
+
+    def _block(self, ref: Ref, what: str) -> tuple[Ref, _Mapped]:
         mapped = self._open(ref.key, what)
         start, pages = ref.offset // PAGE, -(-ref.size // PAGE)
         if ref.offset % PAGE or ref.size <= 0 or start + pages > mapped.pages:
             raise Unavailable(f"{what}: {shown(ref.text())} lies outside its slab")
+        return ref, mapped
+
+    @staticmethod
+    def _still(ref: Ref, mapped: _Mapped, what: str) -> None:
+        """SlabLost unless every page of `ref`'s block still has its generation (checked
+        after copying: a block taken again meanwhile is refused, never read as its own)."""
+        start, pages = ref.offset // PAGE, -(-ref.size // PAGE)
         generations = mapped.generations[start : start + pages]
-        data = mapped.data[ref.offset : ref.offset + ref.size].tobytes()
         if ref.generation <= 0 or not (generations == ref.generation).all():
             raise SlabLost(
                 f"{what}: its block in shared memory slab {shown(ref.key)} was taken again "
                 "before it was read (its lease ran out: server.slab.lease_seconds)"
             )
-        if release:
-            mapped.releases[start] = ref.generation
-        return data
 
     def _open(self, key: str, what: str) -> _Mapped:
         mapped = self._mapped.get(key)

@@ -14,6 +14,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from itertools import accumulate
 
+from google.protobuf.internal.containers import RepeatedCompositeFieldContainer
+
 from strata.errors import InvalidArgument
 from strata.proto.v1 import tensor_pb2 as v1
 from strata.wire.limits import WIDTHS, check_declared
@@ -53,25 +55,24 @@ def signature(tensors: Sequence[Raw]) -> tuple[tuple[str, str, tuple[int, ...]],
     return tuple((t.name, t.datatype, t.shape[1:]) for t in tensors)
 
 
-def join(members: Sequence[Sequence[Raw]]) -> list[v1.Tensor]:
-    """One tensor per name, the members' rows in order (members share a `signature`)."""
+def join(
+    members: Sequence[Sequence[Raw]], into: RepeatedCompositeFieldContainer[v1.Tensor]
+) -> None:
+    """One tensor per name added to a message's tensors (`into`), the members' rows in order
+    (members share a `signature`): made in place, as a tensor made apart is copied again."""
     first = members[0]
-    if len(members) == 1:
-        return [
-            v1.Tensor(name=t.name, datatype=t.datatype, shape=t.shape, data=t.data) for t in first
-        ]
-    stacked = []
     for i, tensor in enumerate(first):
-        rows = sum(member[i].shape[0] for member in members)
-        stacked.append(
-            v1.Tensor(
-                name=tensor.name,
-                datatype=tensor.datatype,
-                shape=(rows, *tensor.shape[1:]),
-                data=b"".join(member[i].data for member in members),
+        if len(members) == 1:
+            into.add(
+                name=tensor.name, datatype=tensor.datatype, shape=tensor.shape, data=tensor.data
             )
+            continue
+        into.add(
+            name=tensor.name,
+            datatype=tensor.datatype,
+            shape=(sum(member[i].shape[0] for member in members), *tensor.shape[1:]),
+            data=b"".join(member[i].data for member in members),
         )
-    return stacked
 
 
 def take(tensors: Sequence[v1.Tensor], rows: Sequence[int], keep: Sequence[int]) -> list[v1.Tensor]:
@@ -111,7 +112,15 @@ def cut(
 def raw(tensor: v1.Tensor) -> Raw:
     """A strata.v1 tensor with its bytes read out once: each read of a protobuf message's
     bytes field copies them, and a stack of photos is megabytes."""
+    _holds_bytes(tensor)
     return Raw(tensor.name, tensor.datatype, tuple(tensor.shape), tensor.data)
+
+
+def _holds_bytes(tensor: v1.Tensor) -> None:
+    """ValueError for a tensor that names slab blocks: their bytes must be read first (a
+    bug of the caller's, never the client's)."""
+    if tensor.slab:
+        raise ValueError(f"tensor {tensor.name!r} names slab blocks: read its bytes first")
 
 
 def _check_stacked(tensor: Raw, total: int) -> None:

@@ -2,6 +2,10 @@
 
 Every hop is one call for the whole flight. Tensors go from one layer to the next as the
 bytes the last one returned; only the final answer is decoded, once, and split by rows.
+Preprocess's crops that came by ref through its shared-memory slab go on to the first model
+by ref (upstream/slabs.py's Passed); whatever reads them instead (a member's rows, a stage, a
+shadow, a fallback, postprocess) reads their bytes first, and the flight gives the blocks
+back when it is done.
 Each member keeps its own outcome: a member a layer refused gets that layer's error and
 leaves, and a member whose caller gave up or whose deadline passed is cut out of the stack
 before the next hop. The first model is called as every model of a flight is
@@ -17,8 +21,10 @@ from __future__ import annotations
 
 import functools
 import time
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
+
+from google.protobuf.internal.containers import RepeatedCompositeFieldContainer
 
 from services.gateway.flow import blame
 from services.gateway.flow.fallback import stands_in
@@ -42,6 +48,7 @@ from strata.wire.deadline import Deadline, latest
 
 # A flight's tensors as the hops carry them (strata.v1 raw bytes), not decoded Arrays.
 WireTensors = list[v1.Tensor]
+Tensors = RepeatedCompositeFieldContainer[v1.Tensor]  # a message's
 
 
 @dataclass(frozen=True)
@@ -99,14 +106,19 @@ class Chain:
         self._routers = routers
         self._shadow = shadow
         self._calls = calls
+        self._passed = upstreams.passed
 
     async def fly(self, members: list[Member]) -> None:
         """Answer every member of the flight (their futures), or raise for all of them:
         preprocess, then the model (failing over to another arm, or to its fallback), then
         the later stages and postprocess."""
         leg = await self._preprocess(members)
-        if leg is not None:
+        if leg is None:
+            return
+        try:
             await self._model(leg, may_fail_over=True)
+        finally:
+            self._release(leg.features)
 
     async def _preprocess(self, members: list[Member]) -> Leg | None:
         """Preprocess over the flight: the leg it starts, None where no member is left or
@@ -115,21 +127,38 @@ class Chain:
         route = first.route
         if route is None:
             raise RuntimeError("a request boarded a flight before its arm was chosen")
-        tensors = stack.join([_request(m).inputs for m in members])
+        members = [m for m in members if m.waiting]
+        if not members:
+            return None
+        inputs = [_request(m).inputs for m in members]
         started = time.monotonic()
         # The version the arm calls picks the steps of a pipeline fed per model version.
         flags = {"model_version": first.version} if first.version else {}
+        stacked = functools.partial(stack.join, inputs)
         try:
-            members, features, _ = await self._layer(self._up.preprocess, members, tensors, flags)
+            members, features, _ = await self._layer(self._up.preprocess, members, stacked, flags)
         except StrataError as exc:
             if not is_too_large(exc):
                 raise
             await self._split(members)
             return None
         if not members:
+            self._release(features)
             return None
         self._saw(members, features)
         return Leg(members, features, route, time.monotonic() - started)
+
+    def _bytes(self, leg: Leg) -> Leg:
+        """`leg` with its features' bytes in hand, for what reads them rather than passes
+        them on by ref (a member's rows, a stage, a shadow, a fallback, postprocess)."""
+        if self._passed is None:
+            return leg
+        return replace(leg, features=self._passed.read(leg.features))
+
+    def _release(self, features: WireTensors) -> None:
+        """Give back the slab blocks preprocess's answer named: the flight is done with them."""
+        if self._passed is not None:
+            self._passed.release(features)
 
     async def _model(self, leg: Leg, may_fail_over: bool) -> None:
         """The first model on the leg's arm, then onward: where that arm is unavailable, the
@@ -138,8 +167,10 @@ class Chain:
         leg = replace(leg, started=time.monotonic())
         first = leg.first
         if stands_in(first.pipeline, first.level) and not first.forced_arm:
-            await self._fallback(leg)
+            await self._fallback(self._bytes(leg))
             return
+        if not all(member.waiting for member in leg.members):
+            leg = self._bytes(leg)  # the rows of those who wait are cut out
         members, features = _aboard(leg.members, leg.features)
         if not members:
             return
@@ -151,10 +182,12 @@ class Chain:
         try:
             reply = await self._calls.call(model, leg.route, members, rows, features, spare=spare)
         except StrataError as exc:
-            await self._after(leg, model, dict.fromkeys(range(len(members)), exc), moving_from)
+            errors = dict.fromkeys(range(len(members)), exc)
+            await self._after(self._bytes(leg), model, errors, moving_from)
             return
         answered = leg
         if reply.errors:  # the usual call has none: no stack to cut
+            leg = self._bytes(leg)
             answered = leg.part([i for i in range(len(members)) if i not in reply.errors])
         if answered.members:
             self._saw(answered.members, reply.outputs)
@@ -206,6 +239,9 @@ class Chain:
             return
         first = leg.first
         router = self._routers[first.pipeline_name]
+        pipeline = first.pipeline
+        if router.shadow or pipeline.stages or pipeline.forward_to_postprocess:
+            leg = self._bytes(leg)
         mirror_first(self._shadow, router, leg.members, leg.features, given.scores)
         if first.pipeline.stages:
             model = first.pipeline.model.name
@@ -221,10 +257,12 @@ class Chain:
         first = leg.first
         inferred = time.monotonic()
         flags = {**first.parameters, "core_only": "true" if first.level >= 1 else "false"}
-        tensors = [*given.scores, *_forwarded(first, leg.features)]
-        self._saw(leg.members, tensors)
+        members, tensors = _aboard(leg.members, [*given.scores, *_forwarded(first, leg.features)])
+        if not members:
+            return
+        self._saw(members, tensors)
         post = self._up.postprocess
-        members, outputs, info = await self._layer(post, leg.members, tensors, flags)
+        members, outputs, info = await self._layer(post, members, _adding(tensors), flags)
         if members:
             self._saw(members, outputs)
             skipped = info.get("skipped_rules", "")
@@ -251,19 +289,22 @@ class Chain:
         self._sizes.saw(arm_of(_request(members[0])), sum(m.rows for m in members), size)
 
     async def _layer(
-        self, hop: ProcessHop, members: list[Member], tensors: WireTensors, flags: dict[str, str]
+        self,
+        hop: ProcessHop,
+        members: list[Member],
+        stacked: Callable[[Tensors], None],
+        flags: dict[str, str],
     ) -> tuple[list[Member], WireTensors, dict[str, str]]:
-        """One strata.v1 Process call for the flight: who is left, their tensors, the info."""
-        members, tensors = _aboard(members, tensors)
-        if not members:
-            return [], [], {}
+        """One strata.v1 Process call for the flight's `members` (all aboard), over the
+        tensors `stacked` adds: who is left, their tensors, the info."""
         first = _request(members[0])
         # Built in place: ProcessRequest(requests=[item]) copied a flight of photos' 3 MB item
-        # in 3.6 ms, where extending the item's tensors in place copies them in 0.7.
+        # in 3.6 ms, where extending the item's tensors in place copies them in 0.7, and
+        # adding them made there (stack.join) once.
         request = v1.ProcessRequest()
         item = request.requests.add()
         item.id, item.pipeline = first.request_id, first.pipeline_name
-        item.tensors.extend(tensors)
+        stacked(item.tensors)
         item.parameters.update(flags)
         if len(members) > 1:
             for member in members:
@@ -278,6 +319,11 @@ class Chain:
             raise RuntimeError(f"{hop.name} answered {len(reply.results)} results for 1 request")
         result = reply.results[0]
         return _survivors(members, result), list(result.tensors), dict(result.info)
+
+
+def _adding(tensors: WireTensors) -> Callable[[Tensors], None]:
+    """What adds `tensors` to a message's (copied in once)."""
+    return lambda into: into.extend(tensors)
 
 
 def _request(member: Member) -> ClientRequest:

@@ -33,6 +33,7 @@ from strata.proto.v1 import tensor_pb2 as v1
 from strata.wire import codec
 from strata.wire.deadline import latest
 from strata.wire.flight import FlightMember, member_errors, set_members
+from strata.wire.slab import ASK
 
 # How fast a model's usual seconds follow its latest calls.
 SMOOTHING = 0.2
@@ -170,7 +171,9 @@ def model_request(
     first = members[0].request
     request = v2.ModelInferRequest(model_name=model, model_version=version, id=first.request_id)
     for tensor in features:
-        request.inputs.add(name=tensor.name, datatype=tensor.datatype, shape=tensor.shape)
+        entry = request.inputs.add(name=tensor.name, datatype=tensor.datatype, shape=tensor.shape)
+        if tensor.slab:  # preprocess's blocks, passed on (upstream/slabs.py)
+            entry.parameters[ASK].string_param = tensor.slab
         request.raw_input_contents.append(tensor.data)
     parameters = request.parameters
     if first.level >= 2:

@@ -3,10 +3,13 @@ shares this host's /dev/shm (its `domain`: the same boot, the same file system u
 
 - Preprocess (strata.v1): each call asks for slabs with this process's domain; a preprocess
   of that domain answers its big tensors (crops) as refs into its own slab, any other answers
-  bytes. The refs are read as the answer arrives (one copy) and released, so that everything
-  after the hop sees bytes, as before. A ref this process cannot open (the folder is not the
-  sender's, or its permissions differ) fails that call with UNAVAILABLE, saying so, and the hop
-  asks no more: from then on the layer answers bytes. The other way, once a preprocess said
+  bytes. The refs are not read here: they are checked as the answer arrives and passed on to
+  inference (`Passed`), which reads them from preprocess's slab, so that a crop crosses the
+  gateway without a copy (it made nine). Whatever else needs a crop's bytes (a stage, a
+  shadow, a fallback, postprocess) reads them first; the flight releases the blocks when it is
+  done. A ref this process cannot open (the folder is not the sender's, or its permissions
+  differ) fails that call with UNAVAILABLE, saying so, and the hop asks no more: from then on
+  the layer answers bytes. The other way, once a preprocess said
   in its answer (info `strata.slab`) that it reads this process's slab, a call's big tensors
   (the clients' encoded photos) go through this process's slab as inference's inputs do, each
   naming its block; the blocks are freed when the call ends.
@@ -15,7 +18,9 @@ shares this host's /dev/shm (its `domain`: the same boot, the same file system u
   request's big raw inputs into this process's slab, each input naming its block in the same
   parameter and its raw contents left empty; the blocks are freed when the call ends, answered
   or not (a receiver still reading then is refused by the slab's guard, never given others'
-  bytes). A slab full or a small input: bytes, as before.
+  bytes). A slab full or a small input: bytes, as before. Inputs that name preprocess's blocks
+  go as they are to a deployment that reads this process's slab (the same domain), and are
+  read into bytes for any other.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import Iterable, Iterator
+from pathlib import Path
 from typing import Protocol, TypeVar
 
 import numpy as np
@@ -33,10 +39,10 @@ from strata.proto.v1 import tensor_pb2 as v1
 from strata.wire.slab import (
     ASK,
     READS,
+    REFS,
     SHARED_MEMORY,
     Ref,
     Slab,
-    SlabConfig,
     SlabLost,
     Slabs,
     domain,
@@ -56,15 +62,61 @@ class HopSlabs(Protocol[Request, Reply]):
     def answered(self, reply: Reply) -> Reply: ...
 
 
-class ProcessSlabs:
-    """The preprocess hop's: its answers' crops come through preprocess's slab, and its
-    requests' big tensors through this process's `slab` (where it has one) once preprocess
-    said it reads it."""
+class Passed:
+    """Blocks of preprocess's slab that this process passes on by ref: their tensors name
+    them (`slab`, `REFS` between several) instead of carrying bytes."""
 
-    def __init__(self, hop: str, settings: SlabConfig, slab: Slab | None = None) -> None:
+    def __init__(self, root: Path) -> None:
+        self._slabs = Slabs(root)
+        self.domain = domain(root)
+
+    def check(self, tensor: v1.Tensor, what: str) -> None:
+        """Unavailable unless this process can read the blocks `tensor` names."""
+        for ref in Ref.all_named(tensor.slab, what):
+            self._slabs.check(ref, what)
+
+    def read(self, tensors: list[v1.Tensor]) -> list[v1.Tensor]:
+        """`tensors`, each that names blocks made again with their bytes (the blocks kept
+        until `release`)."""
+        return [self._bytes(t) if t.slab else t for t in tensors]
+
+    def _bytes(self, tensor: v1.Tensor) -> v1.Tensor:
+        what = f"preprocess's tensor {tensor.name!r}"
+        data = self._slabs.gather(Ref.all_named(tensor.slab, what), what)
+        return v1.Tensor(name=tensor.name, datatype=tensor.datatype, shape=tensor.shape, data=data)
+
+    def read_inputs(self, request: v2.ModelInferRequest) -> None:
+        """Each input of `request` that names blocks given its bytes as raw contents."""
+        for i, tensor in enumerate(request.inputs):
+            if ASK in tensor.parameters:
+                what = f"input {tensor.name!r}"
+                refs = Ref.all_named(tensor.parameters[ASK].string_param, what)
+                request.raw_input_contents[i] = self._slabs.gather(refs, what)
+                del tensor.parameters[ASK]
+
+    def release(self, tensors: Iterable[v1.Tensor]) -> None:
+        """Give back the blocks `tensors` name, once nothing reads them any more."""
+        for tensor in tensors:
+            if tensor.slab:
+                for text in tensor.slab.split(REFS):
+                    with contextlib.suppress(ValueError):
+                        self._slabs.release(Ref.parse(text))
+
+    def dropped(self, reply: v1.ProcessResponse) -> None:
+        """Give back the blocks a reply names that nothing will read."""
+        for result in reply.results:
+            self.release(result.tensors)
+
+
+class ProcessSlabs:
+    """The preprocess hop's: its answers' crops come through preprocess's slab (`passed` on),
+    and its requests' big tensors through this process's `slab` (where it has one) once
+    preprocess said it reads it."""
+
+    def __init__(self, hop: str, passed: Passed, slab: Slab | None = None) -> None:
         self._hop = hop
-        self._slabs = Slabs(settings.root)
-        self._domain = domain(settings.root)
+        self.passed = passed
+        self._domain = passed.domain
         self._slab = slab
         self.asking = True
         self.shares = False
@@ -86,27 +138,21 @@ class ProcessSlabs:
             yield
 
     def answered(self, reply: v1.ProcessResponse) -> v1.ProcessResponse:
-        """`reply` with each tensor that names a slab given its bytes in place; whether
-        preprocess reads this process's slab, learnt from it."""
+        """`reply`, each tensor that names blocks checked readable (they are passed on);
+        whether preprocess reads this process's slab, learnt from it."""
         self.shares = self.placing and any(r.info.get(ASK) == READS for r in reply.results)
-        for result in reply.results:
-            for tensor in result.tensors:
-                if tensor.slab:
-                    self._read(tensor)
-        return reply
-
-    def _read(self, tensor: v1.Tensor) -> None:
-        what = f"{self._hop}'s tensor {tensor.name!r}"
-        ref = Ref.named(tensor.slab, what)
         try:
-            tensor.data = self._slabs.read(ref, what)
-        except SlabLost:
+            for result in reply.results:
+                for tensor in result.tensors:
+                    if tensor.slab:
+                        self.passed.check(tensor, f"{self._hop}'s tensor {tensor.name!r}")
+        except Unavailable as exc:
+            self.passed.dropped(reply)
+            if not isinstance(exc, SlabLost):
+                self.asking = False
+                log.warning("%s: slabs unreadable here, asking for bytes from now on", self._hop)
             raise
-        except Unavailable:
-            self.asking = False
-            log.warning("%s: slabs unreadable here, asking for bytes from now on", self._hop)
-            raise
-        tensor.ClearField("slab")
+        return reply
 
 
 class _Sharing(Protocol):
@@ -115,16 +161,18 @@ class _Sharing(Protocol):
 
 
 @contextlib.contextmanager
-def _lent(hop: _Sharing, slab: Slab | None, placed: list[Ref]) -> Iterator[None]:
+def _lent(
+    hop: _Sharing, slab: Slab | None, placed: list[Ref], by_ref: bool = False
+) -> Iterator[None]:
     """For a call's length, the blocks it `placed` in `slab`: freed when it ends. Where it
-    failed with some placed, `hop` learns again whether the layer reads them; where the
-    layer said it could not read them (its error names the shared memory: a folder or
-    permissions not this process's, though the domain is), `hop` places nothing more, so
-    that a set-up that cannot work fails one call, not every other one."""
+    failed with some placed (or passed on: `by_ref`), `hop` learns again whether the layer
+    reads them; where the layer said it could not read them (its error names the shared
+    memory: a folder or permissions not this process's, though the domain is), `hop` places
+    nothing more, so that a set-up that cannot work fails one call, not every other one."""
     try:
         yield
     except BaseException as exc:
-        if placed:
+        if placed or by_ref:
             hop.shares = False
             if isinstance(exc, StrataError) and SHARED_MEMORY in str(exc):
                 hop.placing = False
@@ -150,33 +198,43 @@ def _placed(slab: Slab, tensors: Iterable[v1.Tensor]) -> list[Ref]:
 
 
 class InferenceSlabs:
-    """An inference hop's: its requests' big inputs go through this process's slab, once the
-    deployment has said it reads it."""
+    """An inference hop's: its requests' big inputs go through this process's `slab` (where
+    it has one), and those that name `passed` blocks go as they are, once the deployment has
+    said it reads this process's slabs."""
 
-    def __init__(self, slab: Slab) -> None:
+    def __init__(self, passed: Passed, slab: Slab | None = None) -> None:
+        self._passed = passed
         self._slab = slab
         self.shares = False
         self.placing = True
 
     @contextlib.contextmanager
     def carrying(self, request: v2.ModelInferRequest) -> Iterator[None]:
-        request.parameters[ASK].string_param = self._slab.domain
-        placed = self._place(request) if self.shares else []
-        with _lent(self, self._slab, placed):
+        request.parameters[ASK].string_param = self._passed.domain
+        by_ref = self.shares and any(ASK in tensor.parameters for tensor in request.inputs)
+        if not self.shares:
+            self._passed.read_inputs(request)
+        placed = _placed_inputs(self._slab, request) if self.shares and self._slab else []
+        with _lent(self, self._slab, placed, by_ref):
             yield
-
-    def _place(self, request: v2.ModelInferRequest) -> list[Ref]:
-        placed = []
-        raw = request.raw_input_contents
-        for i, data in enumerate(raw):
-            ref = self._slab.place(np.frombuffer(data, np.uint8))
-            if ref is not None:
-                raw[i] = b""
-                request.inputs[i].parameters[ASK].string_param = ref.text()
-                placed.append(ref)
-        return placed
 
     def answered(self, reply: v2.ModelInferResponse) -> v2.ModelInferResponse:
         """Learn from `reply` whether the deployment reads this process's slab."""
         self.shares = self.placing and ASK in reply.parameters and reply.parameters[ASK].bool_param
         return reply
+
+
+def _placed_inputs(slab: Slab, request: v2.ModelInferRequest) -> list[Ref]:
+    """Each raw input of `request` the slab takes written there, named by its block's ref
+    (its raw contents left empty)."""
+    placed = []
+    raw = request.raw_input_contents
+    for i, data in enumerate(raw):
+        if not data:  # none, or named by a ref already
+            continue
+        ref = slab.place(np.frombuffer(data, np.uint8))
+        if ref is not None:
+            raw[i] = b""
+            request.inputs[i].parameters[ASK].string_param = ref.text()
+            placed.append(ref)
+    return placed

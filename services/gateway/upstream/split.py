@@ -24,8 +24,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from itertools import accumulate
 
+from services.gateway.upstream.slabs import Passed
 from strata.proto.v1 import tensor_pb2 as v1
 from strata.wire import stack
+from strata.wire.slab import REFS
 
 # Parts a flight is cut into for each replica, at most: enough that a faster replica takes a
 # part more than the other, few enough that the messages cost little beside a part's work
@@ -81,9 +83,12 @@ def _piece(item: v1.Request, run: range) -> v1.ProcessRequest:
     return piece
 
 
-def merge(replies: Sequence[v1.ProcessResponse]) -> v1.ProcessResponse | None:
+def merge(
+    replies: Sequence[v1.ProcessResponse], passed: Passed | None = None
+) -> v1.ProcessResponse | None:
     """The parts' replies (in order) as the whole call's; None where their outputs cannot
-    be stacked (row shapes or names differ)."""
+    be stacked (row shapes or names differ). A tensor whose parts all name blocks of a slab
+    names them all; one whose parts mix blocks and bytes is read into bytes (`passed`)."""
     results = [reply.results[0] for reply in replies if len(reply.results) == 1]
     if len(results) != len(replies):
         return None
@@ -97,12 +102,19 @@ def merge(replies: Sequence[v1.ProcessResponse]) -> v1.ProcessResponse | None:
         merged.info.update(result.info)
     if answered:
         for i, tensor in enumerate(answered[0]):
-            merged.tensors.add(
+            pieces = [part[i] for part in answered]
+            stacked = merged.tensors.add(
                 name=tensor.name,
                 datatype=tensor.datatype,
-                shape=(sum(part[i].shape[0] for part in answered), *tensor.shape[1:]),
-                data=b"".join(part[i].data for part in answered),
+                shape=(sum(piece.shape[0] for piece in pieces), *tensor.shape[1:]),
             )
+            if all(piece.slab for piece in pieces):
+                stacked.slab = REFS.join(piece.slab for piece in pieces)
+                continue
+            if passed is not None and any(piece.slab for piece in pieces):
+                pieces, named = passed.read(pieces), pieces
+                passed.release(named)  # read out: nothing else will name them
+            stacked.data = b"".join(piece.data for piece in pieces)
     return whole
 
 

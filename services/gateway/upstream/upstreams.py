@@ -39,7 +39,7 @@ from services.gateway.upstream.lanes import (
 )
 from services.gateway.upstream.pipes import Pipes
 from services.gateway.upstream.sequences import replica
-from services.gateway.upstream.slabs import HopSlabs, InferenceSlabs, ProcessSlabs
+from services.gateway.upstream.slabs import HopSlabs, InferenceSlabs, Passed, ProcessSlabs
 from services.gateway.upstream.stream_methods import infer_stream, process_stream
 from services.gateway.upstream.stubs import InferenceStub, ProcessStub
 from strata.config import Settings
@@ -143,6 +143,8 @@ class Hop(Generic[Stub, Request, Answer, Reply]):
         self._whole: set[str] = set()  # pipelines whose outputs cannot be stacked again
         self._reached = False  # whether the channel has connected since the gateway started
         self._slabs = slabs
+        # A preprocess hop's parts may answer by ref (upstream/slabs.py's Passed).
+        self._passed: Passed | None = getattr(slabs, "passed", None)
 
     def configure(self, gateway: GatewaySettings) -> None:
         """New breaker thresholds and hop timeouts, live."""
@@ -171,19 +173,27 @@ class Hop(Generic[Stub, Request, Answer, Reply]):
             replies = await asyncio.gather(*calls)
         except BaseException:
             for call in calls:  # a part failed (or the caller gave up): the others are moot
-                if call.done() and not call.cancelled():
-                    call.exception()  # seen: only the first part's error is raised
+                # An error is seen here (only the first part's is raised); a reply dropped.
+                if call.done() and not call.cancelled() and call.exception() is None:
+                    self._drop(call.result())
                 call.cancel()
             raise
-        merged = split.merge(cast(list[v1.ProcessResponse], replies))
+        merged = split.merge(cast(list[v1.ProcessResponse], replies), self._passed)
         if merged is not None:
             return cast(Reply, merged)
+        for reply in replies:
+            self._drop(reply)
         pipeline = cast(v1.ProcessRequest, request).requests[0].pipeline
         log.warning(
             "%s: pipeline %r's outputs differ by part; its flights go whole", self.name, pipeline
         )
         self._whole.add(pipeline)
         return await self._call_whole(method, request, deadline, metadata, spare)
+
+    def _drop(self, reply: Reply) -> None:
+        """Give back the blocks a part's reply names: nothing will read them."""
+        if self._passed is not None:  # a preprocess hop's: its Reply is a ProcessResponse
+            self._passed.dropped(cast(v1.ProcessResponse, reply))
 
     def _pieces(self, method: str, request: Request) -> list[Request]:
         """A strata.v1 flight's parts, one a replica, where it is worth cutting."""
@@ -487,6 +497,8 @@ class Upstreams:
         slab = settings.server.slab
         # Where big inputs go to preprocess and inference of this host (upstream/slabs.py).
         self._slab = open_slab(slab, "gateway")
+        # Preprocess's crops, passed on to inference by ref; the flights release them.
+        self.passed = Passed(slab.root) if slab.enabled else None
         self.preprocess: ProcessHop = open_hop(
             "preprocess",
             services.preprocess,
@@ -494,7 +506,7 @@ class Upstreams:
             "strata.v1.Preprocess",
             settings,
             {"Process": process_stream},
-            ProcessSlabs("preprocess", slab, self._slab) if slab.enabled else None,
+            ProcessSlabs("preprocess", self.passed, self._slab) if self.passed else None,
             settings.gateway.replica_messages,
         )
         self.postprocess: ProcessHop = open_hop(
@@ -521,7 +533,7 @@ class Upstreams:
             INFERENCE_SERVICE,
             self._settings,
             {"ModelInfer": infer_stream},
-            InferenceSlabs(self._slab) if self._slab is not None else None,
+            InferenceSlabs(self.passed, self._slab) if self.passed else None,
         )
 
     def inference_hop(self, deployment: str, sequence: Flags | None = None) -> InferenceHop:

@@ -1,7 +1,8 @@
-"""The gateway's hops and slabs: preprocess's refs read and released as the answer arrives (and
-no more asking once a slab cannot be opened); preprocess's photos and inference's inputs placed
-only once the layer said it shares the slab, freed when the call ends, and learnt again after a
-failed call."""
+"""The gateway's hops and slabs: preprocess's refs checked as the answer arrives and passed on
+to inference as they are, read into bytes only where something reads them, released once the
+flight is done (and no more asking once a slab cannot be opened); preprocess's photos and
+inference's inputs placed only once the layer said it shares the slab, freed when the call
+ends, and learnt again after a failed call."""
 
 from __future__ import annotations
 
@@ -10,12 +11,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from services.gateway.upstream.slabs import InferenceSlabs, ProcessSlabs
-from strata.config.server import SlabSettings
+from services.gateway.upstream import split
+from services.gateway.upstream.slabs import InferenceSlabs, Passed, ProcessSlabs
 from strata.errors import Unavailable
 from strata.proto.inference import grpc_service_pb2 as v2
 from strata.proto.v1 import tensor_pb2 as v1
-from strata.wire.slab import ASK, PAGE, READS, SHARED_MEMORY, Slab, domain
+from strata.wire.slab import ASK, PAGE, READS, REFS, SHARED_MEMORY, Slab, domain
 
 CROP = np.arange(3 * PAGE, dtype=np.uint32).astype(np.uint8)
 
@@ -33,17 +34,22 @@ def _answer(slab: Slab) -> v1.ProcessResponse:
     return reply
 
 
-def test_preprocess_refs_become_bytes_and_their_blocks_go_back(tmp_path: Path) -> None:
-    hop, sender = (
-        ProcessSlabs("preprocess", SlabSettings(root=tmp_path)),
-        Slab(tmp_path, "t", 4 * PAGE, 1, 30),
-    )
+def test_preprocess_refs_pass_on_are_read_where_needed_and_go_back_when_released(
+    tmp_path: Path,
+) -> None:
+    passed = Passed(tmp_path)
+    hop, sender = ProcessSlabs("preprocess", passed), Slab(tmp_path, "t", 4 * PAGE, 1, 30)
     request = _call()
     with hop.carrying(request):
         pass
     assert request.requests[0].parameters[ASK] == domain(tmp_path)
     (tensor,) = hop.answered(_answer(sender)).results[0].tensors
-    assert tensor.data == CROP.tobytes() and not tensor.slab
+    assert tensor.slab and not tensor.data  # passed on as it came
+    (read,) = passed.read([tensor])
+    assert read.data == CROP.tobytes() and not read.slab and list(read.shape) == [len(CROP)]
+    assert sender.place(np.ones(4 * PAGE, np.uint8)) is None  # still the flight's
+    passed.release([tensor])
+    passed.release([tensor])  # again: nothing
     assert sender.place(np.ones(4 * PAGE, np.uint8)) is not None  # released: all room again
     sender.close()
 
@@ -52,7 +58,7 @@ def test_a_slab_that_cannot_be_opened_is_unavailable_and_the_hop_asks_no_more(
     tmp_path: Path,
 ) -> None:
     hop, sender = (
-        ProcessSlabs("preprocess", SlabSettings(root=tmp_path)),
+        ProcessSlabs("preprocess", Passed(tmp_path)),
         Slab(tmp_path, "t", 4 * PAGE, 1, 30),
     )
     reply = _answer(sender)
@@ -84,7 +90,7 @@ def test_preprocess_requests_go_through_the_slab_once_preprocess_said_it_reads_i
     tmp_path: Path,
 ) -> None:
     slab = Slab(tmp_path, "gateway", 3 * PAGE, PAGE, 30)
-    hop = ProcessSlabs("preprocess", SlabSettings(root=tmp_path), slab)
+    hop = ProcessSlabs("preprocess", Passed(tmp_path), slab)
     first = _photos()
     with hop.carrying(first):
         assert [t.data for t in first.requests[0].tensors] == [CROP.tobytes(), b"abcd"]
@@ -120,7 +126,7 @@ def test_inference_inputs_go_through_the_slab_once_the_deployment_said_it_reads_
     tmp_path: Path,
 ) -> None:
     slab = Slab(tmp_path, "gateway", 3 * PAGE, PAGE, 30)
-    hop = InferenceSlabs(slab)
+    hop = InferenceSlabs(Passed(tmp_path), slab)
     first = _infer()
     with hop.carrying(first):
         assert list(first.raw_input_contents) == [CROP.tobytes(), b"abcd"]  # not yet learnt
@@ -144,10 +150,10 @@ def test_a_failed_call_with_inputs_in_the_slab_learns_again_or_stops_placing(
     slab = Slab(tmp_path, "gateway", 8 * PAGE, PAGE, 30)
     hop: ProcessSlabs | InferenceSlabs
     if layer == "preprocess":
-        hop = ProcessSlabs("preprocess", SlabSettings(root=tmp_path), slab)
+        hop = ProcessSlabs("preprocess", Passed(tmp_path), slab)
         call, said = _photos, _reads
     else:
-        hop, call, said = InferenceSlabs(slab), _infer, _said
+        hop, call, said = InferenceSlabs(Passed(tmp_path), slab), _infer, _said
     with pytest.raises(Unavailable), hop.carrying(call()):  # nothing placed yet
         raise Unavailable(f"{layer}: refused")
     assert not hop.shares  # a failure teaches nothing
@@ -163,3 +169,76 @@ def test_a_failed_call_with_inputs_in_the_slab_learns_again_or_stops_placing(
     assert not hop.shares and not hop.placing  # its set-up cannot work: bytes for good
     assert slab.place(np.ones(8 * PAGE, np.uint8)) is not None  # every block was freed
     slab.close()
+
+
+def _passed_on(named: str) -> v2.ModelInferRequest:
+    request = v2.ModelInferRequest(model_name="vision")
+    crops = request.inputs.add(name="crops", datatype="UINT8", shape=[2 * len(CROP)])
+    crops.parameters[ASK].string_param = named
+    request.raw_input_contents.append(b"")
+    return request
+
+
+def test_inputs_that_name_preprocess_blocks_go_as_they_are_only_to_a_deployment_that_shares(
+    tmp_path: Path,
+) -> None:
+    """A crop stacked from two parts' blocks names both; a deployment that reads this host's
+    slabs is sent the names, any other the bytes, and the blocks stay the flight's."""
+    sender = Slab(tmp_path, "preprocess", 8 * PAGE, 1, 30)
+    first, second = sender.place(CROP), sender.place(CROP[::-1].copy())
+    assert first is not None and second is not None
+    named = f"{first.text()}{REFS}{second.text()}"
+    hop = InferenceSlabs(Passed(tmp_path))  # no slab of its own: it passes on all the same
+    request = _passed_on(named)
+    with hop.carrying(request):
+        assert request.raw_input_contents[0] == CROP.tobytes() + CROP[::-1].tobytes()
+        assert ASK not in request.inputs[0].parameters
+    hop.answered(_said(True))
+    request = _passed_on(named)
+    with hop.carrying(request):
+        assert request.inputs[0].parameters[ASK].string_param == named
+        assert request.raw_input_contents[0] == b""
+    assert sender.place(np.ones(4 * PAGE, np.uint8)) is None  # not released by the call
+    sender.close()
+
+
+def _part(slab: Slab | None, rows: int) -> v1.ProcessResponse:
+    reply = v1.ProcessResponse()
+    result = reply.results.add(id="1")
+    result.members.add(rows=rows)
+    tensor = result.tensors.add(name="crop", datatype="UINT8", shape=[rows, len(CROP)])
+    data = np.tile(CROP, rows)
+    if slab is None:
+        tensor.data = data.tobytes()
+    else:
+        ref = slab.place(data)
+        assert ref is not None
+        tensor.slab = ref.text()
+    return reply
+
+
+def test_parts_answered_by_ref_merge_into_one_tensor_naming_every_block(tmp_path: Path) -> None:
+    sender = Slab(tmp_path, "preprocess", 16 * PAGE, 1, 30)
+    passed = Passed(tmp_path)
+    merged = split.merge([_part(sender, 1), _part(sender, 2)], passed)
+    assert merged is not None
+    (tensor,) = merged.results[0].tensors
+    assert list(tensor.shape) == [3, len(CROP)] and tensor.slab.count(REFS) == 1
+    (read,) = passed.read([tensor])
+    assert read.data == np.tile(CROP, 3).tobytes()
+    passed.release([tensor])
+    assert sender.place(np.ones(16 * PAGE, np.uint8)) is not None  # both blocks given back
+    sender.close()
+
+
+def test_parts_of_blocks_and_bytes_merge_into_bytes_and_the_blocks_go_back(
+    tmp_path: Path,
+) -> None:
+    """A replica whose slab was full answered bytes: the whole is bytes, read once."""
+    sender = Slab(tmp_path, "preprocess", 16 * PAGE, 1, 30)
+    merged = split.merge([_part(sender, 2), _part(None, 1)], Passed(tmp_path))
+    assert merged is not None
+    (tensor,) = merged.results[0].tensors
+    assert not tensor.slab and tensor.data == np.tile(CROP, 3).tobytes()
+    assert sender.place(np.ones(16 * PAGE, np.uint8)) is not None  # released when read
+    sender.close()
