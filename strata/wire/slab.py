@@ -343,9 +343,9 @@ class Slabs:
         return data
 
     def check(self, ref: Ref, what: str) -> None:
-        """Unavailable unless this process can read `ref` (SlabLost where its block is gone),
-        without copying it: for a ref passed on."""
-        self._still(ref, self._block(ref, what)[1], what)
+        """Unavailable unless this process can open `ref`'s slab and the ref lies within it,
+        without reading it: for a ref passed on (its reader checks the block's generation)."""
+        self._block(ref, what)
 
     def release(self, ref: Ref) -> None:
         """Give `ref`'s block back to its owner (again: nothing)."""

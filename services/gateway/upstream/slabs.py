@@ -43,7 +43,6 @@ from strata.wire.slab import (
     SHARED_MEMORY,
     Ref,
     Slab,
-    SlabLost,
     Slabs,
     domain,
 )
@@ -146,11 +145,10 @@ class ProcessSlabs:
                 for tensor in result.tensors:
                     if tensor.slab:
                         self.passed.check(tensor, f"{self._hop}'s tensor {tensor.name!r}")
-        except Unavailable as exc:
+        except Unavailable:
             self.passed.dropped(reply)
-            if not isinstance(exc, SlabLost):
-                self.asking = False
-                log.warning("%s: slabs unreadable here, asking for bytes from now on", self._hop)
+            self.asking = False
+            log.warning("%s: slabs unreadable here, asking for bytes from now on", self._hop)
             raise
         return reply
 
