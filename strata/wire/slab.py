@@ -10,7 +10,8 @@ of preprocess's), or by the sender once the call that named it has ended (a requ
 receiver may pass a ref on to a third process of the host instead of reading it (the gateway
 passes preprocess's crops on to inference): the third reads it without releasing it, and the
 receiver releases it once that call has ended. A tensor stacked from several blocks names
-them all, in order, joined by `REFS`.
+them all, in order, joined by `REFS`; a sender that frees a block itself may name a part of
+it (`Ref.part`: a flight's photos placed once, each part of the flight naming its own).
 
 The slab is a ring. Blocks are taken in order from the head and given back in order from the
 tail: a block leaves when its receiver released it, or when its lease ran out (a receiver that
@@ -75,6 +76,15 @@ class Ref:
 
     def text(self) -> str:
         return f"{self.key}:{self.offset}:{self.size}:{self.generation}"
+
+    def part(self, start: int, stop: int) -> Ref:
+        """Bytes `start` to `stop` of this ref's, named alike (the sender still frees the
+        block by its whole ref: a part is for a sender-freed block's readers)."""
+        return Ref(self.key, self.offset + start, stop - start, self.generation)
+
+    def pages(self) -> tuple[int, int]:
+        """The first page the bytes lie on, and the page after the last."""
+        return self.offset // PAGE, -(-(self.offset + self.size) // PAGE)
 
     @classmethod
     def parse(cls, text: str) -> Ref:
@@ -186,7 +196,11 @@ class Slab:
         """`array`'s bytes (C order, little-endian) written into the slab; None where it is
         smaller than `min_bytes`, not of fixed width, or finds no room."""
         size = array.nbytes
-        if size < self.min_bytes or array.dtype.kind in "OSUV" or array.dtype.byteorder == ">":
+        if (
+            size < max(self.min_bytes, 1)
+            or array.dtype.kind in "OSUV"
+            or array.dtype.byteorder == ">"
+        ):
             return None
         block = self._take(-(-size // PAGE))
         if block is None:
@@ -195,6 +209,11 @@ class Slab:
         target = self._mapped.data[offset : offset + size].view(array.dtype)
         np.copyto(target.reshape(array.shape), array, casting="no")
         return Ref(self.key, offset, size, block.generation)
+
+    def view(self, ref: Ref) -> memoryview:
+        """The bytes a ref of this slab's own names, in place (no copy): for reading what
+        this process placed while the block is its."""
+        return self._mapped.data[ref.offset : ref.offset + ref.size].data
 
     def free(self, ref: Ref) -> None:
         """Give back a block this process placed, once no receiver will read it (the call
@@ -355,17 +374,16 @@ class Slabs:
 
     def _block(self, ref: Ref, what: str) -> tuple[Ref, _Mapped]:
         mapped = self._open(ref.key, what)
-        start, pages = ref.offset // PAGE, -(-ref.size // PAGE)
-        if ref.offset % PAGE or ref.size <= 0 or start + pages > mapped.pages:
+        if ref.offset < 0 or ref.size <= 0 or ref.pages()[1] > mapped.pages:
             raise Unavailable(f"{what}: {shown(ref.text())} lies outside its slab")
         return ref, mapped
 
     @staticmethod
     def _still(ref: Ref, mapped: _Mapped, what: str) -> None:
-        """SlabLost unless every page of `ref`'s block still has its generation (checked
+        """SlabLost unless every page of `ref`'s bytes still has its generation (checked
         after copying: a block taken again meanwhile is refused, never read as its own)."""
-        start, pages = ref.offset // PAGE, -(-ref.size // PAGE)
-        generations = mapped.generations[start : start + pages]
+        start, end = ref.pages()
+        generations = mapped.generations[start:end]
         if ref.generation <= 0 or not (generations == ref.generation).all():
             raise SlabLost(
                 f"{what}: its block in shared memory slab {shown(ref.key)} was taken again "

@@ -19,18 +19,21 @@ from google.protobuf.internal.containers import RepeatedCompositeFieldContainer
 from strata.errors import InvalidArgument
 from strata.proto.v1 import tensor_pb2 as v1
 from strata.wire.limits import WIDTHS, check_declared
+from strata.wire.slab import Ref
 
 _LENGTH = struct.Struct("<I")
 
 
 @dataclass(frozen=True)
 class Raw:
-    """One request's tensor as it came off the wire."""
+    """One request's tensor as it came off the wire; or, where `ref` names the slab block
+    that holds it, its bytes in place there (`data` a view)."""
 
     name: str
     datatype: str
     shape: tuple[int, ...]
-    data: bytes
+    data: bytes | memoryview
+    ref: Ref | None = None
 
 
 def size(datatype: str, shape: Sequence[int], data: Callable[[], bytes]) -> int:
@@ -93,7 +96,8 @@ def cut(
     tensors: Sequence[Raw], rows: Sequence[int], runs: Sequence[range], into: Sequence[v1.Request]
 ) -> None:
     """Stacked `tensors` cut into runs of consecutive members (`runs`: indices into `rows`),
-    each run's rows, one slice of each tensor's bytes, added to its request of `into`."""
+    each run's rows, one slice of each tensor's bytes (or the part of its block that holds
+    them, for a tensor in a slab), added to its request of `into`."""
     starts = [0, *accumulate(rows)]
     total = starts[-1]
     for tensor in tensors:
@@ -101,12 +105,14 @@ def cut(
         for request, run in zip(into, runs, strict=True):
             first, last = starts[run.start], starts[run.stop]
             # Added in place: a message made apart is copied again when added.
-            request.tensors.add(
-                name=tensor.name,
-                datatype=tensor.datatype,
-                shape=(last - first, *tensor.shape[1:]),
-                data=tensor.data[bounds[first] : bounds[last]],
+            part = request.tensors.add(
+                name=tensor.name, datatype=tensor.datatype, shape=(last - first, *tensor.shape[1:])
             )
+            start, stop = bounds[first], bounds[last]
+            if tensor.ref is not None and stop > start:
+                part.slab = tensor.ref.part(start, stop).text()
+            else:
+                part.data = bytes(tensor.data[start:stop])
 
 
 def raw(tensor: v1.Tensor) -> Raw:

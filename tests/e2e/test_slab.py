@@ -1,7 +1,8 @@
 """Photos' crops from preprocess to the gateway and on to inference through shared-memory
 slabs (issue 46): the answers equal those through bytes; a flight larger than the slab goes as
-bytes; a slab a receiver cannot open fails with a server's error, never the client's, and
-bytes follow; a killed preprocess's slab is unlinked when it starts again."""
+bytes; a flight's photos cut into parts for two replicas by ref answer as each alone; a slab a
+receiver cannot open fails with a server's error, never the client's, and bytes follow; a
+killed preprocess's slab is unlinked when it starts again."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import contextlib
 import signal
 import tempfile
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import grpc
@@ -229,3 +231,34 @@ def test_inference_reads_a_gateways_inputs_from_its_slab(
     gone = infer_direct(slab_system, crops, unlinked, domain(root))
     assert isinstance(gone, grpc.RpcError) and gone.code() == grpc.StatusCode.UNAVAILABLE
     assert "cannot open shared memory slab" in (gone.details() or "")
+
+
+def test_concurrent_photos_cut_into_parts_by_ref_answer_as_each_alone(
+    tmp_path: Path, root: Path
+) -> None:
+    """Two replicas, every photo of a flight a part of its own: the flight's photos are placed
+    in the gateway's slab once and each part names its own photo's bytes there."""
+    config = image_config(DEFAULT_CONFIG, tmp_path, OBJECTIVE_MS, preprocess=(2, 1))
+    raw = yaml.safe_load(config.read_text())
+    raw["server"]["slab"] = {"enabled": True, "root": str(root), "size_mib": 8}
+    raw["gateway"]["split_flight_bytes"] = 16384
+    config.write_text(yaml.safe_dump(raw))
+    run = tmp_path / "run"
+    run.mkdir()
+    photos = [PHOTOS[i % len(PHOTOS)] for i in range(24)]
+    with (
+        running(config, run) as (supervisor, _),
+        grpc.insecure_channel(supervisor.address("gateway")) as channel,
+    ):
+        stub = v2_grpc.GRPCInferenceServiceStub(channel)
+
+        def answer(photo: bytes) -> dict[str, np.ndarray]:
+            request = codec.build_request(PIPELINE, {"image": np.array([photo], object)})
+            return codec.response_outputs(stub.ModelInfer(request, timeout=60))
+
+        alone = [answer(photo) for photo in photos[:3]]
+        with ThreadPoolExecutor(12) as pool:
+            together = list(pool.map(answer, photos))
+    for i, got in enumerate(together):
+        for name, expected in alone[i % 3].items():
+            np.testing.assert_array_equal(expected, got[name])

@@ -61,6 +61,25 @@ def test_a_block_taken_again_after_its_lease_is_refused(tmp_path: Path) -> None:
     slab.close()
 
 
+def test_a_part_of_a_block_reads_its_bytes_at_any_offset_and_only_while_the_block_lasts(
+    tmp_path: Path,
+) -> None:
+    slab, slabs = _slab(tmp_path, pages=3, lease=0.05), Slabs(tmp_path)
+    data = np.arange(3 * PAGE, dtype=np.uint32).astype(np.uint8)
+    block = slab.place(data)
+    assert block is not None
+    part = Ref.parse(block.part(PAGE - 5, 2 * PAGE + 3).text())  # across a page's edge
+    assert slabs.read(part, "t", release=False) == data[PAGE - 5 : 2 * PAGE + 3].tobytes()
+    assert bytes(slab.view(part)) == data[PAGE - 5 : 2 * PAGE + 3].tobytes()
+    time.sleep(0.1)
+    assert slab.place(np.zeros(3 * PAGE, dtype=np.uint8)) is not None  # its lease ran out
+    with pytest.raises(SlabLost):
+        slabs.read(part, "t", release=False)
+    with pytest.raises(Unavailable, match="lies outside"):
+        slabs.read(block.part(0, 4 * PAGE), "t")
+    slab.close()
+
+
 def test_refs_this_process_cannot_read_are_unavailable(tmp_path: Path) -> None:
     slab, elsewhere = _slab(tmp_path), tmp_path / "other"
     elsewhere.mkdir()

@@ -46,6 +46,7 @@ from strata.wire.slab import (
     Slabs,
     domain,
 )
+from strata.wire.stack import Raw
 
 log = logging.getLogger(__name__)
 Request = TypeVar("Request", contravariant=True)
@@ -136,6 +137,15 @@ class ProcessSlabs:
         with _lent(self, self._slab, placed):
             yield
 
+    def placed(self, tensor: v1.Tensor) -> Raw | None:
+        """`tensor` in place in this process's slab, where `carrying` put it there (else
+        None): a flight's photos, cut into parts by ref (upstream/split.py)."""
+        if self._slab is None or not tensor.slab.startswith(f"{self._slab.key}:"):
+            return None
+        ref = Ref.parse(tensor.slab)
+        shape = tuple(tensor.shape)
+        return Raw(tensor.name, tensor.datatype, shape, self._slab.view(ref), ref)
+
     def answered(self, reply: v1.ProcessResponse) -> v1.ProcessResponse:
         """`reply`, each tensor that names blocks checked readable (they are passed on);
         whether preprocess reads this process's slab, learnt from it."""
@@ -187,6 +197,8 @@ def _placed(slab: Slab, tensors: Iterable[v1.Tensor]) -> list[Ref]:
     replaced by its block's ref."""
     placed = []
     for tensor in tensors:
+        if tensor.slab:  # placed already (the whole flight's, before it was cut)
+            continue
         ref = slab.place(np.frombuffer(tensor.data, np.uint8))
         if ref is not None:
             tensor.slab = ref.text()

@@ -14,6 +14,10 @@ works through an even half: with one part a replica, the first half of a flight 
 photos landed tens of ms before the second. Their results are stacked back in member order,
 as the whole call's would have been.
 
+A flight whose photos the hop places in the gateway's slab (upstream/slabs.py) is placed once,
+whole, and cut by ref: each part names the bytes of its own members within that block, so
+that cutting copies nothing (it copied each photo three times, and placing each part twice).
+
 A layer's outputs can only be stacked again where every part's have one row shape (a
 tokenizer pads each call to its own longest row): where they differ, the flight is sent again
 whole and its pipeline is not cut again.
@@ -21,7 +25,7 @@ whole and its pipeline is not cut again.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from itertools import accumulate
 
 from services.gateway.upstream.slabs import Passed
@@ -36,16 +40,22 @@ from strata.wire.slab import REFS
 PARTS_A_REPLICA = 2
 
 
-def parts(request: v1.ProcessRequest, replicas: int, min_bytes: int) -> list[v1.ProcessRequest]:
+def parts(
+    request: v1.ProcessRequest,
+    replicas: int,
+    min_bytes: int,
+    placed: Callable[[v1.Tensor], stack.Raw | None] = lambda tensor: None,
+) -> list[v1.ProcessRequest]:
     """`request` cut, for `replicas` that take messages, into parts of whole members, of about
     equal rows and at least `min_bytes` each, at most PARTS_A_REPLICA a replica; [] where it
     is not worth cutting (one replica, one request, not a flight of several members, or too
-    few bytes)."""
+    few bytes). A tensor this process placed in its slab (`placed`: it in place there, else
+    None) is cut by ref: each part names its part of the block, no bytes copied."""
     if replicas < 2 or len(request.requests) != 1:
         return []
     item = request.requests[0]
     rows = [member.rows for member in item.members]
-    tensors = [stack.raw(t) for t in item.tensors]
+    tensors = [placed(t) or stack.raw(t) for t in item.tensors]
     size = sum(len(t.data) for t in tensors)
     count = min(replicas * PARTS_A_REPLICA, len(rows), size // max(min_bytes, 1))
     if count < 2:

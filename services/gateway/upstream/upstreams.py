@@ -14,6 +14,7 @@ once while the upstream is still starting. Trace context goes in each call's met
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
 import time
@@ -54,6 +55,7 @@ from strata.rpc.grpc_channels import open_channel
 from strata.telemetry.tracing import annotate, outgoing, recording
 from strata.wire.deadline import Deadline
 from strata.wire.slab import open_slab
+from strata.wire.stack import Raw
 from strata.wire.triton_sequences import Flags
 
 log = logging.getLogger(__name__)
@@ -145,6 +147,10 @@ class Hop(Generic[Stub, Request, Answer, Reply]):
         self._slabs = slabs
         # A preprocess hop's parts may answer by ref (upstream/slabs.py's Passed).
         self._passed: Passed | None = getattr(slabs, "passed", None)
+        # And its flights' photos, placed in this process's slab, are cut into parts by ref.
+        self._placed: Callable[[v1.Tensor], Raw | None] = getattr(
+            slabs, "placed", lambda tensor: None
+        )
 
     def configure(self, gateway: GatewaySettings) -> None:
         """New breaker thresholds and hop timeouts, live."""
@@ -162,7 +168,25 @@ class Hop(Generic[Stub, Request, Answer, Reply]):
     ) -> Reply:
         """Call `method` by the caller's `deadline` (`_call_whole`), a big flight cut into a
         part for each replica that takes messages (upstream/split.py)."""
-        pieces = self._pieces(method, request)
+        if not self._splits(method, request):
+            return await self._call_whole(method, request, deadline, metadata, spare)
+        # Placed in the slab once for the whole flight: its parts name parts of the blocks.
+        with self._slabs.carrying(request) if self._slabs else contextlib.nullcontext():
+            return await self._in_parts(method, request, deadline, metadata, spare)
+
+    async def _in_parts(
+        self,
+        method: str,
+        request: Request,
+        deadline: Deadline,
+        metadata: Metadata,
+        spare: bool | None,
+    ) -> Reply:
+        """`call` for a flight that may be cut: in parts where it is worth it, else whole."""
+        lanes = self.lanes[method]
+        process = cast(v1.ProcessRequest, request)  # a strata.v1 hop's (`_splits`)
+        cut = split.parts(process, lanes.taking, self._split_bytes, self._placed)
+        pieces = cast(list[Request], cut)
         if not pieces:
             return await self._call_whole(method, request, deadline, metadata, spare)
         calls = [
@@ -195,15 +219,14 @@ class Hop(Generic[Stub, Request, Answer, Reply]):
         if self._passed is not None:  # a preprocess hop's: its Reply is a ProcessResponse
             self._passed.dropped(cast(v1.ProcessResponse, reply))
 
-    def _pieces(self, method: str, request: Request) -> list[Request]:
-        """A strata.v1 flight's parts, one a replica, where it is worth cutting."""
-        lanes = self.lanes.get(method)
-        if lanes is None or not self._replicas or not isinstance(request, v1.ProcessRequest):
-            return []
-        if any(item.pipeline in self._whole for item in request.requests):
-            return []
-        # A strata.v1 hop's Request is a ProcessRequest (checked above).
-        return cast(list[Request], split.parts(request, lanes.taking, self._split_bytes))
+    def _splits(self, method: str, request: Request) -> bool:
+        """Whether a call may be cut into parts: a strata.v1 flight's, on lanes to several
+        replicas, of a pipeline whose parts' outputs stack again."""
+        if method not in self.lanes or not self._replicas:
+            return False
+        if not isinstance(request, v1.ProcessRequest):
+            return False
+        return not any(item.pipeline in self._whole for item in request.requests)
 
     async def _call_whole(
         self,

@@ -1,13 +1,19 @@
 """A big flight cut into parts for the replicas (upstream/split.py): parts of whole members
 with about equal rows, as many as parts of the least bytes allow (up to PARTS_A_REPLICA a
-replica), and their results stacked back as the whole call's would have been."""
+replica), and their results stacked back as the whole call's would have been; a flight placed
+in the gateway's slab cut by ref."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import numpy as np
 
 from services.gateway.upstream import split
+from services.gateway.upstream.slabs import Passed, ProcessSlabs
 from strata.proto.v1 import tensor_pb2 as v1
+from strata.wire import codec
+from strata.wire.slab import PAGE, Ref, Slab, Slabs
 
 ROW = 100  # bytes a row
 
@@ -100,3 +106,30 @@ def test_outputs_of_different_row_shapes_are_not_merged() -> None:
     tensor = replies[1].results[0].tensors[0]
     tensor.shape[:] = [2, ROW // 2]  # as a tokenizer padding each call to its own longest row
     assert split.merge(replies) is None
+
+
+def test_a_flight_placed_in_the_slab_is_cut_by_ref_each_part_naming_its_members_bytes(
+    tmp_path: Path,
+) -> None:
+    """Photos (BYTES, of unequal lengths) placed once for the whole flight: each part names
+    its members' bytes in the block, at any offset, read back as the bytes cut would be."""
+    photos = [bytes([i]) * (5000 + 997 * i) for i in range(4)]
+    tensor = codec.to_tensor("image", np.array(photos, dtype=object))
+    item = v1.Request(id="f", pipeline="p", tensors=[tensor])
+    for number in range(4):
+        item.members.add(id=f"m{number}", rows=1)
+    request = v1.ProcessRequest(requests=[item])
+    slab = Slab(tmp_path, "gateway", 64 * PAGE, 1, 30)
+    hop = ProcessSlabs("preprocess", Passed(tmp_path), slab)
+    hop.shares = True
+    with hop.carrying(request):
+        assert request.requests[0].tensors[0].slab  # placed whole, once
+        pieces = split.parts(request, 2, min_bytes=PAGE, placed=hop.placed)
+        assert len(pieces) == 4
+        reader = Slabs(tmp_path)
+        for photo, piece in zip(photos, pieces, strict=True):
+            (part,) = piece.requests[0].tensors
+            assert not part.data and list(part.shape) == [1]
+            read = reader.read(Ref.parse(part.slab), "photo", release=False)
+            assert codec.from_raw("image", "BYTES", [1], read)[0] == photo
+    slab.close()
