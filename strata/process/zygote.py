@@ -47,6 +47,7 @@ from typing import Any
 PRELOAD = (
     "strata.process.pydantic_plugins",
     "strata.process.transport",  # before grpc: it sets GRPC_EXPERIMENTS
+    "strata.process.grpc_logs",  # and GRPC_VERBOSITY
     "strata.rpc.main",
     "strata.wire.stack",
     "strata.wire.v2meta",

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import uvloop
 
+import strata.process.grpc_logs
 import strata.process.transport  # noqa: F401  (first: it sets gRPC's transport before gRPC loads)
 from strata.config import ConfigError, Settings, load_settings
 from strata.config.endpoints import ServiceEndpoint
