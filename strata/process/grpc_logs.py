@@ -15,14 +15,5 @@ import os
 
 QUIET = "ERROR"
 
-
-def quiet_core_logs() -> bool:
-    """Keep gRPC's C core to its errors in this process, unless the environment says
-    otherwise; whether it now does (it must run before grpc is imported)."""
-    if "GRPC_VERBOSITY" in os.environ:
-        return False
-    os.environ["GRPC_VERBOSITY"] = QUIET
-    return True
-
-
-quiet_core_logs()
+# gRPC's C core kept to its errors in this process, unless the environment says otherwise.
+os.environ.setdefault("GRPC_VERBOSITY", QUIET)

@@ -22,14 +22,5 @@ POLLING_TRANSPORT = (
     "-event_engine_client,-event_engine_listener,-event_engine_for_all_other_endpoints"
 )
 
-
-def use_polling_transport() -> bool:
-    """Have gRPC use its older TCP transport in this process, unless the environment says
-    otherwise; whether it now does (it must run before grpc is imported)."""
-    if "GRPC_EXPERIMENTS" in os.environ:
-        return False
-    os.environ["GRPC_EXPERIMENTS"] = POLLING_TRANSPORT
-    return True
-
-
-use_polling_transport()
+# gRPC's older TCP transport in this process, unless the environment says otherwise.
+os.environ.setdefault("GRPC_EXPERIMENTS", POLLING_TRANSPORT)
