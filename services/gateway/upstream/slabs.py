@@ -176,13 +176,18 @@ def _lent(
     failed with some placed (or passed on: `by_ref`), `hop` learns again whether the layer
     reads them; where the layer said it could not read them (its error names the shared
     memory: a folder or permissions not this process's, though the domain is), `hop` places
-    nothing more, so that a set-up that cannot work fails one call, not every other one."""
+    nothing more, so that a set-up that cannot work fails one call, not every other one. A
+    passed-on block the layer could not open (its error names a slab not this process's) is
+    one whose owner went (a preprocess replica killed while its flight was at inference): that
+    call fails, and the hop only learns again."""
     try:
         yield
     except BaseException as exc:
         if placed or by_ref:
             hop.shares = False
-            if isinstance(exc, StrataError) and SHARED_MEMORY in str(exc):
+            said = str(exc) if isinstance(exc, StrataError) else ""
+            passed = by_ref and (slab is None or slab.key not in said)
+            if SHARED_MEMORY in said and not passed:
                 hop.placing = False
                 log.warning("%s: sending bytes from now on", exc)
         raise

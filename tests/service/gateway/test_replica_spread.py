@@ -246,7 +246,9 @@ def test_a_pipeline_whose_parts_answer_in_other_shapes_goes_whole(settings) -> N
     """The parts' answers cannot be stacked: the flight goes again whole, and the next
     flight of its pipeline goes whole at once."""
     layers, replies = calls(settings, padded, [big_flight(), big_flight()])
-    assert sum(layer.streamed for layer in layers) == 2 + 1 + 1  # two parts, then whole twice
+    # Two parts, then whole twice; on lanes, or unary where a lane was not ready (a loaded
+    # fresh clone's make test sent one so).
+    assert sum(layer.streamed + layer.unary for layer in layers) == 2 + 1 + 1
     for reply in replies:
         assert list(reply.results[0].tensors[0].shape) == [8, 1]  # as the whole call answers
 

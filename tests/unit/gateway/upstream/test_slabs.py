@@ -164,7 +164,7 @@ def test_a_failed_call_with_inputs_in_the_slab_learns_again_or_stops_placing(
     hop.answered(said(True))  # type: ignore[arg-type]
     assert hop.shares
     with pytest.raises(Unavailable), hop.carrying(call()):  # type: ignore[arg-type]
-        raise Unavailable(f"input 'x': {SHARED_MEMORY} 'strata-slab-gateway-1-0': no such file")
+        raise Unavailable(f"input 'x': {SHARED_MEMORY} {slab.key!r}: no such file")
     hop.answered(said(True))  # type: ignore[arg-type]
     assert not hop.shares and not hop.placing  # its set-up cannot work: bytes for good
     assert slab.place(np.ones(8 * PAGE, np.uint8)) is not None  # every block was freed
@@ -241,4 +241,26 @@ def test_parts_of_blocks_and_bytes_merge_into_bytes_and_the_blocks_go_back(
     (tensor,) = merged.results[0].tensors
     assert not tensor.slab and tensor.data == np.tile(CROP, 3).tobytes()
     assert sender.place(np.ones(16 * PAGE, np.uint8)) is not None  # released when read
+    sender.close()
+
+
+def test_a_passed_on_block_whose_owner_went_fails_its_call_and_the_hop_learns_again(
+    tmp_path: Path,
+) -> None:
+    """A preprocess replica killed while its crops were at inference: its slab is gone, so
+    inference cannot open it; the hop passes refs on again once the deployment says it reads
+    this host's slabs, as it does for any passing fault."""
+    sender = Slab(tmp_path, "preprocess", 8 * PAGE, 1, 30)
+    crop = sender.place(CROP)
+    assert crop is not None
+    hop = InferenceSlabs(Passed(tmp_path), Slab(tmp_path, "gateway", 8 * PAGE, PAGE, 30))
+    hop.answered(_said(True))
+    gone = f"input 'crops': {SHARED_MEMORY} {crop.key!r} under {tmp_path} (no such file)"
+    with pytest.raises(Unavailable), hop.carrying(_passed_on(crop.text())):
+        raise Unavailable(gone)
+    assert not hop.shares and hop.placing
+    hop.answered(_said(True))
+    request = _passed_on(crop.text())
+    with hop.carrying(request):
+        assert request.inputs[0].parameters[ASK].string_param == crop.text()
     sender.close()
