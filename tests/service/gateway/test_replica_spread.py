@@ -109,7 +109,10 @@ def shares(layers: list[Layer]) -> list[float]:
 
 @pytest.fixture
 def settings(tmp_path: Path):
-    return load_settings(make_config(tmp_path))
+    # The replicas here serve gRPC alone: with pipes on, a lane found another test's stale
+    # socket for a reused port, its pipe refused it, and its first messages went unary (seen
+    # in make test runs on load), where these tests count messages on lanes.
+    return load_settings(make_config(tmp_path, {"server": {"pipes": {"enabled": False}}}))
 
 
 def test_concurrent_flights_are_spread_over_both_replicas(settings) -> None:
